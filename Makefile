@@ -1,0 +1,51 @@
+# Every target bootstraps what it needs: uv (from PyPI), the project venv (uv.lock),
+# and, for tests, Debian's openssh-server. Python 3.11 and the package registries suffice.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY ?= python3
+UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+export AIRFLOW_HOME ?= $(CURDIR)/.airflow
+export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
+export AIRFLOW__CORE__DAGS_FOLDER ?= $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER ?= $(CURDIR)/plugins
+
+.PHONY: help uv venv test-deps test test-fast demo lint fmt clean
+
+help:
+	@echo "make demo   run the speed_matrix DAG end to end (local host, simulated engine)"
+	@echo "make test   run the whole test suite (installs uv, the venv and openssh-server)"
+	@echo "make test-fast  unit + DAG tests only (no sshd, no vLLM)"
+	@echo "make lint   ruff"
+
+uv:
+	@command -v uv >/dev/null 2>&1 || [ -x "$(HOME)/.local/bin/uv" ] || \
+		$(PY) -m pip install --user --quiet uv || $(PY) -m pip install --quiet uv
+
+venv: uv
+	@$(UV) sync --frozen --quiet
+
+test-deps:
+	@command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || { \
+		echo "installing openssh-server (tests run a private sshd on 127.0.0.1)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
+
+test: venv test-deps
+	$(UV) run --frozen ruff check .
+	$(UV) run --frozen pytest $(PYTEST_ARGS)
+
+test-fast: venv
+	$(UV) run --frozen pytest -m "not integration" $(PYTEST_ARGS)
+
+demo: venv
+	$(UV) run --frozen python -m speedmatrix.demo
+
+lint: venv
+	$(UV) run --frozen ruff check .
+	$(UV) run --frozen ruff format --check .
+
+fmt: venv
+	$(UV) run --frozen ruff format .
+	$(UV) run --frozen ruff check --fix .
+
+clean:
+	rm -rf .venv .airflow .pytest_cache

@@ -1,0 +1,3 @@
+from speedmatrix.cli import main
+
+raise SystemExit(main())
