@@ -1,0 +1,225 @@
+"""Which cells a matrix run measures, and which it records as over capacity without running.
+
+Pure functions over plain values (no Airflow, no I/O) so that the capacity rule, the labels that
+become Airflow map indexes and the "impossible matrix" checks are tested in microseconds, and so
+that `resolve` can reject a bad conf before anything touches a host.
+
+The capacity rule (measurement.md): vLLM allocates KV cache in whole blocks and keeps one block
+back, so C requests of ctx + max_out tokens fit only when
+``C x ceil((ctx + max_out) / block_size) <= num_blocks - 1``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from speedmatrix.records import PROMPT_MODES, context_label, empty_cell
+
+_TOKENS_RE = re.compile(r"^\s*(\d+)\s*([kK])?\s*$")
+
+
+class PlanError(ValueError):
+    """The requested matrix cannot be run (empty, non-positive, longer than the model allows)."""
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    """The server's KV cache, as read from `vllm:cache_config_info` (or the start-up log)."""
+
+    num_blocks: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.block_size < 1:
+            raise PlanError(f"KV capacity must be positive, got {self}")
+
+    @property
+    def tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+def parse_tokens(value: int | str) -> int:
+    """`65536`, `"65536"` or `"64K"` -> 65536 (K = 1024, as the published reports count)."""
+    if isinstance(value, bool):
+        raise PlanError(f"not a token count: {value!r}")
+    if isinstance(value, int):
+        return value
+    match = _TOKENS_RE.match(str(value))
+    if not match:
+        raise PlanError(f"not a token count: {value!r} (use 65536 or 64K)")
+    return int(match.group(1)) * (1024 if match.group(2) else 1)
+
+
+def cell_label(context_tokens: int, concurrency: int) -> str:
+    """`64K x 16`: the readable Airflow map index of a decode cell."""
+    return f"{context_label(context_tokens)} x {concurrency}"
+
+
+def blocks_needed(context_tokens: int, max_output_tokens: int, block_size: int) -> int:
+    """Whole KV blocks one request of this context and output length occupies at its end."""
+    return math.ceil((context_tokens + max_output_tokens) / block_size)
+
+
+def fits(
+    context_tokens: int, concurrency: int, max_output_tokens: int, capacity: KvCapacity
+) -> bool:
+    """True when C requests of ctx + max_out fit in the KV cache (one block kept back)."""
+    need = concurrency * blocks_needed(context_tokens, max_output_tokens, capacity.block_size)
+    return need <= capacity.num_blocks - 1
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    """The matrix a run asks for, after conf overrides; checked by `check_matrix`."""
+
+    prefill_contexts: tuple[int, ...]
+    contexts: tuple[int, ...]
+    concurrencies: tuple[int, ...]
+    max_output_tokens: int
+    window_s: float
+    prompt_mode: str = "distinct"
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        prefill_contexts: Iterable[int | str],
+        contexts: Iterable[int | str],
+        concurrencies: Iterable[int | str],
+        max_output_tokens: int,
+        window_s: float,
+        prompt_mode: str = "distinct",
+    ) -> MatrixSpec:
+        return cls(
+            prefill_contexts=tuple(parse_tokens(c) for c in prefill_contexts),
+            contexts=tuple(parse_tokens(c) for c in contexts),
+            concurrencies=tuple(parse_tokens(c) for c in concurrencies),
+            max_output_tokens=int(max_output_tokens),
+            window_s=float(window_s),
+            prompt_mode=prompt_mode,
+        )
+
+
+def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[str]:
+    """Every reason this matrix cannot run, as readable sentences (empty list: it can)."""
+    problems: list[str] = []
+    if not spec.contexts and not spec.prefill_contexts:
+        problems.append("the matrix is empty: no contexts and no prefill_contexts")
+    if spec.contexts and not spec.concurrencies:
+        problems.append("contexts are given but concurrencies is empty")
+    for name, values in (
+        ("prefill_contexts", spec.prefill_contexts),
+        ("contexts", spec.contexts),
+        ("concurrencies", spec.concurrencies),
+    ):
+        bad = [v for v in values if v < 1]
+        if bad:
+            problems.append(f"{name} must be positive, got {bad}")
+        dupes = sorted({v for v in values if values.count(v) > 1})
+        if dupes:
+            problems.append(f"{name} has duplicates: {dupes}")
+    if spec.max_output_tokens < 1:
+        problems.append(f"max_output_tokens must be >= 1, got {spec.max_output_tokens}")
+    if spec.contexts and spec.window_s <= 0:
+        problems.append(f"duration_s must be > 0, got {spec.window_s:g}")
+    if spec.prompt_mode not in PROMPT_MODES:
+        problems.append(
+            f"prompt_mode must be one of {list(PROMPT_MODES)}, got {spec.prompt_mode!r}"
+        )
+    if max_model_len:
+        too_long = [c for c in spec.contexts if c + spec.max_output_tokens > max_model_len]
+        if too_long:
+            problems.append(
+                f"decode contexts {[context_label(c) for c in too_long]} + max_output_tokens "
+                f"{spec.max_output_tokens} exceed the model's max_model_len {max_model_len}"
+            )
+        too_long = [c for c in spec.prefill_contexts if c > max_model_len]
+        if too_long:
+            problems.append(
+                f"prefill contexts {[context_label(c) for c in too_long]} exceed the model's "
+                f"max_model_len {max_model_len}"
+            )
+    return problems
+
+
+def check_matrix(spec: MatrixSpec, max_model_len: int | None = None) -> None:
+    """Raise PlanError naming every problem at once (a conf is fixed in one go, not five)."""
+    problems = matrix_problems(spec, max_model_len)
+    if problems:
+        raise PlanError("impossible matrix: " + "; ".join(problems))
+
+
+@dataclass
+class Plan:
+    """Planned cells: small dicts (XCom- and map-friendly) plus the over-capacity records."""
+
+    prefill: list[dict] = field(default_factory=list)
+    decode: list[dict] = field(default_factory=list)
+    over_capacity: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, list[dict]]:
+        return {"prefill": self.prefill, "decode": self.decode, "over_capacity": self.over_capacity}
+
+
+def _planned(spec: MatrixSpec, phase: str, context: int, concurrency: int) -> dict:
+    return {
+        "phase": phase,
+        "context_tokens": context,
+        "concurrency": concurrency,
+        "label": context_label(context) if phase == "prefill" else cell_label(context, concurrency),
+        "max_output_tokens": 1 if phase == "prefill" else spec.max_output_tokens,
+        "window_s": None if phase == "prefill" else spec.window_s,
+        "prompt_mode": None if phase == "prefill" else spec.prompt_mode,
+    }
+
+
+def plan_matrix(spec: MatrixSpec, capacity: KvCapacity, max_model_len: int | None = None) -> Plan:
+    """Prefill cells, runnable decode cells (context-major, as the report's table) and the
+    over-capacity decode cells as full records with status `over_capacity` (never sent)."""
+    check_matrix(spec, max_model_len)
+    plan = Plan()
+    for ctx in sorted(spec.prefill_contexts):
+        if fits(ctx, 1, 1, capacity):
+            plan.prefill.append(_planned(spec, "prefill", ctx, 1))
+        else:
+            plan.over_capacity.append(_over_capacity(spec, "prefill", ctx, 1, capacity))
+    for ctx in sorted(spec.contexts):
+        for conc in sorted(spec.concurrencies):
+            if fits(ctx, conc, spec.max_output_tokens, capacity):
+                plan.decode.append(_planned(spec, "decode", ctx, conc))
+            else:
+                plan.over_capacity.append(_over_capacity(spec, "decode", ctx, conc, capacity))
+    return plan
+
+
+def _over_capacity(
+    spec: MatrixSpec, phase: str, ctx: int, conc: int, capacity: KvCapacity
+) -> dict[str, object]:
+    out = 1 if phase == "prefill" else spec.max_output_tokens
+    need = conc * blocks_needed(ctx, out, capacity.block_size)
+    return empty_cell(
+        phase=phase,
+        context_tokens=ctx,
+        context_label=context_label(ctx),
+        concurrency=conc,
+        status="over_capacity",
+        error=(
+            f"not run: {conc} x ceil(({ctx} + {out}) / {capacity.block_size}) = {need} KV blocks "
+            f"> {capacity.num_blocks - 1} available"
+        ),
+        prompt_mode=None if phase == "prefill" else spec.prompt_mode,
+        max_output_tokens=out,
+        window_s=None if phase == "prefill" else spec.window_s,
+    )
+
+
+def ordered_cells(cells: Sequence[dict]) -> list[dict]:
+    """Cell records in the report's order: prefill by context, then decode by context, C."""
+    phase_rank = {"prefill": 0, "decode": 1}
+    return sorted(
+        cells,
+        key=lambda c: (phase_rank.get(str(c["phase"]), 2), c["context_tokens"], c["concurrency"]),
+    )

@@ -1,0 +1,136 @@
+"""The capacity rule, readable labels and impossible-matrix checks (speedmatrix.plan)."""
+
+from __future__ import annotations
+
+import pytest
+from speedmatrix.plan import (
+    KvCapacity,
+    MatrixSpec,
+    PlanError,
+    blocks_needed,
+    cell_label,
+    check_matrix,
+    fits,
+    ordered_cells,
+    parse_tokens,
+    plan_matrix,
+)
+from speedmatrix.records import CELL_FIELDS
+
+K = 1024
+# The published Kimi report's matrix; its over-capacity pattern is reproduced by any KV cache of
+# 4081..4224 blocks of 64 tokens (251K x 1 needs 4080 blocks, 128K x 2 needs 4224).
+REF_CONTEXTS = [8 * K, 16 * K, 32 * K, 64 * K, 128 * K, 251 * K]
+REF_CONC = [1, 2, 4, 8, 16, 32, 64, 128]
+REF_RUNNABLE = {8 * K: 16, 16 * K: 8, 32 * K: 4, 64 * K: 2, 128 * K: 1, 251 * K: 1}
+
+
+def ref_spec(**over) -> MatrixSpec:
+    values = dict(
+        prefill_contexts=[*REF_CONTEXTS, 256 * K],
+        contexts=REF_CONTEXTS,
+        concurrencies=REF_CONC,
+        max_output_tokens=4096,
+        window_s=30,
+    )
+    values.update(over)
+    return MatrixSpec.build(**values)
+
+
+def test_blocks_are_whole_and_one_is_kept_back():
+    cap = KvCapacity(num_blocks=11, block_size=16)
+    assert blocks_needed(100, 60, 16) == 10
+    assert blocks_needed(100, 61, 16) == 11
+    assert fits(100, 1, 60, cap)  # 10 blocks <= 11 - 1
+    assert not fits(100, 1, 61, cap)  # 11 blocks > 10
+    assert not fits(100, 2, 60, cap)
+
+
+@pytest.mark.parametrize("num_blocks", [4081, 4150, 4224])
+def test_reference_report_over_capacity_pattern(num_blocks):
+    plan = plan_matrix(ref_spec(prefill_contexts=REF_CONTEXTS), KvCapacity(num_blocks, 64))
+    runnable = {(c["context_tokens"], c["concurrency"]) for c in plan.decode}
+    expected = {(ctx, c) for ctx, top in REF_RUNNABLE.items() for c in REF_CONC if c <= top}
+    assert runnable == expected
+    assert len(plan.decode) == 16
+    assert len(plan.over_capacity) == 6 * 8 - 16
+    assert [c["context_tokens"] for c in plan.prefill] == REF_CONTEXTS
+
+
+def test_prefill_that_does_not_fit_is_over_capacity():
+    plan = plan_matrix(ref_spec(contexts=[]), KvCapacity(4097, 64))  # 256K + 1 needs 4097
+    assert [c["context_label"] for c in plan.over_capacity] == ["256K"]
+    assert plan.over_capacity[0]["phase"] == "prefill"
+    assert len(plan_matrix(ref_spec(contexts=[]), KvCapacity(4098, 64)).prefill) == 7
+
+
+def test_capacity_boundaries_flip_the_pattern():
+    assert len(plan_matrix(ref_spec(), KvCapacity(4080, 64)).decode) == 15  # 251K x 1 drops
+    assert len(plan_matrix(ref_spec(), KvCapacity(4225, 64)).decode) == 17  # 128K x 2 fits
+
+
+def test_over_capacity_cells_are_full_records_with_reason():
+    plan = plan_matrix(ref_spec(), KvCapacity(4150, 64))
+    cell = next(
+        c for c in plan.over_capacity if c["context_label"] == "8K" and c["concurrency"] == 32
+    )
+    assert set(cell) == {f.name for f in CELL_FIELDS}
+    assert cell["status"] == "over_capacity"
+    assert cell["phase"] == "decode"
+    assert cell["total_tok_s"] is None
+    assert "6144 KV blocks > 4149" in cell["error"]
+
+
+def test_labels_and_order():
+    assert cell_label(64 * K, 16) == "64K x 16"
+    assert cell_label(257024, 1) == "251K x 1"
+    plan = plan_matrix(
+        ref_spec(contexts=[64 * K, 8 * K], concurrencies=[2, 1], prefill_contexts=[16 * K, 8 * K]),
+        KvCapacity(4150, 64),
+    )
+    assert [c["label"] for c in plan.decode] == ["8K x 1", "8K x 2", "64K x 1", "64K x 2"]
+    assert [c["label"] for c in plan.prefill] == ["8K", "16K"]
+    assert plan.prefill[0]["max_output_tokens"] == 1
+    assert plan.decode[0]["window_s"] == 30.0
+    shuffled = [*plan.decode[::-1], *plan.prefill]
+    assert [c["phase"] for c in ordered_cells(shuffled)][:2] == ["prefill", "prefill"]
+
+
+def test_parse_tokens():
+    assert parse_tokens("64K") == 65536
+    assert parse_tokens(" 8k ") == 8192
+    assert parse_tokens("1000") == 1000
+    assert parse_tokens(7) == 7
+    for bad in ("64M", "", "abc", True):
+        with pytest.raises(PlanError):
+            parse_tokens(bad)
+
+
+def test_impossible_matrix_names_every_problem():
+    spec = ref_spec(concurrencies=[0, 2, 2], max_output_tokens=0, prompt_mode="weird")
+    with pytest.raises(PlanError) as err:
+        check_matrix(spec)
+    text = str(err.value)
+    assert "concurrencies must be positive" in text
+    assert "duplicates: [2]" in text
+    assert "max_output_tokens" in text
+    assert "prompt_mode" in text
+
+
+def test_matrix_longer_than_model_is_rejected():
+    check_matrix(ref_spec(), max_model_len=262144)  # 251K + 4096 and a 256K prefill fit
+    with pytest.raises(PlanError, match=r"decode contexts \['251K'\].*max_model_len 260000") as err:
+        check_matrix(ref_spec(), max_model_len=260000)
+    assert "prefill contexts ['256K']" in str(err.value)
+
+
+def test_empty_matrix_is_rejected():
+    with pytest.raises(PlanError, match="empty"):
+        check_matrix(ref_spec(prefill_contexts=[], contexts=[]))
+    with pytest.raises(PlanError, match="concurrencies is empty"):
+        check_matrix(ref_spec(concurrencies=[]))
+
+
+def test_capacity_must_be_positive():
+    with pytest.raises(PlanError):
+        KvCapacity(0, 16)
