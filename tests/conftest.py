@@ -1,0 +1,49 @@
+"""Session-wide test isolation, set before anything imports Airflow.
+
+Airflow reads its configuration once, at import: every test process therefore gets one private
+AIRFLOW_HOME (SQLite metadata DB inside it), the repo's dags/ and plugins/ folders, no example
+DAGs, and a private warehouse root, so no test ever writes into the checkout's warehouse/ or
+the demo's .airflow/. Fixtures that need the metadata DB ask for `airflow_db`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="speedmatrix-tests-"))
+
+os.environ["AIRFLOW_HOME"] = str(_SESSION_DIR / "airflow")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
+os.environ.setdefault("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+os.environ["SPEEDMATRIX_WAREHOUSE"] = str(_SESSION_DIR / "warehouse")
+Path(os.environ["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
+
+
+@pytest.fixture(scope="session")
+def session_dir() -> Path:
+    """A temporary folder for the whole test session (Airflow home, warehouse, envs)."""
+    return _SESSION_DIR
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """The session's Airflow metadata DB (SQLite), migrated once."""
+    out = subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ.copy(),
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"airflow db migrate failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return Path(os.environ["AIRFLOW_HOME"])
