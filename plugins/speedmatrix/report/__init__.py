@@ -1,0 +1,1 @@
+"""Render (Markdown, HTML) and parse (ingest) Speed test matrix reports."""
