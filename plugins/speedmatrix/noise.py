@@ -1,0 +1,350 @@
+"""How much a cell's figures move when nothing changed: the noise that a verdict must beat.
+
+Two estimates, because neither alone is enough:
+
+* **Within the window** (one run): bootstrap confidence intervals from the per-request rows
+  (records.REQUEST_FIELDS). Total tok/s is resampled by *stream* (a stream's in-window tokens
+  are its share of the throughput; requests of one stream are not independent), the median
+  time-between-tokens and TTFT by *request*. This sees sampling noise only, and nothing when a
+  cell has one stream or one request (prefill, C=1 decode).
+* **Between runs** (repeated runs, or repeated cells, of an unchanged engine on the same recipe
+  and host): the pooled relative standard deviation of each cell figure. This sees what the
+  window cannot: server warm-up, clocks, thermal state, placement. Runs count as "unchanged"
+  when recipe, host and engine commit (else engine version) are equal.
+
+Both are expressed relative to the value (a fraction), so compare.py can combine them and
+weigh them against a relative threshold. scipy (a pinned dependency of great-expectations)
+provides the bootstrap; numpy/pandas the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+CELL_KEY: tuple[str, ...] = ("phase", "context_tokens", "concurrency")
+"""What identifies a cell within a run (the cells and requests tables share these columns)."""
+
+NOISE_COLUMNS: tuple[str, ...] = (
+    "total_tok_s",
+    "per_request_tok_s",
+    "ttft_ms",
+    "tbt_ms",
+    "spec_acceptance_length",
+)
+"""Cell columns whose between-run spread is estimated."""
+
+CONFIDENCE = 0.95
+Z_95 = 1.959963984540054
+"""Two-sided 95% normal quantile: turns a relative standard deviation into a half-width."""
+
+
+def frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]] | None) -> pd.DataFrame:
+    """Accept rows as a DataFrame or as dicts (records.py names); always return a DataFrame."""
+    if rows is None:
+        return pd.DataFrame()
+    if isinstance(rows, pd.DataFrame):
+        return rows
+    return pd.DataFrame(list(rows))
+
+
+def _finite(values: Iterable[Any]) -> np.ndarray:
+    arr = pd.to_numeric(pd.Series(list(values), dtype="object"), errors="coerce").to_numpy(
+        dtype=float, na_value=np.nan
+    )
+    return arr[np.isfinite(arr)]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its bootstrap confidence interval."""
+
+    estimate: float
+    low: float
+    high: float
+    samples: int
+    confidence: float = CONFIDENCE
+
+    @property
+    def rel_halfwidth(self) -> float:
+        """Half the interval's width relative to the estimate (0.02 = +-2%)."""
+        if not self.estimate:
+            return math.inf
+        return abs(self.high - self.low) / 2.0 / abs(self.estimate)
+
+
+def bootstrap_interval(
+    values: Sequence[float] | np.ndarray,
+    statistic: str,
+    *,
+    scale: float = 1.0,
+    confidence: float = CONFIDENCE,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> Interval | None:
+    """Percentile bootstrap of `sum` or `median` of values (times `scale`).
+
+    None with fewer than two samples: one sample has no spread to resample. The seed is fixed
+    so that landing a run twice gives the same interval (idempotent landing).
+    """
+    data = _finite(values)
+    if data.size < 2:
+        return None
+    funcs = {"sum": np.sum, "median": np.median}
+    if statistic not in funcs:
+        raise ValueError(f"unknown statistic {statistic!r}: use sum or median")
+    func = funcs[statistic]
+
+    def stat(x: np.ndarray, axis: int = -1) -> np.ndarray:
+        return func(x, axis=axis) * scale
+
+    estimate = float(stat(data))
+    if np.all(data == data[0]):
+        return Interval(estimate, estimate, estimate, int(data.size), confidence)
+    res = stats.bootstrap(
+        (data,),
+        stat,
+        n_resamples=n_resamples,
+        vectorized=True,
+        confidence_level=confidence,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    ci = res.confidence_interval
+    return Interval(estimate, float(ci.low), float(ci.high), int(data.size), confidence)
+
+
+def within_window(
+    requests: pd.DataFrame | Iterable[Mapping[str, Any]],
+    measured_s: float | None,
+    *,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> dict[str, Interval]:
+    """Bootstrap intervals for one cell from its request rows.
+
+    Keys present when computable: total_tok_s (needs measured_s and window_tokens, resampled by
+    stream), tbt_ms and ttft_ms (median over requests), per_request_tok_s (1000 / the tbt_ms
+    interval, since the median commutes with a monotone map).
+    """
+    req = frame(requests)
+    out: dict[str, Interval] = {}
+    if req.empty:
+        return out
+    kw = {"n_resamples": n_resamples, "seed": seed}
+    if measured_s and "window_tokens" in req:
+        tokens = pd.to_numeric(req["window_tokens"], errors="coerce").fillna(0)
+        if "stream" in req and req["stream"].notna().all():
+            per_unit = tokens.groupby(req["stream"]).sum()
+        else:
+            per_unit = tokens
+        ci = bootstrap_interval(per_unit.to_numpy(), "sum", scale=1.0 / measured_s, **kw)
+        if ci is not None:
+            out["total_tok_s"] = ci
+    if "tbt_ms" in req:
+        tbt = bootstrap_interval(req["tbt_ms"].to_numpy(), "median", **kw)
+        if tbt is not None and tbt.low > 0:
+            out["tbt_ms"] = tbt
+            out["per_request_tok_s"] = Interval(
+                1000.0 / tbt.estimate, 1000.0 / tbt.high, 1000.0 / tbt.low, tbt.samples
+            )
+    if "ttft_ms" in req:
+        ttft = bootstrap_interval(req["ttft_ms"].to_numpy(), "median", **kw)
+        if ttft is not None:
+            out["ttft_ms"] = ttft
+    return out
+
+
+WITHIN_COLUMNS = (
+    "run_id",
+    *CELL_KEY,
+    "metric",
+    "estimate",
+    "ci_low",
+    "ci_high",
+    "rel_halfwidth",
+    "samples",
+    "confidence",
+)
+
+
+def within_window_table(
+    cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    requests: pd.DataFrame | Iterable[Mapping[str, Any]],
+    *,
+    n_resamples: int = 2000,
+) -> pd.DataFrame:
+    """One row per (cell, metric) with its bootstrap interval, for every cell with requests."""
+    cdf, rdf = frame(cells), frame(requests)
+    rows: list[dict[str, Any]] = []
+    if cdf.empty or rdf.empty:
+        return pd.DataFrame(columns=list(WITHIN_COLUMNS))
+    groups = {_key(k): g for k, g in rdf.groupby(list(_req_key(rdf)), dropna=False)}
+    for cell in cdf.to_dict("records"):
+        req = groups.get(_key(tuple(cell.get(c) for c in _req_key(rdf))))
+        if req is None:
+            continue
+        for metric, ci in within_window(
+            req, cell.get("measured_s"), n_resamples=n_resamples
+        ).items():
+            rows.append(
+                {
+                    "run_id": cell.get("run_id"),
+                    **{c: cell.get(c) for c in CELL_KEY},
+                    "metric": metric,
+                    "estimate": ci.estimate,
+                    "ci_low": ci.low,
+                    "ci_high": ci.high,
+                    "rel_halfwidth": ci.rel_halfwidth,
+                    "samples": ci.samples,
+                    "confidence": ci.confidence,
+                }
+            )
+    return pd.DataFrame(rows, columns=list(WITHIN_COLUMNS))
+
+
+def _req_key(rdf: pd.DataFrame) -> tuple[str, ...]:
+    return ("run_id", *CELL_KEY) if "run_id" in rdf else CELL_KEY
+
+
+def _key(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Normalise a cell key so that numpy ints and Python ints hash alike."""
+    return tuple(int(v) if isinstance(v, (int, np.integer)) else v for v in values)
+
+
+BETWEEN_COLUMNS = (
+    "recipe_id",
+    "host",
+    *CELL_KEY,
+    "metric",
+    "rel_sd",
+    "dof",
+    "runs",
+    "engines",
+)
+
+
+def _engine_identity(runs: pd.DataFrame) -> pd.Series:
+    commit = runs.get("engine_commit", pd.Series(index=runs.index, dtype=object))
+    version = runs.get("engine_version", pd.Series(index=runs.index, dtype=object))
+    ident = commit.where(commit.notna(), version)
+    return ident.astype(object).where(ident.notna(), "?")
+
+
+def between_run_noise(
+    runs: pd.DataFrame | Iterable[Mapping[str, Any]],
+    cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    *,
+    columns: Sequence[str] = NOISE_COLUMNS,
+) -> pd.DataFrame:
+    """Pooled relative spread per recipe / host / cell / metric from repeated measurements.
+
+    Only successful runs and valid cells count. Measurements are grouped by (recipe, host,
+    engine identity, cell); each group with n >= 2 contributes n - 1 degrees of freedom of its
+    variance relative to its own mean; the pooled variance is their dof-weighted mean. Groups of
+    one (a commit measured once) contribute nothing, so a history of all-different commits
+    yields no between-run noise rather than a noise that contains the real changes.
+    """
+    rdf, cdf = frame(runs), frame(cells)
+    if rdf.empty or cdf.empty:
+        return pd.DataFrame(columns=list(BETWEEN_COLUMNS))
+    rdf = rdf.copy()
+    if "status" in rdf:
+        rdf = rdf[rdf["status"] == "success"]
+    rdf["_engine"] = _engine_identity(rdf)
+    for col in ("recipe_id", "host"):
+        if col not in rdf:
+            rdf[col] = None
+        rdf[col] = rdf[col].astype(object).where(rdf[col].notna(), "")
+    cdf = cdf[cdf["status"] == "valid"] if "status" in cdf else cdf
+    merged = cdf.merge(rdf[["run_id", "recipe_id", "host", "_engine"]], on="run_id")
+    rows: list[dict[str, Any]] = []
+    keys = ["recipe_id", "host", *CELL_KEY]
+    for key, group in merged.groupby(keys, dropna=False):
+        for col in columns:
+            if col not in group:
+                continue
+            sumsq, dof, n_runs, engines = 0.0, 0, 0, 0
+            for _, sub in group.groupby("_engine"):
+                vals = _finite(sub[col])
+                if vals.size < 2 or not np.mean(vals):
+                    continue
+                rel = vals / np.mean(vals)
+                sumsq += float(np.sum((rel - 1.0) ** 2))
+                dof += vals.size - 1
+                n_runs += vals.size
+                engines += 1
+            if dof:
+                rows.append(
+                    {
+                        **dict(zip(keys, key, strict=True)),
+                        "metric": col,
+                        "rel_sd": math.sqrt(sumsq / dof),
+                        "dof": dof,
+                        "runs": n_runs,
+                        "engines": engines,
+                    }
+                )
+    return pd.DataFrame(rows, columns=list(BETWEEN_COLUMNS))
+
+
+@dataclass
+class NoiseModel:
+    """Looks up the between-run relative spread of a cell figure.
+
+    Falls back from the cell's own estimate to the recipe/host's pooled spread of that metric
+    over all cells (of the same phase), so that a cell never measured twice still gets a
+    realistic noise once a few other cells have been repeated.
+    """
+
+    table: pd.DataFrame
+
+    @classmethod
+    def empty(cls) -> NoiseModel:
+        return cls(pd.DataFrame(columns=list(BETWEEN_COLUMNS)))
+
+    @classmethod
+    def from_history(
+        cls,
+        runs: pd.DataFrame | Iterable[Mapping[str, Any]],
+        cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    ) -> NoiseModel:
+        return cls(between_run_noise(runs, cells))
+
+    def lookup(
+        self,
+        recipe_id: str | None,
+        host: str | None,
+        phase: str,
+        context_tokens: int,
+        concurrency: int,
+        metric: str,
+    ) -> tuple[float | None, str]:
+        """(relative sd, where it came from: 'cell', 'pooled' or 'none')."""
+        t = self.table
+        if t.empty:
+            return None, "none"
+        base = t[
+            (t["recipe_id"] == (recipe_id or ""))
+            & (t["host"] == (host or ""))
+            & (t["metric"] == metric)
+            & (t["phase"] == phase)
+        ]
+        own = base[
+            (base["context_tokens"] == context_tokens) & (base["concurrency"] == concurrency)
+        ]
+        if not own.empty:
+            return float(own["rel_sd"].iloc[0]), "cell"
+        if not base.empty:
+            dof = base["dof"].to_numpy(dtype=float)
+            pooled = math.sqrt(
+                float(np.sum(dof * base["rel_sd"].to_numpy(dtype=float) ** 2) / dof.sum())
+            )
+            return pooled, "pooled"
+        return None, "none"

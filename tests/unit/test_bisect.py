@@ -1,0 +1,75 @@
+"""Bisection names the first bad commit within ceil(log2(N)) measurements."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedmatrix.bisect import bisect, max_measurements
+
+
+def _commits(n):
+    return [f"{i:040x}" for i in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 16, 33, 100])
+def test_every_planted_position_is_found_within_log2_n(n):
+    commits = _commits(n)
+    for planted in range(n):
+        calls = []
+
+        def measure(c, planted=planted, calls=calls):
+            calls.append(c)
+            return "regression" if commits.index(c) >= planted else "noise"
+
+        result = bisect(commits, measure)
+        assert result.first_bad == commits[planted]
+        assert result.suspects == [commits[planted]]
+        assert len(calls) == result.measurements <= max_measurements(n)
+        assert commits[-1] not in calls  # the known-bad end is never re-measured
+
+
+def test_commits_without_wheels_are_never_measured_and_become_suspects():
+    commits = _commits(10)
+    no_wheel = {commits[3], commits[4]}
+    measured = []
+
+    def measure(c):
+        assert c not in no_wheel
+        measured.append(c)
+        return "bad" if commits.index(c) >= 4 else "good"
+
+    result = bisect(commits, measure, has_wheel=lambda c: c not in no_wheel)
+    # commit 4 (the true first bad) has no wheel: 5 is the first measurable bad one
+    assert result.first_bad == commits[5]
+    assert result.suspects == [commits[3], commits[4], commits[5]]
+    assert result.measurements <= max_measurements(8)
+    assert "could also be" in result.describe()
+
+
+def test_a_skip_verdict_drops_the_commit_and_continues():
+    commits = _commits(16)
+    result = bisect(
+        commits,
+        lambda c: "skip" if c == commits[7] else ("bad" if commits.index(c) >= 9 else "good"),
+    )
+    assert result.first_bad == commits[9]
+    assert commits[7] in result.skipped
+
+
+def test_a_skipped_commit_right_before_the_first_bad_is_a_suspect():
+    commits = _commits(8)
+    result = bisect(
+        commits,
+        lambda c: (
+            "not_comparable" if c == commits[3] else ("bad" if commits.index(c) >= 3 else "good")
+        ),
+    )
+    assert result.first_bad == commits[4]
+    assert result.suspects == [commits[3], commits[4]]
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="no commits"):
+        bisect([], lambda c: "bad")
+    with pytest.raises(ValueError, match="not a verdict"):
+        bisect(_commits(4), lambda c: "maybe")

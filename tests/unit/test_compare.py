@@ -1,0 +1,301 @@
+"""Cell-by-cell comparison: noise-aware, direction-aware verdicts; baselines; the summary."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+
+from speedmatrix.compare import (
+    COMPARISONS_SCHEMA,
+    RegressionError,
+    compare_runs,
+    compare_url,
+    comparisons_table,
+    raise_on_regressions,
+    select_baseline,
+    summarize,
+    verdict_for,
+)
+from speedmatrix.noise import NoiseModel
+from speedmatrix.records import empty_cell
+
+
+def _run(run_id="new", commit="bbbbbbb", kv=1_000_000, started="2026-11-02T00:00:00Z", **kw):
+    base = {
+        "run_id": run_id,
+        "recipe_id": "sim/x",
+        "host": "local",
+        "status": "success",
+        "engine_commit": commit,
+        "engine_repository": "github.com/vllm-project/vllm",
+        "kv_cache_tokens": kv,
+        "started_at": datetime.fromisoformat(started.replace("Z", "+00:00")),
+    }
+    base.update(kw)
+    return base
+
+
+def _decode(ctx, conc, total, status="valid", tbt=None, ttft=200.0, **kw):
+    tbt = tbt if tbt is not None else (1000.0 * conc / total if total else 1.0)
+    return empty_cell(
+        phase="decode",
+        context_tokens=ctx,
+        context_label=f"{ctx // 1024}K",
+        concurrency=conc,
+        status=status,
+        total_tok_s=total if status == "valid" else None,
+        per_request_tok_s=1000.0 / tbt if status == "valid" else None,
+        tbt_ms=tbt if status == "valid" else None,
+        ttft_ms=ttft if status == "valid" else None,
+        measured_s=30.0,
+        **kw,
+    )
+
+
+def _prefill(ctx, tok_s):
+    return empty_cell(
+        phase="prefill",
+        context_tokens=ctx,
+        context_label=f"{ctx // 1024}K",
+        concurrency=1,
+        status="valid",
+        total_tok_s=tok_s,
+        ttft_ms=1000.0 * ctx / tok_s,
+    )
+
+
+def _matrix(scale=None):
+    scale = scale or {}
+    cells = [_prefill(8192, 6000.0), _prefill(65536, 5000.0)]
+    for ctx, conc, total in [
+        (8192, 1, 55.0),
+        (8192, 16, 364.0),
+        (65536, 1, 49.0),
+        (65536, 2, 81.0),
+    ]:
+        f = scale.get((ctx, conc), 1.0)
+        cells.append(_decode(ctx, conc, total * f))
+    return cells
+
+
+def _by(rows, metric=None, conc=None, ctx=None, phase=None):
+    return [
+        r
+        for r in rows
+        if (metric is None or r["metric"] == metric)
+        and (conc is None or r["concurrency"] == conc)
+        and (ctx is None or r["context_tokens"] == ctx)
+        and (phase is None or r["phase"] == phase)
+    ]
+
+
+def test_verdict_is_direction_aware_and_needs_both_threshold_and_noise():
+    assert verdict_for(90, 100, True, 0.03, 0.0)[0] == "regression"
+    assert verdict_for(110, 100, True, 0.03, 0.0)[0] == "improvement"
+    assert verdict_for(90, 100, False, 0.03, 0.0)[0] == "improvement"  # lower TTFT is better
+    assert verdict_for(110, 100, False, 0.03, 0.0)[0] == "regression"
+    assert verdict_for(98, 100, True, 0.03, 0.0)[0] == "noise"  # inside the threshold
+    assert verdict_for(95, 100, True, 0.03, 0.08)[0] == "noise"  # inside the noise
+    assert verdict_for(90, 100, True, 0.03, 0.08)[0] == "regression"
+    _v, change = verdict_for(90, 100, True, 0.03, 0.0)
+    assert change == pytest.approx(-0.10)
+
+
+def test_planted_slower_cell_is_the_only_regression():
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    rows = compare_runs(new, _matrix({(65536, 2): 0.90}), base, _matrix())
+    bad = [r for r in rows if r["verdict"] == "regression"]
+    assert {(r["context_tokens"], r["concurrency"]) for r in bad} == {(65536, 2)}
+    assert {r["metric"] for r in bad} == {"total_tok_s", "per_request_tok_s", "tbt_ms"}
+    total = _by(bad, "total_tok_s")[0]
+    assert total["change_pct"] == pytest.approx(-10.0)
+    assert total["baseline_value"] == 81.0 and total["threshold_pct"] == 3.0
+    others = [r for r in rows if r["verdict"] != "regression"]
+    assert others and all(r["verdict"] == "noise" for r in others)
+    assert {r["metric"] for r in _by(rows, phase="prefill")} == {"prefill_tok_s"}
+
+
+def test_improvement_and_threshold_are_configurable():
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    rows = compare_runs(new, _matrix({(8192, 16): 1.05}), base, _matrix())
+    assert _by(rows, "total_tok_s", 16)[0]["verdict"] == "improvement"
+    rows = compare_runs(new, _matrix({(8192, 16): 1.05}), base, _matrix(), threshold=0.10)
+    assert _by(rows, "total_tok_s", 16)[0]["verdict"] == "noise"
+    per_metric = {"default": 0.10, "total_tok_s": 0.02}
+    rows = compare_runs(new, _matrix({(8192, 16): 1.05}), base, _matrix(), threshold=per_metric)
+    assert _by(rows, "total_tok_s", 16)[0]["verdict"] == "improvement"
+    assert _by(rows, "tbt_ms", 16)[0]["verdict"] == "noise"
+
+
+def test_between_run_noise_turns_a_change_into_noise():
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    hist_runs = [_run(f"h{i}", "ccc", started=f"2026-10-0{i + 1}T00:00:00Z") for i in range(3)]
+    hist_cells = []
+    for i, f in enumerate([1.0, 1.05, 0.95]):
+        for c in _matrix({(65536, 2): f}):
+            hist_cells.append(dict(c, run_id=f"h{i}"))
+    noise = NoiseModel.from_history(hist_runs, hist_cells)
+    rows = compare_runs(new, _matrix({(65536, 2): 0.94}), base, _matrix(), noise=noise)
+    r = _by(rows, "total_tok_s", 2, 65536)[0]
+    assert r["verdict"] == "noise"
+    assert r["noise_pct"] > 6.0 and r["between_rel_sd"] == pytest.approx(0.05)
+    assert r["noise_source"] == "between-cell"
+    # the same 6% drop without the history is a regression
+    assert (
+        _by(
+            compare_runs(new, _matrix({(65536, 2): 0.94}), base, _matrix()), "total_tok_s", 2, 65536
+        )[0]["verdict"]
+        == "regression"
+    )
+
+
+def test_within_window_intervals_from_requests_are_used():
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    import numpy as np
+
+    def reqs(scale, seed):
+        rng = np.random.default_rng(seed)
+        return [
+            {
+                "phase": "decode",
+                "context_tokens": 8192,
+                "concurrency": 16,
+                "request_index": i,
+                "stream": i,
+                "window_tokens": int(rng.normal(680 * scale, 120)),
+                "tbt_ms": float(rng.normal(44, 8)),
+                "ttft_ms": float(rng.normal(400, 80)),
+            }
+            for i in range(16)
+        ]
+
+    rows = compare_runs(
+        new,
+        _matrix({(8192, 16): 0.96}),
+        base,
+        _matrix(),
+        requests=reqs(0.96, 1),
+        baseline_requests=reqs(1.0, 2),
+    )
+    r = _by(rows, "total_tok_s", 16, 8192)[0]
+    assert r["noise_source"] == "within"
+    assert r["ci_low"] < r["ci_high"] and r["baseline_ci_low"] < r["baseline_ci_high"]
+    assert r["noise_pct"] > 4.0  # 16 streams with a 120-token spread: wider than the 4% change
+    assert r["verdict"] == "noise"
+
+
+def test_capacity_change_turns_cells_over_capacity_and_back():
+    base, new = (
+        _run("base", "aaaaaaa", kv=1_000_000, started="2026-11-01T00:00:00Z"),
+        _run(kv=600_000),
+    )
+    shrunk = _matrix()
+    shrunk[-1] = _decode(65536, 2, 0, status="over_capacity")
+    rows = compare_runs(new, shrunk, base, _matrix())
+    kv = _by(rows, "kv_cache_tokens")[0]
+    assert (
+        kv["verdict"] == "regression"
+        and kv["phase"] == "run"
+        and kv["change_pct"] == pytest.approx(-40.0)
+    )
+    st = _by(rows, "status", 2, 65536)[0]
+    assert st["verdict"] == "regression"
+    assert "now over capacity" in st["reason"] and "1,000,000 -> 600,000" in st["reason"]
+    back = compare_runs(base, _matrix(), new, shrunk)
+    assert _by(back, "status", 2, 65536)[0]["verdict"] == "improvement"
+    assert _by(back, "kv_cache_tokens")[0]["verdict"] == "improvement"
+
+
+def test_failed_missing_and_version_changed_cells_are_not_comparable():
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    cells = _matrix()
+    cells[2] = _decode(8192, 1, 0, status="failed", error="HTTP 500")
+    cells[3] = dict(cells[3], metric_version=99)
+    cells.pop()  # 64Kx2 missing from this run
+    cells.append(_decode(131072, 1, 40.0))  # new cell
+    rows = compare_runs(new, cells, base, _matrix())
+    reasons = {(r["context_tokens"], r["concurrency"]): r for r in _by(rows, "status")}
+    assert (
+        reasons[(8192, 1)]["verdict"] == "not_comparable"
+        and "HTTP 500" in reasons[(8192, 1)]["reason"]
+    )
+    assert "metric_version" in reasons[(8192, 16)]["reason"]
+    assert reasons[(65536, 2)]["reason"] == "cell not in this run"
+    assert reasons[(131072, 1)]["reason"] == "cell not in the baseline"
+    assert not [r for r in rows if r["verdict"] == "regression"]
+
+
+def test_spec_acceptance_drop_is_a_regression():
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    old = [dict(c, spec_acceptance_length=3.2) if c["phase"] == "decode" else c for c in _matrix()]
+    cur = [dict(c, spec_acceptance_length=2.6) if c["phase"] == "decode" else c for c in _matrix()]
+    rows = compare_runs(new, cur, base, old)
+    assert {r["verdict"] for r in _by(rows, "spec_acceptance_length")} == {"regression"}
+
+
+def test_comparisons_table_has_the_schema():
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    rows = compare_runs(
+        new,
+        _matrix({(65536, 2): 0.9}),
+        base,
+        _matrix(),
+        compared_at=datetime(2026, 11, 2, tzinfo=UTC),
+    )
+    table = comparisons_table(rows)
+    assert table.schema.equals(COMPARISONS_SCHEMA)
+    assert table.num_rows == len(rows)
+    assert set(table.column("verdict").to_pylist()) <= {
+        "regression",
+        "improvement",
+        "noise",
+        "not_comparable",
+    }
+    assert comparisons_table([]).num_rows == 0
+    assert isinstance(table, pa.Table)
+
+
+def test_select_baseline_picks_previous_success_of_same_recipe_and_host():
+    runs = [
+        _run("r1", "c1", started="2026-11-01T00:00:00Z"),
+        _run("r2", "c2", started="2026-11-02T00:00:00Z"),
+        _run("r3", "c3", started="2026-11-03T00:00:00Z", status="failed"),
+        _run("r4", "c4", started="2026-11-03T12:00:00Z", host="gpu-2"),
+        _run("r5", "c5", started="2026-11-03T18:00:00Z", recipe_id="sim/y"),
+        _run("r6", "c6", started="2026-11-04T00:00:00Z"),
+        _run("r7", "c7", started="2026-11-05T00:00:00Z"),
+    ]
+    current = runs[5]
+    assert select_baseline(runs, current)["run_id"] == "r2"
+    assert select_baseline(runs, runs[0]) is None
+    assert select_baseline(runs, current, ref="r4")["run_id"] == "r4"  # a named run, any host
+    assert select_baseline(runs, current, ref="c1")["run_id"] == "r1"  # a commit prefix
+    assert select_baseline(runs, current, ref="nope") is None
+    assert select_baseline([], current) is None
+
+
+def test_summary_names_cells_baseline_and_commits():
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    rows = compare_runs(new, _matrix({(65536, 2): 0.9}), base, _matrix())
+    text = summarize(rows, new, base, commits=["a1" * 20, "b2" * 20])
+    assert text.startswith("3 regression(s) in run new")
+    assert "against baseline base" in text
+    assert "64Kx2: total_tok_s 81.0 -> 72.9 (-10.0%" in text
+    assert "aaaaaaa -> this run bbbbbbb" in text
+    assert "commits between (2): a1a1a1a1a1a1, b2b2b2b2b2b2" in text
+    assert "https://github.com/vllm-project/vllm/compare/aaaaaaa...bbbbbbb" in text
+    with pytest.raises(RegressionError, match="64Kx2"):
+        raise_on_regressions(rows, new, base)
+    raise_on_regressions(compare_runs(new, _matrix(), base, _matrix()), new, base)
+
+
+def test_compare_url_needs_both_commits_and_a_github_repository():
+    assert compare_url({"engine_commit": None}, {"engine_commit": "b"}) is None
+    assert (
+        compare_url(
+            {"engine_commit": "a"}, {"engine_commit": "b", "engine_repository": "gitlab.com/x/y"}
+        )
+        is None
+    )

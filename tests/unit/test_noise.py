@@ -1,0 +1,182 @@
+"""Noise estimates: within-window bootstrap intervals and pooled between-run spread."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from speedmatrix.noise import (
+    NoiseModel,
+    between_run_noise,
+    bootstrap_interval,
+    within_window,
+    within_window_table,
+)
+
+
+def _requests(n_streams: int, tokens: float, tbt: float, seed: int = 1, per_stream: int = 1):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(n_streams):
+        for j in range(per_stream):
+            rows.append(
+                {
+                    "phase": "decode",
+                    "context_tokens": 8192,
+                    "concurrency": n_streams,
+                    "request_index": s * per_stream + j,
+                    "stream": s,
+                    "window_tokens": int(rng.normal(tokens, tokens * 0.05)),
+                    "tbt_ms": float(rng.normal(tbt, tbt * 0.05)),
+                    "ttft_ms": float(rng.normal(200, 20)),
+                }
+            )
+    return rows
+
+
+def test_bootstrap_needs_two_samples_and_is_deterministic():
+    assert bootstrap_interval([5.0], "median") is None
+    assert bootstrap_interval([float("nan"), 3.0], "median") is None
+    values = np.random.default_rng(0).normal(100, 5, 40)
+    a = bootstrap_interval(values, "median", seed=3)
+    b = bootstrap_interval(values, "median", seed=3)
+    assert a == b
+    assert a.low < a.estimate < a.high
+    assert a.estimate == pytest.approx(float(np.median(values)))
+
+
+def test_bootstrap_interval_narrows_with_more_samples():
+    rng = np.random.default_rng(0)
+    small = bootstrap_interval(rng.normal(100, 10, 8), "median")
+    large = bootstrap_interval(rng.normal(100, 10, 400), "median")
+    assert large.rel_halfwidth < small.rel_halfwidth / 2
+
+
+def test_bootstrap_of_identical_values_has_zero_width():
+    ci = bootstrap_interval([7.0, 7.0, 7.0], "sum", scale=0.5)
+    assert (ci.low, ci.estimate, ci.high) == (10.5, 10.5, 10.5)
+    assert ci.rel_halfwidth == 0
+
+
+def test_bootstrap_rejects_unknown_statistic():
+    with pytest.raises(ValueError, match="unknown statistic"):
+        bootstrap_interval([1.0, 2.0], "mean")
+
+
+def test_within_window_total_is_resampled_by_stream():
+    rows = _requests(8, 900, 30.0, per_stream=2)
+    out = within_window(rows, measured_s=30.0)
+    total = out["total_tok_s"]
+    assert total.samples == 8  # streams, not the 16 requests
+    assert total.estimate == pytest.approx(sum(r["window_tokens"] for r in rows) / 30.0)
+    assert total.low < total.estimate < total.high
+    tbt = out["tbt_ms"]
+    assert tbt.samples == 16
+    per_req = out["per_request_tok_s"]
+    assert per_req.estimate == pytest.approx(1000 / tbt.estimate)
+    assert per_req.low == pytest.approx(1000 / tbt.high)
+    assert per_req.high == pytest.approx(1000 / tbt.low)
+    assert "ttft_ms" in out
+
+
+def test_within_window_single_request_has_no_interval():
+    assert within_window(_requests(1, 900, 30.0), measured_s=30.0) == {}
+    assert within_window([], measured_s=30.0) == {}
+
+
+def test_within_window_table_matches_requests_to_cells():
+    cells = [
+        {
+            "run_id": "r1",
+            "phase": "decode",
+            "context_tokens": 8192,
+            "concurrency": 8,
+            "measured_s": 30.0,
+        },
+        {
+            "run_id": "r1",
+            "phase": "decode",
+            "context_tokens": 8192,
+            "concurrency": 1,
+            "measured_s": 30.0,
+        },
+    ]
+    reqs = [dict(r, run_id="r1") for r in _requests(8, 900, 30.0)]
+    table = within_window_table(cells, reqs, n_resamples=500)
+    assert set(table["concurrency"]) == {8}
+    assert set(table["metric"]) == {"total_tok_s", "tbt_ms", "per_request_tok_s", "ttft_ms"}
+    assert (table["ci_low"] <= table["estimate"]).all()
+    assert (table["estimate"] <= table["ci_high"]).all()
+
+
+def _run(run_id, commit, status="success", recipe="sim/x", host="local"):
+    return {
+        "run_id": run_id,
+        "recipe_id": recipe,
+        "host": host,
+        "engine_commit": commit,
+        "status": status,
+    }
+
+
+def _cell(run_id, value, conc=16, status="valid"):
+    return {
+        "run_id": run_id,
+        "phase": "decode",
+        "context_tokens": 65536,
+        "concurrency": conc,
+        "status": status,
+        "total_tok_s": value,
+    }
+
+
+def test_between_run_noise_pools_repeats_of_an_unchanged_engine():
+    runs = [
+        _run("a1", "aaa"),
+        _run("a2", "aaa"),
+        _run("a3", "aaa"),
+        _run("b1", "bbb"),
+        _run("b2", "bbb"),
+    ]
+    cells = [
+        _cell("a1", 100.0),
+        _cell("a2", 102.0),
+        _cell("a3", 98.0),
+        _cell("b1", 200.0),
+        _cell("b2", 210.0),
+    ]
+    table = between_run_noise(runs, cells, columns=["total_tok_s"])
+    assert len(table) == 1
+    row = table.iloc[0]
+    # group a: rel deviations 0, +.02, -.02 (2 dof); group b: mean 205, +-5/205 (1 dof)
+    expected = math.sqrt((0.02**2 * 2 + 2 * (5 / 205) ** 2) / 3)
+    assert row["rel_sd"] == pytest.approx(expected)
+    assert row["dof"] == 3 and row["runs"] == 5 and row["engines"] == 2
+
+
+def test_between_run_noise_ignores_single_commits_failed_runs_and_invalid_cells():
+    runs = [
+        _run("a1", "aaa"),
+        _run("b1", "bbb"),
+        _run("c1", "ccc"),
+        _run("a2", "aaa", status="failed"),
+    ]
+    cells = [_cell("a1", 100.0), _cell("b1", 120.0), _cell("c1", 80.0), _cell("a2", 50.0)]
+    assert between_run_noise(runs, cells).empty
+    runs.append(_run("a3", "aaa"))
+    cells.append(_cell("a3", 50.0, status="invalid"))
+    assert between_run_noise(runs, cells).empty
+
+
+def test_noise_model_falls_back_to_pooled_then_none():
+    runs = [_run("a1", "aaa"), _run("a2", "aaa")]
+    cells = [_cell("a1", 100.0), _cell("a2", 104.0)]
+    model = NoiseModel.from_history(runs, cells)
+    sd, src = model.lookup("sim/x", "local", "decode", 65536, 16, "total_tok_s")
+    assert src == "cell" and sd == pytest.approx(np.std([100 / 102, 104 / 102], ddof=1))
+    sd2, src2 = model.lookup("sim/x", "local", "decode", 8192, 1, "total_tok_s")
+    assert src2 == "pooled" and sd2 == pytest.approx(sd)
+    assert model.lookup("sim/x", "other-host", "decode", 65536, 16, "total_tok_s") == (None, "none")
+    assert NoiseModel.empty().lookup("sim/x", "local", "decode", 1, 1, "tbt_ms") == (None, "none")
