@@ -1,0 +1,323 @@
+"""Great Expectations suites over one run's rows, before they land.
+
+GX Core runs inside the `validate` task (the GX Airflow provider does not install with Airflow
+3.3.2): an ephemeral context (nothing written to disk by GX itself), one pandas data source, a
+`cells` suite and a `runs` suite. Consistency checks between figures (e.g. output tokens vs
+total tok/s x window) are expressed as ratio columns computed here in pandas and bounded by GX
+expectations, so each rule is one named expectation in the results JSON and a failing row is
+identified by its position.
+
+A failing row is quarantined (it does not land) with the names of the expectations it failed;
+the rest lands. The results JSON is kept next to the run's report. Secrets: the runs suite checks
+that the launch command carries none; the results JSON and quarantined rows are scrubbed so a
+leaked key is never copied further by the check that found it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from speedmatrix.records import CELL_FIELDS, PHASES, RUN_FIELDS, STATUSES, TRIGGERS
+
+log = logging.getLogger(__name__)
+
+RUN_STATUSES = ("success", "failed", "partial")
+REDACTED = "<redacted>"
+
+# Tolerances (issue 7): active requests within 10% of C; measured seconds within 2% of the
+# window; output tokens = total tok/s x window up to rounding; per-request tok/s vs 1/TBT within
+# 10% (a median of reciprocals is not the reciprocal of a median for even counts); prefill
+# tok/s x TTFT = prompt tokens within 2%.
+ACTIVE_TOL = 0.10
+WINDOW_TOL = 0.02
+TOKENS_TOL = 0.01
+RATE_TBT_TOL = 0.10
+PREFILL_TOL = 0.02
+
+REQUIRED_RUN_FIELDS = (
+    "run_id",
+    "recipe_id",
+    "trigger",
+    "status",
+    "started_at",
+    "engine",
+    "served_model",
+    "launch_command",
+    "host",
+)
+
+# A credential-looking flag or variable whose value is not the redaction marker.
+SECRET_PATTERNS = (
+    r"--api-key(?:=|\s+)(?!<redacted>)\S",
+    r"(?i)\b[A-Z0-9_]*(?:API_KEY|TOKEN|SECRET|PASSWORD)=(?!<redacted>)\S",
+    r"(?i)\bBearer\s+(?!<redacted>)\S",
+)
+
+
+@dataclass
+class SuiteOutcome:
+    """One suite's verdict: which rows failed which expectations, and GX's JSON result."""
+
+    suite: str
+    success: bool
+    failed_rows: dict[int, list[str]] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        failed = [r["expectation"] for r in self.result.get("expectations", []) if not r["success"]]
+        if self.success:
+            return f"{self.suite}: all {len(self.result.get('expectations', []))} expectations met"
+        return f"{self.suite}: {len(self.failed_rows)} row(s) failed {sorted(set(failed))}"
+
+
+@dataclass
+class Validation:
+    """Both suites applied to one run: what may land and what goes to quarantine."""
+
+    run_ok: bool
+    good_cells: list[dict]
+    bad_cells: list[dict]
+    cells: SuiteOutcome
+    runs: SuiteOutcome
+
+    @property
+    def results_json(self) -> dict[str, Any]:
+        return {"cells": self.cells.result, "runs": self.runs.result}
+
+
+def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
+    """Replace known secret values and credential-looking values with `<redacted>`."""
+    if text is None:
+        return None
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    text = re.sub(r"(--api-key(?:=|\s+))(?!<redacted>)\S+", rf"\g<1>{REDACTED}", text)
+    text = re.sub(
+        r"(?i)(\b[A-Z0-9_]*(?:API_KEY|TOKEN|SECRET|PASSWORD)=)(?!<redacted>)\S+",
+        rf"\g<1>{REDACTED}",
+        text,
+    )
+    return re.sub(r"(?i)(\bBearer\s+)(?!<redacted>)\S+", rf"\g<1>{REDACTED}", text)
+
+
+def _ratio(num: Any, den: Any) -> float:
+    try:
+        num, den = float(num), float(den)
+    except (TypeError, ValueError):
+        return math.nan
+    if math.isnan(num) or math.isnan(den) or den == 0:
+        return math.nan
+    return num / den
+
+
+def cells_frame(cells: Sequence[dict]):
+    """The cells as a DataFrame plus the ratio columns the consistency expectations bound."""
+    import pandas as pd
+
+    names = [f.name for f in CELL_FIELDS]
+    df = pd.DataFrame.from_records([{k: c.get(k) for k in names} for c in cells], columns=names)
+    df.insert(0, "row", range(len(df)))
+    rows = df.to_dict("records")
+    df["active_ratio"] = [_ratio(r["avg_active_requests"], r["concurrency"]) for r in rows]
+    df["window_ratio"] = [_ratio(r["measured_s"], r["window_s"]) for r in rows]
+    df["tokens_ratio"] = [
+        _ratio(r["output_tokens"], _ratio(r["total_tok_s"], 1) * _ratio(r["measured_s"], 1))
+        for r in rows
+    ]
+    df["rate_tbt_product"] = [
+        _ratio(r["per_request_tok_s"], 1) * _ratio(r["tbt_ms"], 1000) for r in rows
+    ]
+    df["prefill_ratio"] = [
+        _ratio(_ratio(r["total_tok_s"], 1) * _ratio(r["ttft_ms"], 1000), r["context_tokens"])
+        for r in rows
+    ]
+    return df
+
+
+def _cells_expectations() -> list:
+    import great_expectations.expectations as gxe
+    from great_expectations.expectations.row_conditions import Column
+
+    valid_decode = (Column("status") == "valid") & (Column("phase") == "decode")
+    valid_prefill = (Column("status") == "valid") & (Column("phase") == "prefill")
+    exps: list = [
+        gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(STATUSES)),
+        gxe.ExpectColumnValuesToBeInSet(column="phase", value_set=list(PHASES)),
+        gxe.ExpectColumnValuesToNotBeNull(column="context_tokens"),
+        gxe.ExpectColumnValuesToBeBetween(column="context_tokens", min_value=1),
+        gxe.ExpectColumnValuesToBeBetween(column="concurrency", min_value=1),
+        gxe.ExpectCompoundColumnsToBeUnique(column_list=["phase", "context_tokens", "concurrency"]),
+        gxe.ExpectColumnValuesToNotBeNull(
+            column="error", row_condition=Column("status").is_in(["failed", "invalid"])
+        ),
+        gxe.ExpectColumnValuesToBeNull(
+            column="output_tokens", row_condition=Column("status") == "over_capacity"
+        ),
+    ]
+    for col in ("total_tok_s", "per_request_tok_s", "ttft_ms", "tbt_ms", "measured_s"):
+        exps.append(gxe.ExpectColumnValuesToNotBeNull(column=col, row_condition=valid_decode))
+        exps.append(
+            gxe.ExpectColumnValuesToBeBetween(
+                column=col, min_value=0, strict_min=True, row_condition=valid_decode
+            )
+        )
+    exps.append(
+        gxe.ExpectColumnValuesToBeBetween(
+            column="output_tokens", min_value=1, row_condition=valid_decode
+        )
+    )
+    for col, tol in (
+        ("active_ratio", ACTIVE_TOL),
+        ("window_ratio", WINDOW_TOL),
+        ("tokens_ratio", TOKENS_TOL),
+        ("rate_tbt_product", RATE_TBT_TOL),
+    ):
+        exps.append(gxe.ExpectColumnValuesToNotBeNull(column=col, row_condition=valid_decode))
+        exps.append(
+            gxe.ExpectColumnValuesToBeBetween(
+                column=col, min_value=1 - tol, max_value=1 + tol, row_condition=valid_decode
+            )
+        )
+    for col in ("total_tok_s", "ttft_ms"):
+        exps.append(gxe.ExpectColumnValuesToNotBeNull(column=col, row_condition=valid_prefill))
+        exps.append(
+            gxe.ExpectColumnValuesToBeBetween(
+                column=col, min_value=0, strict_min=True, row_condition=valid_prefill
+            )
+        )
+    exps.append(
+        gxe.ExpectColumnValuesToBeBetween(
+            column="prefill_ratio",
+            min_value=1 - PREFILL_TOL,
+            max_value=1 + PREFILL_TOL,
+            row_condition=valid_prefill,
+        )
+    )
+    return exps
+
+
+def _runs_expectations(secrets: Sequence[str]) -> list:
+    import great_expectations.expectations as gxe
+
+    exps: list = [
+        gxe.ExpectTableRowCountToEqual(value=1),
+        gxe.ExpectTableColumnsToMatchSet(
+            column_set=["row", *[f.name for f in RUN_FIELDS]], exact_match=False
+        ),
+        gxe.ExpectColumnValuesToBeInSet(column="trigger", value_set=list(TRIGGERS)),
+        gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(RUN_STATUSES)),
+        gxe.ExpectColumnValuesToNotMatchRegexList(
+            column="launch_command",
+            regex_list=[*SECRET_PATTERNS, *(re.escape(s) for s in secrets if s)],
+        ),
+    ]
+    exps += [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in REQUIRED_RUN_FIELDS]
+    return exps
+
+
+def _describe(config: Any) -> str:
+    kwargs = {k: v for k, v in config.kwargs.items() if k in ("column", "column_list")}
+    target = kwargs.get("column") or kwargs.get("column_list") or "table"
+    return f"{config.type}({target})"
+
+
+def _run_suite(context: Any, name: str, df: Any, expectations: list) -> SuiteOutcome:
+    import great_expectations as gx
+
+    source = context.data_sources.add_pandas(f"{name}_source")
+    batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
+    suite = context.suites.add(gx.ExpectationSuite(name=name))
+    for exp in expectations:
+        suite.add_expectation(exp)
+    batch = batch_def.get_batch(batch_parameters={"dataframe": df})
+    result = batch.validate(
+        suite,
+        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["row"]},
+    )
+    failed_rows: dict[int, list[str]] = {}
+    summary = []
+    for res in result.results:
+        what = _describe(res.expectation_config)
+        summary.append({"expectation": what, "success": bool(res.success)})
+        if res.success:
+            continue
+        indexes = (res.result or {}).get("unexpected_index_list") or []
+        if not indexes:  # a table-level expectation: every row is suspect
+            indexes = [{"row": r} for r in df["row"]]
+        for item in indexes:
+            failed_rows.setdefault(int(item["row"]), []).append(what)
+    return SuiteOutcome(
+        suite=name,
+        success=bool(result.success),
+        failed_rows=failed_rows,
+        result={"expectations": summary, "gx": result.to_json_dict()},
+    )
+
+
+def _context() -> Any:
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
+
+
+def _clean(obj: Any, secrets: Sequence[str]) -> Any:
+    """NaN / inf -> None and every string scrubbed of secrets, recursively."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, str):
+        return redact(obj, secrets)
+    if isinstance(obj, dict):
+        return {k: _clean(v, secrets) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v, secrets) for v in obj]
+    return obj
+
+
+def _json_safe(obj: Any, secrets: Sequence[str]) -> dict[str, Any]:
+    """Strict JSON with every secret scrubbed (GX copies unexpected values into its result)."""
+    return _clean(json.loads(json.dumps(obj, default=str)), secrets)
+
+
+def validate_run(run: dict, cells: Sequence[dict], secrets: Sequence[str] = ()) -> Validation:
+    """Apply the runs and cells suites; split cells into those that land and those quarantined.
+
+    A quarantined cell carries `quarantine_reasons` (the expectations it failed) in the copy
+    handed to quarantine; cells that land are returned unchanged.
+    """
+    import pandas as pd
+
+    context = _context()
+    cells_df = cells_frame(cells)
+    cells_outcome = _run_suite(context, "cells", cells_df, _cells_expectations())
+    run_row = {f.name: run.get(f.name) for f in RUN_FIELDS}
+    runs_df = pd.DataFrame.from_records([run_row])
+    runs_df.insert(0, "row", [0])
+    runs_outcome = _run_suite(context, "runs", runs_df, _runs_expectations(secrets))
+    cells_outcome.result = _json_safe(cells_outcome.result, secrets)
+    runs_outcome.result = _json_safe(runs_outcome.result, secrets)
+    good, bad = [], []
+    for i, cell in enumerate(cells):
+        reasons = cells_outcome.failed_rows.get(i)
+        if reasons:
+            bad.append({**cell, "quarantine_reasons": sorted(set(reasons))})
+        else:
+            good.append(cell)
+    outcome = Validation(
+        run_ok=runs_outcome.success,
+        good_cells=good,
+        bad_cells=bad,
+        cells=cells_outcome,
+        runs=runs_outcome,
+    )
+    log.info("%s; %s", cells_outcome.summary(), runs_outcome.summary())
+    return outcome

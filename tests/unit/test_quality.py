@@ -1,0 +1,177 @@
+"""Great Expectations suites: good rows land, each broken rule quarantines exactly its row."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speedmatrix.quality import redact, validate_run
+from speedmatrix.records import RUN_FIELDS, empty_cell
+
+SECRET = "sk-test-Zx81qq"
+
+
+def decode(ctx=8192, c=1, **over):
+    # The published 8K x 1 cell, scaled to C.
+    values = dict(
+        phase="decode",
+        context_tokens=ctx,
+        context_label=f"{ctx // 1024}K",
+        concurrency=c,
+        status="valid",
+        total_tok_s=54.9 * c,
+        per_request_tok_s=54.9,
+        ttft_ms=87.0,
+        tbt_ms=18.2,
+        avg_active_requests=float(c),
+        completed_requests=0,
+        output_tokens=1647 * c,
+        measured_s=30.0,
+        window_s=30.0,
+        max_output_tokens=4096,
+        prompt_mode="distinct",
+    )
+    values.update(over)
+    return empty_cell(**values)
+
+
+def prefill(ctx=8192, **over):
+    values = dict(
+        phase="prefill",
+        context_tokens=ctx,
+        context_label=f"{ctx // 1024}K",
+        concurrency=1,
+        status="valid",
+        total_tok_s=6206.0,
+        ttft_ms=1320.0,
+        completed_requests=1,
+        max_output_tokens=1,
+    )
+    values.update(over)
+    return empty_cell(**values)
+
+
+def run_row(**over):
+    row = {f.name: None for f in RUN_FIELDS}
+    row.update(
+        run_id="kimi.main.manual.20261129T2030Z",
+        recipe_id="sim/kimi-k2.7-nvfp4-rtxpro6k-x8",
+        trigger="manual",
+        status="success",
+        started_at="2026-11-29T20:30:00Z",
+        engine="vllm",
+        served_model="Kimi-K2.7-Code-NVFP4",
+        launch_command="vllm serve m --port 8000 --api-key <redacted>",
+        host="local",
+    )
+    row.update(over)
+    return row
+
+
+def good_cells():
+    over = empty_cell(
+        phase="decode",
+        context_tokens=8192,
+        context_label="8K",
+        concurrency=32,
+        status="over_capacity",
+        error="not run",
+    )
+    failed = decode(
+        c=4, status="failed", error="server not healthy", total_tok_s=None, output_tokens=None
+    )
+    return [prefill(), decode(c=1), decode(c=2, avg_active_requests=1.95), over, failed]
+
+
+def test_good_run_lands_whole():
+    v = validate_run(run_row(), good_cells(), secrets=[SECRET])
+    assert v.run_ok
+    assert v.bad_cells == []
+    assert len(v.good_cells) == 5
+    assert v.cells.success and v.runs.success
+    json.dumps(v.results_json, allow_nan=False)  # kept next to the report: strict JSON
+    assert {e["expectation"] for e in v.results_json["cells"]["expectations"]} >= {
+        "expect_column_values_to_be_between(active_ratio)",
+        "expect_column_values_to_be_between(prefill_ratio)",
+    }
+
+
+BROKEN = {
+    "status": (dict(status="weird"), "expect_column_values_to_be_in_set(status)"),
+    "active": (dict(avg_active_requests=1.7), "expect_column_values_to_be_between(active_ratio)"),
+    "window": (
+        dict(measured_s=29.0, output_tokens=1592, total_tok_s=54.9 * 2 * 30 / 29 / 2),
+        "window_ratio",
+    ),
+    "tokens": (dict(output_tokens=3000), "expect_column_values_to_be_between(tokens_ratio)"),
+    "rate_vs_tbt": (dict(per_request_tok_s=40.0), "rate_tbt_product"),
+    "null_tbt": (dict(tbt_ms=None), "expect_column_values_to_not_be_null(tbt_ms)"),
+    "negative_ttft": (dict(ttft_ms=-1.0), "expect_column_values_to_be_between(ttft_ms)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_broken_decode_cell_is_quarantined_alone(name):
+    change, reason = BROKEN[name]
+    cells = good_cells()
+    cells[2] = decode(c=2, **change)
+    v = validate_run(run_row(), cells)
+    assert not v.cells.success
+    assert [(c["phase"], c["concurrency"]) for c in v.bad_cells] == [("decode", 2)]
+    assert any(reason in r for r in v.bad_cells[0]["quarantine_reasons"])
+    assert len(v.good_cells) == 4
+    assert v.run_ok
+
+
+def test_prefill_inconsistent_with_ttft_is_quarantined():
+    cells = [prefill(ttft_ms=2000.0), decode()]
+    v = validate_run(run_row(), cells)
+    assert [c["phase"] for c in v.bad_cells] == ["prefill"]
+    assert (
+        "expect_column_values_to_be_between(prefill_ratio)" in v.bad_cells[0]["quarantine_reasons"]
+    )
+
+
+def test_failed_cell_needs_a_reason_and_duplicates_are_caught():
+    cells = [decode(c=1), decode(c=1), decode(c=4, status="failed", error=None)]
+    v = validate_run(run_row(), cells)
+    assert len(v.bad_cells) == 3
+    reasons = {r for c in v.bad_cells for r in c["quarantine_reasons"]}
+    assert "expect_column_values_to_not_be_null(error)" in reasons
+    assert any(r.startswith("expect_compound_columns_to_be_unique") for r in reasons)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        f"vllm serve m --api-key {SECRET}",
+        "vllm serve m --api-key=abc123",
+        "env HF_TOKEN=hf_abcdef vllm serve m",
+        f"vllm serve m --note {SECRET}",
+    ],
+)
+def test_secret_in_launch_command_fails_runs_suite_and_is_scrubbed(command):
+    v = validate_run(run_row(launch_command=command), [decode()], secrets=[SECRET])
+    assert not v.run_ok
+    assert "expect_column_values_to_not_match_regex_list(launch_command)" in v.runs.failed_rows[0]
+    text = json.dumps(v.results_json)
+    for leaked in (SECRET, "abc123", "hf_abcdef"):
+        assert leaked not in text
+
+
+def test_runs_suite_requires_fields_and_known_trigger():
+    v = validate_run(run_row(recipe_id=None, trigger="whenever"), [decode()])
+    assert not v.run_ok
+    failed = v.runs.failed_rows[0]
+    assert "expect_column_values_to_not_be_null(recipe_id)" in failed
+    assert "expect_column_values_to_be_in_set(trigger)" in failed
+
+
+def test_redact():
+    assert redact(f"x --api-key {SECRET} y", [SECRET]) == "x --api-key <redacted> y"
+    assert redact("x --api-key=zz y") == "x --api-key=<redacted> y"
+    assert (
+        redact("A_TOKEN=q VLLM_API_KEY=<redacted>") == "A_TOKEN=<redacted> VLLM_API_KEY=<redacted>"
+    )
+    assert redact(None) is None
