@@ -1,0 +1,144 @@
+"""A cell over commits: parsing the cell, values in run order, verdicts, the chart."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from speedmatrix.records import empty_cell
+from speedmatrix.trend import parse_cell, trend, trend_chart_svg
+
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def _history(values, recipe="sim/x", host="local", statuses=None):
+    runs, cells = [], []
+    for i, v in enumerate(values):
+        rid = f"r{i}"
+        runs.append(
+            {
+                "run_id": rid,
+                "recipe_id": recipe,
+                "host": host,
+                "status": "success",
+                "engine_commit": f"c{i:07d}",
+                "engine_version": "0.1",
+                "started_at": T0 + timedelta(days=i),
+            }
+        )
+        status = (statuses or {}).get(i, "valid")
+        cells.append(
+            empty_cell(
+                phase="decode",
+                context_tokens=65536,
+                context_label="64K",
+                concurrency=16,
+                status=status,
+                total_tok_s=v if status == "valid" else None,
+                tbt_ms=16000.0 / v if status == "valid" else None,
+            )
+            | {"run_id": rid}
+        )
+        cells.append(
+            empty_cell(
+                phase="prefill",
+                context_tokens=65536,
+                context_label="64K",
+                concurrency=1,
+                status="valid",
+                total_tok_s=5000.0 + i,
+            )
+            | {"run_id": rid}
+        )
+    return runs, cells
+
+
+def test_parse_cell():
+    assert parse_cell("64Kx16") == ("decode", "64K", 16)
+    assert parse_cell("8k X 1") == ("decode", "8K", 1)
+    assert parse_cell("prefill 251K") == ("prefill", "251K", 1)
+    assert parse_cell("prefill@8K") == ("prefill", "8K", 1)
+    with pytest.raises(ValueError, match="not a cell"):
+        parse_cell("64K by 16")
+
+
+def test_trend_orders_runs_and_marks_the_step():
+    runs, cells = _history([400, 402, 399, 360, 361, 362])
+    runs.append(dict(runs[0], run_id="f", status="failed", started_at=T0 + timedelta(days=9)))
+    runs.append(dict(runs[0], run_id="other", recipe_id="sim/y"))
+    cells.append(dict(cells[0], run_id="other"))
+    runs.reverse()
+    pts = trend(runs, cells, recipe="sim/x", cell="64Kx16")
+    assert list(pts["run_id"]) == [f"r{i}" for i in range(6)]
+    assert list(pts["value"]) == [400, 402, 399, 360, 361, 362]
+    assert list(pts["verdict"]) == ["first", "noise", "noise", "regression", "noise", "noise"]
+    assert pts.loc[3, "change_pct"] == pytest.approx((360 - 399) / 399 * 100)
+    tbt = trend(runs, cells, recipe="sim/x", cell="64Kx16", metric="tbt_ms")
+    assert tbt.loc[3, "verdict"] == "regression"  # lower is better: tbt went up
+
+
+def test_trend_skips_invalid_points_and_handles_prefill():
+    runs, cells = _history([400, 400, 300], statuses={1: "failed"})
+    pts = trend(runs, cells, recipe="sim/x", cell="64Kx16")
+    assert list(pts["verdict"]) == ["first", "failed", "regression"]
+    pre = trend(runs, cells, recipe="sim/x", cell="prefill 64K")
+    assert list(pre["value"]) == [5000.0, 5001.0, 5002.0]
+    assert list(pre["verdict"]) == ["first", "noise", "noise"]
+    with pytest.raises(ValueError, match="does not apply"):
+        trend(runs, cells, recipe="sim/x", cell="prefill 64K", metric="tbt_ms")
+    with pytest.raises(ValueError, match="unknown metric"):
+        trend(runs, cells, recipe="sim/x", cell="64Kx16", metric="speed")
+    assert trend([], [], recipe="sim/x", cell="64Kx16").empty
+
+
+def test_trend_prefers_stored_comparison_verdicts():
+    runs, cells = _history([400, 390])
+    stored = [
+        {
+            "run_id": "r1",
+            "phase": "decode",
+            "context_label": "64K",
+            "concurrency": 16,
+            "metric": "total_tok_s",
+            "verdict": "noise",
+            "change_pct": -2.5,
+        }
+    ]
+    pts = trend(runs, cells, recipe="sim/x", cell="64Kx16", comparisons=stored, threshold=0.001)
+    assert pts.loc[1, "verdict"] == "noise" and pts.loc[1, "change_pct"] == -2.5
+    assert (
+        trend(runs, cells, recipe="sim/x", cell="64Kx16", threshold=0.001).loc[1, "verdict"]
+        == "regression"
+    )
+
+
+def test_chart_is_svg_with_the_regression_marked():
+    runs, cells = _history([400, 402, 360])
+    svg = trend_chart_svg(
+        trend(runs, cells, recipe="sim/x", cell="64Kx16"), title="64Kx16", ylabel="tok/s"
+    )
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    assert "regression" in svg  # the legend entry
+
+
+def test_diff_heatmap_labels_the_regressed_cell():
+    from speedmatrix.trend import diff_heatmap_svg
+
+    rows = [
+        {
+            "phase": "decode",
+            "context_tokens": 8192,
+            "context_label": "8K",
+            "concurrency": c,
+            "metric": "total_tok_s",
+            "change_pct": ch,
+            "verdict": v,
+        }
+        for c, ch, v in [(1, 0.4, "noise"), (2, -10.0, "regression"), (4, 6.0, "improvement")]
+    ]
+    svg = diff_heatmap_svg(rows)
+    assert "<svg" in svg
+    assert "-10.0% ▼" in svg and "+6.0% ▲" in svg  # matplotlib keeps each text as a comment
+    assert diff_heatmap_svg([]) is None
+    assert diff_heatmap_svg(rows, metric="tbt_ms") is None
