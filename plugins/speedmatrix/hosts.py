@@ -1,0 +1,420 @@
+"""Run commands on a host and copy files both ways: over SSH or on the local machine.
+
+Why one interface: provisioning and the server lifecycle are written once and run the same on a
+GPU host reached through an Airflow SSH connection and on the Airflow worker itself (``local``,
+the demo's default). Both transports:
+
+- run a command with bash, with a *total* timeout (enforced on the host by coreutils
+  ``timeout``, so nothing keeps running on the host when it fires) separate from an *idle*
+  timeout (no output for that long);
+- capture stdout/stderr and the exit code, and stream lines to the ``speedmatrix.hosts`` logger
+  (which an Airflow task log shows);
+- copy files both ways (``put``/``get``), and write small text files with a mode (``put_text``,
+  e.g. a 0600 secrets file, so a key never shows in a command line);
+- apply a host-wide environment (``get_host(name, env={"HOME": ...})``): tests use it to put
+  engine envs under a temporary HOME.
+
+SSH uses the SSH provider's ``SSHHook``. Host-key checking stays on: the connection must carry
+a ``host_key`` extra or the host must be in ``~/.ssh/known_hosts``; this module never turns the
+check off. A dropped connection is retried only for calls marked ``idempotent=True`` (and for
+``put``/``get``); other calls raise :class:`HostConnectionError` saying the step may have run
+partly, so a caller never repeats a non-idempotent step blindly.
+
+Env values given to ``run`` are exported in the command string: other users of the host can see
+them in ``ps``. Put secrets in a 0600 file with ``put_text`` and source it instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("speedmatrix.hosts")
+
+LOCAL = "local"
+# Exit code of coreutils `timeout` when the time limit hit (124; 137 when KILLed after -k).
+_TIMEOUT_RCS = (124, 137)
+_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command left behind: exit code and captured text."""
+
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def tail(self, lines: int = 40) -> str:
+        """The last lines of stdout and stderr together, for error messages."""
+        text = (self.stdout + ("\n" if self.stdout and self.stderr else "") + self.stderr).strip()
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class HostError(RuntimeError):
+    """Base class of every failure this module raises."""
+
+
+class CommandError(HostError):
+    """A command exited non-zero (raised by ``run(..., check=True)``)."""
+
+    def __init__(self, host: str, cmd: str, result: CommandResult):
+        self.host, self.cmd, self.result = host, cmd, result
+        short = cmd if len(cmd) < 200 else cmd[:197] + "..."
+        super().__init__(
+            f"on {host}: command failed with exit code {result.rc}: {short}\n{result.tail()}"
+        )
+
+
+class CommandTimeout(HostError):
+    """A command ran longer than its total timeout, or was silent longer than its idle one."""
+
+    def __init__(self, host: str, cmd: str, why: str, partial: CommandResult | None = None):
+        self.host, self.cmd, self.partial = host, cmd, partial
+        short = cmd if len(cmd) < 200 else cmd[:197] + "..."
+        super().__init__(f"on {host}: {why}: {short}")
+
+
+class HostConnectionError(HostError):
+    """The connection to the host failed or dropped."""
+
+
+class Host(ABC):
+    """One machine commands run on. Get one with :func:`get_host`."""
+
+    name: str
+
+    def __init__(self, name: str, env: dict[str, str] | None = None):
+        self.name = name
+        self.env = dict(env or {})
+        self._home: str | None = None
+
+    # ---------------------------------------------------------------- commands
+    def run(
+        self,
+        cmd: str,
+        timeout_s: float | None = None,
+        idle_timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        check: bool = False,
+        *,
+        idempotent: bool = False,
+        stream: bool = True,
+    ) -> CommandResult:
+        """Run ``cmd`` with bash on the host and return its exit code and output.
+
+        ``timeout_s`` bounds the total time (the host kills the command), ``idle_timeout_s``
+        the time without any output. ``idempotent=True`` allows a retry after a dropped
+        connection. ``check=True`` raises :class:`CommandError` on a non-zero exit.
+        """
+        script = self._script(cmd, env)
+        wrapped = f"bash -c {shlex.quote(script)}"
+        if timeout_s is not None:
+            wrapped = f"timeout -k 10 {max(1, int(timeout_s + 0.999))} {wrapped}"
+        attempts = _RETRIES if idempotent else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                result = self._exec(wrapped, cmd, timeout_s, idle_timeout_s, stream)
+                break
+            except HostConnectionError as exc:
+                if attempt == attempts:
+                    if not idempotent:
+                        raise HostConnectionError(
+                            f"{exc}; the step may have run partly and is not repeated "
+                            "automatically because it is not idempotent"
+                        ) from exc
+                    raise
+                log.warning("%s: connection problem (%s); retry %d", self.name, exc, attempt)
+                self._reset()
+                time.sleep(min(2 * attempt, 5))
+        if timeout_s is not None and result.rc in _TIMEOUT_RCS:
+            raise CommandTimeout(
+                self.name, cmd, f"no exit within the total timeout of {timeout_s:g} s", result
+            )
+        if check and result.rc != 0:
+            raise CommandError(self.name, cmd, result)
+        return result
+
+    def _script(self, cmd: str, env: dict[str, str] | None) -> str:
+        merged = {**self.env, **(env or {})}
+        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in merged.items())
+        return exports + cmd
+
+    # ---------------------------------------------------------------- files
+    def home(self) -> str:
+        """$HOME on the host (after the host-wide env), asked once."""
+        if self._home is None:
+            res = self.run('printf %s "$HOME"', timeout_s=60, idempotent=True, stream=False)
+            if res.rc != 0 or not res.stdout.startswith("/"):
+                raise HostError(f"on {self.name}: cannot tell $HOME: {res.tail()}")
+            self._home = res.stdout.strip()
+        return self._home
+
+    def resolve(self, path: str) -> str:
+        """Expand a leading ``$HOME`` / ``~`` into the host's home directory."""
+        for prefix in ("$HOME/", "${HOME}/", "~/"):
+            if path.startswith(prefix):
+                return self.home().rstrip("/") + "/" + path[len(prefix) :]
+        if path in ("$HOME", "${HOME}", "~"):
+            return self.home()
+        return path
+
+    def put(self, local: str | os.PathLike[str], remote: str) -> None:
+        """Copy a local file to the host (parent directories are created)."""
+        remote = self.resolve(remote)
+        self.run(f"mkdir -p {shlex.quote(os.path.dirname(remote) or '.')}", 60, idempotent=True)
+        self._retrying(lambda: self._put(str(local), remote))
+
+    def put_text(self, text: str, remote: str, mode: int = 0o600) -> None:
+        """Write text to a file on the host with ``mode`` set before any content lands."""
+        remote = self.resolve(remote)
+        self.run(f"mkdir -p {shlex.quote(os.path.dirname(remote) or '.')}", 60, idempotent=True)
+        self._retrying(lambda: self._put_text(text, remote, mode))
+
+    def get(self, remote: str, local: str | os.PathLike[str]) -> None:
+        """Copy a file from the host to a local path (parent directories are created)."""
+        remote = self.resolve(remote)
+        Path(local).parent.mkdir(parents=True, exist_ok=True)
+        self._retrying(lambda: self._get(remote, str(local)))
+
+    def _retrying(self, fn) -> None:
+        for attempt in range(1, _RETRIES + 1):
+            try:
+                fn()
+                return
+            except HostConnectionError as exc:
+                if attempt == _RETRIES:
+                    raise
+                log.warning("%s: connection problem (%s); retry %d", self.name, exc, attempt)
+                self._reset()
+                time.sleep(min(2 * attempt, 5))
+
+    # ---------------------------------------------------------------- transport
+    @abstractmethod
+    def _exec(
+        self,
+        wrapped: str,
+        cmd: str,
+        timeout_s: float | None,
+        idle_timeout_s: float | None,
+        stream: bool,
+    ) -> CommandResult: ...
+
+    @abstractmethod
+    def _put(self, local: str, remote: str) -> None: ...
+
+    @abstractmethod
+    def _put_text(self, text: str, remote: str, mode: int) -> None: ...
+
+    @abstractmethod
+    def _get(self, remote: str, local: str) -> None: ...
+
+    def _reset(self) -> None:  # noqa: B027 - a no-op unless the transport caches a connection
+        """Drop a cached connection so the next call reconnects."""
+
+    def close(self) -> None:  # noqa: B027 - a no-op unless the transport holds a connection
+        """Release the connection (a no-op for ``local``)."""
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class LocalHost(Host):
+    """Commands as subprocesses of this process, on this machine."""
+
+    @property
+    def is_local(self) -> bool:
+        return True
+
+    def _exec(self, wrapped, cmd, timeout_s, idle_timeout_s, stream) -> CommandResult:
+        proc = subprocess.Popen(
+            ["bash", "-c", wrapped],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        out: list[bytes] = []
+        err: list[bytes] = []
+        sel = selectors.DefaultSelector()
+        assert proc.stdout is not None and proc.stderr is not None
+        sel.register(proc.stdout, selectors.EVENT_READ, (out, logging.INFO))
+        sel.register(proc.stderr, selectors.EVENT_READ, (err, logging.WARNING))
+        last_output = time.monotonic()
+        open_streams = 2
+        try:
+            while open_streams:
+                wait = None if idle_timeout_s is None else idle_timeout_s
+                events = sel.select(wait)
+                if not events:
+                    if idle_timeout_s is not None and time.monotonic() - last_output >= wait:
+                        _kill_group(proc)
+                        partial = CommandResult(-9, _txt(out), _txt(err))
+                        raise CommandTimeout(
+                            self.name, cmd, f"no output for {idle_timeout_s:g} s", partial
+                        )
+                    continue
+                for key, _ in events:
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        open_streams -= 1
+                        continue
+                    last_output = time.monotonic()
+                    buf, level = key.data
+                    buf.append(chunk)
+                    if stream:
+                        for line in chunk.decode("utf-8", "replace").splitlines():
+                            log.log(level, "%s| %s", self.name, line)
+            rc = proc.wait()
+        finally:
+            sel.close()
+            if proc.poll() is None:
+                _kill_group(proc)
+        return CommandResult(rc, _txt(out), _txt(err))
+
+    def home(self) -> str:
+        return self.env.get("HOME") or os.path.expanduser("~")
+
+    def _put(self, local: str, remote: str) -> None:
+        shutil.copyfile(local, remote)
+
+    def _put_text(self, text: str, remote: str, mode: int) -> None:
+        fd = os.open(remote, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as fh:
+            os.fchmod(fh.fileno(), mode)
+            fh.write(text)
+
+    def _get(self, remote: str, local: str) -> None:
+        shutil.copyfile(remote, local)
+
+
+class SSHHost(Host):
+    """Commands over SSH through an Airflow SSH connection (the provider's ``SSHHook``)."""
+
+    def __init__(self, ssh_conn_id: str, env: dict[str, str] | None = None, **hook_kwargs):
+        super().__init__(ssh_conn_id, env)
+        self.ssh_conn_id = ssh_conn_id
+        self._hook_kwargs = hook_kwargs
+        self._hook = None
+
+    @property
+    def hook(self):
+        if self._hook is None:
+            from airflow.providers.ssh.hooks.ssh import SSHHook
+
+            # cmd_timeout is given per call; the connection's host-key settings are used as
+            # they are (checking on unless the connection itself says otherwise).
+            self._hook = SSHHook(ssh_conn_id=self.ssh_conn_id, **self._hook_kwargs)
+        return self._hook
+
+    def _client(self):
+        try:
+            return self.hook.get_conn()
+        except Exception as exc:  # paramiko raises many types; all mean "no connection"
+            raise HostConnectionError(
+                f"cannot connect to {self.name}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _exec(self, wrapped, cmd, timeout_s, idle_timeout_s, stream) -> CommandResult:
+        client = self._client()
+        try:
+            # The hook's timeout is an idle timeout (no output for that long); the total one
+            # is enforced on the host by `timeout`, wrapped around the command by run().
+            rc, out, err = self.hook.exec_ssh_client_command(
+                client, wrapped, get_pty=False, environment=None, timeout=idle_timeout_s
+            )
+        except Exception as exc:
+            if "timed out" in str(exc).lower() and type(exc).__name__ == "AirflowException":
+                raise CommandTimeout(
+                    self.name, cmd, f"no output for {idle_timeout_s:g} s (idle timeout)"
+                ) from exc
+            raise HostConnectionError(
+                f"{self.name}: connection failed during a command: {type(exc).__name__}: {exc}"
+            ) from exc
+        if rc is None or rc < 0:
+            # paramiko reports -1 when the channel closed without an exit status.
+            raise HostConnectionError(f"{self.name}: the channel closed without an exit status")
+        return CommandResult(rc, _txt([out]), _txt([err]))
+
+    def _sftp(self):
+        try:
+            return self._client().open_sftp()
+        except HostConnectionError:
+            raise
+        except Exception as exc:
+            raise HostConnectionError(f"{self.name}: sftp failed: {exc}") from exc
+
+    def _put(self, local: str, remote: str) -> None:
+        sftp = self._sftp()
+        try:
+            sftp.put(local, remote)
+        except OSError as exc:
+            if not isinstance(exc, FileNotFoundError | PermissionError):
+                raise HostConnectionError(f"{self.name}: sftp put failed: {exc}") from exc
+            raise
+        finally:
+            sftp.close()
+
+    def _put_text(self, text: str, remote: str, mode: int) -> None:
+        sftp = self._sftp()
+        try:
+            with sftp.open(remote, "w") as fh:
+                fh.chmod(mode)
+                fh.write(text.encode())
+        finally:
+            sftp.close()
+
+    def _get(self, remote: str, local: str) -> None:
+        sftp = self._sftp()
+        try:
+            sftp.get(remote, local)
+        finally:
+            sftp.close()
+
+    def _reset(self) -> None:
+        if self._hook is not None and self._hook.client is not None:
+            with contextlib.suppress(Exception):
+                self._hook.client.close()
+            self._hook.client = None
+
+    def close(self) -> None:
+        self._reset()
+
+
+def get_host(name: str = LOCAL, env: dict[str, str] | None = None, **hook_kwargs) -> Host:
+    """``"local"`` -> this machine; anything else is an Airflow SSH connection id.
+
+    ``env`` is exported before every command on that host (e.g. ``{"HOME": "/tmp/h"}``).
+    """
+    if name == LOCAL:
+        return LocalHost(LOCAL, env)
+    return SSHHost(name, env, **hook_kwargs)
+
+
+def _txt(chunks: list[bytes]) -> str:
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

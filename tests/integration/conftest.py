@@ -1,0 +1,164 @@
+"""Integration fixtures: a real OpenSSH server on 127.0.0.1 and real vLLM on this CPU.
+
+All session-scoped, because each is slow to make and the tests only read from them:
+
+- ``sshd``: a private ``sshd -D`` on a free loopback port (its own config, host key and a
+  generated client key for root), exported as an Airflow connection through the env var
+  ``AIRFLOW_CONN_<ID>`` (JSON form) so ``SSHHook(ssh_conn_id=sshd.conn_id)`` and
+  ``speedmatrix.hosts.get_host(sshd.conn_id)`` work. The connection carries the server's host
+  key, so host-key checking stays on. Yields an :class:`SshdInfo`.
+- ``ssh_conn_id``: just that connection id.
+- ``vllm_home``: a HOME directory for engine envs, shared by the session (under
+  ``$SPEEDMATRIX_TEST_HOME`` when set, so a developer can keep it between runs; else a
+  temporary directory).
+- ``vllm_cpu_env``: the CPU recipe (``cpu/tiny/llama-tiny``) provisioned through SSH into that
+  HOME (``ProvisionResult``; provisioning time in ``.elapsed_s``).
+- ``vllm_cpu_server``: real vLLM serving the tiny model from that env, started once, stopped at
+  the end of the session. Yields a :class:`VllmServer` with ``base_url``, ``model`` (the served
+  name), ``api_key_env`` (name of the env var that holds the key; set in ``os.environ``),
+  ``api_key``, ``kv_cache_tokens`` and the ``handle`` that ``speedmatrix.server`` uses.
+
+Tests that use the vLLM fixtures must be marked ``@pytest.mark.integration`` and
+``@pytest.mark.vllm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+CONN_ID = "speedmatrix_test_sshd"
+API_KEY_ENV = "SPEEDMATRIX_API_KEY"
+
+
+@dataclass(frozen=True)
+class SshdInfo:
+    conn_id: str
+    host: str
+    port: int
+    user: str
+    key_file: str
+    host_public_key: str
+    workdir: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    base_url: str
+    model: str
+    api_key_env: str
+    api_key: str
+    kv_cache_tokens: int | None
+    handle: object
+    start_s: float
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd exited with {proc.returncode}: {proc.stderr.read()}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"sshd did not listen on {port} within {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Iterator[SshdInfo]:
+    """A real OpenSSH server on 127.0.0.1, root login with a generated key only."""
+    if not os.path.exists(SSHD):
+        pytest.fail("sshd not installed: run `make test-deps` (apt-get install openssh-server)")
+    work = Path(tempfile.mkdtemp(prefix="speedmatrix-sshd-"))
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation dir
+    host_key = work / "ssh_host_ed25519_key"
+    client_key = work / "id_ed25519"
+    for key in (host_key, client_key):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
+            check=True,
+            capture_output=True,
+        )
+    shutil.copy(f"{client_key}.pub", work / "authorized_keys")
+    port = free_port()
+    config = work / "sshd_config"
+    config.write_text(
+        f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {host_key}
+PidFile {work}/sshd.pid
+AuthorizedKeysFile {work}/authorized_keys
+StrictModes no
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+Subsystem sftp internal-sftp
+MaxSessions 50
+MaxStartups 50:30:100
+LogLevel ERROR
+"""
+    )
+    proc = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(config)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_port(port, proc)
+    host_pub = Path(f"{host_key}.pub").read_text().split()
+    extra = {"key_file": str(client_key), "host_key": f"{host_pub[0]} {host_pub[1]}"}
+    conn = {"conn_type": "ssh", "host": "127.0.0.1", "port": port, "login": "root", "extra": extra}
+    env_name = f"AIRFLOW_CONN_{CONN_ID.upper()}"
+    old = os.environ.get(env_name)
+    os.environ[env_name] = json.dumps(conn)
+    try:
+        yield SshdInfo(
+            CONN_ID,
+            "127.0.0.1",
+            port,
+            "root",
+            str(client_key),
+            " ".join(host_pub[:2]),
+            str(work),
+            proc.pid,
+        )
+    finally:
+        if old is None:
+            os.environ.pop(env_name, None)
+        else:
+            os.environ[env_name] = old
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ssh_conn_id(sshd: SshdInfo) -> str:
+    """The Airflow connection id of the test sshd (exported as AIRFLOW_CONN_<ID>)."""
+    return sshd.conn_id
