@@ -426,3 +426,90 @@ def log_plan(plan: CommitPlan | dict, logger: logging.Logger = log) -> None:
         logger.info("waiting for wheels of: %s", ", ".join(s[:12] for s in p["pending"]))
     for n in p["notes"]:
         logger.info("note: %s", n)
+
+
+def _now() -> datetime:
+    return datetime.now(tz=UTC)
+
+
+def run_commit_poll(params: dict[str, Any] | None = None) -> dict:
+    """The body of vllm_commit_watch's `poll` task; returns CommitPlan.to_json().
+
+    Params (all optional, None = the schedule config): api_url, max_commits, wait_for_wheel.
+    A rate limit, a 5xx or a timeout ends the poll as *skipped* with the reason in the log:
+    nothing is triggered and the state is untouched, so the next poll simply tries again.
+    Misconfiguration (401, 404, a non-GitHub answer) fails the task, because it needs a human.
+    """
+    from airflow.sdk import Variable
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from speedmatrix.github import GitHubUnavailable
+
+    params = {k: v for k, v in (params or {}).items() if v is not None}
+    cfg = load_schedule_config()
+    watch = cfg.commit_watch
+    recipes = scheduled_recipes("per_commit")
+    log.info("per-commit recipes: %s", ", ".join(r.id for r in recipes) or "none")
+    state = WatchState.from_json(Variable.get(STATE_VARIABLE, default=None, deserialize_json=True))
+    if not recipes:
+        plan = CommitPlan(status="no_recipes", notes=["no recipe has schedule.per_commit"])
+        log_plan(plan)
+        return plan.to_json()
+    client = github_client(cfg.github, params.get("api_url"))
+    wait_for_wheel = params.get("wait_for_wheel", watch.wait_for_wheel)
+    try:
+        page = client.list_commits(cfg.github.repo, cfg.github.branch, etag=state.etag)
+        plan = plan_commit_triggers(
+            page,
+            state,
+            recipes,
+            cap=int(params.get("max_commits", watch.max_commits_per_poll)),
+            now=_now(),
+            wheel_ready=make_wheel_check(watch.wheel_url, cfg.github.timeout_s)
+            if wait_for_wheel
+            else None,
+            wheel_max_wait_s=watch.wheel_max_wait_s,
+        )
+    except GitHubUnavailable as exc:
+        log.warning("poll ended without triggering anything: %s", exc)
+        raise AirflowSkipException(f"GitHub unavailable, next poll retries: {exc}") from exc
+    log_plan(plan)
+    return plan.to_json()
+
+
+def save_watch_state(state: dict | None) -> None:
+    """The body of vllm_commit_watch's last task: store the watermark once triggers are done."""
+    if state is None:
+        log.info("watch state unchanged")
+        return
+    from airflow.sdk import Variable
+
+    Variable.set(STATE_VARIABLE, state, serialize_json=True)
+    log.info("watch state: watermark %s, etag %s", state.get("sha"), state.get("etag"))
+
+
+def run_nightly_resolve(params: dict[str, Any] | None = None) -> str:
+    """The body of speed_matrix_nightly's `resolve_head` task: main's head sha, asked once."""
+    params = {k: v for k, v in (params or {}).items() if v is not None}
+    cfg = load_schedule_config()
+    head = github_client(cfg.github, params.get("api_url")).head_commit(
+        cfg.github.repo, cfg.github.branch
+    )
+    log.info("%s@%s is %s (%s)", cfg.github.repo, cfg.github.branch, head.sha, head.title)
+    return head.sha
+
+
+def run_nightly_plan(
+    sha: str, logical_date: datetime | None, run_after: datetime | None
+) -> list[dict]:
+    """The body of speed_matrix_nightly's `plan` task: one trigger per nightly recipe."""
+    recipes = scheduled_recipes("nightly")
+    night = night_of(logical_date, run_after)
+    triggers = plan_nightly_triggers(recipes, sha, night, _now())
+    log.info(
+        "nightly %s at %s: %s",
+        night,
+        sha[:12],
+        ", ".join(t["trigger_run_id"] for t in triggers) or "no recipes",
+    )
+    return triggers
