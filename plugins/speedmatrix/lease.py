@@ -1,0 +1,232 @@
+"""One benchmark per host: a lease kept on the host itself.
+
+Why on the host: Airflow pools and `max_active_tis_per_dagrun` cap tasks running at one moment,
+not the span from server start to server stop, and `max_active_runs` would serialise every host.
+A lease file on the machine being measured is seen by every worker, every scheduler and every
+SSH connection id that points at that machine.
+
+How: one small bash script per operation, run through `Host.run`, holding `flock` on
+`<dir>/lock` while it reads and rewrites `<dir>/holder` (one line: holder, expiry, taken-at, all
+epoch seconds of the host's own clock, so worker clocks never matter). Taking is atomic; a lease
+past its expiry is free to take (its holder died); renewing or releasing a lease someone else
+now holds is refused and said so. The run renews the lease while its tasks work (a background
+thread, `Renewer`) and the teardown releases it; a run that disappears stops renewing and its
+lease expires after `ttl_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import threading
+import time
+from dataclasses import dataclass
+
+from speedmatrix.hosts import Host
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DIR = "$HOME/.speedmatrix/lease"
+DEFAULT_TTL_S = float(os.environ.get("SPEEDMATRIX_LEASE_TTL_S", "900"))
+_SAFE = re.compile(r"[^A-Za-z0-9._:+@=/-]")
+
+# $1 op, $2 dir, $3 holder, $4 ttl. Prints one status line: WORD holder expiry now.
+_SCRIPT = r"""
+set -u
+op=$1; d=$2; me=$3; ttl=$4
+mkdir -p "$d" || exit 3
+exec 9>>"$d/lock"
+flock -w 60 9 || { echo "LOCKFAIL - 0 0"; exit 3; }
+now=$(date +%s)
+holder=""; exp=0
+if [ -s "$d/holder" ]; then read -r holder exp _ < "$d/holder" || true; fi
+case "$exp" in ''|*[!0-9]*) exp=0 ;; esac
+live=0
+if [ -n "$holder" ] && [ "$exp" -gt "$now" ]; then live=1; fi
+write() { printf '%s %s %s\n' "$me" $((now + ttl)) "$now" > "$d/holder.tmp" && mv -f "$d/holder.tmp" "$d/holder"; }
+case "$op" in
+  acquire)
+    if [ $live -eq 0 ] || [ "$holder" = "$me" ]; then
+      write && echo "ACQUIRED $me $((now + ttl)) $now ${holder:--} $exp"
+    else echo "HELD $holder $exp $now"; fi ;;
+  renew)
+    if [ "$holder" = "$me" ] && [ $live -eq 1 ]; then write && echo "RENEWED $me $((now + ttl)) $now"
+    elif [ $live -eq 0 ]; then write && echo "RETAKEN $me $((now + ttl)) $now"
+    else echo "LOST $holder $exp $now"; fi ;;
+  release)
+    if [ "$holder" = "$me" ]; then rm -f "$d/holder" && echo "RELEASED $me 0 $now"
+    elif [ $live -eq 0 ]; then echo "FREE ${holder:--} $exp $now"
+    else echo "NOTMINE $holder $exp $now"; fi ;;
+  show) echo "SHOW ${holder:--} $exp $now" ;;
+esac
+"""
+
+
+class LeaseError(RuntimeError):
+    """The lease could not be read or written on the host."""
+
+
+class LeaseLost(LeaseError):
+    """Another run holds the lease this run thought it held."""
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """The host's answer: what happened and who holds the lease until when (host clock)."""
+
+    status: str
+    holder: str | None
+    expires_at: int
+    host_now: int
+
+    @property
+    def seconds_left(self) -> int:
+        return max(0, self.expires_at - self.host_now)
+
+
+def _shell_path(path: str) -> str:
+    """Quote a path for bash, leaving a leading $HOME to expand on the host."""
+    if path.startswith("$HOME/"):
+        return '"$HOME"/' + shlex.quote(path[len("$HOME/") :])
+    return shlex.quote(path)
+
+
+def holder_id(*parts: str) -> str:
+    """A holder name safe for the lease file: the run's identity, e.g. dag id + run id."""
+    return _SAFE.sub("_", "/".join(p for p in parts if p))[:200]
+
+
+class HostLease:
+    """The lease of one host, as seen by one holder (a DAG run)."""
+
+    def __init__(
+        self,
+        host: Host,
+        holder: str,
+        ttl_s: float = DEFAULT_TTL_S,
+        lease_dir: str = DEFAULT_DIR,
+    ):
+        if not holder or _SAFE.search(holder):
+            raise ValueError(f"holder must match [A-Za-z0-9._:+@=/-]+, got {holder!r}")
+        self.host = host
+        self.holder = holder
+        self.ttl_s = int(max(1, ttl_s))
+        self.lease_dir = lease_dir
+
+    def _call(self, op: str) -> LeaseState:
+        cmd = " ".join(
+            [
+                "bash -c",
+                shlex.quote(_SCRIPT),
+                "lease",
+                op,
+                _shell_path(self.lease_dir),
+                shlex.quote(self.holder),
+                str(self.ttl_s),
+            ]
+        )
+        res = self.host.run(cmd, timeout_s=90, idempotent=op != "acquire", stream=False)
+        lines = res.stdout.strip().splitlines()
+        if res.rc != 0 or not lines:
+            raise LeaseError(f"lease {op} on {self.host.name} failed (rc {res.rc}): {res.tail()}")
+        word, holder, expiry, now, *_ = [*lines[-1].split(), "0", "0", "0"]
+        return LeaseState(word, None if holder == "-" else holder, int(expiry), int(now))
+
+    def try_acquire(self) -> LeaseState:
+        """One attempt; `status` is ACQUIRED (ours now; also when ours already) or HELD."""
+        state = self._call("acquire")
+        if state.status == "ACQUIRED":
+            log.info("lease on %s taken by %s for %d s", self.host.name, self.holder, self.ttl_s)
+        else:
+            log.info(
+                "lease on %s held by %s for %d s more",
+                self.host.name,
+                state.holder,
+                state.seconds_left,
+            )
+        return state
+
+    def acquire(self, wait_s: float, poll_s: float = 5.0) -> LeaseState:
+        """Block until taken (for scripts and tests; the DAG waits in a rescheduling sensor)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            state = self.try_acquire()
+            if state.status == "ACQUIRED":
+                return state
+            if time.monotonic() >= deadline:
+                raise LeaseError(
+                    f"host {self.host.name} still leased by {state.holder} after {wait_s:g} s"
+                )
+            time.sleep(poll_s)
+
+    def renew(self) -> LeaseState:
+        """Push the expiry out by ttl_s. Raises LeaseLost when another run holds the lease."""
+        state = self._call("renew")
+        if state.status == "LOST":
+            raise LeaseLost(
+                f"lease on {self.host.name} is held by {state.holder}, not {self.holder}: this "
+                "run's lease expired and was taken over; its results may be disturbed"
+            )
+        if state.status == "RETAKEN":
+            log.warning("lease on %s had expired; retaken by %s", self.host.name, self.holder)
+        return state
+
+    def release(self) -> LeaseState:
+        """Give the lease back; never removes another holder's lease."""
+        state = self._call("release")
+        if state.status == "NOTMINE":
+            log.warning(
+                "lease on %s is held by %s; not released by %s",
+                self.host.name,
+                state.holder,
+                self.holder,
+            )
+        else:
+            log.info("lease on %s released by %s (%s)", self.host.name, self.holder, state.status)
+        return state
+
+    def show(self) -> LeaseState:
+        return self._call("show")
+
+    def renewing(self, interval_s: float | None = None) -> Renewer:
+        """`with lease.renewing(): long_work()` keeps the lease fresh while the work runs."""
+        return Renewer(self, interval_s or max(1.0, self.ttl_s / 4))
+
+
+class Renewer:
+    """Renews a lease from a background thread while a task works; stops on exit.
+
+    Give the lease its own `Host` object (a second `get_host(name)`), not the one the task runs
+    its commands on: an SSH connection reset by one thread must not cut the other's command. A lost lease is logged and remembered in `lost` (the task decides
+    what that means for its cell); renewal failures from a flaky connection are retried at the
+    next interval.
+    """
+
+    def __init__(self, lease: HostLease, interval_s: float):
+        self.lease = lease
+        self.interval_s = interval_s
+        self.lost: LeaseLost | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lease-renewer", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.lease.renew()
+            except LeaseLost as exc:
+                self.lost = exc
+                log.error("%s", exc)
+                return
+            except Exception as exc:  # keep trying: the next interval may reconnect
+                log.warning("lease renewal on %s failed: %s", self.lease.host.name, exc)
+
+    def __enter__(self) -> Renewer:
+        self.lease.renew()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
