@@ -1,0 +1,331 @@
+"""`speedmatrix loadgen prefill|decode …` and `python -m speedmatrix.loadgen …`.
+
+Exit codes: 0 when the cell was attempted, whatever its status (the status is in the record);
+2 for bad arguments; 3 when the cell could not be attempted (server unreachable, model not
+served, no /tokenize). The API key is read from the environment variable named by
+--api-key-env, never from a flag that would show in `ps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from .config import CellConfig, DecodeConfig, PrefillConfig, new_run_tag
+from .control import CellNotAttempted
+from .runner import run_cell
+
+EXIT_NOT_ATTEMPTED = 3
+
+
+def parse_tokens(value: str) -> int:
+    """`8192`, `8K` (= 8192) or `512k`; what argparse calls for --context and --max-output."""
+    text = value.strip().replace(",", "").replace("_", "")
+    scale = 1
+    if text[-1:] in ("k", "K"):
+        text, scale = text[:-1], 1024
+    try:
+        tokens = int(text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a token count: {value!r}") from None
+    if tokens < 1:
+        raise argparse.ArgumentTypeError(f"must be positive: {value!r}")
+    return tokens
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value!r}")
+    return number
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return obj
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    g.add_argument("--model", required=True, help="served model name sent in every request")
+    g.add_argument(
+        "--api-key-env",
+        default="SPEEDMATRIX_API_KEY",
+        metavar="NAME",
+        help="environment variable holding the API key (default: %(default)s; unset = no key)",
+    )
+    g = p.add_argument_group("prompt")
+    g.add_argument(
+        "--context",
+        type=parse_tokens,
+        required=True,
+        metavar="N",
+        help="exact prompt length in tokens (8192 or 8K); checked against usage.prompt_tokens",
+    )
+    g.add_argument(
+        "--run-tag",
+        default=None,
+        help="tag starting every prompt (default: random). Give prefill and decode cells of one "
+        "run the same tag so the prefill warms the decode prompts",
+    )
+    g.add_argument(
+        "--no-cache-salt",
+        dest="cache_salt",
+        action="store_false",
+        help="do not send cache_salt (for servers that reject it); the run tag still keeps "
+        "prompts apart",
+    )
+    g.add_argument(
+        "--extra-body",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="extra request fields, e.g. '{\"temperature\": 0}' (default: server defaults)",
+    )
+    g = p.add_argument_group("timeouts (seconds)")
+    g.add_argument(
+        "--connect-timeout", type=_positive_float, default=10.0, help="TCP connect (default 10)"
+    )
+    g.add_argument(
+        "--first-token-timeout",
+        type=_positive_float,
+        default=60.0,
+        help="base first-token timeout (default 60) ...",
+    )
+    g.add_argument(
+        "--first-token-per-1k",
+        type=_positive_float,
+        default=1.0,
+        metavar="S",
+        help="... plus S seconds per 1K context tokens and queued prompt (default 1.0)",
+    )
+    g.add_argument(
+        "--stall-timeout",
+        type=_positive_float,
+        default=60.0,
+        help="longest silence between chunks before a stream fails (default 60)",
+    )
+    g.add_argument(
+        "--idle-timeout",
+        type=_positive_float,
+        default=60.0,
+        help="how long to wait for the server to be idle before and after the cell (default 60)",
+    )
+    g = p.add_argument_group("output")
+    g.add_argument("--json", metavar="F", help="write the cell record (JSON object) to F")
+    g.add_argument("--requests", metavar="F", help="write per-request rows (JSON lines) to F")
+    g.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="live progress line on stderr (default: only when stderr is a terminal)",
+    )
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The prefill and decode subcommands, shared by both entry points."""
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    p = sub.add_parser(
+        "prefill",
+        help="one cold request with max_tokens=1: prompt tok/s = prompt tokens / TTFT",
+        description="Measure one prefill cell: a single cold prompt of exactly --context tokens "
+        "with max_tokens=1. Prints/writes the cell record; exit 0 whenever it was attempted.",
+    )
+    _common(p)
+    p.set_defaults(func=_run, phase="prefill")
+
+    d = sub.add_parser(
+        "decode",
+        help="C streams over a fixed window: total tok/s, TTFT, time between tokens",
+        description="Measure one sustained-decode cell: --concurrency streams kept busy (a stream "
+        "that finishes restarts at once) over an exact --duration window that opens when all "
+        "streams have their first token. Prompts are exact token ids from the server's "
+        "/tokenize; output length is fixed (ignore_eos, min_tokens = max_tokens). The cell is "
+        "valid, failed or invalid with the reason; exit 0 whenever it was attempted.",
+        formatter_class=fmt,
+    )
+    _common(d)
+    g = d.add_argument_group("load")
+    g.add_argument(
+        "--concurrency", "-c", type=int, required=True, metavar="C", help="streams kept in flight"
+    )
+    g.add_argument(
+        "--duration",
+        type=_positive_float,
+        default=30.0,
+        metavar="S",
+        help="measurement window in seconds",
+    )
+    g.add_argument(
+        "--max-output",
+        type=parse_tokens,
+        default=4096,
+        metavar="T",
+        help="output tokens per request (max_tokens = min_tokens, ignore_eos)",
+    )
+    g.add_argument(
+        "--prompt-mode",
+        choices=("distinct", "shared"),
+        default="distinct",
+        help="distinct: one prompt per stream (true KV footprint); shared: one prompt for all "
+        "(llm-inference-bench style, streams share KV blocks)",
+    )
+    g.add_argument(
+        "--no-warm",
+        dest="warm_cache",
+        action="store_false",
+        help="skip the max_tokens=1 cache warm-up (TTFT then includes prefill)",
+    )
+    g = d.add_argument_group("validity limits")
+    g.add_argument(
+        "--token-tolerance",
+        type=float,
+        default=0.01,
+        help="largest client vs vllm:generation_tokens_total disagreement (fraction)",
+    )
+    g.add_argument(
+        "--max-loop-lag-ms",
+        type=_positive_float,
+        default=20.0,
+        help="client event-loop lag p99 above which the cell is invalid (client saturated)",
+    )
+    g.add_argument(
+        "--max-client-cpu",
+        type=_positive_float,
+        default=90.0,
+        metavar="PCT",
+        help="client CPU percent above which the cell is invalid (client saturated)",
+    )
+    g.add_argument(
+        "--no-repetition-check",
+        dest="repetition_check",
+        action="store_false",
+        help="do not mark the cell invalid for outputs stuck in a repetition loop",
+    )
+    g.add_argument(
+        "--metrics-interval",
+        type=_positive_float,
+        default=0.5,
+        metavar="S",
+        help="how often /metrics is sampled during the window",
+    )
+    d.set_defaults(func=_run, phase="decode")
+
+
+def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignore[type-arg]
+    """Hook for the `speedmatrix` command (cli.COMMANDS)."""
+    p = sub.add_parser(
+        name,
+        help="measure one prefill or decode cell",
+        description="The load generator: measure one prefill or sustained-decode cell.",
+    )
+    inner = p.add_subparsers(dest="loadgen_command", metavar="{prefill,decode}")
+    inner.required = True
+    add_parsers(inner)
+
+
+def build_config(args: argparse.Namespace) -> CellConfig:
+    api_key = os.environ.get(args.api_key_env) or None
+    common: dict[str, Any] = {
+        "base_url": args.base_url,
+        "model": args.model,
+        "context": args.context,
+        "api_key": api_key,
+        "run_tag": args.run_tag or new_run_tag(),
+        "cache_salt": args.cache_salt,
+        "extra_body": args.extra_body,
+        "connect_timeout_s": args.connect_timeout,
+        "first_token_timeout_s": args.first_token_timeout,
+        "first_token_s_per_1k": args.first_token_per_1k,
+        "stall_timeout_s": args.stall_timeout,
+        "idle_timeout_s": args.idle_timeout,
+        "progress": args.progress,
+    }
+    if args.phase == "prefill":
+        return PrefillConfig(**common)
+    return DecodeConfig(
+        **common,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        max_output_tokens=args.max_output,
+        prompt_mode=args.prompt_mode,
+        warm_cache=args.warm_cache,
+        token_tolerance=args.token_tolerance,
+        max_loop_lag_ms=args.max_loop_lag_ms,
+        max_client_cpu_pct=args.max_client_cpu,
+        repetition_check=args.repetition_check,
+        metrics_interval_s=args.metrics_interval,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    cfg.validate()  # ValueError -> one line, exit 2 (speedmatrix.cli or main below)
+    try:
+        cell, rows = run_cell(cfg)  # type: ignore[arg-type]
+    except CellNotAttempted as exc:
+        print(f"speedmatrix loadgen {args.phase}: not attempted: {exc}", file=sys.stderr)
+        return EXIT_NOT_ATTEMPTED
+    if args.json:
+        _write_atomic(args.json, json.dumps(cell, default=_jsonable, indent=1) + "\n")
+    else:
+        print(json.dumps(cell, default=_jsonable))
+    if args.requests:
+        lines = "".join(json.dumps(r, default=_jsonable) + "\n" for r in rows)
+        _write_atomic(args.requests, lines)
+    return 0
+
+
+def _jsonable(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Readers never see half a record."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".loadgen-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry point (python -m speedmatrix.loadgen, the zipapp)."""
+    parser = argparse.ArgumentParser(
+        prog="speedmatrix-loadgen",
+        description="The speedmatrix load generator: one prefill or sustained-decode cell.",
+    )
+    sub = parser.add_subparsers(dest="loadgen_command", metavar="{prefill,decode}")
+    sub.required = True
+    add_parsers(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("speedmatrix loadgen: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as exc:
+        print(f"speedmatrix loadgen: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2

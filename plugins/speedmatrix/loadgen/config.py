@@ -1,0 +1,91 @@
+"""What one cell is asked to measure, and the limits that decide its status.
+
+Plain dataclasses so the Airflow tasks and tests build them directly and call
+`asyncio.run(run_decode(cfg))` without a subprocess; the CLI maps its flags onto the same fields.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from speedmatrix.records import PROMPT_MODES
+
+
+def new_run_tag() -> str:
+    """Short unique tag that starts every prompt and salts the prefix cache."""
+    return secrets.token_hex(4)
+
+
+@dataclass
+class CellConfig:
+    base_url: str
+    model: str
+    context: int
+    api_key: str | None = None
+    run_tag: str = field(default_factory=new_run_tag)
+    cache_salt: bool = True
+    extra_body: dict[str, Any] | None = None
+    # per-phase timeouts (measurement.md rule 9)
+    connect_timeout_s: float = 10.0
+    first_token_timeout_s: float = 60.0
+    first_token_s_per_1k: float = 1.0
+    stall_timeout_s: float = 60.0
+    idle_timeout_s: float = 60.0
+    metrics_interval_s: float = 0.5
+    progress: bool | None = None  # None: on when stderr is a terminal
+
+    def validate(self) -> None:
+        if not self.base_url:
+            raise ValueError("base_url is required")
+        if not self.model:
+            raise ValueError("model is required")
+        if self.context < 2:
+            raise ValueError(f"context must be at least 2 tokens, got {self.context}")
+        for name in ("connect_timeout_s", "first_token_timeout_s", "stall_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if not self.run_tag or any(c in self.run_tag for c in "@/\\\0") or len(self.run_tag) > 64:
+            raise ValueError("run_tag must be 1-64 characters without @ / \\")
+
+    def first_token_timeout(self, queued_prompts: int = 1) -> float:
+        """Grows with the context (and with prompts prefilled ahead of this one)."""
+        per_prompt = self.first_token_s_per_1k * self.context / 1024.0
+        return self.first_token_timeout_s + per_prompt * max(1, queued_prompts)
+
+    @property
+    def salt(self) -> str | None:
+        return f"speedmatrix-{self.run_tag}" if self.cache_salt else None
+
+
+@dataclass
+class PrefillConfig(CellConfig):
+    """One cold request of `context` tokens with max_tokens=1."""
+
+
+@dataclass
+class DecodeConfig(CellConfig):
+    concurrency: int = 1
+    duration_s: float = 30.0
+    max_output_tokens: int = 4096
+    prompt_mode: str = "distinct"
+    warm_cache: bool = True
+    # validity limits (measurement.md rules 6-8)
+    token_tolerance: float = 0.01
+    max_loop_lag_ms: float = 20.0
+    max_client_cpu_pct: float = 90.0
+    repetition_check: bool = True
+    max_loop_fraction: float = 0.25
+    keep_requests: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.duration_s <= 0:
+            raise ValueError(f"duration must be positive, got {self.duration_s}")
+        if self.max_output_tokens < 2:
+            raise ValueError("max_output_tokens must be at least 2 (one interval)")
+        if self.prompt_mode not in PROMPT_MODES:
+            raise ValueError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")

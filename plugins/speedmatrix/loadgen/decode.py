@@ -1,0 +1,432 @@
+"""One sustained-decode cell: C streams kept busy over an exact window (measurement.md).
+
+Order of a cell: model check -> prompts as token ids -> server idle? -> C connections ->
+warm the prefix cache (max_tokens=1 per distinct prompt) -> C streams, each restarted the
+moment it ends -> the window opens when every stream has its first token -> exactly
+`duration_s` later the window closes: counters read, every stream cut -> server idle again.
+
+Only tokens that arrive inside the window count; a cut stream's cut time is never a token
+time. The status is decided from what was seen, never smoothed over (`_judge`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from time import perf_counter
+
+from speedmatrix.records import context_label, empty_cell
+
+from .common import Progress, Watchdog, check_model, progress_enabled, request_row
+from .config import DecodeConfig
+from .control import ControlClient
+from .monitor import ClientMonitor
+from .prompts import BodyBuilder, build_prompts
+from .promtext import Snapshot, rise
+from .stats import is_repetition_loop, median, ms, percentile
+from .stream import Endpoint, Request, StreamConnection, Window, connect
+
+
+async def run_decode(cfg: DecodeConfig) -> tuple[dict[str, object], list[dict[str, object]]]:
+    """Measure one decode cell; returns (cell record, request rows).
+
+    Raises CellNotAttempted when the server is unreachable or cannot serve the cell at all;
+    every other problem ends up in the record's status and error.
+    """
+    cfg.validate()
+    endpoint = Endpoint(cfg.base_url, cfg.api_key)
+    async with ControlClient(cfg.base_url, cfg.api_key) as ctl:
+        await check_model(ctl, cfg.model)
+        shared = cfg.prompt_mode == "shared"
+        prompts = await build_prompts(
+            ctl, cfg.model, cfg.context, cfg.run_tag, cfg.concurrency, shared
+        )
+        builder = BodyBuilder(cfg.model, prompts, cfg.salt, cfg.extra_body)
+        return await _DecodeCell(cfg, endpoint, ctl, builder).run()
+
+
+class _DecodeCell:
+    def __init__(
+        self, cfg: DecodeConfig, endpoint: Endpoint, ctl: ControlClient, builder: BodyBuilder
+    ) -> None:
+        self.cfg = cfg
+        self.endpoint = endpoint
+        self.ctl = ctl
+        self.builder = builder
+        self.C = cfg.concurrency
+        self.shared = cfg.prompt_mode == "shared"
+        self.window = Window()
+        self.requests: list[Request] = []
+        self.active: dict[int, tuple[StreamConnection, Request, float]] = {}
+        self.conns: list[StreamConnection | None] = [None] * self.C
+        self.started_streams: set[int] = set()
+        self.window_open = asyncio.Event()
+        self.stop = asyncio.Event()
+        self.stopping = False
+        self.failure: str | None = None
+        self.failed_requests = 0
+        self.samples: list[Snapshot] = []
+        self.snap_start: Snapshot | None = None
+        self.snap_end: Snapshot | None = None
+        self._snap_task: asyncio.Task[Snapshot | None] | None = None
+        self.monitor = ClientMonitor()
+        self.notes: list[str] = []
+        self.cell = empty_cell(
+            phase="decode",
+            context_tokens=cfg.context,
+            context_label=context_label(cfg.context),
+            concurrency=self.C,
+            status="failed",
+            prompt_mode=cfg.prompt_mode,
+            max_output_tokens=cfg.max_output_tokens,
+            window_s=cfg.duration_s,
+            started_at=datetime.now(UTC),
+        )
+
+    # -- the cell -----------------------------------------------------------------------------
+    async def run(self) -> tuple[dict[str, object], list[dict[str, object]]]:
+        cfg = self.cfg
+        idle, snap = await self.ctl.wait_idle(cfg.idle_timeout_s)
+        if not idle:
+            return self._abandon(f"server not idle before the cell ({_load(snap)})")
+        # Bodies are built now, before any clock starts.
+        first_token_s = cfg.first_token_timeout(1)
+        for p in range(1 if self.shared else self.C):
+            self.builder.parts(p, 1)
+            self.builder.parts(p, cfg.max_output_tokens)
+        watchdog = Watchdog(self._active_items, cfg.stall_timeout_s)
+        progress = Progress(
+            f"decode {context_label(cfg.context)} x{self.C}",
+            self._progress_line,
+            progress_enabled(cfg.progress),
+        )
+        self.monitor.start()
+        watchdog.start()
+        progress.start()
+        sampler = asyncio.get_running_loop().create_task(self._sample())
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            if not await self._open_connections():
+                return self._finish_cell()
+            if cfg.warm_cache and not await self._warm(cfg.first_token_timeout(self.C)):
+                return self._finish_cell()
+            tasks = [
+                asyncio.get_running_loop().create_task(self._stream(i, first_token_s))
+                for i in range(self.C)
+            ]
+            await self._wait_window(cfg.first_token_timeout(self.C))
+            if self.window_open.is_set():
+                await self._hold_window()
+        finally:
+            self.stopping = True
+            self._cut_all(perf_counter())
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            for t in (sampler,):
+                t.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+            await watchdog.stop()
+            await self.monitor.stop()
+            await progress.stop()
+        idle_after, snap = await self.ctl.wait_idle(cfg.idle_timeout_s)
+        if not idle_after:
+            self.notes.append(f"server still busy {cfg.idle_timeout_s:.0f} s after the cell")
+        return self._finish_cell()
+
+    async def _open_connections(self) -> bool:
+        async def one(i: int) -> None:
+            self.conns[i] = await connect(
+                self.endpoint, self.window, self._on_first_token, self.cfg.connect_timeout_s
+            )
+
+        results = await asyncio.gather(*(one(i) for i in range(self.C)), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            self._fail(f"could not open {len(errors)} of {self.C} connections: {errors[0]!r}")
+            return False
+        return True
+
+    async def _warm(self, first_token_s: float) -> bool:
+        """Put every distinct prompt in the prefix cache so TTFT excludes prefill."""
+
+        async def one(p: int) -> Request:
+            conn = self.conns[p]
+            assert conn is not None
+            req = Request(-1, p, 1, False)
+            parts = self.builder.parts(p, 1)
+            self.active[p] = (conn, req, first_token_s)
+            try:
+                return await conn.send(req, [self.endpoint.head(_size(parts)), *parts])
+            finally:
+                self.active.pop(p, None)
+
+        done = await asyncio.gather(*(one(p) for p in range(1 if self.shared else self.C)))
+        for req in done:
+            if req.error:
+                self.failed_requests += 1
+                self._fail(f"cache warm-up failed: {req.error}")
+                return False
+        for _i, conn in enumerate(self.conns):
+            if conn is not None and not conn.keep_alive:
+                conn.close()
+        return True
+
+    async def _stream(self, i: int, first_token_s: float) -> None:
+        """Keep one request in flight on stream i until the window closes."""
+        parts = self.builder.parts(0 if self.shared else i, self.cfg.max_output_tokens)
+        message = [self.endpoint.head(_size(parts)), *parts]
+        keep_text = self.cfg.repetition_check
+        while not self.stopping:
+            conn = self.conns[i]
+            if conn is None or conn.closed:
+                try:
+                    conn = await connect(
+                        self.endpoint, self.window, self._on_first_token, self.cfg.connect_timeout_s
+                    )
+                except (TimeoutError, OSError) as exc:
+                    if not self.stopping:
+                        self._fail(f"reconnect failed: {exc!r}")
+                    return
+                self.conns[i] = conn
+                if self.stopping:
+                    conn.close()
+                    return
+            req = Request(len(self.requests), i, self.cfg.max_output_tokens, keep_text)
+            self.requests.append(req)
+            self.active[i] = (conn, req, first_token_s)
+            await conn.send(req, message)
+            self.active.pop(i, None)
+            if req.error is not None:
+                if not self.stopping:
+                    self.failed_requests += 1
+                    self._fail(req.error)
+                return
+            if not conn.keep_alive:
+                conn.close()
+
+    def _on_first_token(self, req: Request, t: float) -> None:
+        if self.window.ws != float("inf") or req.index < 0:
+            return
+        self.started_streams.add(req.stream)
+        if len(self.started_streams) == self.C:
+            self.window.ws = t
+            self.window.we = t + self.cfg.duration_s
+            self.monitor.begin_window()
+            self.window_open.set()
+            self._snap_task = asyncio.get_running_loop().create_task(self.ctl.metrics())
+
+    async def _wait_window(self, timeout_s: float) -> None:
+        opened = asyncio.ensure_future(self.window_open.wait())
+        stopped = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({opened, stopped}, timeout=timeout_s, return_when="FIRST_COMPLETED")
+        for f in (opened, stopped):
+            f.cancel()
+        if not self.window_open.is_set() and self.failure is None:
+            self._fail(
+                f"only {len(self.started_streams)} of {self.C} streams started within "
+                f"{timeout_s:.0f} s"
+            )
+
+    async def _hold_window(self) -> None:
+        remaining = self.window.we - perf_counter()
+        if remaining > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), remaining)
+        self.stopping = True
+        if self.failure is None:
+            self.snap_end = await self.ctl.metrics()
+        self.monitor.end_window()
+        if self._snap_task is not None:
+            self.snap_start = await self._snap_task
+
+    def _cut_all(self, t: float) -> None:
+        for conn in self.conns:
+            if conn is not None:
+                conn.cut(t)
+        for conn, _req, _ in list(self.active.values()):
+            conn.cut(t)
+
+    def _fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+        self.stopping = True
+        self.stop.set()
+
+    def _active_items(self) -> Iterator[tuple[StreamConnection, Request, float]]:
+        return iter(list(self.active.values()))
+
+    async def _sample(self) -> None:
+        """Server gauges through the cell; only readings inside the window are used."""
+        while True:
+            snap = await self.ctl.metrics()
+            if snap is None:
+                return
+            self.samples.append(snap)
+            await asyncio.sleep(self.cfg.metrics_interval_s)
+
+    def _progress_line(self) -> str:
+        w = self.window
+        if w.ws == float("inf"):
+            return f"starting: {len(self.started_streams)}/{self.C} streams"
+        elapsed = min(perf_counter(), w.we) - w.ws
+        tokens = sum(r.w_tokens for r in self.requests)
+        rate = tokens / elapsed if elapsed > 0 else 0.0
+        return (
+            f"{elapsed:5.1f}/{self.cfg.duration_s:.0f} s  tokens {tokens:,}  "
+            f"{rate:,.1f} tok/s  active {len(self.active)}"
+        )
+
+    # -- the record ---------------------------------------------------------------------------
+    def _abandon(self, reason: str) -> tuple[dict[str, object], list[dict[str, object]]]:
+        self.cell["error"] = reason
+        self.cell["status"] = "failed"
+        return self.cell, []
+
+    def _finish_cell(self) -> tuple[dict[str, object], list[dict[str, object]]]:
+        cfg, cell, w = self.cfg, self.cell, self.window
+        reqs = self.requests
+        opened = w.ws != float("inf")
+        end = w.we
+        if opened and self.failure is not None:
+            end = min(w.we, max((r.ended_at or w.ws) for r in reqs) if reqs else w.ws)
+        measured = (end - w.ws) if opened else None
+        in_window = [r for r in reqs if opened and r.w_tokens > 0]
+        tbts = [x for x in (r.window_tbt() for r in in_window) if x]
+        ttfts = [r.first_at - r.sent_at for r in reqs if r.first_at and r.sent_at]
+        gaps = [
+            (r.w_last - r.w_first) / (r.w_chunks - 1)
+            for r in in_window
+            if r.w_chunks > 1 and r.w_last is not None and r.w_first is not None
+        ]
+        out_tokens = sum(r.w_tokens for r in reqs)
+        chunks = sum(r.w_chunks for r in in_window)
+        cell.update(
+            requests_started=len(reqs),
+            requests_failed=self.failed_requests,
+            samples=len(tbts),
+            ttft_ms=ms(median(ttfts)),
+            ttft_p90_ms=ms(percentile(ttfts, 90)),
+            ttft_p99_ms=ms(percentile(ttfts, 99)),
+            client_cpu_pct=self.monitor.cpu_pct,
+            loop_lag_p99_ms=self.monitor.lag_p99_ms,
+        )
+        prompt_counts = {r.prompt_tokens for r in reqs if r.prompt_tokens is not None}
+        if len(prompt_counts) == 1:
+            cell["context_tokens"] = prompt_counts.pop()
+            cell["context_label"] = context_label(int(cell["context_tokens"]))  # type: ignore[arg-type]
+        if opened and measured:
+            completed = [r for r in reqs if r.finished and w.ws < (r.ended_at or 0) <= w.we]
+            cell.update(
+                measured_s=measured,
+                output_tokens=out_tokens,
+                total_tok_s=out_tokens / measured,
+                tbt_ms=ms(median(tbts)),
+                tbt_p90_ms=ms(percentile(tbts, 90)),
+                tbt_p99_ms=ms(percentile(tbts, 99)),
+                per_request_tok_s=median([1.0 / x for x in tbts]),
+                chunk_gap_ms=ms(median(gaps)),
+                tokens_per_chunk=(out_tokens / chunks) if chunks else None,
+                completed_requests=len(completed),
+            )
+            self._server_figures(w.ws, end)
+        cell["status"], cell["error"] = self._judge(prompt_counts_ok=self._prompts_exact())
+        rows = [
+            request_row(r, "decode", cfg.context, self.C, w.ws if opened else None) for r in reqs
+        ]
+        return cell, rows if cfg.keep_requests else []
+
+    def _server_figures(self, ws: float, we: float) -> None:
+        cell = self.cell
+        inside = [s for s in self.samples if ws <= s.at <= we + 0.05]
+        running = [v for v in (s.get("running") for s in inside) if v is not None]
+        if running:
+            cell["avg_active_requests"] = sum(running) / len(running)
+            cell["active_source"] = "server"
+        else:
+            cell["avg_active_requests"] = self._client_active(ws, we)
+            cell["active_source"] = "client"
+        points = [*inside, *(s for s in (self.snap_start, self.snap_end) if s is not None)]
+        waiting = [v for v in (s.get("waiting") for s in points) if v is not None]
+        kv = [v for v in (s.get("kv_usage") for s in points) if v is not None]
+        cell["server_max_waiting"] = max(waiting) if waiting else None
+        cell["kv_cache_usage_max"] = max(kv) if kv else None
+        a, b = self.snap_start, self.snap_end
+        gen = rise(a, b, "generation_tokens")
+        cell["server_generation_tokens"] = None if gen is None else round(gen)
+        pre = rise(a, b, "preemptions")
+        cell["server_preemptions"] = None if pre is None else round(pre)
+        queries, hits = rise(a, b, "prefix_queries"), rise(a, b, "prefix_hits")
+        if queries and hits is not None:
+            cell["prefix_cache_hit_rate"] = hits / queries
+        drafts, accepted = rise(a, b, "spec_drafts"), rise(a, b, "spec_accepted")
+        if drafts and accepted is not None:
+            cell["spec_acceptance_length"] = 1.0 + accepted / drafts
+
+    def _client_active(self, ws: float, we: float) -> float:
+        """Time-average of requests in flight from the client's side (no /metrics)."""
+        busy = 0.0
+        for r in self.requests:
+            if r.sent_at is None:
+                continue
+            start = max(ws, r.sent_at)
+            stop = min(we, r.ended_at if r.ended_at is not None else we)
+            busy += max(0.0, stop - start)
+        return busy / (we - ws) if we > ws else 0.0
+
+    def _prompts_exact(self) -> bool:
+        return all(
+            r.prompt_tokens == self.cfg.context
+            for r in self.requests
+            if r.prompt_tokens is not None
+        )
+
+    def _judge(self, prompt_counts_ok: bool) -> tuple[str, str | None]:
+        """failed: something broke; invalid: it ran, but the numbers cannot be trusted."""
+        cfg, cell = self.cfg, self.cell
+        if self.failure is not None:
+            n = self.failed_requests
+            extra = f" ({n} failed request{'s' if n != 1 else ''})" if n > 1 else ""
+            return "failed", self.failure + extra
+        reasons: list[str] = []
+        if not prompt_counts_ok:
+            seen = sorted({r.prompt_tokens for r in self.requests if r.prompt_tokens is not None})
+            reasons.append(f"server counted prompt tokens {seen}, not {cfg.context}")
+        waiting = cell["server_max_waiting"]
+        if waiting:
+            reasons.append(f"requests queued on the server during the window (waiting={waiting:g})")
+        if cell["server_preemptions"]:
+            reasons.append(f"{cell['server_preemptions']} preemptions during the window")
+        gen, out = cell["server_generation_tokens"], cell["output_tokens"]
+        if isinstance(gen, int) and isinstance(out, int):
+            slack = max(cfg.token_tolerance * max(gen, out), float(self.C))
+            if abs(gen - out) > slack:
+                reasons.append(
+                    f"client counted {out} output tokens, server {gen} "
+                    f"(vllm:generation_tokens_total); over {cfg.token_tolerance:.0%}"
+                )
+        lag = cell["loop_lag_p99_ms"]
+        if isinstance(lag, float) and lag > cfg.max_loop_lag_ms:
+            reasons.append(f"client saturated: event-loop lag p99 {lag:.1f} ms")
+        cpu = cell["client_cpu_pct"]
+        if isinstance(cpu, float) and cpu > cfg.max_client_cpu_pct:
+            reasons.append(f"client saturated: {cpu:.0f}% CPU")
+        if cfg.repetition_check:
+            checked = [r for r in self.requests if r.text_parts]
+            loops = sum(1 for r in checked if is_repetition_loop("".join(r.text_parts or [])))
+            if checked and loops / len(checked) > cfg.max_loop_fraction:
+                reasons.append(f"repetition loop in {loops} of {len(checked)} outputs")
+        if reasons:
+            return "invalid", "; ".join(reasons + self.notes)
+        return "valid", None
+
+
+def _size(parts: list[bytes]) -> int:
+    return sum(len(p) for p in parts)
+
+
+def _load(snap: Snapshot | None) -> str:
+    if snap is None:
+        return "no /metrics"
+    return f"running={snap.get('running') or 0:g}, waiting={snap.get('waiting') or 0:g}"

@@ -1,0 +1,68 @@
+"""How busy the load generator itself is (measurement.md rule 8).
+
+The event loop's lag (how late a 10 ms sleep wakes up) and the process's CPU time over the
+window. A lagging loop stamps chunks late and inflates time-between-tokens; a cell measured by
+a saturated client is marked invalid instead of being reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from .stats import percentile
+
+
+class ClientMonitor:
+    def __init__(self, tick_s: float = 0.01) -> None:
+        self.tick_s = tick_s
+        self.lags: list[float] = []
+        self._recording = False
+        self._cpu0 = 0.0
+        self._wall0 = 0.0
+        self.cpu_s: float | None = None
+        self.wall_s: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        tick = self.tick_s
+        clock = time.perf_counter
+        while True:
+            t = clock()
+            await asyncio.sleep(tick)
+            if self._recording:
+                self.lags.append(clock() - t - tick)
+
+    def begin_window(self) -> None:
+        self._cpu0 = time.process_time()
+        self._wall0 = time.perf_counter()
+        self._recording = True
+
+    def end_window(self) -> None:
+        if not self._recording:
+            return
+        self._recording = False
+        self.cpu_s = time.process_time() - self._cpu0
+        self.wall_s = time.perf_counter() - self._wall0
+
+    async def stop(self) -> None:
+        self.end_window()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def cpu_pct(self) -> float | None:
+        if not self.cpu_s or not self.wall_s:
+            return None
+        return 100.0 * self.cpu_s / self.wall_s
+
+    @property
+    def lag_p99_ms(self) -> float | None:
+        p = percentile(self.lags, 99.0)
+        return None if p is None else max(0.0, p) * 1000.0

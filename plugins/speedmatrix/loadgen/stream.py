@@ -1,0 +1,511 @@
+"""The streaming hot path: one HTTP/1.1 connection per stream, parsed in `data_received`.
+
+Why not aiohttp here: every chunk read through aiohttp's StreamReader wakes a coroutine, which
+costs several times the parsing itself; at 60K chunks/s on one core that is the difference
+between measuring the server and measuring the client (measurement.md rule 8). An asyncio
+Protocol stamps each socket read once (`perf_counter`) and parses every SSE event in it without
+a task switch. The control plane (tokenize, metrics, models) still goes through aiohttp.
+
+Timing rules implemented here (measurement.md rules 2-4):
+- a request is stamped when its last byte left for the socket (not when it was queued);
+- tokens come from the rise of `usage.completion_tokens`, never from counting chunks;
+- a chunk that carries no new token is neither a first token nor an interval;
+- every event in one socket read shares that read's time, so coalesced chunks are one arrival;
+  time-between-tokens counts the tokens after the first arrival, so the estimator is exact for
+  multi-token and coalesced chunks: (t_last - t_first) / (tokens - tokens at t_first);
+- only tokens arriving inside the window (ws, we] count toward window figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import Callable
+from time import perf_counter
+from urllib.parse import urlsplit
+
+try:  # orjson parses a typical 300-byte chunk several times faster than json
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - exercised only without orjson
+    _loads = json.loads
+
+INF = float("inf")
+
+
+class Window:
+    """The measurement window, shared by every stream: tokens count when ws < t <= we."""
+
+    __slots__ = ("we", "ws")
+
+    def __init__(self) -> None:
+        self.ws = INF
+        self.we = INF
+
+
+class Request:
+    """Everything measured about one request; filled in by the connection as chunks arrive."""
+
+    __slots__ = (
+        "chunks",
+        "done_marker",
+        "ended_at",
+        "error",
+        "finish_reason",
+        "first_at",
+        "first_n",
+        "index",
+        "last_at",
+        "max_gap",
+        "max_tokens",
+        "prompt_tokens",
+        "sent_at",
+        "status",
+        "stream",
+        "text_parts",
+        "tokens",
+        "usage_missing",
+        "w_chunks",
+        "w_first",
+        "w_first_n",
+        "w_last",
+        "w_tokens",
+    )
+
+    def __init__(self, index: int, stream: int, max_tokens: int, keep_text: bool) -> None:
+        self.index = index
+        self.stream = stream
+        self.max_tokens = max_tokens
+        self.sent_at: float | None = None
+        self.first_at: float | None = None
+        self.first_n = 0
+        self.last_at: float | None = None
+        self.tokens = 0
+        self.chunks = 0
+        self.max_gap = 0.0
+        self.w_first: float | None = None
+        self.w_first_n = 0
+        self.w_last: float | None = None
+        self.w_tokens = 0
+        self.w_chunks = 0
+        self.prompt_tokens: int | None = None
+        self.finish_reason: str | None = None
+        self.done_marker = False
+        self.usage_missing = False
+        self.status: int | None = None
+        self.error: str | None = None
+        self.ended_at: float | None = None
+        self.text_parts: list[str] | None = [] if keep_text else None
+
+    @property
+    def finished(self) -> bool:
+        """Completed all of its max_tokens without error."""
+        return self.error is None and self.ended_at is not None and self.done_marker
+
+    def tbt(self) -> float | None:
+        """Per-token time between tokens over the whole request (seconds)."""
+        if self.first_at is None or self.last_at is None or self.tokens - self.first_n <= 0:
+            return None
+        return (self.last_at - self.first_at) / (self.tokens - self.first_n)
+
+    def window_tbt(self) -> float | None:
+        """Per-token time between tokens over the tokens that arrived inside the window."""
+        if self.w_first is None or self.w_last is None or self.w_tokens - self.w_first_n <= 0:
+            return None
+        return (self.w_last - self.w_first) / (self.w_tokens - self.w_first_n)
+
+
+class Endpoint:
+    """Where the streams connect and what every request's head looks like."""
+
+    def __init__(self, base_url: str, api_key: str | None) -> None:
+        parts = urlsplit(normalize_base_url(base_url))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--base-url must be http(s)://host[:port], got {base_url!r}")
+        self.host = parts.hostname
+        self.tls = parts.scheme == "https"
+        self.port = parts.port or (443 if self.tls else 80)
+        self.prefix = parts.path.rstrip("/")
+        host_header = self.host if parts.port is None else f"{self.host}:{self.port}"
+        auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+        self._head = (
+            f"POST {self.prefix}/v1/completions HTTP/1.1\r\nHost: {host_header}\r\n"
+            "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"{auth}Content-Length: "
+        ).encode()
+
+    def head(self, content_length: int) -> bytes:
+        return self._head + b"%d\r\n\r\n" % content_length
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        return ssl.create_default_context() if self.tls else None
+
+
+def normalize_base_url(base_url: str) -> str:
+    """Accept `http://h:p`, `http://h:p/` and `http://h:p/v1`; return it without either."""
+    url = base_url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER, _LENGTH, _UNTIL_CLOSE, _IDLE = range(7)
+
+
+class StreamConnection(asyncio.Protocol):
+    """One keep-alive connection carrying one streamed completion at a time."""
+
+    def __init__(self, window: Window, on_first_token: Callable[[Request, float], None]) -> None:
+        self.window = window
+        self.on_first_token = on_first_token
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.keep_alive = True
+        self.req: Request | None = None
+        self.fut: asyncio.Future[Request] | None = None
+        self._state = _IDLE
+        self._raw = b""
+        self._sse = b""
+        self._left = 0
+        self._chunked = False
+        self._error_body = b""
+        self._paused = False
+        self._sent_pending = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        # pause_writing fires as soon as anything is buffered, resume_writing when the last
+        # byte of the request has been handed to the kernel: that is the request's send time.
+        transport.set_write_buffer_limits(high=0, low=0)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._sent_pending and self.req is not None:
+            self._sent_pending = False
+            self.req.sent_at = perf_counter()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.req is None or self.fut is None or self.fut.done():
+            return
+        req = self.req
+        if self._state == _UNTIL_CLOSE:
+            self._finish(perf_counter())
+            return
+        where = "before the response" if req.status is None else f"after {req.tokens} tokens"
+        reason = f": {exc}" if exc else ""
+        self._fail(f"connection closed by server {where}{reason}")
+
+    def data_received(self, data: bytes) -> None:
+        t = perf_counter()
+        if self.req is None or self.fut is None or self.fut.done():
+            return  # late bytes after an abort or a failure: not ours to count
+        if self._state == _HEAD:
+            data = self._raw + data
+            end = data.find(b"\r\n\r\n")
+            if end < 0:
+                self._raw = data
+                return
+            self._raw = b""
+            if not self._parse_head(data[:end]):
+                return
+            data = data[end + 4 :]
+            if not data:
+                return
+        state = self._state
+        if state in (_CHUNK_SIZE, _CHUNK_DATA, _TRAILER):
+            self._feed_chunked(data, t)
+        elif state == _LENGTH:
+            self._feed_body(data[: self._left], t)
+            self._left -= len(data)
+            if self._left <= 0:
+                self._finish(t)
+        elif state == _UNTIL_CLOSE:
+            self._feed_body(data, t)
+
+    # -- sending ------------------------------------------------------------------------------
+    def send(self, req: Request, parts: list[bytes]) -> asyncio.Future[Request]:
+        """Write one request; the future resolves with it when it ends (done, failed, cut)."""
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        self.req = req
+        self.fut = loop.create_future()
+        self._state = _HEAD
+        self._raw = b""
+        self._sse = b""
+        self._error_body = b""
+        self.transport.writelines(parts)
+        if self.transport.get_write_buffer_size() == 0:
+            req.sent_at = perf_counter()
+        else:
+            self._sent_pending = True
+        return self.fut
+
+    def cut(self, t: float) -> None:
+        """End the current request at the window's end: not an error, not a token time."""
+        if self.req is not None and self.fut is not None and not self.fut.done():
+            self.req.ended_at = t
+            self.fut.set_result(self.req)
+        self.close()
+
+    def fail(self, reason: str) -> None:
+        if self.fut is not None and not self.fut.done():
+            self._fail(reason)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- parsing ------------------------------------------------------------------------------
+    def _parse_head(self, head: bytes) -> bool:
+        req = self.req
+        assert req is not None
+        lines = head.split(b"\r\n")
+        try:
+            req.status = int(lines[0].split(None, 2)[1])
+        except (IndexError, ValueError):
+            self._fail(f"malformed HTTP status line {lines[0][:80]!r}")
+            return False
+        length = None
+        self._chunked = False
+        self.keep_alive = not lines[0].startswith(b"HTTP/1.0")
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            value = value.strip().lower()
+            if name == b"transfer-encoding" and b"chunked" in value:
+                self._chunked = True
+            elif name == b"content-length":
+                length = int(value)
+            elif name == b"connection":
+                self.keep_alive = value != b"close"
+        if self._chunked:
+            self._state = _CHUNK_SIZE
+        elif length is not None:
+            self._state = _LENGTH
+            self._left = length
+            if length == 0:
+                self._finish(perf_counter())
+                return False
+        else:
+            self._state = _UNTIL_CLOSE
+            self.keep_alive = False
+        return True
+
+    def _feed_chunked(self, data: bytes, t: float) -> None:
+        buf = self._raw + data if self._raw else data
+        pos = 0
+        n = len(buf)
+        payload: list[bytes] = []
+        while pos < n:
+            state = self._state
+            if state == _CHUNK_SIZE:
+                j = buf.find(b"\r\n", pos)
+                if j < 0:
+                    break
+                try:
+                    size = int(buf[pos:j].split(b";", 1)[0], 16)
+                except ValueError:
+                    self._fail(f"malformed chunk size {buf[pos:j][:40]!r}")
+                    return
+                pos = j + 2
+                if size == 0:
+                    self._state = _TRAILER
+                else:
+                    self._state = _CHUNK_DATA
+                    self._left = size + 2  # the data and its CRLF
+            elif state == _CHUNK_DATA:
+                take = min(n - pos, self._left)
+                data_left = self._left - 2
+                if data_left > 0:
+                    payload.append(buf[pos : pos + min(take, data_left)])
+                pos += take
+                self._left -= take
+                if self._left == 0:
+                    self._state = _CHUNK_SIZE
+            else:  # trailer section: empty line ends the message
+                if buf.startswith(b"\r\n", pos):
+                    pos += 2
+                else:
+                    j = buf.find(b"\r\n\r\n", pos)
+                    if j < 0:
+                        break
+                    pos = j + 4
+                self._raw = b""
+                if payload:
+                    self._feed_body(b"".join(payload), t)
+                self._finish(t)
+                return
+        self._raw = buf[pos:] if pos < n else b""
+        if payload:
+            self._feed_body(payload[0] if len(payload) == 1 else b"".join(payload), t)
+
+    def _feed_body(self, data: bytes, t: float) -> None:
+        req = self.req
+        assert req is not None
+        if req.status != 200:
+            self._error_body += data
+            return
+        sse = self._sse + data if self._sse else data
+        if b"\r" in sse:
+            sse = sse.replace(b"\r\n", b"\n")
+        events = sse.split(b"\n\n")
+        self._sse = events.pop()
+        for event in events:
+            if event:
+                self._on_event(event, t)
+                if self.fut is not None and self.fut.done():
+                    return
+
+    def _on_event(self, event: bytes, t: float) -> None:
+        req = self.req
+        assert req is not None
+        if event.startswith(b"data: "):
+            payload = event[6:]
+            if b"\n" in payload:  # multi-line data: field (never seen from vLLM)
+                payload = b"\n".join(
+                    line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")
+                )
+        elif event.startswith(b"data:"):
+            payload = event[5:].lstrip()
+        else:
+            return  # comments (":"), event:/id: lines
+        if payload == b"[DONE]":
+            req.done_marker = True
+            return
+        try:
+            obj = _loads(payload)
+        except ValueError:
+            self._fail(f"unparseable stream chunk {payload[:80]!r}")
+            return
+        usage = obj.get("usage")
+        choices = obj.get("choices")
+        if usage:
+            ct = usage.get("completion_tokens") or 0
+            n = ct - req.tokens
+            pt = usage.get("prompt_tokens")
+            if pt is not None:
+                req.prompt_tokens = pt
+        else:
+            n = 0
+        if choices:
+            choice = choices[0]
+            if not usage:
+                text = choice.get("text")
+                if text:
+                    n = 1
+                    req.usage_missing = True
+            if req.text_parts is not None:
+                text = choice.get("text")
+                if text:
+                    req.text_parts.append(text)
+            reason = choice.get("finish_reason")
+            if reason:
+                req.finish_reason = reason
+        elif not usage and "error" in obj:
+            err = obj["error"]
+            message = err.get("message") if isinstance(err, dict) else err
+            self._fail(f"server error in stream: {str(message)[:200]}")
+            return
+        if n > 0:
+            req.tokens += n
+            if req.first_at is None:
+                req.first_at = t
+                req.first_n = n
+                req.last_at = t
+                req.chunks = 1
+                self.on_first_token(req, t)
+            elif t == req.first_at:
+                req.first_n += n  # coalesced with the first arrival: same instant
+            else:
+                gap = t - req.last_at
+                if gap > req.max_gap:
+                    req.max_gap = gap
+                req.last_at = t
+                req.chunks += 1
+            w = self.window
+            if w.ws < t <= w.we:
+                req.w_tokens += n
+                if req.w_first is None:
+                    req.w_first = t
+                    req.w_first_n = n
+                    req.w_chunks = 1
+                elif t == req.w_first:
+                    req.w_first_n += n
+                else:
+                    req.w_last = t
+                    req.w_chunks += 1
+
+    # -- endings ------------------------------------------------------------------------------
+    def _finish(self, t: float) -> None:
+        req = self.req
+        assert req is not None and self.fut is not None
+        if self.fut.done():
+            return
+        self._state = _IDLE
+        req.ended_at = t
+        if req.status != 200:
+            req.error = f"HTTP {req.status}: {_error_message(self._error_body)}"
+        elif req.usage_missing:
+            req.error = "server sent chunks without usage (continuous_usage_stats unsupported)"
+        elif req.finish_reason not in (None, "length", "stop"):
+            req.error = f"request ended with finish_reason={req.finish_reason!r}"
+        elif req.tokens < req.max_tokens:
+            req.error = f"short output: {req.tokens} of {req.max_tokens} tokens"
+        elif not req.done_marker:
+            req.error = "stream ended without [DONE]"
+        self.fut.set_result(req)
+
+    def _fail(self, reason: str) -> None:
+        req = self.req
+        assert req is not None and self.fut is not None
+        self._state = _IDLE
+        req.error = reason
+        req.ended_at = perf_counter()
+        if not self.fut.done():
+            self.fut.set_result(req)
+        self.close()
+
+
+def _error_message(body: bytes) -> str:
+    """The server's own words for an HTTP error, on one line."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return " ".join(text.split())[:200] or "(empty body)"
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            err = err.get("message", err)
+        msg = obj.get("message") or err
+        return " ".join(str(msg).split())[:200]
+    return " ".join(text.split())[:200]
+
+
+async def connect(
+    endpoint: Endpoint,
+    window: Window,
+    on_first_token: Callable[[Request, float], None],
+    timeout_s: float,
+) -> StreamConnection:
+    """Open one stream connection (TCP_NODELAY is asyncio's default for TCP)."""
+    loop = asyncio.get_running_loop()
+    ctx = endpoint.ssl_context()
+    _, proto = await asyncio.wait_for(
+        loop.create_connection(
+            lambda: StreamConnection(window, on_first_token),
+            endpoint.host,
+            endpoint.port,
+            ssl=ctx,
+            server_hostname=endpoint.host if ctx else None,
+        ),
+        timeout_s,
+    )
+    return proto
