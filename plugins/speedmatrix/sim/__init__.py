@@ -1,0 +1,10 @@
+"""The simulated vLLM engine (`speedmatrix sim`).
+
+A continuous-batching engine model stepping in simulated time (``engine``), the performance
+parameters it runs on (``profile``), vLLM's HTTP surface over it (``server``, aiohttp), a pure
+sim-time load generator that predicts what a measurement would see (``predict``), and the fit of
+a profile to a published Speed test matrix report (``calibrate``).
+
+Nothing here is imported by ``import speedmatrix.sim``: the serve path stays lean (no pandas,
+numpy or Airflow), so `speedmatrix sim serve` starts quickly.
+"""

@@ -1,0 +1,188 @@
+"""Predict a matrix cell by driving the engine model directly in simulated time (no HTTP).
+
+This is a load generator in simulated time that follows measurement.md the way the published
+tool does: a prefill cell is one cold request with max_tokens=1 (prompt tok/s = tokens / TTFT);
+a decode cell warms the prompt(s) into the prefix cache, starts C streams at once, restarts a
+stream the moment it finishes, opens the window when all C have their first token, and counts
+only tokens inside the window. Time between tokens is per token, per request, then the median.
+
+Calibration fits the profile against these predictions, and the tests hold the calibrated
+profile to the published report through them: fast and exact, with no wall clock involved.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from speedmatrix.records import context_label, empty_cell
+from speedmatrix.sim.engine import Engine, Request
+from speedmatrix.sim.profile import Profile
+
+
+def make_prompt(tokens: int, tag: int, vocab_size: int) -> list[int]:
+    """A deterministic prompt whose first block is unique to `tag` (no accidental cache hits)."""
+    span = max(vocab_size - 1000, 1)
+    head = [1000 + (tag * 7919 + j * 104729) % span for j in range(16)]
+    body = [1000 + (i * 2654435761 + tag) % span for i in range(max(tokens - 16, 0))]
+    return (head + body)[:tokens]
+
+
+def over_capacity(profile: Profile, context: int, concurrency: int, max_output: int) -> bool:
+    """measurement.md's rule: C x ceil((ctx + max_out) / block) > blocks - 1."""
+    per_request = -(-(context + max_output) // profile.block_size)
+    return concurrency * per_request > profile.num_gpu_blocks - 1
+
+
+def _run_until_done(engine: Engine, req: Request) -> None:
+    while not req.finished:
+        t = engine.next_event_time()
+        if t is None:
+            raise RuntimeError(f"engine stalled with request {req.rid} unfinished")
+        engine.advance(t)
+
+
+def predict_prefill(profile: Profile, context: int, *, tag: int = 1) -> dict[str, Any]:
+    """One cold request of `context` tokens with max_tokens=1, on an idle engine."""
+    engine = Engine(profile)
+    req = engine.add(Request("prefill", make_prompt(context, tag, profile.vocab_size), 1))
+    _run_until_done(engine, req)
+    ttft = req.token_times[0] - req.arrival
+    return empty_cell(
+        phase="prefill",
+        context_tokens=context,
+        context_label=context_label(context),
+        concurrency=1,
+        status="valid",
+        total_tok_s=context / ttft,
+        ttft_ms=ttft * 1000.0,
+        completed_requests=1,
+        samples=1,
+        requests_started=1,
+        requests_failed=0,
+    )
+
+
+def predict_decode(
+    profile: Profile,
+    context: int,
+    concurrency: int,
+    *,
+    window_s: float = 30.0,
+    max_output: int = 4096,
+    prompt_mode: str = "shared",
+) -> dict[str, Any]:
+    """One sustained-decode cell; over_capacity (not run) by the KV-block rule."""
+    cell = empty_cell(
+        phase="decode",
+        context_tokens=context,
+        context_label=context_label(context),
+        concurrency=concurrency,
+        status="valid",
+        prompt_mode=prompt_mode,
+        max_output_tokens=max_output,
+        window_s=window_s,
+    )
+    if over_capacity(profile, context, concurrency, max_output):
+        cell["status"] = "over_capacity"
+        return cell
+    finished: list[Request] = []
+    engine = Engine(profile, on_emit=lambda r: finished.append(r) if r.finished else None)
+    n_prompts = 1 if prompt_mode == "shared" else concurrency
+    prompts = [make_prompt(context, 100 + i, profile.vocab_size) for i in range(n_prompts)]
+    for i, prompt in enumerate(prompts):  # warm-up: the prefill request puts it in the cache
+        _run_until_done(engine, engine.add(Request(f"warm-{i}", prompt, 1)))
+    finished.clear()
+    engine.advance(engine.now + 1.0)
+    requests: list[Request] = []
+
+    def start(stream: int) -> None:
+        req = Request(f"s{stream}-{len(requests)}", prompts[stream % n_prompts], max_output)
+        requests.append(engine.add(req))
+
+    for s in range(concurrency):
+        start(s)
+    streams = {r.rid: i for i, r in enumerate(requests)}
+    # Window opens when all C streams have their first token.
+    while any(not r.token_times for r in requests[:concurrency]):
+        engine.advance(engine.next_event_time())
+        for r in finished:
+            s = streams[r.rid]
+            start(s)
+            streams[requests[-1].rid] = s
+        finished.clear()
+    start_t = max(r.token_times[0] for r in requests[:concurrency])
+    end_t = start_t + window_s
+    active_area = 0.0
+    last_t = start_t
+    while True:
+        t = engine.next_event_time()
+        if t is None or t > end_t:
+            break
+        if t > last_t:
+            active_area += len(engine.running) * (t - last_t)
+            last_t = t
+        engine.advance(t)
+        for r in finished:
+            s = streams[r.rid]
+            start(s)
+            streams[requests[-1].rid] = s
+        finished.clear()
+    active_area += len(engine.running) * (end_t - last_t)
+    window_tokens = 0
+    tbts: list[float] = []
+    ttfts: list[float] = []
+    completed = 0
+    for r in requests:
+        times = [x for x in r.token_times if x <= end_t]
+        window_tokens += sum(1 for x in times if x >= start_t)
+        if times:
+            ttfts.append(times[0] - r.arrival)
+        if len(times) > 1:
+            tbts.append((times[-1] - times[0]) / (len(times) - 1))
+        if r.finished_at is not None and start_t <= r.finished_at <= end_t:
+            completed += 1
+    tbt = statistics.median(tbts) if tbts else None
+    cell.update(
+        total_tok_s=window_tokens / window_s,
+        per_request_tok_s=statistics.median(1.0 / x for x in tbts) if tbts else None,
+        ttft_ms=statistics.median(ttfts) * 1000.0 if ttfts else None,
+        tbt_ms=tbt * 1000.0 if tbt is not None else None,
+        avg_active_requests=active_area / window_s,
+        completed_requests=completed,
+        output_tokens=window_tokens,
+        measured_s=window_s,
+        requests_started=len(requests),
+        requests_failed=0,
+        samples=len(tbts),
+        server_preemptions=engine.counters.preemptions,
+        active_source="server",
+    )
+    return cell
+
+
+def predict_matrix(
+    profile: Profile,
+    *,
+    prefill_contexts: list[int],
+    contexts: list[int],
+    concurrencies: list[int],
+    window_s: float = 30.0,
+    max_output: int = 4096,
+    prompt_mode: str = "shared",
+) -> list[dict[str, Any]]:
+    """Every cell of a matrix, prefill first, then decode row by row (the report's order)."""
+    cells = [predict_prefill(profile, ctx, tag=i + 1) for i, ctx in enumerate(prefill_contexts)]
+    for ctx in contexts:
+        for c in concurrencies:
+            cells.append(
+                predict_decode(
+                    profile,
+                    ctx,
+                    c,
+                    window_s=window_s,
+                    max_output=max_output,
+                    prompt_mode=prompt_mode,
+                )
+            )
+    return cells

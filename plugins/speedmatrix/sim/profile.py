@@ -1,0 +1,368 @@
+"""Simulator profiles: the performance parameters of one engine configuration.
+
+A profile is a YAML or JSON file (format from the extension) under include/sim-profiles/. It is
+plain data so that a calibrated profile can be read, diffed and reviewed; this module turns it
+into fast callables (interpolation) for the engine. Times in a profile are simulated seconds
+unless a key says ``_ms``.
+
+Keys (all optional except where noted; defaults in ``Profile``):
+
+- ``name``, ``description``, ``calibrated`` (bool: true only when fitted to a published report),
+  ``source`` (the report it was fitted to).
+- ``served_model_name``, ``model``, ``version``: what /v1/models and /version answer.
+- ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens`` (chunked-prefill token budget
+  per step), ``vocab_size``.
+- ``kv``: ``block_size``, ``num_gpu_blocks`` (vLLM reserves one block, so ``num_gpu_blocks - 1``
+  are usable, hence the "blocks - 1" in the capacity rule).
+- ``prefill.points``: ``[[tokens, seconds], ...]``: cumulative time to prefill a cold prompt of
+  that many tokens; piecewise linear through (0, 0), extended with the last slope. A chunk from
+  token a to b costs P(b) - P(a), so chunking and prefix-cache hits are consistent.
+- ``decode``: step time of a decode batch of B sequences holding T KV tokens in total:
+  ``(base_s + per_seq_s * (B - 1) + per_kv_token_s * T) * correction(mean context, B)``;
+  ``correction`` is a list of ``{context, batch, factor}`` (calibration residuals, context = the
+  batch's mean prompt length), interpolated in log2 space and clamped outside; ``min_step_s`` is the floor of any step.
+- ``frontend.first_token_delay_ms``: list of ``{context, requests, ms}``: the API server's
+  latency before the engine sees a request, growing with the prompt and with the number of
+  requests the server holds. A request waits ``delay(ctx, 1)``, then counts the requests held
+  (n) and waits ``max(0, delay(ctx, n) - delay(ctx, 1))`` more. Interpolated in log2 space.
+- ``spec_decode``: null, or ``num_speculative_tokens`` (k), ``acceptance`` (per-position
+  conditional acceptance probabilities, length k), ``cost_factor`` (step time multiplier),
+  ``seed``.
+- ``natural_stop_tokens``: null, or after how many output tokens a request without
+  ``ignore_eos`` emits EOS (finish_reason "stop"); null means it always runs to max_tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROFILE_DIR = Path(__file__).resolve().parents[3] / "include" / "sim-profiles"
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the file and key."""
+
+
+def _interp(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise-linear interpolation, clamped to the end values outside [xs[0], xs[-1]]."""
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect_right(xs, x) - 1
+    x0, x1 = xs[i], xs[i + 1]
+    return ys[i] + (ys[i + 1] - ys[i]) * (x - x0) / (x1 - x0)
+
+
+class LogGrid:
+    """A value over (context tokens, count) known at scattered points.
+
+    Interpolates in log2 of both axes: within each context row along the count (clamped at the
+    row's ends), then across rows along the context. ``extrapolate_context`` extends beyond the
+    outer rows with the log-log slope of the last two rows (a power law), used for latencies that
+    grow with the prompt; otherwise the outer rows are clamped (correction factors).
+    """
+
+    def __init__(
+        self, points: list[tuple[float, float, float]], *, extrapolate_context: bool = False
+    ):
+        rows: dict[float, list[tuple[float, float]]] = {}
+        for ctx, n, value in points:
+            rows.setdefault(math.log2(max(ctx, 1)), []).append((math.log2(max(n, 1)), value))
+        self._rows = []
+        for lx in sorted(rows):
+            pts = sorted(rows[lx])
+            self._rows.append((lx, [p[0] for p in pts], [p[1] for p in pts]))
+        self._extrapolate = extrapolate_context
+        self._cache: dict[tuple[int, int], float] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._rows)
+
+    def __call__(self, ctx: float, n: float) -> float:
+        key = (int(ctx), int(n))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        value = self._eval(ctx, n)
+        if len(self._cache) < 100_000:
+            self._cache[key] = value
+        return value
+
+    def _eval(self, ctx: float, n: float) -> float:
+        if not self._rows:
+            return 0.0
+        lx, ln = math.log2(max(ctx, 1)), math.log2(max(n, 1))
+        values = [(rx, _interp(ns, vs, ln)) for rx, ns, vs in self._rows]
+        if len(values) == 1:
+            return values[0][1]
+        xs = [v[0] for v in values]
+        ys = [v[1] for v in values]
+        if self._extrapolate and (lx < xs[0] or lx > xs[-1]):
+            (xa, ya), (xb, yb) = values[:2] if lx < xs[0] else values[-2:]
+            if ya > 0 and yb > 0:
+                slope = (math.log2(yb) - math.log2(ya)) / (xb - xa)
+                x_ref, y_ref = (xa, ya) if lx < xs[0] else (xb, yb)
+                return 2 ** (math.log2(y_ref) + slope * (lx - x_ref))
+        return _interp(xs, ys, lx)
+
+
+@dataclass
+class SpecDecode:
+    num_speculative_tokens: int
+    acceptance: list[float]
+    cost_factor: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Profile:
+    """A loaded profile; ``raw`` keeps the file's data for saving and /sim/profile."""
+
+    name: str = "unnamed"
+    description: str = ""
+    calibrated: bool = False
+    source: str | None = None
+    served_model_name: str = "sim-model"
+    model: str = "sim/model"
+    version: str = "0.0.0+sim"
+    max_model_len: int = 8192
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    vocab_size: int = 32000
+    block_size: int = 16
+    num_gpu_blocks: int = 4096
+    prefill_points: list[tuple[int, float]] = field(default_factory=lambda: [(1024, 0.1)])
+    decode_base_s: float = 0.02
+    decode_per_seq_s: float = 0.001
+    decode_per_kv_token_s: float = 0.0
+    decode_correction: list[tuple[int, int, float]] = field(default_factory=list)
+    min_step_s: float = 0.001
+    first_token_delay_ms: list[tuple[int, int, float]] = field(default_factory=list)
+    spec_decode: SpecDecode | None = None
+    natural_stop_tokens: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        pts = sorted((int(n), float(t)) for n, t in self.prefill_points)
+        if not pts or any(n <= 0 or t <= 0 for n, t in pts):
+            raise ProfileError(f"profile {self.name}: prefill.points must be positive [tokens, s]")
+        self._pxs = [0.0] + [float(n) for n, _ in pts]
+        self._pys = [0.0] + [t for _, t in pts]
+        if any(b < a for a, b in zip(self._pys, self._pys[1:], strict=False)):
+            raise ProfileError(f"profile {self.name}: prefill.points must be non-decreasing")
+        self._p_last_slope = (self._pys[-1] - self._pys[-2]) / (self._pxs[-1] - self._pxs[-2])
+        self._correction = LogGrid([(c, b, f) for c, b, f in self.decode_correction])
+        self._delay = LogGrid(
+            [(c, n, ms / 1000.0) for c, n, ms in self.first_token_delay_ms],
+            extrapolate_context=True,
+        )
+        if self.num_gpu_blocks < 2 or self.block_size < 1:
+            raise ProfileError(f"profile {self.name}: kv.num_gpu_blocks/block_size too small")
+
+    # --- the model's functions -------------------------------------------------------------
+    def prefill_time(self, tokens: float) -> float:
+        """P(n): simulated seconds to prefill the first n tokens of a cold prompt."""
+        if tokens <= self._pxs[-1]:
+            return _interp(self._pxs, self._pys, tokens)
+        return self._pys[-1] + self._p_last_slope * (tokens - self._pxs[-1])
+
+    def decode_step_time(
+        self, batch: int, kv_tokens: int, prompt_tokens: int | None = None
+    ) -> float:
+        """Step time of a decode batch of `batch` sequences holding `kv_tokens` in total.
+
+        The correction is looked up at the batch's mean prompt length (the cell's context), so
+        a calibrated cell hits its own correction point exactly as its outputs grow.
+        """
+        if batch <= 0:
+            return 0.0
+        t = (
+            self.decode_base_s
+            + self.decode_per_seq_s * (batch - 1)
+            + self.decode_per_kv_token_s * kv_tokens
+        )
+        if self._correction:
+            ctx = (kv_tokens if prompt_tokens is None else prompt_tokens) / batch
+            t *= self._correction(ctx, batch)
+        if self.spec_decode is not None:
+            t *= self.spec_decode.cost_factor
+        return max(t, self.min_step_s)
+
+    def frontend_delay(self, ctx: int, held: int) -> float:
+        """Seconds of API-server latency for a prompt of ctx tokens with `held` requests."""
+        if not self._delay:
+            return 0.0
+        return max(0.0, self._delay(ctx, held))
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.num_gpu_blocks - 1
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+    # --- (de)serialisation ------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, origin: str = "<dict>") -> Profile:
+        def get(path: str, default: Any = None) -> Any:
+            node: Any = data
+            for part in path.split("."):
+                if not isinstance(node, dict) or part not in node:
+                    return default
+                node = node[part]
+            return node
+
+        try:
+            spec = get("spec_decode")
+            spec_obj = None
+            if spec:
+                k = int(spec["num_speculative_tokens"])
+                acc = [float(a) for a in spec.get("acceptance", [])]
+                if len(acc) != k or not all(0.0 <= a <= 1.0 for a in acc):
+                    raise ProfileError(
+                        f"{origin}: spec_decode.acceptance needs {k} probabilities in [0, 1]"
+                    )
+                spec_obj = SpecDecode(
+                    k, acc, float(spec.get("cost_factor", 1.0)), int(spec.get("seed", 0))
+                )
+            defaults = cls.__dataclass_fields__
+            return cls(
+                name=str(get("name", Path(origin).stem)),
+                description=str(get("description", "")),
+                calibrated=bool(get("calibrated", False)),
+                source=get("source"),
+                served_model_name=str(
+                    get("served_model_name", defaults["served_model_name"].default)
+                ),
+                model=str(get("model", defaults["model"].default)),
+                version=str(get("version", defaults["version"].default)),
+                max_model_len=int(get("max_model_len", 8192)),
+                max_num_seqs=int(get("max_num_seqs", 256)),
+                max_num_batched_tokens=int(get("max_num_batched_tokens", 8192)),
+                vocab_size=int(get("vocab_size", 32000)),
+                block_size=int(get("kv.block_size", 16)),
+                num_gpu_blocks=int(get("kv.num_gpu_blocks", 4096)),
+                prefill_points=[
+                    (int(n), float(t)) for n, t in get("prefill.points", [[1024, 0.1]])
+                ],
+                decode_base_s=float(get("decode.base_s", 0.02)),
+                decode_per_seq_s=float(get("decode.per_seq_s", 0.001)),
+                decode_per_kv_token_s=float(get("decode.per_kv_token_s", 0.0)),
+                decode_correction=[
+                    (int(c["context"]), int(c["batch"]), float(c["factor"]))
+                    for c in get("decode.correction", []) or []
+                ],
+                min_step_s=float(get("decode.min_step_s", 0.001)),
+                first_token_delay_ms=[
+                    (int(c["context"]), int(c["requests"]), float(c["ms"]))
+                    for c in get("frontend.first_token_delay_ms", []) or []
+                ],
+                spec_decode=spec_obj,
+                natural_stop_tokens=get("natural_stop_tokens"),
+                raw=data,
+            )
+        except ProfileError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"{origin}: bad profile: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "calibrated": self.calibrated,
+            "source": self.source,
+            "served_model_name": self.served_model_name,
+            "model": self.model,
+            "version": self.version,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "vocab_size": self.vocab_size,
+            "kv": {"block_size": self.block_size, "num_gpu_blocks": self.num_gpu_blocks},
+            "prefill": {"points": [[n, round(t, 6)] for n, t in self.prefill_points]},
+            "decode": {
+                "base_s": self.decode_base_s,
+                "per_seq_s": self.decode_per_seq_s,
+                "per_kv_token_s": self.decode_per_kv_token_s,
+                "min_step_s": self.min_step_s,
+                "correction": [
+                    {"context": c, "batch": b, "factor": round(f, 6)}
+                    for c, b, f in self.decode_correction
+                ],
+            },
+            "frontend": {
+                "first_token_delay_ms": [
+                    {"context": c, "requests": n, "ms": round(ms, 3)}
+                    for c, n, ms in self.first_token_delay_ms
+                ]
+            },
+            "spec_decode": None,
+            "natural_stop_tokens": self.natural_stop_tokens,
+        }
+        if self.spec_decode is not None:
+            s = self.spec_decode
+            data["spec_decode"] = {
+                "num_speculative_tokens": s.num_speculative_tokens,
+                "acceptance": s.acceptance,
+                "cost_factor": s.cost_factor,
+                "seed": s.seed,
+            }
+        return data
+
+
+def resolve_profile_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """A path as given, else a name under include/sim-profiles/ (with .yaml/.yml/.json)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for ext in ("", ".yaml", ".yml", ".json"):
+        candidate = PROFILE_DIR / f"{name_or_path}{ext}"
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"no simulator profile {name_or_path!s} (looked in {PROFILE_DIR})")
+
+
+def load_profile(source: str | os.PathLike[str] | dict[str, Any] | Profile) -> Profile:
+    """A Profile from a Profile, a dict, a file path, or a name under include/sim-profiles/."""
+    if isinstance(source, Profile):
+        return source
+    if isinstance(source, dict):
+        return Profile.from_dict(source)
+    path = resolve_profile_path(source)
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # yaml / json syntax errors carry the line
+        raise ProfileError(f"{path}: cannot parse: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: a profile must be a mapping")
+    return Profile.from_dict(data, origin=str(path))
+
+
+def save_profile(profile: Profile, path: str | os.PathLike[str], header: str = "") -> Path:
+    """Write a profile; the format follows the extension (.json, else YAML)."""
+    out = Path(path)
+    data = profile.to_dict()
+    if out.suffix == ".json":
+        out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    else:
+        import yaml
+
+        body = yaml.safe_dump(data, sort_keys=False, width=100)
+        comment = "".join(f"# {line}\n" for line in header.splitlines())
+        out.write_text(comment + body, encoding="utf-8")
+    return out

@@ -1,0 +1,763 @@
+"""vLLM's HTTP surface over the simulated engine (aiohttp; uvloop where importable).
+
+Endpoints, as vLLM 0.32 answers them:
+
+- ``GET /health`` (200; 503 when the ``engine_dead`` fault is set), ``GET /version``,
+  ``GET /metrics`` (Prometheus text, vLLM's metric names), ``POST /tokenize``,
+  ``POST /detokenize``: always open, as in vLLM.
+- ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``: with an API key
+  set, anything under ``/v1`` needs ``Authorization: Bearer <key>`` (401 otherwise).
+- Completions take ``prompt`` as a string, a list of token ids, or a one-element list of either;
+  ``max_tokens`` (default 16), ``min_tokens``, ``ignore_eos``, ``stream``, ``stream_options``
+  (``include_usage``, ``continuous_usage_stats``), ``cache_salt``. A prompt of max-model-len
+  tokens or more, ids outside the vocabulary, or bad fields are a 400 with vLLM's error body
+  ``{"error": {"message", "type", "param", "code"}}``. Output that would pass max-model-len is
+  silently shortened (finish_reason "length"), as vLLM does. An ``X-Request-Id`` header becomes
+  the request id (``cmpl-<id>``) and is echoed.
+- A client that disconnects has its request aborted (blocks freed), as vLLM does.
+
+Simulated time. The engine runs on a simulated clock that starts at 0 when the server starts
+and runs ``time_scale`` times faster than the wall clock (default 1: real time). Everything the
+server reports is on that clock, consistently: ``created`` is the start's Unix time plus the
+simulated seconds, and ground truth is in simulated seconds. A client measuring with its wall
+clock sees durations divided by ``time_scale`` and rates multiplied by it: multiply its wall
+durations by ``time_scale`` (the load generator's ``--time-scale``) to get simulated figures.
+When the event loop falls behind, the engine still steps at exact simulated times; only the
+delivery of chunks is late (visible in ground truth as chunk times after token times).
+
+Ground truth (open, not in vLLM):
+
+- ``GET /sim/state``: clock, time scale, running / waiting / front-end counts, KV usage, engine
+  counters, the server's own event-loop lag (p50 / p99 / max, ms) and served chunk count.
+- ``GET /sim/requests`` (summaries; ``?detail=1`` adds per-token times) and
+  ``GET /sim/requests/{id}``: per request, arrival, front-end exit, first scheduling, every
+  token's emission time (simulated s), steps, spec-decode acceptances, chunks written
+  (simulated time, tokens), finish reason, preemptions, cached prompt tokens.
+- ``GET /sim/faults``, ``POST /sim/faults``: the faults (see ``speedmatrix.sim.faults``).
+
+In-process use: ``run_in_thread(profile, port=0, api_key=None, time_scale=1.0, faults=None)``
+is a context manager yielding the base URL (a ``str`` with ``.server``, the ``SimServer``, and
+``.call(fn)`` to run ``fn(server)`` on the server's loop thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from aiohttp import web
+
+from speedmatrix.sim.engine import FINISHED, Engine, Request
+from speedmatrix.sim.faults import Faults
+from speedmatrix.sim.profile import Profile, load_profile
+from speedmatrix.sim.tokenizer import Tokenizer, output_words
+
+try:
+    import orjson
+
+    def _dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj)
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover - orjson is a project dependency
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    _loads = json.loads
+
+WAKE_SLICE = 16  # streams woken per loop iteration (vLLM chunks its output processing too)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, etype: str = "BadRequestError", param=None):
+        super().__init__(message)
+        self.status, self.message, self.etype, self.param = status, message, etype, param
+
+
+def error_response(status: int, message: str, etype: str, param: str | None = None):
+    body = {"error": {"message": message, "type": etype, "param": param, "code": status}}
+    return web.Response(status=status, body=_dumps(body), content_type="application/json")
+
+
+class LagMonitor:
+    """Event-loop lag: how late a 5 ms timer fires; keeps the last 20,000 samples."""
+
+    def __init__(self, period_s: float = 0.005):
+        self.period = period_s
+        self.samples: deque[float] = deque(maxlen=20_000)
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        clock = time.perf_counter  # uvloop's loop.time() only has millisecond resolution
+        while True:
+            t = clock()
+            await asyncio.sleep(self.period)
+            self.samples.append(max(0.0, clock() - t - self.period))
+
+    def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    def reset(self) -> None:
+        self.samples.clear()
+
+    def summary(self) -> dict[str, float | int | None]:
+        s = sorted(self.samples)
+        if not s:
+            return {"samples": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
+
+        def q(p: float) -> float:
+            return s[min(len(s) - 1, int(p * len(s)))] * 1000.0
+
+        return {"samples": len(s), "p50_ms": q(0.5), "p99_ms": q(0.99), "max_ms": s[-1] * 1000}
+
+
+class SimServer:
+    """The engine, its clock against the event loop, and the aiohttp application."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        api_key: str | None = None,
+        time_scale: float = 1.0,
+        faults: Faults | dict[str, Any] | None = None,
+    ):
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
+        self.profile = profile
+        self.api_key = api_key
+        self.time_scale = float(time_scale)
+        base = profile.raw.get("faults") if isinstance(profile.raw, dict) else None
+        self.faults = Faults.coerce(faults if faults is not None else base)
+        self.engine = Engine(profile, max_running=self.faults.max_running, on_emit=self._on_emit)
+        self.tokenizer = Tokenizer(profile.vocab_size)
+        self.lag = LagMonitor()
+        self.chunks_sent = 0
+        self._counter = itertools.count(1)
+        self._dirty: list[Request] = []
+        self._flush_pending = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wall0 = 0.0
+        self._epoch0 = time.time()
+        self._streams: set[Request] = set()
+        self._model_json = json.dumps(profile.served_model_name)
+
+    # --- clock and driver ---------------------------------------------------------------------
+    def sim_now(self) -> float:
+        # perf_counter, not loop.time(): uvloop's loop clock has millisecond resolution.
+        return (time.perf_counter() - self._wall0) * self.time_scale
+
+    def _start_clock(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wall0 = time.perf_counter()
+        self._epoch0 = time.time()
+
+    def sync(self) -> None:
+        """Bring the engine to the current simulated time, deliver, and re-arm the timer."""
+        self.engine.advance(max(self.sim_now(), self.engine.now))
+        self._arm()
+        self._flush()
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        t = self.engine.next_event_time()
+        if t is not None:
+            delay = t / self.time_scale - (time.perf_counter() - self._wall0)
+            self._timer = self._loop.call_later(max(delay, 0.0), self._fire, t)
+
+    def _fire(self, t: float) -> None:
+        self._timer = None
+        self.engine.advance(max(self.sim_now(), t))
+        self._arm()
+        self._flush()
+
+    def _on_emit(self, req: Request) -> None:
+        if req.waiter is not None:
+            self._dirty.append(req)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        dirty = self._dirty
+        if not dirty:
+            return
+        batch, self._dirty = dirty[:WAKE_SLICE], dirty[WAKE_SLICE:]
+        for r in batch:
+            w = r.waiter
+            if w is not None and not w.done():
+                w.set_result(None)
+        if self._dirty and not self._flush_pending:
+            self._flush_pending = True
+            self._loop.call_soon(self._flush)
+
+    def created(self) -> int:
+        return int(self._epoch0 + self.sim_now())
+
+    def set_faults(self, faults: Faults | dict[str, Any]) -> Faults:
+        self.faults = Faults.coerce(faults)
+        self.engine.max_running = self.faults.max_running
+        if self.faults.engine_dead:
+            for req in list(self._streams):
+                w = req.waiter
+                if w is not None and not w.done():
+                    w.set_exception(ConnectionAbortedError("engine dead"))
+        if self._loop is not None:
+            self.sync()
+        return self.faults
+
+    # --- the application ----------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/ping", self.health)
+        r.add_get("/version", self.version)
+        r.add_get("/metrics", self.metrics)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/detokenize", self.detokenize)
+        r.add_get("/v1/models", self.models)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_get("/sim/state", self.state)
+        r.add_get("/sim/requests", self.requests)
+        r.add_get("/sim/requests/{rid}", self.request_detail)
+        r.add_get("/sim/faults", self.get_faults)
+        r.add_post("/sim/faults", self.post_faults)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self._start_clock()
+        self.lag.start()
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        self.lag.stop()
+        if self._timer is not None:
+            self._timer.cancel()
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Callable):
+        if (
+            self.api_key
+            and request.path.startswith("/v1")
+            and request.headers.get("Authorization") != f"Bearer {self.api_key}"
+        ):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.etype, exc.param)
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.faults.engine_dead:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.profile.version})
+
+    async def models(self, request: web.Request) -> web.Response:
+        p = self.profile
+        card = {
+            "id": p.served_model_name,
+            "object": "model",
+            "created": self.created(),
+            "owned_by": "vllm",
+            "root": p.model,
+            "parent": None,
+            "max_model_len": p.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            data = _loads(await request.read())
+        except ValueError as exc:
+            raise ApiError(400, f"invalid JSON body: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return data
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        data = await self._json(request)
+        if "messages" in data:
+            ids = self.tokenizer.encode(self._chat_text(data["messages"]))
+        elif isinstance(data.get("prompt"), str):
+            ids = self.tokenizer.encode(data["prompt"])
+        else:
+            raise ApiError(400, "tokenize needs 'prompt' (a string) or 'messages'", param="prompt")
+        body = {
+            "count": len(ids),
+            "max_model_len": self.profile.max_model_len,
+            "tokens": ids,
+            "token_strs": None,
+        }
+        return web.Response(body=_dumps(body), content_type="application/json")
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        data = await self._json(request)
+        ids = data.get("tokens")
+        if not isinstance(ids, list):
+            raise ApiError(400, "detokenize needs 'tokens' (a list of ids)", param="tokens")
+        bad = self.tokenizer.out_of_vocab(ids)
+        if bad is not None:
+            raise ApiError(400, f"Token id {bad} is out of vocabulary", param="tokens")
+        return web.json_response({"prompt": self.tokenizer.decode(ids)})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        self.sync()
+        from speedmatrix.sim.metrics import render_metrics
+
+        text = render_metrics(self.engine, self.profile)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    async def state(self, request: web.Request) -> web.Response:
+        self.sync()
+        e = self.engine
+        c = e.counters
+        body = {
+            "sim_time": e.now,
+            "time_scale": self.time_scale,
+            "running": len(e.running),
+            "waiting": len(e.waiting),
+            "frontend": e._n_frontend,
+            "kv_usage": e.kv_usage(),
+            "kv_free_blocks": e.pool.free,
+            "counters": c.__dict__,
+            "chunks_sent": self.chunks_sent,
+            "loop_lag": self.lag.summary(),
+            "profile": self.profile.name,
+        }
+        if request.query.get("reset_lag"):
+            self.lag.reset()
+        return web.Response(body=_dumps(body), content_type="application/json")
+
+    async def requests(self, request: web.Request) -> web.Response:
+        detail = request.query.get("detail") in ("1", "true")
+        reqs = list(self.engine.finished.values()) + list(self.engine.live.values())
+        out = []
+        for r in sorted(reqs, key=lambda r: r.index):
+            gt = r.ground_truth()
+            if not detail:
+                for key in ("token_times", "steps", "accepted", "chunks"):
+                    gt.pop(key)
+            out.append(gt)
+        return web.Response(body=_dumps(out), content_type="application/json")
+
+    async def request_detail(self, request: web.Request) -> web.Response:
+        r = self.engine.get(request.match_info["rid"])
+        if r is None:
+            raise ApiError(404, f"no request {request.match_info['rid']}", "NotFoundError")
+        return web.Response(body=_dumps(r.ground_truth()), content_type="application/json")
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return web.json_response(self.faults.to_dict())
+
+    async def post_faults(self, request: web.Request) -> web.Response:
+        data = await self._json(request)
+        try:
+            faults = self.set_faults(data)
+        except (TypeError, ValueError) as exc:
+            raise ApiError(400, str(exc), param="faults") from exc
+        return web.json_response(faults.to_dict())
+
+    # --- completions ----------------------------------------------------------------------------
+    @staticmethod
+    def _chat_text(messages: Any) -> str:
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "'messages' must be a non-empty list", param="messages")
+        parts = []
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
+                raise ApiError(
+                    400, "each message needs a role and string content", param="messages"
+                )
+            parts.append(f"<|{m.get('role', 'user')}|> {m.get('content', '')}")
+        return "\n".join(parts) + "\n<|assistant|>"
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, list):
+            ids = prompt
+            bad = self.tokenizer.out_of_vocab(ids)
+            if bad is not None:
+                raise ApiError(400, f"Token id {bad} is out of vocabulary", param="prompt")
+        else:
+            raise ApiError(
+                400, "prompt must be a string or a list of token ids (one prompt)", param="prompt"
+            )
+        if not ids:
+            raise ApiError(400, "The prompt cannot be empty", param="prompt")
+        return ids
+
+    def _common(self, data: dict[str, Any], ids: list[int], default_max: int | None):
+        p = self.profile
+        model = data.get("model")
+        if model is not None and model != p.served_model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        if len(ids) >= p.max_model_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {p.max_model_len} tokens. However, "
+                f"your request has {len(ids)} input tokens. Please reduce the length of the "
+                "input messages.",
+                param="input_tokens",
+            )
+        max_tokens = data.get("max_tokens", data.get("max_completion_tokens", default_max))
+        if max_tokens is None:
+            max_tokens = p.max_model_len - len(ids)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ApiError(
+                400, "max_tokens must be at least 1, got {max_tokens}.", param="max_tokens"
+            )
+        min_tokens = data.get("min_tokens", 0)
+        if not isinstance(min_tokens, int) or min_tokens < 0 or min_tokens > max_tokens:
+            raise ApiError(
+                400,
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                f"got {min_tokens}.",
+                param="min_tokens",
+            )
+        stream = data.get("stream", False)
+        opts = data.get("stream_options")
+        if opts is not None and not stream:
+            raise ApiError(
+                400,
+                "Stream options can only be defined when `stream=True`.",
+                param="stream_options",
+            )
+        if opts is not None and not isinstance(opts, dict):
+            raise ApiError(400, "stream_options must be an object", param="stream_options")
+        salt = data.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise ApiError(400, "cache_salt must be a non-empty string", param="cache_salt")
+        return max_tokens, min_tokens, bool(stream), opts or {}, salt
+
+    def _new_request(self, request: web.Request, ids, max_tokens, min_tokens, data, salt, prefix):
+        p = self.profile
+        n = next(self._counter)
+        f = self.faults
+        if f.engine_dead:
+            raise ApiError(500, "EngineCore encountered an issue.", "EngineDeadError")
+        if f.hits(f.http_500_every, n):
+            raise ApiError(500, "Internal server error (simulated fault)", "InternalServerError")
+        xrid = request.headers.get("X-Request-Id")
+        rid = f"{prefix}-{xrid}" if xrid else f"{prefix}-{uuid.uuid4().hex}"
+        if self.engine.get(rid) is not None:
+            raise ApiError(400, f"request id {rid} is already in use", param="X-Request-Id")
+        target, reason = max_tokens, "length"
+        room = p.max_model_len - len(ids)
+        if target > room:  # vLLM shortens silently what would pass max-model-len
+            target = room
+        if (
+            p.natural_stop_tokens
+            and not data.get("ignore_eos", False)
+            and max(min_tokens, p.natural_stop_tokens) < target
+        ):
+            target, reason = max(min_tokens, p.natural_stop_tokens), "stop"
+        if f.hits(f.short_output_every, n):
+            target, reason = min(target, f.short_output_tokens), "length"
+        req = Request(rid, ids, max_tokens, salt=salt, target=max(target, 1))
+        req.finish_on_target = reason
+        req.fault_disconnect = f.disconnect_after_tokens if f.hits(f.disconnect_every, n) else None
+        req.fault_repeat = f.hits(f.repetition_every, n)
+        return req
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        data = await self._json(request)
+        if "prompt" not in data:
+            raise ApiError(400, "'prompt' is required", param="prompt")
+        ids = self._prompt_ids(data["prompt"])
+        return await self._serve(request, data, ids, chat=False, default_max=16)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        data = await self._json(request)
+        ids = self.tokenizer.encode(self._chat_text(data.get("messages")))
+        return await self._serve(request, data, ids, chat=True, default_max=None)
+
+    async def _serve(self, request, data, ids, *, chat: bool, default_max):
+        max_tokens, min_tokens, stream, opts, salt = self._common(data, ids, default_max)
+        prefix = "chatcmpl" if chat else "cmpl"
+        req = self._new_request(request, ids, max_tokens, min_tokens, data, salt, prefix)
+        self.sync()
+        self.engine.add(req, max(self.sim_now(), self.engine.now))
+        self._arm()
+        self._flush()
+        headers = (
+            {"X-Request-Id": request.headers["X-Request-Id"]}
+            if "X-Request-Id" in request.headers
+            else {}
+        )
+        try:
+            if stream:
+                return await self._stream(request, req, chat, opts, headers)
+            return await self._whole(req, chat, headers)
+        finally:
+            if req.state != FINISHED:
+                self.engine.abort(req.rid, max(self.sim_now(), self.engine.now))
+                self._arm()
+            self._streams.discard(req)
+            req.waiter = None
+
+    async def _wait(self, req: Request, sent: int) -> None:
+        while req.out == sent and req.state != FINISHED:
+            fut = self._loop.create_future()
+            req.waiter = fut
+            try:
+                await fut
+            finally:
+                req.waiter = None
+
+    async def _whole(self, req: Request, chat: bool, headers) -> web.Response:
+        self._streams.add(req)
+        while req.state != FINISHED:
+            await self._wait(req, req.out)
+        text = output_words(req.index, 0, req.out, req.fault_repeat)
+        usage = {
+            "prompt_tokens": req.prompt_len,
+            "total_tokens": req.prompt_len + req.out,
+            "completion_tokens": req.out,
+            "prompt_tokens_details": None,
+        }
+        if chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": req.finish_reason,
+                "stop_reason": None,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": req.finish_reason,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+            obj = "text_completion"
+        body = {
+            "id": req.rid,
+            "object": obj,
+            "created": self.created(),
+            "model": self.profile.served_model_name,
+            "choices": [choice],
+            "usage": usage,
+        }
+        return web.Response(body=_dumps(body), content_type="application/json", headers=headers)
+
+    async def _stream(self, request, req: Request, chat: bool, opts, headers):
+        include_usage = bool(opts.get("include_usage"))
+        continuous = include_usage and bool(opts.get("continuous_usage_stats"))
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream; charset=utf-8", **headers}
+        )
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        self._streams.add(req)
+        head = (
+            f'data: {{"id":"{req.rid}","object":"'
+            + ("chat.completion.chunk" if chat else "text_completion")
+            + f'","created":{self.created()},"model":{self._model_json},"choices":['
+        )
+        plen = req.prompt_len
+        repeat = req.fault_repeat
+        cut = req.fault_disconnect
+
+        def usage(n: int) -> str:
+            return f'"usage":{{"prompt_tokens":{plen},"total_tokens":{plen + n},"completion_tokens":{n}}}'
+
+        if chat:
+            role = (
+                head
+                + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
+            )
+            role += ("," + usage(0) if continuous else "") + "}\n\n"
+            await resp.write(role.encode())
+        sent = 0
+        try:
+            while True:
+                await self._wait(req, sent)
+                n = req.out
+                if n > sent:
+                    if cut is not None and n >= cut:
+                        n = max(cut, sent)
+                    text = json.dumps(output_words(req.index, sent, n - sent, repeat))
+                    done = req.state == FINISHED and n == req.out
+                    fr = f'"{req.finish_reason}"' if done else "null"
+                    if chat:
+                        choice = f'{{"index":0,"delta":{{"content":{text}}},"logprobs":null,"finish_reason":{fr}}}]'
+                    else:
+                        choice = f'{{"index":0,"text":{text},"logprobs":null,"finish_reason":{fr},"stop_reason":null}}]'
+                    line = head + choice + ("," + usage(n) if continuous else "") + "}\n\n"
+                    await resp.write(line.encode())
+                    self.chunks_sent += 1
+                    req.chunks.append((self.sim_now(), n - sent))
+                    sent = n
+                    if cut is not None and sent >= cut:
+                        # The disconnect fault: drop the connection mid-stream.
+                        self.engine.abort(req.rid, max(self.sim_now(), self.engine.now))
+                        self._arm()
+                        if request.transport is not None:
+                            request.transport.abort()
+                        return resp
+                if req.state == FINISHED and sent == req.out:
+                    break
+        except ConnectionAbortedError:  # engine_dead fault: open streams are dropped
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
+        tail = ""
+        if include_usage:
+            tail = head + "]," + usage(sent) + "}\n\n"
+        await resp.write((tail + "data: [DONE]\n\n").encode())
+        await resp.write_eof()
+        return resp
+
+
+# --- running it ------------------------------------------------------------------------------
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover
+        return asyncio.new_event_loop()
+
+
+async def _start(server: SimServer, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    sockets = site._server.sockets if site._server else []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, bound
+
+
+class SimHandle(str):
+    """The base URL, with the server attached for tests (``.server``, ``.call``)."""
+
+    server: SimServer
+    loop: asyncio.AbstractEventLoop
+
+    def call(self, fn: Callable[[SimServer], Any], timeout: float = 10.0) -> Any:
+        """Run fn(server) on the server's loop thread and return its result."""
+
+        async def run() -> Any:
+            self.server.sync()
+            return fn(self.server)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
+
+
+@contextlib.contextmanager
+def run_in_thread(
+    profile: Profile | str | dict[str, Any],
+    port: int = 0,
+    api_key: str | None = None,
+    time_scale: float = 1.0,
+    faults: Faults | dict[str, Any] | None = None,
+    host: str = "127.0.0.1",
+) -> Iterator[SimHandle]:
+    """Serve the simulator on a background thread; yields its base URL (http://host:port)."""
+    server = SimServer(load_profile(profile), api_key=api_key, time_scale=time_scale, faults=faults)
+    loop = _new_loop()
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+    stop = asyncio.Event()
+
+    def target() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            runner, bound = loop.run_until_complete(_start(server, host, port))
+        except BaseException as exc:
+            state["error"] = exc
+            ready.set()
+            return
+        state["port"] = bound
+        ready.set()
+        try:
+            loop.run_until_complete(stop.wait())
+        finally:
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+    thread = threading.Thread(target=target, name="speedmatrix-sim", daemon=True)
+    thread.start()
+    ready.wait(30)
+    if "error" in state:
+        raise state["error"]
+    handle = SimHandle(f"http://{host}:{state['port']}")
+    handle.server = server
+    handle.loop = loop
+    try:
+        yield handle
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+
+
+def serve(
+    profile: Profile,
+    host: str,
+    port: int,
+    *,
+    api_key: str | None = None,
+    time_scale: float = 1.0,
+    faults: Faults | dict[str, Any] | None = None,
+) -> int:
+    """Run until SIGTERM / SIGINT; prints vLLM-like start-up lines (KV cache size) to stderr."""
+    server = SimServer(profile, api_key=api_key, time_scale=time_scale, faults=faults)
+    loop = _new_loop()
+    asyncio.set_event_loop(loop)
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        runner, bound = await _start(server, host, port)
+        p = profile
+        log = sys.stderr
+        print(f"INFO speedmatrix sim {p.name}: serving {p.served_model_name}", file=log)
+        print(f"INFO GPU KV cache size: {p.kv_cache_tokens:,} tokens", file=log)
+        print(
+            f"INFO Maximum concurrency for {p.max_model_len:,} tokens per request: "
+            f"{p.kv_cache_tokens / p.max_model_len:.2f}x",
+            file=log,
+        )
+        print(f"INFO time scale {time_scale:g} (simulated seconds per wall second)", file=log)
+        print(f"INFO Uvicorn running on http://{host}:{bound} (Press CTRL+C to quit)", file=log)
+        print("INFO Application startup complete.", file=log, flush=True)
+        await stop.wait()
+        print("INFO Shutting down", file=log, flush=True)
+        await runner.cleanup()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    return 0
