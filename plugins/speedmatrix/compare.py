@@ -395,18 +395,25 @@ def select_baseline(
             or ref in (r.get("engine_ref"), r.get("engine_version"))
         ]
     else:
-        started = run.get("started_at")
-        if started is not None and not pd.isna(started):
+        started = _ts(run.get("started_at"))
+        if started is not None:
             candidates = [
-                r
-                for r in candidates
-                if r.get("started_at") is not None
-                and not pd.isna(r.get("started_at"))
-                and pd.Timestamp(r["started_at"]) < pd.Timestamp(started)
+                r for r in candidates if (t := _ts(r.get("started_at"))) is not None and t < started
             ]
     if not candidates:
         return None
-    return max(candidates, key=lambda r: pd.Timestamp(r.get("started_at") or 0))
+    epoch = pd.Timestamp(0, tz="UTC")
+    return max(
+        candidates, key=lambda r: t if (t := _ts(r.get("started_at"))) is not None else epoch
+    )
+
+
+def _ts(value: Any) -> pd.Timestamp | None:
+    """A UTC timestamp (naive values are taken as UTC), None when missing."""
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return None
+    ts = pd.Timestamp(value)
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
 
 
 def compare_url(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> str | None:
