@@ -1,0 +1,262 @@
+"""speed_matrix: one speed test matrix = one recipe x one engine ref x one host.
+
+resolve -> wait_for_host (lease; reschedules, holds no worker slot) -> setup_server (provision +
+start) -> inspect -> plan -> prefill[8K…] -> decode[8K x 1…] -> stop_server (teardown: always,
+stops the server, releases the lease) ; validate (Great Expectations) -> land (Assets) ->
+report -> conclude (fails the run if a cell failed, after everything measured has landed).
+
+Orchestration only: every task body is a function in `speedmatrix.pipeline`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import Asset, Param, PokeReturnValue, dag, get_current_context, task
+
+from speedmatrix import pipeline
+
+ASSETS = [
+    Asset(name=f"speedmatrix_{t}", uri=f"speedmatrix://warehouse/{t}", group="speedmatrix")
+    for t in ("runs", "cells", "requests")
+]
+CELL_TIMEOUT = timedelta(hours=2)  # a cell bounds itself (window + first-token timeouts)
+HOST_STEP_TIMEOUT = timedelta(minutes=10)
+
+_CONTEXTS = {
+    "type": ["null", "array"],
+    "items": {"type": ["integer", "string"], "minimum": 2, "pattern": "^[0-9]+[kK]?$"},
+    "minItems": 1,
+    "uniqueItems": True,
+}
+
+
+def _recipe_examples() -> list[str]:
+    from speedmatrix.recipes import list_recipe_ids
+
+    try:
+        return list_recipe_ids()
+    except OSError:
+        return []
+
+
+PARAMS = {
+    "recipe": Param(
+        type="string",
+        minLength=1,
+        description="Recipe id under include/recipes (e.g. sim/kimi-k2.7-nvfp4-rtxpro6k-x8, "
+        "cpu/tiny/llama-tiny) or a recipe file path. Required.",
+        examples=_recipe_examples(),
+    ),
+    "engine_ref": Param(
+        None,
+        type=["null", "string"],
+        pattern=r"^(main|v\d+\.\d+\.\d+\S*|[0-9a-f]{7,40}|pr/\d+)$",
+        description="vLLM ref: a release (v0.29.0), a 7-40 hex commit, pr/<N> or main. "
+        "Default: the recipe's.",
+    ),
+    "ssh_conn_id": Param(
+        None,
+        type=["null", "string"],
+        description="Airflow SSH connection of the host, or `local` (this worker). "
+        "Default: the recipe's schedule.host.",
+    ),
+    "contexts": Param(
+        None, **_CONTEXTS, description="Decode context lengths (tokens or 64K). Default: recipe."
+    ),
+    "concurrencies": Param(
+        None,
+        type=["null", "array"],
+        items={"type": "integer", "minimum": 1},
+        minItems=1,
+        uniqueItems=True,
+        description="Simultaneous requests per decode cell. Default: recipe.",
+    ),
+    "prefill_contexts": Param(
+        None, **_CONTEXTS, description="Prefill context lengths (tokens or 64K). Default: recipe."
+    ),
+    "duration_s": Param(
+        None,
+        type=["null", "number"],
+        exclusiveMinimum=0,
+        description="Seconds measured per decode cell (the window). Default: recipe (30).",
+    ),
+    "max_output_tokens": Param(
+        None,
+        type=["null", "integer"],
+        minimum=2,
+        description="Output tokens per request (ignore_eos). Default: recipe (4096).",
+    ),
+    "prompt_mode": Param(
+        None,
+        type=["null", "string"],
+        enum=[None, "distinct", "shared"],
+        description="distinct prompts per stream (true KV footprint) or one shared prompt.",
+    ),
+    "warehouse": Param(
+        None,
+        type=["null", "string"],
+        description="Warehouse root (path or s3:// URI). Default: $SPEEDMATRIX_WAREHOUSE.",
+    ),
+    "port": Param(
+        None,
+        type=["null", "integer"],
+        minimum=1,
+        maximum=65535,
+        description="Server port on the host. Default: the recipe's.",
+    ),
+    "time_scale": Param(
+        None,
+        type=["null", "number"],
+        exclusiveMinimum=0,
+        description="Simulator only: run the simulated engine this many times faster.",
+    ),
+}
+
+
+def _label(cell: dict) -> None:
+    get_current_context()["cell_label"] = cell["label"]
+
+
+@dag(
+    dag_id=pipeline.DAG_ID,
+    description="Speed test matrix of one vLLM recipe x engine ref x host",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=32,  # hosts run in parallel; one run per host is the lease's job
+    params=PARAMS,
+    tags=["speedmatrix", "benchmark", "vllm"],
+    default_args={
+        "owner": "speedmatrix",
+        "retries": 0,  # only idempotent steps retry (set per task below)
+        "retry_delay": timedelta(seconds=30),
+        "execution_timeout": timedelta(hours=1),
+    },
+    doc_md=__doc__,
+)
+def speed_matrix():
+    @task(retries=0, execution_timeout=timedelta(minutes=2))
+    def resolve() -> dict:
+        """Validate the conf against the recipe: a bad conf fails here, touching no host."""
+        ctx = get_current_context()
+        dag_run = ctx["dag_run"]
+        return pipeline.resolve(
+            ctx["params"], dag_run_id=dag_run.run_id, run_after=dag_run.run_after
+        )
+
+    @task.sensor(
+        poke_interval=15,
+        timeout=int(timedelta(hours=24).total_seconds()),
+        mode="reschedule",
+        execution_timeout=HOST_STEP_TIMEOUT,
+    )
+    def wait_for_host(resolved: dict) -> PokeReturnValue:
+        """Take the host lease; between attempts the task gives its worker slot back."""
+        got = pipeline.take_lease(resolved)
+        return PokeReturnValue(is_done=got is not None, xcom_value=got)
+
+    @task(retries=0, execution_timeout=timedelta(hours=4))
+    def setup_server(resolved: dict, lease: dict) -> dict:
+        """Provision the engine env (idempotent) and start the server; not retried."""
+        return pipeline.setup(resolved)
+
+    @task(retries=2, execution_timeout=HOST_STEP_TIMEOUT)
+    def inspect(resolved: dict, server: dict) -> dict:
+        return pipeline.inspect(resolved, server)
+
+    @task(retries=1, execution_timeout=timedelta(minutes=2))
+    def plan(resolved: dict, info: dict) -> dict:
+        return pipeline.plan(resolved, info)
+
+    @task(multiple_outputs=False)
+    def runnable(planned: dict, phase: str) -> list[dict]:
+        return planned[phase]
+
+    @task(
+        max_active_tis_per_dagrun=1,
+        map_index_template="{{ cell_label }}",
+        execution_timeout=CELL_TIMEOUT,
+        retries=0,
+    )
+    def prefill(resolved: dict, server: dict, cell: dict) -> dict:
+        _label(cell)
+        return pipeline.run_cell(resolved, server, cell)
+
+    @task(
+        max_active_tis_per_dagrun=1,
+        map_index_template="{{ cell_label }}",
+        execution_timeout=CELL_TIMEOUT,
+        retries=0,
+    )
+    def decode(resolved: dict, server: dict, cell: dict) -> dict:
+        _label(cell)
+        return pipeline.run_cell(resolved, server, cell)
+
+    @task(trigger_rule="all_done", retries=0)
+    def prefill_done() -> None:
+        """Decode cells run after the prefill cells whatever became of them (each cell checks
+        the server itself); also when there were no prefill cells at all."""
+
+    @task(retries=2, execution_timeout=HOST_STEP_TIMEOUT)
+    def stop_server(resolved: dict) -> dict:
+        """Stop the server and release the lease, whatever failed before."""
+        ti = get_current_context()["ti"]
+        return pipeline.teardown(resolved, ti.xcom_pull(task_ids="setup_server"))
+
+    @task(trigger_rule="all_done", retries=1)
+    def validate(resolved: dict) -> dict:
+        ti = get_current_context()["ti"]
+        results = [
+            *(ti.xcom_pull(task_ids="prefill", map_indexes=None, default=None) or []),
+            *(ti.xcom_pull(task_ids="decode", map_indexes=None, default=None) or []),
+        ]
+        return pipeline.validate(
+            resolved,
+            ti.xcom_pull(task_ids="inspect"),
+            ti.xcom_pull(task_ids="setup_server"),
+            ti.xcom_pull(task_ids="plan"),
+            results,
+        )
+
+    @task(retries=2, outlets=ASSETS)
+    def land(resolved: dict, validated: dict) -> dict:
+        """Idempotent: landing a run again replaces it, so a retry never duplicates."""
+        landed = pipeline.land(resolved, validated)
+        events = get_current_context()["outlet_events"]
+        for asset in ASSETS:
+            events[asset].extra = {
+                "run_id": landed["run_id"],
+                "status": landed["status"],
+                "warehouse": landed["warehouse"],
+            }
+        return landed
+
+    @task(retries=2)
+    def report(resolved: dict, landed: dict) -> dict:
+        return pipeline.report(resolved, landed)
+
+    @task(retries=0)
+    def conclude(landed: dict, paths: dict) -> str:
+        return pipeline.conclude(landed)
+
+    resolved = resolve()
+    lease = wait_for_host(resolved)
+    server = setup_server(resolved, lease)
+    info = inspect(resolved, server)
+    planned = plan(resolved, info)
+    pre = prefill.partial(resolved=resolved, server=server).expand(
+        cell=runnable.override(task_id="prefill_cells")(planned, "prefill")
+    )
+    dec = decode.partial(resolved=resolved, server=server).expand(
+        cell=runnable.override(task_id="decode_cells")(planned, "decode")
+    )
+    stop = stop_server(resolved).as_teardown(setups=[lease, server], on_failure_fail_dagrun=True)
+    pre >> prefill_done() >> dec >> stop
+    checked = validate(resolved)
+    [dec, stop] >> checked
+    landed = land(resolved, checked)
+    conclude(landed, report(resolved, landed))
+
+
+speed_matrix()

@@ -1,0 +1,733 @@
+"""The speed_matrix DAG's task bodies, as plain functions of plain (JSON-able) values.
+
+Why plain functions: the DAG file stays orchestration only, and every step is tested without
+Airflow (tests/unit/test_pipeline*.py) and reused by scripts and the overhead benchmark.
+Everything passed between steps is a small dict that survives XCom: `resolved` (what the run
+is), `server` (where the engine listens and how to stop it), `info` (what the server reports),
+`planned` (the cells), and one `{"cell": record, "requests": rows}` per measured cell.
+
+The flow (design.md): resolve -> take the host lease -> setup (provision + start) -> inspect ->
+plan -> prefill cells -> decode cells -> teardown (stop + release) ; validate -> land -> report
+-> conclude. Rules kept here:
+
+- a bad conf fails in `resolve`, before anything touches a host;
+- a cell never raises for a measurement problem: it returns a `failed` record with the reason,
+  so cells already measured still land; the run's status says `failed` and `conclude` fails
+  the DAG run at the very end;
+- each cell starts with a lease renewal and a health check, so a dead server is found before
+  the next cell in seconds, not after one timeout per remaining cell;
+- `land` is idempotent (the warehouse replaces a run landed again), `teardown` too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from speedmatrix import __version__
+from speedmatrix.lease import DEFAULT_TTL_S, HostLease, LeaseLost, holder_id
+from speedmatrix.plan import KvCapacity, MatrixSpec, check_matrix, ordered_cells, plan_matrix
+from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS, empty_cell
+
+log = logging.getLogger(__name__)
+
+DAG_ID = "speed_matrix"
+HEALTH_TIMEOUT_S = 10.0
+_CELL_NAMES = {f.name for f in CELL_FIELDS}
+_REQUEST_NAMES = {f.name for f in REQUEST_FIELDS}
+
+
+class ResolveError(ValueError):
+    """The conf cannot become a run (unknown recipe, bad ref, impossible matrix)."""
+
+
+# ------------------------------------------------------------------------------------ resolve
+
+
+def trigger_of(dag_run_id: str) -> str:
+    """nightly / commit from the trigger DAGs' run ids (`nightly__…`, `commit__…`), else manual."""
+    for trigger in ("nightly", "commit"):
+        if dag_run_id.startswith(f"{trigger}__"):
+            return trigger
+    return "manual"
+
+
+def make_run_id(recipe_id: str, ref: str, trigger: str, when: dt.datetime) -> str:
+    """Stable and readable: `<recipe with ~ for />__<ref slug>__<trigger>__<UTC stamp>`."""
+    from speedmatrix.recipes import ref_slug
+
+    stamp = when.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{recipe_id.replace('/', '~')}__{ref_slug(ref)}__{trigger}__{stamp}"
+
+
+def _override(conf: Mapping[str, Any], key: str, default: Any) -> Any:
+    value = conf.get(key)
+    return default if value is None or value == [] else value
+
+
+def resolve(
+    conf: Mapping[str, Any],
+    *,
+    dag_run_id: str,
+    run_after: dt.datetime,
+    dag_id: str = DAG_ID,
+) -> dict[str, Any]:
+    """Check the conf against the recipe and fix everything the run needs, touching no host.
+
+    Raises ResolveError naming every problem (unknown recipe, bad ref, impossible matrix).
+    """
+    from speedmatrix.recipes import RecipeError, classify_ref, load_recipe
+
+    recipe_name = conf.get("recipe")
+    if not recipe_name:
+        raise ResolveError("conf must name a recipe, e.g. {'recipe': 'cpu/tiny/llama-tiny'}")
+    try:
+        recipe = load_recipe(recipe_name)
+    except (RecipeError, FileNotFoundError) as exc:
+        raise ResolveError(f"recipe {recipe_name!r} cannot be used: {exc}") from exc
+    ref = str(_override(conf, "engine_ref", recipe.engine.ref))
+    try:
+        classify_ref(ref)
+    except ValueError as exc:
+        raise ResolveError(str(exc)) from exc
+    m = recipe.matrix
+    try:
+        spec = MatrixSpec.build(
+            prefill_contexts=_override(conf, "prefill_contexts", m.prefill_contexts),
+            contexts=_override(conf, "contexts", m.contexts),
+            concurrencies=_override(conf, "concurrencies", m.concurrencies),
+            max_output_tokens=_override(conf, "max_output_tokens", m.max_output_tokens),
+            window_s=_override(conf, "duration_s", m.window_s),
+            prompt_mode=_override(conf, "prompt_mode", m.prompt_mode),
+        )
+        check_matrix(spec, recipe.model.max_model_len)
+    except ValueError as exc:
+        raise ResolveError(f"recipe {recipe.id}: {exc}") from exc
+    trigger = trigger_of(dag_run_id)
+    run_id = make_run_id(recipe.id, ref, trigger, run_after)
+    host = str(_override(conf, "ssh_conn_id", recipe.schedule.host or "local"))
+    return {
+        "run_id": run_id,
+        "dag_run_id": dag_run_id,
+        "recipe_id": recipe.id,
+        "engine_ref": ref,
+        "trigger": trigger,
+        "host": host,
+        "warehouse": conf.get("warehouse") or None,
+        "holder": holder_id(dag_id, dag_run_id),
+        "run_tag": hashlib.sha1(f"{run_id}|{dag_run_id}".encode()).hexdigest()[:10],
+        "served_model": recipe.model.served_name,
+        "api_key_env": recipe.serve.api_key_secret if recipe.has_api_key else None,
+        "lease_ttl_s": float(conf.get("lease_ttl_s") or DEFAULT_TTL_S),
+        "port": conf.get("port"),
+        "time_scale": conf.get("time_scale"),
+        "started_at": dt.datetime.now(dt.UTC).isoformat(),
+        "matrix": {
+            "prefill_contexts": list(spec.prefill_contexts),
+            "contexts": list(spec.contexts),
+            "concurrencies": list(spec.concurrencies),
+            "max_output_tokens": spec.max_output_tokens,
+            "window_s": spec.window_s,
+            "prompt_mode": spec.prompt_mode,
+        },
+    }
+
+
+def _recipe(resolved: Mapping[str, Any]):
+    from speedmatrix.recipes import load_recipe
+
+    return load_recipe(resolved["recipe_id"])
+
+
+def _spec(resolved: Mapping[str, Any]) -> MatrixSpec:
+    return MatrixSpec.build(**resolved["matrix"])
+
+
+def api_key(resolved: Mapping[str, Any]) -> str | None:
+    """The server's API key from the worker's environment (variable named by the recipe)."""
+    name = resolved.get("api_key_env")
+    return os.environ.get(name) if name else None
+
+
+def secrets_of(resolved: Mapping[str, Any]) -> list[str]:
+    key = api_key(resolved)
+    return [key] if key else []
+
+
+# ------------------------------------------------------------------------------------- lease
+
+
+def host_lease(resolved: Mapping[str, Any]) -> HostLease:
+    """The run's lease on its host, on a connection of its own (see lease.Renewer)."""
+    from speedmatrix.hosts import get_host
+
+    return HostLease(
+        get_host(resolved["host"]),
+        resolved["holder"],
+        ttl_s=resolved.get("lease_ttl_s") or DEFAULT_TTL_S,
+        lease_dir=os.environ.get("SPEEDMATRIX_LEASE_DIR", "$HOME/.speedmatrix/lease"),
+    )
+
+
+def take_lease(resolved: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One attempt at the host lease: its state when taken, None when another run holds it."""
+    state = host_lease(resolved).try_acquire()
+    if state.status != "ACQUIRED":
+        return None
+    return {"holder": state.holder, "expires_at": state.expires_at, "host": resolved["host"]}
+
+
+# ------------------------------------------------------------------------- server lifecycle
+
+
+def setup(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """Provision the engine env (idempotent) and start the server, holding the lease.
+
+    Returns the JSON-able server handle every later step uses. Refuses to run when the lease
+    is not this run's (a setup retried after its lease expired must not start a second server).
+    """
+    from speedmatrix import server as srv
+    from speedmatrix.hosts import get_host
+    from speedmatrix.provision import provision
+
+    lease = host_lease(resolved)
+    lease.renew()  # raises LeaseLost when another run holds the host
+    recipe = _recipe(resolved)
+    host = get_host(resolved["host"])
+    started = time.monotonic()
+    with lease.renewing():
+        prov = provision(recipe, resolved["engine_ref"], host)
+        provisioned_s = time.monotonic() - started
+        handle = srv.start_server(
+            recipe,
+            prov,
+            host,
+            api_key=api_key(resolved),
+            **_start_overrides(resolved),
+        )
+        try:
+            srv.wait_ready(handle, host=host)
+        except BaseException:
+            log.error("server did not become ready; its log tail is above; stopping it")
+            _stop_quietly(handle, host)
+            raise
+    ready_s = time.monotonic() - started
+    out = {
+        "handle": srv.handle_dict(handle),
+        "base_url": srv.base_url(handle),
+        "python": prov.python,
+        "loadgen": prov.loadgen,
+        "engine_version": prov.version,
+        "engine_commit": prov.commit,
+        "provision_s": round(provisioned_s, 3),
+        "start_s": round(ready_s - provisioned_s, 3),
+    }
+    log.info(
+        "server ready at %s (provision %.1f s, start %.1f s)",
+        out["base_url"],
+        provisioned_s,
+        out["start_s"],
+    )
+    return out
+
+
+def _start_overrides(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if resolved.get("port"):
+        extra["port"] = int(resolved["port"])
+    if resolved.get("time_scale"):
+        extra["time_scale"] = float(resolved["time_scale"])
+    return extra
+
+
+def _stop_quietly(handle: Any, host: Any) -> None:
+    from speedmatrix import server as srv
+
+    try:
+        srv.stop_server(handle, host=host)
+    except Exception as exc:  # the original error matters more
+        log.warning("stopping the server failed too: %s", exc)
+
+
+def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str, Any]:
+    """What the server says about itself: version, KV capacity, hardware, max_model_len."""
+    from speedmatrix import server as srv
+    from speedmatrix.hosts import get_host
+
+    host = get_host(resolved["host"])
+    info = dict(srv.inspect_server(srv.handle_from(server["handle"]), host=host))
+    if not info.get("kv_num_blocks") or not info.get("kv_block_size"):
+        raise RuntimeError(
+            "the server did not report its KV capacity (vllm:cache_config_info num_gpu_blocks "
+            f"and block_size, or the start-up log): cannot plan over-capacity cells; got {info}"
+        )
+    return info
+
+
+def teardown(resolved: Mapping[str, Any], server: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Stop the server (if one was started) and release the lease. Idempotent; always runs."""
+    from speedmatrix import server as srv
+    from speedmatrix.hosts import get_host
+
+    out: dict[str, Any] = {"stopped": False, "lease": None}
+    errors = []
+    if server and server.get("handle"):
+        try:
+            srv.stop_server(srv.handle_from(server["handle"]), host=get_host(resolved["host"]))
+            out["stopped"] = True
+        except Exception as exc:
+            errors.append(f"stop failed: {exc}")
+    try:
+        out["lease"] = host_lease(resolved).release().status
+    except Exception as exc:
+        errors.append(f"lease release failed: {exc}")
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return out
+
+
+# -------------------------------------------------------------------------------------- plan
+
+
+def plan(resolved: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, list[dict]]:
+    """Prefill cells, runnable decode cells and over-capacity records, from the real KV cache."""
+    capacity = KvCapacity(int(info["kv_num_blocks"]), int(info["kv_block_size"]))
+    max_len = info.get("max_model_len") or _recipe(resolved).model.max_model_len
+    planned = plan_matrix(_spec(resolved), capacity, max_model_len=max_len).as_dict()
+    log.info(
+        "plan: %d prefill cells, %d decode cells to run, %d over capacity (KV %d blocks x %d)",
+        len(planned["prefill"]),
+        len(planned["decode"]),
+        len(planned["over_capacity"]),
+        capacity.num_blocks,
+        capacity.block_size,
+    )
+    return planned
+
+
+# ------------------------------------------------------------------------------------- cells
+
+
+def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> dict[str, Any]:
+    """A planned cell recorded as `failed` with its reason (nothing measured)."""
+    phase = cell["phase"]
+    return empty_cell(
+        phase=phase,
+        context_tokens=int(cell["context_tokens"]),
+        context_label=_label(int(cell["context_tokens"])),
+        concurrency=int(cell["concurrency"]),
+        status="failed",
+        error=reason,
+        max_output_tokens=cell.get("max_output_tokens"),
+        window_s=cell.get("window_s"),
+        prompt_mode=cell.get("prompt_mode"),
+        **values,
+    )
+
+
+def _label(tokens: int) -> str:
+    from speedmatrix.records import context_label
+
+    return context_label(tokens)
+
+
+def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        k: (v.isoformat() if isinstance(v, dt.datetime | dt.date) else v) for k, v in row.items()
+    }
+
+
+def server_health(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> str | None:
+    """None when GET /health answers 200 within HEALTH_TIMEOUT_S, else why not (one line)."""
+    url = server["base_url"].rstrip("/") + "/health"
+    if resolved["host"] == "local":
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as resp:
+                return None if resp.status == 200 else f"/health answered {resp.status}"
+        except urllib.error.HTTPError as exc:
+            return f"/health answered {exc.code}"
+        except OSError as exc:
+            return f"/health unreachable: {getattr(exc, 'reason', exc)}"
+    from speedmatrix.hosts import get_host
+
+    probe = (
+        "import sys, urllib.request as u\n"
+        f"try:\n r = u.urlopen({url!r}, timeout={HEALTH_TIMEOUT_S})\n print(r.status)\n"
+        "except Exception as e:\n print(type(e).__name__, getattr(e, 'reason', e))"
+    )
+    res = get_host(resolved["host"]).run(
+        f"{shlex.quote(server.get('python') or 'python3')} -c {shlex.quote(probe)}",
+        timeout_s=HEALTH_TIMEOUT_S + 20,
+        idempotent=True,
+        stream=False,
+    )
+    answer = res.stdout.strip()
+    return None if answer == "200" else f"/health: {answer or res.tail(3)}"
+
+
+def run_cell(
+    resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Measure one planned cell on the run's host. Never raises for a measurement problem."""
+    started_at = dt.datetime.now(dt.UTC)
+    lease = host_lease(resolved)
+    try:
+        lease.renew()
+    except LeaseLost as exc:
+        return {
+            "cell": _jsonable(failed_cell(cell, str(exc), started_at=started_at)),
+            "requests": [],
+        }
+    except Exception as exc:
+        reason = f"host {resolved['host']} unreachable before the cell: {exc}"
+        return {"cell": _jsonable(failed_cell(cell, reason, started_at=started_at)), "requests": []}
+    why = server_health(resolved, server)
+    if why:
+        reason = f"server not healthy before the cell: {why}"
+        log.error("%s: %s", cell.get("label"), reason)
+        return {"cell": _jsonable(failed_cell(cell, reason, started_at=started_at)), "requests": []}
+    with lease.renewing() as renewer:
+        try:
+            record, rows = measure(resolved, server, cell)
+        except Exception as exc:
+            log.exception("cell %s could not be measured", cell.get("label"))
+            record, rows = failed_cell(cell, f"{type(exc).__name__}: {exc}"), []
+    if renewer.lost is not None:
+        record = {**record, "status": "failed", "error": str(renewer.lost)}
+    if record.get("status") == "failed":
+        why = server_health(resolved, server)
+        if why:
+            record = {**record, "error": f"{record.get('error')}; server not healthy after: {why}"}
+    if record.get("started_at") is None:
+        record = {**record, "started_at": started_at}
+    log.info(
+        "cell %s: %s%s",
+        cell.get("label"),
+        record.get("status"),
+        f" ({record.get('error')})" if record.get("error") else "",
+    )
+    return {"cell": _jsonable(record), "requests": [_jsonable(r) for r in rows]}
+
+
+def _loadgen_config(resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping):
+    from speedmatrix.loadgen import DecodeConfig, PrefillConfig
+
+    common = {
+        "base_url": server["base_url"],
+        "model": resolved["served_model"],
+        "context": int(cell["context_tokens"]),
+        "api_key": api_key(resolved),
+        "run_tag": resolved["run_tag"],
+        "progress": False,
+    }
+    if cell["phase"] == "prefill":
+        return PrefillConfig(**common)
+    return DecodeConfig(
+        **common,
+        concurrency=int(cell["concurrency"]),
+        duration_s=float(cell["window_s"]),
+        max_output_tokens=int(cell["max_output_tokens"]),
+        prompt_mode=str(cell["prompt_mode"]),
+    )
+
+
+def measure(
+    resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the load generator next to the server: in-process on `local`, else the shipped
+    zipapp over SSH (its JSON read back). A cell that cannot be attempted comes back failed."""
+    from speedmatrix.loadgen import CellNotAttempted
+    from speedmatrix.loadgen import run_cell as loadgen_run
+
+    cfg = _loadgen_config(resolved, server, cell)
+    cfg.validate()
+    if resolved["host"] == "local":
+        try:
+            record, rows = loadgen_run(cfg)
+        except CellNotAttempted as exc:
+            return failed_cell(cell, f"not attempted: {exc}"), []
+        return dict(record), [dict(r) for r in rows]
+    return _measure_remote(resolved, server, cell, cfg)
+
+
+def _measure_remote(resolved, server, cell, cfg) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from speedmatrix.hosts import get_host
+
+    zipapp = server.get("loadgen")
+    if not zipapp:
+        return failed_cell(cell, "no load generator zipapp was shipped to the host"), []
+    host = get_host(resolved["host"])
+    args = [
+        cell["phase"],
+        "--base-url",
+        cfg.base_url,
+        "--model",
+        cfg.model,
+        "--context",
+        str(cfg.context),
+        "--run-tag",
+        cfg.run_tag,
+    ]
+    if cell["phase"] == "decode":
+        args += [
+            "--concurrency",
+            str(cfg.concurrency),
+            "--duration",
+            f"{cfg.duration_s:g}",
+            "--max-output",
+            str(cfg.max_output_tokens),
+            "--prompt-mode",
+            cfg.prompt_mode,
+        ]
+    key_setup = ""
+    if cfg.api_key:
+        key_file = f"$HOME/.speedmatrix/keys/{resolved['run_tag']}.key"
+        host.put_text(cfg.api_key, key_file, mode=0o600)
+        key_path = host.resolve(key_file)
+        key_setup = (
+            f'export SPEEDMATRIX_API_KEY="$(cat {shlex.quote(key_path)})"; '
+            f"rm -f {shlex.quote(key_path)}; "
+        )
+        args += ["--api-key-env", "SPEEDMATRIX_API_KEY"]
+    python = server.get("python") or "python3"
+    cmd = (
+        f"d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT; {key_setup}"
+        f"{shlex.quote(python)} {shlex.quote(zipapp)} {shlex.join(args)} "
+        '--json "$d/cell.json" --requests "$d/requests.jsonl" >&2; rc=$?; '
+        'echo @@CELL@@; cat "$d/cell.json" 2>/dev/null; echo; echo @@REQUESTS@@; '
+        'cat "$d/requests.jsonl" 2>/dev/null; exit $rc'
+    )
+    budget = cfg.first_token_timeout(getattr(cfg, "concurrency", 1)) + 300
+    budget += float(getattr(cfg, "duration_s", 0) or 0)
+    res = host.run(cmd, timeout_s=budget, stream=False)
+    _, _, tail = res.stdout.partition("@@CELL@@")
+    cell_text, _, req_text = tail.partition("@@REQUESTS@@")
+    if res.rc != 0 or not cell_text.strip():
+        return failed_cell(cell, f"load generator exit {res.rc}: {res.tail(5)}"), []
+    record = json.loads(cell_text)
+    rows = [json.loads(line) for line in req_text.splitlines() if line.strip()]
+    return record, rows
+
+
+# ---------------------------------------------------------------------------- validate, land
+
+
+def collect_cells(
+    planned: Mapping[str, Sequence[dict]] | None, results: Sequence[Mapping[str, Any] | None]
+) -> tuple[list[dict], list[dict]]:
+    """Every planned cell exactly once, in report order: measured records, over-capacity
+    records, and `failed` for a planned cell whose task left no result (it crashed)."""
+    planned = planned or {"prefill": [], "decode": [], "over_capacity": []}
+    got: dict[tuple, dict] = {}
+    requests: list[dict] = []
+    for res in results:
+        if not res or not res.get("cell"):
+            continue
+        cell = res["cell"]
+        key = (cell["phase"], int(cell["context_tokens"]), int(cell["concurrency"]))
+        got[key] = dict(cell)
+        requests += [dict(r) for r in res.get("requests") or []]
+    cells = [dict(c) for c in planned["over_capacity"]]
+    for p in [*planned["prefill"], *planned["decode"]]:
+        key = (p["phase"], int(p["context_tokens"]), int(p["concurrency"]))
+        cell = got.pop(key, None)
+        if cell is None:
+            cell = _jsonable(failed_cell(p, "the cell's task ended without a result"))
+        else:
+            # The record says what was measured; the plan says which cell it was.
+            cell.update(context_tokens=key[1], concurrency=key[2], context_label=_label(key[1]))
+        cells.append(cell)
+    return ordered_cells(cells), requests
+
+
+def run_status(cells: Sequence[Mapping[str, Any]], quarantined: int = 0) -> str:
+    """failed: a cell failed; partial: a cell invalid or quarantined; success otherwise."""
+    statuses = [c.get("status") for c in cells]
+    if "failed" in statuses:
+        return "failed"
+    if "invalid" in statuses or quarantined:
+        return "partial"
+    return "success"
+
+
+def run_row(
+    resolved: Mapping[str, Any],
+    info: Mapping[str, Any] | None,
+    server: Mapping[str, Any] | None,
+    status: str,
+) -> dict[str, Any]:
+    """The `runs` row: recipe facts, what the server reported, and the redacted launch line."""
+    from speedmatrix.recipes import classify_ref
+
+    recipe = _recipe(resolved)
+    info = info or {}
+    server = server or {}
+    ref = resolved["engine_ref"]
+    kind, value = classify_ref(ref)
+    launch = recipe.render_launch_command(ref, api_key="redact")
+    row: dict[str, Any] = {f.name: None for f in RUN_FIELDS}
+    row.update(
+        run_id=resolved["run_id"],
+        recipe_id=recipe.id,
+        trigger=resolved["trigger"],
+        started_at=resolved["started_at"],
+        finished_at=dt.datetime.now(dt.UTC).isoformat(),
+        status=status,
+        hardware_type=recipe.hardware.type,
+        hardware_gpu=info.get("gpu") or recipe.hardware.gpu,
+        hardware_gpu_count=info.get("gpu_count") or recipe.hardware.gpu_count,
+        hardware_vram_gb=recipe.hardware.vram_gb,
+        hardware_os=recipe.hardware.os,
+        engine=recipe.engine.name,
+        engine_version=info.get("version") or server.get("engine_version"),
+        engine_commit=info.get("commit") or server.get("engine_commit"),
+        engine_pr=int(value) if kind == "pr" else recipe.engine.pr,
+        engine_ref=ref,
+        engine_repository=recipe.engine.repository,
+        quantization=recipe.model.quantization,
+        backend=recipe.hardware.backend,
+        build=recipe.hardware.build,
+        served_model=recipe.model.served_name,
+        model=recipe.model.id,
+        model_revision=recipe.model.revision,
+        bench_tool="speedmatrix",
+        bench_tool_version=__version__,
+        decode_test="Fixed duration",
+        prefill_mode="Measured during decode warm-up",
+        measure_s=resolved["matrix"]["window_s"],
+        max_output_tokens=resolved["matrix"]["max_output_tokens"],
+        prompt_mode=resolved["matrix"]["prompt_mode"],
+        launch_command=info.get("launch_command") or launch,
+        kv_cache_tokens=info.get("kv_cache_tokens"),
+        kv_block_size=info.get("kv_block_size"),
+        kv_num_blocks=info.get("kv_num_blocks"),
+        max_model_len=info.get("max_model_len") or recipe.model.max_model_len,
+        host=resolved["host"],
+        source=f"airflow:{DAG_ID}/{resolved['dag_run_id']}",
+    )
+    return row
+
+
+def warehouse_of(resolved: Mapping[str, Any]):
+    from speedmatrix.warehouse import Warehouse
+
+    return Warehouse(resolved.get("warehouse") or None)
+
+
+def validate(
+    resolved: Mapping[str, Any],
+    info: Mapping[str, Any] | None,
+    server: Mapping[str, Any] | None,
+    planned: Mapping[str, Sequence[dict]] | None,
+    results: Sequence[Mapping[str, Any] | None],
+) -> dict[str, Any]:
+    """Great Expectations over the run's rows; failing rows to quarantine, results kept next
+    to the run. Returns what `land` lands."""
+    from speedmatrix.quality import redact, validate_run
+
+    if planned is None:
+        raise RuntimeError("nothing was planned (the server never became ready): nothing to land")
+    cells, requests = collect_cells(planned, results)
+    run = run_row(resolved, info, server, run_status(cells))
+    secrets = secrets_of(resolved)
+    checked = validate_run(run, cells, secrets=secrets)
+    wh = warehouse_of(resolved)
+    run_id = resolved["run_id"]
+    gx_path = wh.write_artifact(
+        run_id, "validation/gx-results.json", json.dumps(checked.results_json, indent=1)
+    )
+    log.info("GX results: %s; %s; %s", gx_path, checked.cells.summary(), checked.runs.summary())
+    bad_keys = {(c["phase"], c["context_tokens"], c["concurrency"]) for c in checked.bad_cells}
+    good_requests = [
+        r for r in requests if (r["phase"], r["context_tokens"], r["concurrency"]) not in bad_keys
+    ]
+    if checked.bad_cells:
+        bad_requests = [r for r in requests if r not in good_requests]
+        where = wh.quarantine(run_id, "cells", checked.bad_cells, checked.cells.result)
+        if bad_requests:
+            wh.quarantine(run_id, "requests", bad_requests, checked.cells.result)
+        log.warning("%d cell(s) quarantined at %s", len(checked.bad_cells), where)
+    if not checked.run_ok:
+        safe = {**run, "launch_command": redact(run.get("launch_command"), secrets)}
+        where = wh.quarantine(run_id, "runs", [safe], checked.runs.result)
+        raise RuntimeError(
+            f"the run row failed validation ({checked.runs.summary()}); quarantined at {where}; "
+            "nothing landed"
+        )
+    run["status"] = run_status(checked.good_cells, quarantined=len(checked.bad_cells))
+    if any(c.get("status") == "failed" for c in checked.bad_cells):
+        run["status"] = "failed"
+    return {
+        "run": run,
+        "cells": checked.good_cells,
+        "requests": good_requests,
+        "quarantined": [
+            {
+                "phase": c["phase"],
+                "context_tokens": c["context_tokens"],
+                "concurrency": c["concurrency"],
+                "reasons": c["quarantine_reasons"],
+            }
+            for c in checked.bad_cells
+        ],
+        "gx_results": gx_path,
+    }
+
+
+def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str, Any]:
+    """Land the run atomically; landing it again replaces it (idempotent, safe to retry)."""
+    wh = warehouse_of(resolved)
+    wh.land_run(dict(validated["run"]), list(validated["cells"]), list(validated["requests"]))
+    cells = validated["cells"]
+    failed = [
+        f"{c['phase']} {c['context_label']} x {c['concurrency']}: {c.get('error')}"
+        for c in cells
+        if c.get("status") == "failed"
+    ]
+    out = {
+        "run_id": resolved["run_id"],
+        "status": validated["run"]["status"],
+        "warehouse": wh.root,
+        "cells": len(cells),
+        "requests": len(validated["requests"]),
+        "quarantined": validated["quarantined"],
+        "failed": failed,
+    }
+    log.info("landed %s: %s", resolved["run_id"], out)
+    return out
+
+
+def report(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> dict[str, str]:
+    """Render the landed run (md + html) next to it in the warehouse; log where."""
+    from speedmatrix.report.render import render_html, render_markdown
+
+    wh = warehouse_of(resolved)
+    run, cells, _ = wh.read_run(resolved["run_id"])
+    paths = {
+        "md": wh.write_artifact(resolved["run_id"], "report.md", render_markdown(run, cells)),
+        "html": wh.write_artifact(resolved["run_id"], "report.html", render_html(run, cells)),
+    }
+    log.info("report: %s (html: %s)", paths["md"], paths["html"])
+    return paths
+
+
+def conclude(landed: Mapping[str, Any]) -> str:
+    """Fail the DAG run when the run failed (after everything measured has landed)."""
+    status = landed["status"]
+    if status == "failed":
+        raise RuntimeError(
+            f"run {landed['run_id']} failed: " + "; ".join(landed.get("failed") or ["see log"])
+        )
+    if landed.get("quarantined"):
+        log.warning("run %s: %d cell(s) quarantined", landed["run_id"], len(landed["quarantined"]))
+    return status
