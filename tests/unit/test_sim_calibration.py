@@ -1,0 +1,80 @@
+"""The calibrated reference profile reproduces the published report (through the model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from speedmatrix.cli import main
+from speedmatrix.report.parse import parse_report
+from speedmatrix.sim.calibrate import CalibrationError, calibrate, compare, fit_kv_blocks
+from speedmatrix.sim.predict import over_capacity, predict_decode
+from speedmatrix.sim.profile import load_profile
+
+REPO = Path(__file__).resolve().parents[2]
+REPORT = REPO / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"
+PROFILE = REPO / "include" / "sim-profiles" / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    return REPORT.read_text(encoding="utf-8")
+
+
+def test_shipped_profile_predicts_every_published_cell(text):
+    profile = load_profile(PROFILE)
+    assert profile.calibrated and profile.served_model_name == "Kimi-K2.7-Code-NVFP4"
+    rows, bad = compare(profile, text)
+    assert not bad, "\n".join(str(m) for m in bad)
+    cells = parse_report(text).cells
+    assert len([r for r in rows if r["metric"] == "status"]) == len(cells) == 55
+    # Every numeric published figure was compared (none skipped as "missing").
+    compared = [r for r in rows if r["metric"] != "status" and r["published"] is not None]
+    assert len(compared) == 7 * 2 + 16 * 4  # 7 prefill cells, 16 valid decode cells
+    assert all(abs(r["rel_error"]) <= 0.05 for r in compared)
+
+
+def test_statuses_follow_the_block_rule(text):
+    profile = load_profile(PROFILE)
+    for cell in parse_report(text).cells:
+        if cell["phase"] == "decode":
+            oc = over_capacity(profile, cell["context_tokens"], cell["concurrency"], 4096)
+            assert oc == (cell["status"] == "over_capacity"), cell
+
+
+def test_fresh_calibration_matches_and_is_deterministic(text):
+    profile = calibrate(text, source=REPORT.name)
+    _, bad = compare(profile, text)
+    assert not bad
+    shipped = load_profile(PROFILE)
+    assert profile.num_gpu_blocks == shipped.num_gpu_blocks
+    assert profile.max_model_len >= 262145  # the published 256K prefill must be admitted
+
+
+def test_kv_fit_rejects_contradicting_statuses():
+    cells = [
+        {"phase": "decode", "context_tokens": 8192, "concurrency": 4, "status": "over_capacity"},
+        {"phase": "decode", "context_tokens": 8192, "concurrency": 8, "status": "valid"},
+    ]
+    with pytest.raises(CalibrationError, match="contradict"):
+        fit_kv_blocks(cells, 4096, 16, None)
+
+
+def test_shared_and_distinct_prompts_agree_when_warmed():
+    profile = load_profile(PROFILE)
+    shared = predict_decode(profile, 8192, 4, window_s=5.0, prompt_mode="shared")
+    distinct = predict_decode(profile, 8192, 4, window_s=5.0, prompt_mode="distinct")
+    assert distinct["tbt_ms"] == pytest.approx(shared["tbt_ms"], rel=0.01)
+    assert distinct["prompt_mode"] == "distinct"
+
+
+def test_calibrate_cli_writes_the_format_of_the_extension(tmp_path, text):
+    out = tmp_path / "fitted.json"
+    assert main(["sim", "calibrate", str(REPORT), "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["calibrated"] is True and data["served_model_name"] == "Kimi-K2.7-Code-NVFP4"
+    _, bad = compare(load_profile(out), text)
+    assert not bad
+    assert main(["sim", "calibrate", str(REPORT), "--out", str(tmp_path / "x.txt")]) == 2
