@@ -1,0 +1,161 @@
+"""Task bodies without Airflow or a server: resolve, cell bookkeeping, run row, status."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from speedmatrix import pipeline
+from speedmatrix.pipeline import ResolveError
+
+WHEN = dt.datetime(2026, 11, 29, 20, 30, 5, tzinfo=dt.UTC)
+SIM = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
+CPU = "cpu/tiny/llama-tiny"
+
+
+def resolve(conf, run_id="manual__2026-11-29T20:30:05+00:00"):
+    return pipeline.resolve(conf, dag_run_id=run_id, run_after=WHEN)
+
+
+def test_resolve_uses_recipe_defaults_and_makes_readable_stable_ids():
+    r = resolve({"recipe": SIM})
+    assert r["run_id"] == "sim~kimi-k2.7-nvfp4-rtxpro6k-x8__9fedd24fa864__manual__20261129T203005Z"
+    assert r == resolve({"recipe": SIM}) | {"started_at": r["started_at"]}  # stable
+    assert r["trigger"] == "manual"
+    assert r["host"] == "local"
+    assert r["matrix"]["contexts"][0] == 8192
+    assert r["matrix"]["concurrencies"] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert r["matrix"]["window_s"] == 30.0
+    assert r["served_model"] == "Kimi-K2.7-Code-NVFP4"
+    assert r["holder"] == "speed_matrix/manual__2026-11-29T20:30:05+00:00"
+
+
+def test_resolve_applies_overrides_and_trigger_from_run_id():
+    r = resolve(
+        {
+            "recipe": CPU,
+            "engine_ref": "main",
+            "contexts": ["1K", 256],
+            "concurrencies": [2],
+            "prefill_contexts": [512],
+            "duration_s": 2,
+            "max_output_tokens": 16,
+            "prompt_mode": "shared",
+            "ssh_conn_id": "gpu7",
+            "warehouse": "/tmp/wh",
+        },
+        run_id="nightly__cpu~tiny~llama-tiny__2026-11-29",
+    )
+    assert r["trigger"] == "nightly"
+    assert r["run_id"].startswith("cpu~tiny~llama-tiny__main__nightly__")
+    assert r["matrix"] == {
+        "prefill_contexts": [512],
+        "contexts": [1024, 256],
+        "concurrencies": [2],
+        "max_output_tokens": 16,
+        "window_s": 2.0,
+        "prompt_mode": "shared",
+    }
+    assert (r["host"], r["warehouse"]) == ("gpu7", "/tmp/wh")
+    assert pipeline.trigger_of("commit__x__abc") == "commit"
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({}, "must name a recipe"),
+        ({"recipe": "no/such/recipe"}, "'no/such/recipe' cannot be used"),
+        ({"recipe": SIM, "engine_ref": "banana"}, "engine ref 'banana'"),
+        ({"recipe": CPU, "contexts": [4096]}, "exceed the model's max_model_len 2048"),
+        ({"recipe": CPU, "concurrencies": [0]}, "concurrencies must be positive"),
+        ({"recipe": CPU, "duration_s": -1}, "duration_s must be > 0"),
+        ({"recipe": CPU, "contexts": ["64M"]}, "not a token count"),
+    ],
+)
+def test_bad_conf_fails_in_resolve_with_a_clear_message(conf, message):
+    with pytest.raises(ResolveError, match=message):
+        resolve(conf)
+
+
+PLANNED = {
+    "prefill": [
+        {
+            "phase": "prefill",
+            "context_tokens": 512,
+            "concurrency": 1,
+            "label": "512",
+            "max_output_tokens": 1,
+            "window_s": None,
+            "prompt_mode": None,
+        },
+    ],
+    "decode": [
+        {
+            "phase": "decode",
+            "context_tokens": 512,
+            "concurrency": c,
+            "label": f"512 x {c}",
+            "max_output_tokens": 16,
+            "window_s": 2.0,
+            "prompt_mode": "distinct",
+        }
+        for c in (1, 2)
+    ],
+    "over_capacity": [
+        pipeline.failed_cell({"phase": "decode", "context_tokens": 512, "concurrency": 64}, "x")
+        | {"status": "over_capacity"}
+    ],
+}
+
+
+def test_collect_cells_keeps_every_planned_cell_once_in_report_order():
+    measured = pipeline.failed_cell(PLANNED["decode"][1], "stream disconnected")
+    cells, requests = pipeline.collect_cells(
+        PLANNED, [{"cell": measured, "requests": [{"phase": "decode", "x": 1}]}, None]
+    )
+    assert [(c["phase"], c["concurrency"], c["status"]) for c in cells] == [
+        ("prefill", 1, "failed"),
+        ("decode", 1, "failed"),
+        ("decode", 2, "failed"),
+        ("decode", 64, "over_capacity"),
+    ]
+    assert cells[0]["error"] == "the cell's task ended without a result"
+    assert cells[2]["error"] == "stream disconnected"
+    assert len(requests) == 1
+
+
+def test_run_status():
+    assert pipeline.run_status([{"status": "valid"}, {"status": "over_capacity"}]) == "success"
+    assert pipeline.run_status([{"status": "valid"}], quarantined=1) == "partial"
+    assert pipeline.run_status([{"status": "invalid"}]) == "partial"
+    assert pipeline.run_status([{"status": "valid"}, {"status": "failed"}]) == "failed"
+
+
+def test_run_row_has_every_field_and_no_secret(monkeypatch):
+    monkeypatch.setenv("SPEEDMATRIX_API_KEY", "sk-secret-123")
+    r = resolve({"recipe": SIM})
+    info = {
+        "version": "0.1.dev1+g9fedd24fa",
+        "kv_num_blocks": 16640,
+        "kv_block_size": 16,
+        "kv_cache_tokens": 266240,
+    }
+    row = pipeline.run_row(r, info, {"engine_commit": None}, "success")
+    from speedmatrix.records import RUN_FIELDS
+
+    assert set(row) == {f.name for f in RUN_FIELDS}
+    assert row["launch_command"].count("<redacted>") == 1
+    assert "sk-secret-123" not in str(row)
+    assert (row["hardware_gpu_count"], row["kv_cache_tokens"]) == (8, 266240)
+    assert row["source"].startswith("airflow:speed_matrix/")
+    assert pipeline.secrets_of(r) == ["sk-secret-123"]
+
+
+def test_conclude_fails_a_failed_run_after_landing():
+    with pytest.raises(RuntimeError, match="decode 8K x 4: server died"):
+        pipeline.conclude(
+            {"run_id": "r", "status": "failed", "failed": ["decode 8K x 4: server died"]}
+        )
+    assert pipeline.conclude({"run_id": "r", "status": "success"}) == "success"
+    assert pipeline.conclude({"run_id": "r", "status": "partial", "quarantined": [{}]}) == "partial"
