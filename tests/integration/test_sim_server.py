@@ -1,0 +1,354 @@
+"""The simulator over real HTTP on loopback: vLLM's surface, faults, ground truth, time scale."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from speedmatrix.sim.server import run_in_thread
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "sim-test-key"
+MODEL = "sim-test"
+
+PROFILE = {
+    "name": "http-test",
+    "served_model_name": MODEL,
+    "version": "0.32.0+sim",
+    "max_model_len": 2048,
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 1024,
+    "vocab_size": 5000,
+    "kv": {"block_size": 16, "num_gpu_blocks": 1025},
+    "prefill": {"points": [[1024, 0.02], [2048, 0.05]]},
+    "decode": {"base_s": 0.004, "per_seq_s": 0.0002, "per_kv_token_s": 0.0, "min_step_s": 0.001},
+}
+STREAM = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with run_in_thread(PROFILE, api_key=KEY) as url:
+        yield url
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+def body(**kw) -> dict:
+    base = {"model": MODEL, "prompt": list(range(1000, 1100)), "max_tokens": 8}
+    base.update(kw)
+    return base
+
+
+def sse(resp: requests.Response) -> list:
+    """The data payloads of an SSE stream: dicts, and the literal "[DONE]"."""
+    out = []
+    for line in resp.iter_lines():
+        if line.startswith(b"data: "):
+            payload = line[6:]
+            out.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
+    return out
+
+
+def post(url: str, path: str, data: dict, headers: dict | None = None, **kw) -> requests.Response:
+    return requests.post(
+        url + path, json=data, headers={**auth(), **(headers or {})}, timeout=30, **kw
+    )
+
+
+def test_open_endpoints_and_auth(sim):
+    assert requests.get(sim + "/health", timeout=5).status_code == 200
+    assert requests.get(sim + "/version", timeout=5).json() == {"version": "0.32.0+sim"}
+    assert requests.get(sim + "/metrics", timeout=5).status_code == 200
+    r = requests.get(sim + "/v1/models", timeout=5)
+    assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
+    bad = requests.get(sim + "/v1/models", headers={"Authorization": "Bearer nope"}, timeout=5)
+    assert bad.status_code == 401
+    models = requests.get(sim + "/v1/models", headers=auth(), timeout=5).json()
+    assert models["object"] == "list" and models["data"][0]["id"] == MODEL
+    assert models["data"][0]["max_model_len"] == 2048
+    noauth = requests.post(sim + "/v1/completions", json=body(), timeout=5)
+    assert noauth.status_code == 401
+
+
+def test_tokenize_is_deterministic_and_open(sim):
+    text = "The quick brown fox jumps over the lazy dog. " * 5
+    a = requests.post(sim + "/tokenize", json={"prompt": text}, timeout=5).json()
+    b = requests.post(sim + "/tokenize", json={"model": MODEL, "prompt": text}, timeout=5).json()
+    assert (
+        a["tokens"] == b["tokens"] and a["count"] == len(a["tokens"]) == 46
+    )  # 45 words + trailing space
+    assert a["max_model_len"] == 2048
+    assert all(1000 <= t < 5000 for t in a["tokens"])
+    assert a["tokens"][9:18] == a["tokens"][18:27]  # same pieces, same ids
+    back = requests.post(sim + "/detokenize", json={"tokens": a["tokens"]}, timeout=5).json()
+    assert back["prompt"] == text
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "param"),
+    [
+        (body(prompt=[1000, 5000]), 400, "prompt"),  # id == vocab size: out of vocabulary
+        (body(prompt=[-1]), 400, "prompt"),
+        (body(prompt=list(range(1000, 3048))), 400, "input_tokens"),  # 2048 >= max-model-len
+        (body(model="other"), 404, "model"),
+        (body(stream_options={"include_usage": True}), 400, "stream_options"),
+        (body(min_tokens=9), 400, "min_tokens"),
+        (body(max_tokens=0), 400, "max_tokens"),
+        (body(prompt=[]), 400, "prompt"),
+    ],
+)
+def test_errors_are_shaped_like_vllm(sim, payload, status, param):
+    r = post(sim, "/v1/completions", payload)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == status and err["param"] == param and err["message"]
+    assert err["type"] == ("BadRequestError" if status == 400 else "NotFoundError")
+
+
+def test_stream_chunks_usage_and_ground_truth(sim):
+    payload = body(max_tokens=12, min_tokens=12, ignore_eos=True, **STREAM)
+    r = post(sim, "/v1/completions", payload, stream=True, headers={"X-Request-Id": "gt-1"})
+    assert r.status_code == 200 and r.headers["X-Request-Id"] == "gt-1"
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    events = sse(r)
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    usage_only = [e for e in events[:-1] if not e["choices"]]
+    assert len(usage_only) == 1 and events[-2] is usage_only[0]
+    assert usage_only[0]["usage"] == {
+        "prompt_tokens": 100,
+        "total_tokens": 112,
+        "completion_tokens": 12,
+    }
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 12 and counts[0] >= 1
+    for c in chunks:
+        assert c["id"] == "cmpl-gt-1" and c["object"] == "text_completion" and c["model"] == MODEL
+        assert c["usage"]["prompt_tokens"] == 100
+        assert set(c["choices"][0]) == {"index", "text", "logprobs", "finish_reason", "stop_reason"}
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [
+        "length"
+    ]
+    gt = requests.get(sim + "/sim/requests/cmpl-gt-1", timeout=5).json()
+    assert gt["output_tokens"] == 12 and len(gt["token_times"]) == 12
+    assert gt["finish_reason"] == "length" and gt["prompt_tokens"] == 100
+    assert sum(n for _, n in gt["chunks"]) == 12
+    assert gt["token_times"] == sorted(gt["token_times"])
+
+
+def test_stream_without_usage_options_has_no_usage(sim):
+    r = post(sim, "/v1/completions", body(max_tokens=3, stream=True), stream=True)
+    events = sse(r)
+    assert events[-1] == "[DONE]"
+    assert all("usage" not in e for e in events[:-1])
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]).count(" ") == 3
+
+
+def test_chat_stream_starts_with_a_role_only_chunk(sim):
+    payload = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    events = sse(post(sim, "/v1/chat/completions", {**payload, **STREAM}, stream=True))
+    first = events[0]
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["usage"]["completion_tokens"] == 0
+    content = [e for e in events[1:-1] if e["choices"]]
+    assert content[-1]["usage"]["completion_tokens"] == 5
+    assert content[-1]["choices"][0]["finish_reason"] == "length"
+    whole = post(sim, "/v1/chat/completions", payload).json()
+    assert whole["choices"][0]["message"]["role"] == "assistant"
+    assert whole["usage"]["completion_tokens"] == 5
+
+
+def test_output_past_max_model_len_is_silently_shortened(sim):
+    payload = body(prompt=list(range(1000, 3040)), max_tokens=20, min_tokens=20, ignore_eos=True)
+    r = post(sim, "/v1/completions", payload)
+    assert r.status_code == 200
+    out = r.json()
+    assert out["usage"]["completion_tokens"] == 8  # 2048 - 2040
+    assert out["choices"][0]["finish_reason"] == "length"
+
+
+def metric(url: str, name: str) -> float:
+    for line in requests.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_metrics_names_and_counters(sim):
+    text = requests.get(sim + "/metrics", timeout=5).text
+    for name in (
+        "vllm:cache_config_info",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:generation_tokens_total",
+        "vllm:prompt_tokens_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+    ):
+        assert f"\n{name}{{" in text, name
+    info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
+    assert 'num_gpu_blocks="1025"' in info and 'block_size="16"' in info
+    assert 'kv_cache_size_tokens="16400"' in info
+    before = metric(sim, "vllm:generation_tokens_total")
+    post(sim, "/v1/completions", body(max_tokens=7))
+    assert metric(sim, "vllm:generation_tokens_total") == before + 7
+
+
+def test_prefix_cache_over_http_and_cache_salt(sim):
+    prompt = list(range(2000, 2500))
+    hits0 = metric(sim, "vllm:prefix_cache_hits_total")
+    post(sim, "/v1/completions", body(prompt=prompt, max_tokens=1))
+    post(sim, "/v1/completions", body(prompt=prompt, max_tokens=1))
+    hits1 = metric(sim, "vllm:prefix_cache_hits_total")
+    assert hits1 - hits0 == (499 // 16) * 16
+    post(sim, "/v1/completions", body(prompt=prompt, max_tokens=1, cache_salt="run-2"))
+    assert metric(sim, "vllm:prefix_cache_hits_total") == hits1
+
+
+def test_client_disconnect_aborts_the_request(sim):
+    payload = body(max_tokens=1500, prompt=list(range(1000, 1010)), **STREAM)
+    r = post(sim, "/v1/completions", payload, stream=True, headers={"X-Request-Id": "gone"})
+    lines = r.iter_lines()
+    for _ in range(6):
+        next(lines)
+    r.close()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        gt = requests.get(sim + "/sim/requests/cmpl-gone", timeout=5).json()
+        if gt["state"] == "finished":
+            break
+        time.sleep(0.05)
+    assert gt["finish_reason"] == "abort" and gt["output_tokens"] < 1500
+    state = requests.get(sim + "/sim/state", timeout=5).json()
+    assert state["running"] == 0 and state["kv_free_blocks"] == 1024
+
+
+def test_faults_500_short_output_disconnect_queue_and_dead_engine():
+    with run_in_thread(PROFILE, faults={"http_500_every": 2}) as url:
+        codes = [post(url, "/v1/completions", body()).status_code for _ in range(4)]
+        assert codes == [200, 500, 200, 500]
+        err = post(url, "/v1/completions", body()).json()  # 5th: fine
+        assert "error" not in err
+        r = requests.post(url + "/sim/faults", json={"short_output_every": 1}, timeout=5)
+        assert r.status_code == 200 and r.json()["http_500_every"] == 0
+        out = post(url, "/v1/completions", body(max_tokens=50, min_tokens=50, ignore_eos=True))
+        assert out.json()["usage"]["completion_tokens"] == 4
+        assert out.json()["choices"][0]["finish_reason"] == "length"
+        bad = requests.post(url + "/sim/faults", json={"nonsense": 1}, timeout=5)
+        assert bad.status_code == 400 and "unknown faults" in bad.json()["error"]["message"]
+
+        url.call(lambda s: s.set_faults({"disconnect_every": 1, "disconnect_after_tokens": 3}))
+        r = post(url, "/v1/completions", body(max_tokens=50, **STREAM), stream=True)
+        with pytest.raises(requests.exceptions.ChunkedEncodingError):
+            sse(r)
+        url.call(lambda s: s.set_faults({"max_running": 1}))
+        streams = [
+            post(url, "/v1/completions", body(max_tokens=400, **STREAM), stream=True)
+            for _ in range(3)
+        ]
+        time.sleep(0.2)
+        assert metric(url, "vllm:num_requests_waiting") == 2
+        assert metric(url, "vllm:num_requests_running") == 1
+        for s in streams:
+            s.close()
+        url.call(lambda s: s.set_faults({"engine_dead": True}))
+        assert requests.get(url + "/health", timeout=5).status_code == 503
+        dead = post(url, "/v1/completions", body())
+        assert dead.status_code == 500 and dead.json()["error"]["type"] == "EngineDeadError"
+
+
+def test_spec_decode_chunks_carry_several_tokens():
+    with run_in_thread("synthetic-specdec-not-calibrated") as url:
+        payload = {
+            "model": "sim-specdec",
+            "prompt": list(range(1000, 1300)),
+            "max_tokens": 200,
+            "min_tokens": 200,
+            "ignore_eos": True,
+            **STREAM,
+        }
+        events = sse(requests.post(url + "/v1/completions", json=payload, timeout=30, stream=True))
+        counts = [e["usage"]["completion_tokens"] for e in events[:-1] if e["choices"]]
+        deltas = [b - a for a, b in zip([0, *counts], counts, strict=False)]
+        assert sum(deltas) == 200 and max(deltas) > 1
+        drafts = metric(url, "vllm:spec_decode_num_drafts_total")
+        accepted = metric(url, "vllm:spec_decode_num_accepted_tokens_total")
+        assert drafts > 0 and accepted > 0
+        assert metric(url, "vllm:spec_decode_num_draft_tokens_total") == 7 * drafts
+        # generation = 1 token from prefill + (1 + accepted) per draft, except that the last
+        # step is cut at max_tokens (accepted drafts beyond it are counted, not emitted).
+        generated = metric(url, "vllm:generation_tokens_total")
+        assert generated == 200
+        assert 1 + drafts + accepted - 7 <= generated <= 1 + drafts + accepted
+
+
+def test_time_scale_wall_times_are_simulated_times_divided_by_the_scale():
+    scale = 20.0
+    with run_in_thread(PROFILE, time_scale=scale) as url:
+        payload = body(max_tokens=200, min_tokens=200, ignore_eos=True, **STREAM)
+        t0 = time.perf_counter()
+        r = post(url, "/v1/completions", payload, stream=True, headers={"X-Request-Id": "ts"})
+        stamps = []
+        for line in r.iter_lines():
+            if line.startswith(b"data: {") and b'"choices":[{' in line:
+                stamps.append(time.perf_counter())
+        gt = requests.get(url + "/sim/requests/cmpl-ts", timeout=5).json()
+    sim_span = gt["token_times"][-1] - gt["token_times"][0]
+    wall_span = stamps[-1] - stamps[0]
+    assert wall_span * scale == pytest.approx(sim_span, rel=0.15)
+    assert gt["tbt_s"] == pytest.approx(PROFILE["decode"]["base_s"], rel=0.01)
+    assert (stamps[0] - t0) * scale == pytest.approx(gt["ttft_s"], abs=0.05 * scale)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sim_serve_subprocess_starts_answers_health_and_stops_on_sigterm():
+    port = _free_port()
+    profile = REPO / "include" / "sim-profiles" / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
+    cmd = [sys.executable, "-m", "speedmatrix", "sim", "serve", "--profile", str(profile)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--api-key", KEY]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ)
+    try:
+        up = None
+        while time.perf_counter() - t0 < 20 and proc.poll() is None:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    up = time.perf_counter() - t0
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.02)
+        assert up is not None, proc.stderr.read().decode() if proc.poll() is not None else "no"
+        print(f"sim serve answered /health after {up:.2f} s")
+        models = requests.get(f"http://127.0.0.1:{port}/v1/models", headers=auth(), timeout=5)
+        assert models.json()["data"][0]["id"] == "Kimi-K2.7-Code-NVFP4"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        err = proc.stderr.read().decode()
+        assert "GPU KV cache size: 266,240 tokens" in err and KEY not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
