@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ingest": ("speedmatrix.report.cli", "land published Speed test matrix reports"),
     "report": ("speedmatrix.report.cli", "render a run from the warehouse"),
     "query": ("speedmatrix.warehouse_cli", "SQL over the runs / cells / requests tables"),
+    "compare": ("speedmatrix.compare_cli", "compare a run with its baseline, cell by cell"),
+    "trend": ("speedmatrix.compare_cli", "one cell over a recipe's runs, with verdicts"),
 }
 
 

@@ -564,3 +564,205 @@ def comparison_markdown(
     for r in shown:
         lines.append("| " + " | ".join(r[c].replace("|", "\\|") for c in cols) + " |")
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- warehouse glue
+# The `comparisons` and `noise` tables live next to runs / cells / requests, in the same
+# Hive layout (<root>/<table>/recipe_id=<r>/run_date=<d>/<run_id>.parquet), written through the
+# Warehouse's own filesystem and path helpers; warehouse.py itself is not changed. Each file is
+# written under _staging/ and renamed into place, so a reader sees the old or the new file whole,
+# and landing a run's comparison again replaces it.
+
+EXTRA_TABLES = ("comparisons", "noise")
+
+
+def _extra_schema(table: str) -> pa.Schema:
+    from speedmatrix.noise import NOISE_SCHEMA
+
+    schemas = {"comparisons": COMPARISONS_SCHEMA, "noise": NOISE_SCHEMA}
+    if table not in schemas:
+        raise ValueError(f"unknown table {table!r}: one of {', '.join(EXTRA_TABLES)}")
+    return schemas[table]
+
+
+def land_extra(warehouse: Any, table: str, run: Mapping[str, Any], data: pa.Table) -> str:
+    """Land one run's file of `comparisons` or `noise`; returns its path."""
+    import posixpath
+    import uuid
+
+    from speedmatrix.warehouse import (
+        STAGING,
+        file_name,
+        partition_value,
+        run_date_of,
+        write_parquet,
+    )
+
+    if not data.schema.equals(_extra_schema(table), check_metadata=False):
+        raise ValueError(f"{table}: rows do not have the table's schema")
+    run_id = str(run["run_id"])
+    fs, base = warehouse.fs, warehouse.base
+    target = posixpath.join(
+        base,
+        table,
+        f"recipe_id={partition_value(run.get('recipe_id'))}",
+        f"run_date={partition_value(run_date_of(dict(run)))}",
+        file_name(run_id),
+    )
+    staged = posixpath.join(base, STAGING, f"{table}-{uuid.uuid4().hex[:12]}.parquet")
+    fs.create_dir(posixpath.dirname(staged), recursive=True)
+    write_parquet(data, staged, fs)
+    fs.create_dir(posixpath.dirname(target), recursive=True)
+    fs.move(staged, target)
+    for old in _extra_files(warehouse, table, run_id):
+        if old != target:
+            fs.delete_file(old)
+    return target
+
+
+def _extra_files(warehouse: Any, table: str, run_id: str | None = None) -> list[str]:
+    import posixpath
+
+    import pyarrow.fs as pafs
+
+    from speedmatrix.warehouse import file_name
+
+    selector = pafs.FileSelector(
+        posixpath.join(warehouse.base, table), recursive=True, allow_not_found=True
+    )
+    want = file_name(run_id) if run_id is not None else None
+    return sorted(
+        i.path
+        for i in warehouse.fs.get_file_info(selector)
+        if i.type == pafs.FileType.File
+        and i.path.endswith(".parquet")
+        and (want is None or posixpath.basename(i.path) == want)
+    )
+
+
+def read_extra(
+    warehouse: Any, table: str, *, run_id: str | None = None, recipe_id: str | None = None
+) -> pd.DataFrame:
+    """The `comparisons` or `noise` rows of one run, one recipe, or all, as a DataFrame."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    schema = _extra_schema(table)
+    parts = []
+    for path in _extra_files(warehouse, table, run_id):
+        t = pq.read_table(path, filesystem=warehouse.fs, partitioning=None, schema=schema)
+        if recipe_id is not None:
+            t = t.filter(pc.equal(t["recipe_id"], recipe_id))
+        parts.append(t)
+    data = pa.concat_tables(parts) if parts else schema.empty_table()
+    return data.to_pandas(types_mapper=None)
+
+
+@dataclass
+class ComparisonResult:
+    run: dict[str, Any]
+    baseline: dict[str, Any] | None
+    rows: list[dict[str, Any]]
+    noise: list[dict[str, Any]]
+
+
+def recipe_threshold(recipe_id: str | None) -> float:
+    """The recipe's `schedule.regression_threshold_pct` as a fraction; 3% when unknown."""
+    if not recipe_id:
+        return DEFAULT_THRESHOLD
+    try:
+        from speedmatrix.recipes import load_recipe
+
+        return float(load_recipe(recipe_id).schedule.regression_threshold_pct) / 100.0
+    except Exception:  # an ingested or since-deleted recipe: the default applies
+        return DEFAULT_THRESHOLD
+
+
+def read_history(
+    warehouse: Any, recipe_id: str | None, host: str | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, NoiseModel]:
+    """(runs, cells, comparisons, between-run noise model) of one recipe (and host)."""
+    where, params = ["recipe_id IS NOT DISTINCT FROM ?"], [recipe_id]
+    if host is not None:
+        where.append("host IS NOT DISTINCT FROM ?")
+        params.append(host)
+    cond = " AND ".join(where)
+    runs = warehouse.query(f"SELECT * FROM runs WHERE {cond}", params)
+    cells = warehouse.query(
+        f"SELECT c.* FROM cells c WHERE c.run_id IN (SELECT run_id FROM runs WHERE {cond})",
+        params,
+    )
+    comparisons = read_extra(warehouse, "comparisons", recipe_id=recipe_id) if recipe_id else None
+    if comparisons is None:
+        comparisons = read_extra(warehouse, "comparisons")
+        comparisons = comparisons[comparisons["recipe_id"].isna()]
+    return runs, cells, comparisons, NoiseModel.from_history(runs, cells)
+
+
+def compare_in_warehouse(
+    warehouse: Any,
+    run_id: str,
+    *,
+    baseline_ref: str | None = None,
+    threshold: float | Mapping[str, float] | None = None,
+) -> ComparisonResult:
+    """Compare a landed run with its baseline (see select_baseline), using the requests for
+    within-window intervals and the recipe/host history for the between-run noise.
+
+    Raises KeyError when the run is not in the warehouse; `baseline` is None (and rows empty)
+    when there is nothing to compare with, or ValueError when a named baseline is not found."""
+    run, cells, requests = warehouse.read_run(run_id)
+    runs_all = warehouse.query("SELECT * FROM runs")
+    baseline = select_baseline(runs_all, run, baseline_ref)
+    noise = read_history(warehouse, run.get("recipe_id"), run.get("host"))[3]
+    if baseline is None:
+        if baseline_ref is not None:
+            raise ValueError(f"no baseline {baseline_ref!r} for run {run_id}")
+        return ComparisonResult(run, None, [], [])
+    b_run, b_cells, b_requests = warehouse.read_run(baseline["run_id"])
+    if threshold is None:
+        threshold = recipe_threshold(run.get("recipe_id"))
+    rows = compare_runs(
+        run,
+        cells,
+        b_run,
+        b_cells,
+        requests=requests,
+        baseline_requests=b_requests,
+        noise=noise,
+        threshold=threshold,
+    )
+    from speedmatrix.noise import noise_rows
+
+    return ComparisonResult(run, b_run, rows, noise_rows(run, cells, requests, noise))
+
+
+def regressions_check(
+    warehouse: Any,
+    run_id: str,
+    *,
+    baseline_ref: str | None = None,
+    commits: Sequence[str] | None = None,
+    threshold: float | Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """The `regressions` task: compare, land `comparisons` + `noise` and the markdown section
+    as artifact comparison.md, then raise RegressionError (naming cells, baseline and
+    commits) when any verdict is a regression. Returns counts for XCom otherwise."""
+    result = compare_in_warehouse(warehouse, run_id, baseline_ref=baseline_ref, threshold=threshold)
+    if result.noise:
+        from speedmatrix.noise import noise_table
+
+        land_extra(warehouse, "noise", result.run, noise_table(result.noise))
+    if result.baseline is None:
+        return {"run_id": run_id, "baseline_run_id": None, "counts": {}, "regressions": 0}
+    land_extra(warehouse, "comparisons", result.run, comparisons_table(result.rows))
+    warehouse.write_artifact(
+        run_id, "comparison.md", comparison_markdown(result.rows, result.run, result.baseline)
+    )
+    raise_on_regressions(result.rows, result.run, result.baseline, commits)
+    return {
+        "run_id": run_id,
+        "baseline_run_id": result.baseline.get("run_id"),
+        "counts": verdict_counts(result.rows),
+        "regressions": 0,
+    }

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from scipy import stats
 
 CELL_KEY: tuple[str, ...] = ("phase", "context_tokens", "concurrency")
@@ -263,6 +264,7 @@ def between_run_noise(
             rdf[col] = None
         rdf[col] = rdf[col].astype(object).where(rdf[col].notna(), "")
     cdf = cdf[cdf["status"] == "valid"] if "status" in cdf else cdf
+    cdf = cdf.drop(columns=[c for c in ("recipe_id", "host", "_engine") if c in cdf])
     merged = cdf.merge(rdf[["run_id", "recipe_id", "host", "_engine"]], on="run_id")
     rows: list[dict[str, Any]] = []
     keys = ["recipe_id", "host", *CELL_KEY]
@@ -348,3 +350,89 @@ class NoiseModel:
             )
             return pooled, "pooled"
         return None, "none"
+
+
+NOISE_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("recipe_id", pa.string()),
+        pa.field("host", pa.string()),
+        pa.field("engine_commit", pa.string()),
+        pa.field("phase", pa.string(), nullable=False),
+        pa.field("context_tokens", pa.int64(), nullable=False),
+        pa.field("context_label", pa.string()),
+        pa.field("concurrency", pa.int64(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64()),
+        pa.field("ci_low", pa.float64()),
+        pa.field("ci_high", pa.float64()),
+        pa.field("ci_rel_halfwidth", pa.float64()),
+        pa.field("ci_samples", pa.int64()),
+        pa.field("confidence", pa.float64()),
+        pa.field("between_rel_sd", pa.float64()),
+        pa.field("between_source", pa.string()),
+    ]
+)
+"""The `noise` table: one row per (run, valid cell, metric): the cell's within-window bootstrap
+interval (null when the cell has fewer than two samples) and the between-run relative spread
+that applied when the run was compared (`between_source`: cell, pooled or none)."""
+
+
+def noise_rows(
+    run: Mapping[str, Any],
+    cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    requests: pd.DataFrame | Iterable[Mapping[str, Any]],
+    model: NoiseModel | None = None,
+    *,
+    n_resamples: int = 2000,
+) -> list[dict[str, Any]]:
+    """Rows of the `noise` table for one run (NOISE_SCHEMA names)."""
+    model = model or NoiseModel.empty()
+    cdf, rdf = frame(cells), frame(requests)
+    groups: dict[tuple[Any, ...], pd.DataFrame] = {}
+    if not rdf.empty:
+        groups = {_key(k): g for k, g in rdf.groupby(list(CELL_KEY))}
+    rows: list[dict[str, Any]] = []
+    for cell in cdf.to_dict("records"):
+        if cell.get("status") != "valid":
+            continue
+        key = _key(tuple(cell[c] for c in CELL_KEY))
+        within = {}
+        if key in groups:
+            within = within_window(groups[key], cell.get("measured_s"), n_resamples=n_resamples)
+        for col in NOISE_COLUMNS:
+            value = cell.get(col)
+            if value is None or (isinstance(value, float) and not math.isfinite(value)):
+                continue
+            ci = within.get(col)
+            sd, source = model.lookup(
+                run.get("recipe_id"), run.get("host"), key[0], key[1], key[2], col
+            )
+            rows.append(
+                {
+                    "run_id": run.get("run_id"),
+                    "recipe_id": run.get("recipe_id"),
+                    "host": run.get("host"),
+                    "engine_commit": run.get("engine_commit"),
+                    "phase": key[0],
+                    "context_tokens": key[1],
+                    "context_label": cell.get("context_label"),
+                    "concurrency": key[2],
+                    "metric": col,
+                    "value": float(value),
+                    "ci_low": ci.low if ci else None,
+                    "ci_high": ci.high if ci else None,
+                    "ci_rel_halfwidth": ci.rel_halfwidth if ci else None,
+                    "ci_samples": ci.samples if ci else None,
+                    "confidence": ci.confidence if ci else None,
+                    "between_rel_sd": sd,
+                    "between_source": source,
+                }
+            )
+    return rows
+
+
+def noise_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    return pa.Table.from_pydict(
+        {name: [r.get(name) for r in rows] for name in NOISE_SCHEMA.names}, schema=NOISE_SCHEMA
+    )

@@ -1,0 +1,223 @@
+"""`speedmatrix compare` and `speedmatrix trend`: the regression views from the command line.
+
+    speedmatrix compare RUN_A RUN_B [--warehouse W] [--format table|md|json] [--all]
+        RUN_B compared with RUN_A (A is the baseline, as in `git diff A B`).
+    speedmatrix compare RUN [--baseline REF]
+        RUN compared with its baseline: the previous successful run of its recipe and host,
+        or REF (a run id or an engine commit / ref).
+    speedmatrix trend --recipe R --cell 64Kx16 [--metric total_tok_s] [--host H] [--chart F.svg]
+
+Exit codes: 0 when the comparison ran (regressions or not: this is a viewer; the Airflow
+`regressions` task is what fails), 2 with a one-line reason on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+FORMATS = ("table", "md", "json")
+
+
+def register(subparsers: argparse._SubParsersAction, name: str) -> None:
+    if name == "compare":
+        p = subparsers.add_parser(
+            "compare",
+            help="compare a run with a baseline, cell by cell, with noise-aware verdicts",
+            description="Compare RUN_B with RUN_A (the baseline), or RUN with its baseline.",
+        )
+        p.add_argument("run_a", metavar="RUN_A", help="baseline run id (or the run, if alone)")
+        p.add_argument("run_b", metavar="RUN_B", nargs="?", help="run compared with RUN_A")
+        p.add_argument("--baseline", help="with one run: baseline run id or engine commit/ref")
+        p.add_argument("--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE)")
+        p.add_argument("--format", choices=FORMATS, default="table")
+        p.add_argument(
+            "--threshold-pct", type=float, help="relative threshold, %% (default: recipe's, else 3)"
+        )
+        p.add_argument("--all", action="store_true", help="show noise rows too")
+        p.set_defaults(func=run_compare)
+    elif name == "trend":
+        p = subparsers.add_parser(
+            "trend",
+            help="one cell's figure over a recipe's runs, with verdicts",
+            description="One cell's figure over the successful runs of a recipe, oldest first.",
+        )
+        p.add_argument(
+            "--recipe", required=True, help="recipe id, e.g. sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
+        )
+        p.add_argument("--cell", required=True, help="64Kx16 (decode) or 'prefill 64K'")
+        p.add_argument(
+            "--metric",
+            default="total_tok_s",
+            help="total_tok_s, per_request_tok_s, ttft_ms, tbt_ms, prefill_tok_s, spec_acceptance_length",
+        )
+        p.add_argument("--host", help="only runs on this host")
+        p.add_argument("--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE)")
+        p.add_argument("--format", choices=FORMATS, default="table")
+        p.add_argument("--threshold-pct", type=float, default=3.0)
+        p.add_argument("--chart", metavar="FILE.svg", help="also write the trend chart (SVG)")
+        p.set_defaults(func=run_trend)
+    else:  # pragma: no cover - cli.py only calls with the names in COMMANDS
+        raise ValueError(f"unknown command {name}")
+
+
+def _warehouse(root: str | None) -> Any:
+    from speedmatrix.warehouse import Warehouse
+
+    return Warehouse(root)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from speedmatrix.compare import compare_in_warehouse
+
+    wh = _warehouse(args.warehouse)
+    if args.run_b is not None and args.baseline is not None:
+        raise ValueError("give either RUN_A RUN_B or RUN --baseline REF, not both")
+    if args.run_b is not None:
+        run_id, ref = args.run_b, args.run_a
+    else:
+        run_id, ref = args.run_a, args.baseline
+    threshold = args.threshold_pct / 100 if args.threshold_pct is not None else None
+    try:
+        result = compare_in_warehouse(wh, run_id, baseline_ref=ref, threshold=threshold)
+    except KeyError as exc:  # read_run: the run is not in the warehouse
+        raise ValueError(str(exc.args[0]) if exc.args else str(exc)) from None
+    if result.baseline is None:
+        raise ValueError(
+            f"no baseline for run {run_id}: no earlier successful run of recipe "
+            f"{result.run.get('recipe_id')} on host {result.run.get('host')} (name one)"
+        )
+    print(
+        render_comparison(result.rows, result.run, result.baseline, args.format, show_all=args.all)
+    )
+    return 0
+
+
+def render_comparison(
+    rows: Sequence[Mapping[str, Any]],
+    run: Mapping[str, Any],
+    baseline: Mapping[str, Any],
+    fmt: str,
+    *,
+    show_all: bool = False,
+) -> str:
+    from speedmatrix.compare import (
+        comparison_markdown,
+        display_rows,
+        notable,
+        verdict_counts,
+    )
+
+    if fmt == "md":
+        return comparison_markdown(rows, run, baseline, show_all=show_all).rstrip("\n")
+    if fmt == "json":
+        return json.dumps(
+            {
+                "run_id": run.get("run_id"),
+                "baseline_run_id": baseline.get("run_id"),
+                "counts": verdict_counts(rows),
+                "rows": [_jsonable(r) for r in rows],
+            },
+            indent=2,
+        )
+    counts = verdict_counts(rows)
+    head = f"run {run.get('run_id')} vs baseline {baseline.get('run_id')}: " + ", ".join(
+        f"{n} {v}" for v, n in counts.items()
+    )
+    shown = display_rows(rows if show_all else notable(rows))
+    if not shown:
+        return head + "\nno cell changed beyond its noise"
+    return head + "\n" + _table(shown)
+
+
+def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in row.items():
+        if hasattr(v, "isoformat"):
+            v = v.isoformat()
+        elif isinstance(v, float) and not math.isfinite(v):
+            v = None
+        out[k] = v
+    return out
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Plain aligned columns (numbers right-aligned) for a terminal."""
+    cols = list(rows[0])
+    cells = [[str(r.get(c, "")) if r.get(c) is not None else "" for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    right = {i for i, c in enumerate(cols) if all(_numeric(row[i]) for row in cells)}
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if i in right else v.ljust(w)
+            for i, (v, w) in enumerate(zip(values, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(cols), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _numeric(text: str) -> bool:
+    t = text.replace(",", "").replace("%", "").replace("±", "").replace("+", "").strip()
+    if t in ("", "—"):
+        return True
+    try:
+        float(t)
+    except ValueError:
+        return False
+    return True
+
+
+def run_trend(args: argparse.Namespace) -> int:
+    from speedmatrix.compare import read_history
+    from speedmatrix.trend import trend, trend_chart_svg
+
+    wh = _warehouse(args.warehouse)
+    runs, cells, comparisons, noise = read_history(wh, args.recipe, args.host)
+    points = trend(
+        runs,
+        cells,
+        recipe=args.recipe,
+        cell=args.cell,
+        metric=args.metric,
+        host=args.host,
+        comparisons=comparisons,
+        threshold=args.threshold_pct / 100,
+        noise=noise,
+    )
+    if points.empty:
+        raise ValueError(f"no successful runs of recipe {args.recipe} with cell {args.cell}")
+    if args.chart:
+        svg = trend_chart_svg(points, title=f"{args.recipe} {args.cell}", ylabel=args.metric)
+        with open(args.chart, "w", encoding="utf-8") as fh:
+            fh.write(svg)
+    if args.format == "json":
+        print(points.to_json(orient="records", date_format="iso", indent=2))
+        return 0
+    shown = [
+        {
+            "Started": str(r["started_at"])[:19],
+            "Run": str(r["run_id"]),
+            "Commit": str(r["engine_commit"] or r["engine_version"] or "")[:12],
+            args.metric: "—"
+            if r["value"] is None or r["value"] != r["value"]
+            else f"{r['value']:,.1f}",
+            "Change": "—"
+            if r["change_pct"] is None or r["change_pct"] != r["change_pct"]
+            else f"{r['change_pct']:+.1f}%",
+            "Verdict": str(r["verdict"] or ""),
+        }
+        for r in points.to_dict("records")
+    ]
+    if args.format == "md":
+        cols = list(shown[0])
+        out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        out += ["| " + " | ".join(r[c] for c in cols) + " |" for r in shown]
+        print("\n".join(out))
+    else:
+        print(_table(shown))
+    return 0

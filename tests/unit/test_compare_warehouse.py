@@ -1,0 +1,186 @@
+"""The comparison against a real (temporary, local) warehouse: the regressions task, the
+`comparisons` and `noise` tables, and the `compare` / `trend` commands."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import duckdb
+import numpy as np
+import pytest
+
+from speedmatrix.cli import main
+from speedmatrix.compare import (
+    RegressionError,
+    compare_in_warehouse,
+    read_extra,
+    regressions_check,
+)
+from speedmatrix.records import empty_cell
+from speedmatrix.warehouse import Warehouse
+
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+CELLS = [(8192, 1, 55.0), (8192, 4, 170.0), (65536, 2, 90.0)]
+
+
+def _land(wh, run_id, commit, day, *, slow=None, seed=0):
+    rng = np.random.default_rng(seed)
+    run = {
+        "run_id": run_id,
+        "recipe_id": "sim/wh-test",
+        "trigger": "commit",
+        "status": "success",
+        "host": "local",
+        "engine_commit": commit,
+        "engine_repository": "github.com/vllm-project/vllm",
+        "kv_cache_tokens": 320000,
+        "started_at": T0 + timedelta(days=day),
+    }
+    cells, requests = [], []
+    cells.append(
+        empty_cell(
+            phase="prefill",
+            context_tokens=8192,
+            context_label="8K",
+            concurrency=1,
+            status="valid",
+            total_tok_s=6000.0 * (1 + rng.normal(0, 0.003)),
+            ttft_ms=1365.0,
+        )
+    )
+    for ctx, conc, total in CELLS:
+        total *= (slow or {}).get((ctx, conc), 1.0) * (1 + rng.normal(0, 0.003))
+        tbt = 1000.0 * conc / total
+        tokens = total * 30.0 / conc
+        for i in range(conc):
+            requests.append(
+                {
+                    "phase": "decode",
+                    "context_tokens": ctx,
+                    "concurrency": conc,
+                    "request_index": i,
+                    "stream": i,
+                    "window_tokens": int(tokens),
+                    "tbt_ms": tbt * (1 + rng.normal(0, 0.002)),
+                    "ttft_ms": 200.0,
+                }
+            )
+        cells.append(
+            empty_cell(
+                phase="decode",
+                context_tokens=ctx,
+                context_label=f"{ctx // 1024}K",
+                concurrency=conc,
+                status="valid",
+                total_tok_s=total,
+                per_request_tok_s=1000.0 / tbt,
+                tbt_ms=tbt,
+                ttft_ms=200.0,
+                measured_s=30.0,
+            )
+        )
+    wh.land_run(run, cells, requests)
+    return run
+
+
+@pytest.fixture
+def wh(tmp_path):
+    w = Warehouse(str(tmp_path / "wh"))
+    _land(w, "r0", "a" * 40, 0, seed=0)
+    _land(w, "r1", "a" * 40, 1, seed=1)
+    _land(w, "r2", "b" * 40, 2, slow={(65536, 2): 0.9}, seed=2)
+    yield w
+    w.close()
+
+
+def test_compare_in_warehouse_uses_the_previous_run_and_its_requests(wh):
+    result = compare_in_warehouse(wh, "r2")
+    assert result.baseline["run_id"] == "r1"
+    bad = {
+        (r["context_tokens"], r["concurrency"], r["metric"])
+        for r in result.rows
+        if r["verdict"] == "regression"
+    }
+    assert (65536, 2, "total_tok_s") in bad and {k[:2] for k in bad} == {(65536, 2)}
+    total = next(r for r in result.rows if r["metric"] == "total_tok_s" and r["concurrency"] == 2)
+    assert total["ci_low"] is not None and "within" in total["noise_source"]
+    assert "between" in total["noise_source"]  # r0 and r1 are repeats of commit a
+    assert compare_in_warehouse(wh, "r0").baseline is None
+    assert compare_in_warehouse(wh, "r2", baseline_ref="r0").baseline["run_id"] == "r0"
+    with pytest.raises(ValueError, match="no baseline"):
+        compare_in_warehouse(wh, "r2", baseline_ref="zzz")
+    with pytest.raises(KeyError):
+        compare_in_warehouse(wh, "nope")
+
+
+def test_regressions_task_lands_verdicts_and_fails_with_a_summary(wh):
+    assert regressions_check(wh, "r1")["counts"]["regression"] == 0
+    with pytest.raises(RegressionError) as err:
+        regressions_check(wh, "r2", commits=["c" * 40])
+    text = str(err.value)
+    assert "64Kx2" in text and "baseline r1" in text and "cccccccccccc" in text
+    landed = read_extra(wh, "comparisons", run_id="r2")
+    assert set(landed["baseline_run_id"]) == {"r1"}
+    assert "regression" in set(landed["verdict"])
+    with pytest.raises(RegressionError):  # landing again replaces, no duplicate rows
+        regressions_check(wh, "r2")
+    again = read_extra(wh, "comparisons", run_id="r2")
+    assert len(again) == len(landed)
+    assert len(read_extra(wh, "comparisons", recipe_id="sim/wh-test")) == len(again) + len(
+        read_extra(wh, "comparisons", run_id="r1")
+    )
+    noise = read_extra(wh, "noise", run_id="r2")
+    assert set(noise["metric"]) >= {"total_tok_s", "tbt_ms"}
+    assert noise["ci_low"].notna().any() and noise["between_rel_sd"].notna().any()
+    assert b"## Comparison" in wh.read_artifact("r2", "comparison.md")
+    # readable without this package: plain DuckDB over the Hive layout
+    root = wh.base
+    n = duckdb.sql(
+        f"SELECT count(*) FROM read_parquet('{root}/comparisons/*/*/*.parquet', hive_partitioning=true)"
+    ).fetchall()[0][0]
+    assert n == len(read_extra(wh, "comparisons"))
+    assert regressions_check(wh, "r0")["baseline_run_id"] is None
+
+
+def test_compare_command(wh, capsys):
+    root = wh.root
+    assert main(["compare", "r1", "r2", "--warehouse", root, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["baseline_run_id"] == "r1" and doc["counts"]["regression"] >= 1
+    assert main(["compare", "r2", "--warehouse", root]) == 0
+    out = capsys.readouterr().out
+    assert "run r2 vs baseline r1" in out and "64Kx2" in out and "▼ regression" in out
+    assert "8Kx1" not in out  # noise rows hidden by default
+    assert main(["compare", "r2", "--warehouse", root, "--all", "--format", "md"]) == 0
+    out = capsys.readouterr().out
+    assert "## Comparison" in out and "8Kx1" in out
+    assert main(["compare", "nope", "--warehouse", root]) == 2
+    assert "not in the warehouse" in capsys.readouterr().err
+    assert main(["compare", "r0", "--warehouse", root]) == 2
+    assert "no baseline for run r0" in capsys.readouterr().err
+
+
+def test_trend_command(wh, capsys, tmp_path):
+    with pytest.raises(RegressionError):
+        regressions_check(wh, "r2")
+    chart = tmp_path / "t.svg"
+    rc = main(
+        [
+            "trend",
+            "--recipe",
+            "sim/wh-test",
+            "--cell",
+            "64Kx2",
+            "--warehouse",
+            wh.root,
+            "--chart",
+            str(chart),
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[-1] for line in out[2:]] == ["first", "noise", "regression"]
+    assert "<svg" in chart.read_text()
+    assert main(["trend", "--recipe", "sim/none", "--cell", "64Kx2", "--warehouse", wh.root]) == 2
+    assert main(["trend", "--recipe", "sim/wh-test", "--cell", "64K", "--warehouse", wh.root]) == 2
