@@ -105,12 +105,6 @@ PARAMS = {
         maximum=65535,
         description="Server port on the host. Default: the recipe's.",
     ),
-    "time_scale": Param(
-        None,
-        type=["null", "number"],
-        exclusiveMinimum=0,
-        description="Simulator only: run the simulated engine this many times faster.",
-    ),
 }
 
 

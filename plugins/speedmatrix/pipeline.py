@@ -127,7 +127,6 @@ def resolve(
         "api_key_env": recipe.serve.api_key_secret if recipe.has_api_key else None,
         "lease_ttl_s": float(conf.get("lease_ttl_s") or DEFAULT_TTL_S),
         "port": conf.get("port"),
-        "time_scale": conf.get("time_scale"),
         "started_at": dt.datetime.now(dt.UTC).isoformat(),
         "matrix": {
             "prefill_contexts": list(spec.prefill_contexts),
@@ -192,10 +191,11 @@ def setup(resolved: Mapping[str, Any]) -> dict[str, Any]:
 
     Returns the JSON-able server handle every later step uses. Refuses to run when the lease
     is not this run's (a setup retried after its lease expired must not start a second server).
+    `start_server` waits until the server is ready and stops it itself when it is not.
     """
-    from speedmatrix import server as srv
     from speedmatrix.hosts import get_host
     from speedmatrix.provision import provision
+    from speedmatrix.server import start_server
 
     lease = host_lease(resolved)
     lease.renew()  # raises LeaseLost when another run holds the host
@@ -205,83 +205,90 @@ def setup(resolved: Mapping[str, Any]) -> dict[str, Any]:
     with lease.renewing():
         prov = provision(recipe, resolved["engine_ref"], host)
         provisioned_s = time.monotonic() - started
-        handle = srv.start_server(
+        handle = start_server(
             recipe,
             prov,
             host,
+            ref=resolved["engine_ref"],
+            port=int(resolved["port"]) if resolved.get("port") else None,
             api_key=api_key(resolved),
-            **_start_overrides(resolved),
+            wait=True,
         )
-        try:
-            srv.wait_ready(handle, host=host)
-        except BaseException:
-            log.error("server did not become ready; its log tail is above; stopping it")
-            _stop_quietly(handle, host)
-            raise
-    ready_s = time.monotonic() - started
     out = {
-        "handle": srv.handle_dict(handle),
-        "base_url": srv.base_url(handle),
-        "python": prov.python,
+        "handle": handle.to_dict(),
+        "base_url": handle.base_url,
+        "python": handle.python,
         "loadgen": prov.loadgen,
         "engine_version": prov.version,
         "engine_commit": prov.commit,
         "provision_s": round(provisioned_s, 3),
-        "start_s": round(ready_s - provisioned_s, 3),
+        "start_s": round(time.monotonic() - started - provisioned_s, 3),
     }
     log.info(
-        "server ready at %s (provision %.1f s, start %.1f s)",
+        "server ready at %s on %s (provision %.1f s, start %.1f s)",
         out["base_url"],
+        resolved["host"],
         provisioned_s,
         out["start_s"],
     )
     return out
 
 
-def _start_overrides(resolved: Mapping[str, Any]) -> dict[str, Any]:
-    extra: dict[str, Any] = {}
-    if resolved.get("port"):
-        extra["port"] = int(resolved["port"])
-    if resolved.get("time_scale"):
-        extra["time_scale"] = float(resolved["time_scale"])
-    return extra
+def _handle(server: Mapping[str, Any]):
+    from speedmatrix.server import ServerHandle
 
-
-def _stop_quietly(handle: Any, host: Any) -> None:
-    from speedmatrix import server as srv
-
-    try:
-        srv.stop_server(handle, host=host)
-    except Exception as exc:  # the original error matters more
-        log.warning("stopping the server failed too: %s", exc)
+    return ServerHandle.from_dict(dict(server["handle"]))
 
 
 def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str, Any]:
     """What the server says about itself: version, KV capacity, hardware, max_model_len."""
-    from speedmatrix import server as srv
     from speedmatrix.hosts import get_host
+    from speedmatrix.server import inspect_server
 
-    host = get_host(resolved["host"])
-    info = dict(srv.inspect_server(srv.handle_from(server["handle"]), host=host))
-    if not info.get("kv_num_blocks") or not info.get("kv_block_size"):
+    facts = inspect_server(_handle(server), host=get_host(resolved["host"]))
+    blocks, block = facts.get("num_gpu_blocks"), facts.get("block_size")
+    if not blocks and facts.get("kv_cache_tokens"):
+        block = block or 16
+        blocks = int(facts["kv_cache_tokens"]) // block
+        log.warning(
+            "no num_gpu_blocks in /metrics: KV blocks derived from the start-up log's %s tokens "
+            "with block size %d",
+            facts["kv_cache_tokens"],
+            block,
+        )
+    if not blocks or not block:
         raise RuntimeError(
             "the server did not report its KV capacity (vllm:cache_config_info num_gpu_blocks "
-            f"and block_size, or the start-up log): cannot plan over-capacity cells; got {info}"
+            f"and block_size, or the start-up log): cannot plan over-capacity cells; got {facts}"
         )
+    hardware = facts.get("hardware") or {}
+    gpus = hardware.get("gpus") or []
+    info = {
+        "version": facts.get("version"),
+        "commit": facts.get("commit"),
+        "kv_num_blocks": int(blocks),
+        "kv_block_size": int(block),
+        "kv_cache_tokens": facts.get("kv_cache_tokens") or int(blocks) * int(block),
+        "max_model_len": facts.get("max_model_len"),
+        "gpu": gpus[0]["name"] if gpus else None,
+        "gpu_count": hardware.get("gpu_count"),
+        "launch_command": _handle(server).command,
+        "hardware": hardware,
+    }
+    log.info("server facts: %s", info)
     return info
 
 
 def teardown(resolved: Mapping[str, Any], server: Mapping[str, Any] | None) -> dict[str, Any]:
     """Stop the server (if one was started) and release the lease. Idempotent; always runs."""
-    from speedmatrix import server as srv
     from speedmatrix.hosts import get_host
+    from speedmatrix.server import stop_server
 
-    out: dict[str, Any] = {"stopped": False, "lease": None}
+    out: dict[str, Any] = {"stopped": None, "lease": None}
     errors = []
     if server and server.get("handle"):
         try:
-            srv.stop_server(srv.handle_from(server["handle"]), host=get_host(resolved["host"]))
-            out["stopped"] = True
+            out["stopped"] = stop_server(_handle(server), host=get_host(resolved["host"]))
         except Exception as exc:
             errors.append(f"stop failed: {exc}")
     try:
@@ -290,6 +297,7 @@ def teardown(resolved: Mapping[str, Any], server: Mapping[str, Any] | None) -> d
         errors.append(f"lease release failed: {exc}")
     if errors:
         raise RuntimeError("; ".join(errors))
+    log.info("teardown: %s", out)
     return out
 
 
