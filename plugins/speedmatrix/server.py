@@ -1,0 +1,591 @@
+"""Start, wait for, inspect and stop the engine server of a recipe on a host.
+
+Why this shape:
+
+- The server is started exactly as ``speedmatrix recipes render`` prints the recipe's launch
+  command, through a launcher script in its own session and process group
+  (``setsid bash -c 'echo $$ > pid; exec …'``), so that ``pid`` is the group id and stopping the
+  group reaches every engine process (API server, engine core, workers).
+- The API key never appears on a command line of a real vLLM: it is written to a 0600
+  ``secrets.env`` in the run directory and reaches vLLM as ``VLLM_API_KEY``. (The simulator takes
+  it as ``--api-key``, which the team accepted for the simulator only.)
+- Readiness is four checks done *on the host* (GPU hosts' ports are not always reachable from
+  the Airflow worker): ``/health`` 200, ``/version`` answers as vLLM, ``/v1/models`` lists the
+  served name, and a one-token completion succeeds.
+- A failed start ends with a one-line diagnosis (:mod:`speedmatrix.diagnose`) and the log's
+  tail, and the half-started server is stopped.
+- ``stop`` is TERM to the group, wait, KILL, then verify no process of the group is left (and,
+  on GPU hosts, that no GPU compute process of ours remains); safe when it already died.
+
+State per server lives in ``<servers_dir>/<port>/`` on the host (default
+``$HOME/.speedmatrix/servers``): ``pid``, ``server.log``, ``launch.sh``, ``command.txt`` (the
+redacted launch line), ``secrets.env``. "A previous server of ours" is any live group recorded
+under ``servers_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+
+from speedmatrix.diagnose import Diagnosis, diagnose
+from speedmatrix.hosts import Host, get_host
+from speedmatrix.provision import ProvisionResult
+from speedmatrix.recipes import Recipe
+
+log = logging.getLogger("speedmatrix.server")
+
+DEFAULT_SERVERS_DIR = "$HOME/.speedmatrix/servers"
+DEFAULT_API_KEY_ENV = "SPEEDMATRIX_API_KEY"
+_PROBE_KEY_VAR = "SPEEDMATRIX_PROBE_KEY"
+
+
+class ServerError(RuntimeError):
+    """A server could not be started, got ready, or be stopped; carries the diagnosis."""
+
+    def __init__(
+        self,
+        message: str,
+        diagnosis: Diagnosis | None = None,
+        log_tail: str = "",
+        log_path: str | None = None,
+    ):
+        self.diagnosis = diagnosis
+        self.log_tail = log_tail
+        self.log_path = log_path
+        text = message if diagnosis is None else f"{message}: {diagnosis.message}"
+        if log_tail:
+            text += f"\n--- last lines of {log_path or 'the server log'} ---\n{log_tail}"
+        super().__init__(text)
+
+
+class PortInUse(ServerError):
+    """The port is taken before we start (nothing was launched)."""
+
+
+class ServerAlreadyRunning(ServerError):
+    """A previous server of ours is still alive on the host (nothing was launched)."""
+
+
+@dataclass
+class ServerHandle:
+    """Everything needed to reach and stop a started server. JSON-able (``to_dict``)."""
+
+    host: str
+    host_env: dict[str, str]
+    pid: int  # also the process group and session id
+    run_dir: str
+    log_path: str
+    base_url: str  # as seen from the host itself
+    port: int
+    served_name: str
+    python: str  # the python used for probes on the host
+    api_key_env: str | None  # name of the variable holding the key (never the key)
+    command: str  # the launch command, secrets redacted
+    started_at: float
+    ready_s: float | None = None
+    facts: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ServerHandle:
+        return cls(**data)
+
+    def get_host(self) -> Host:
+        return get_host(self.host, env=self.host_env)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _q(s: str) -> str:
+    return shlex.quote(s)
+
+
+def _with_port(recipe: Recipe, port: int | None) -> Recipe:
+    if port is None or port == recipe.serve.port:
+        return recipe
+    return recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"port": port})})
+
+
+def _probe_host(bind: str) -> str:
+    return "127.0.0.1" if bind in ("0.0.0.0", "", "::") else bind
+
+
+def _api_key_value(recipe: Recipe, api_key: str | None) -> str | None:
+    if not recipe.has_api_key:
+        return None
+    if api_key is not None:
+        return api_key
+    name = recipe.serve.api_key_secret or DEFAULT_API_KEY_ENV
+    value = os.environ.get(name)
+    if not value:
+        raise ServerError(
+            f"recipe {recipe.id} needs an API key: set the environment variable {name}"
+        )
+    return value
+
+
+def alive_servers(host: Host, servers_dir: str = DEFAULT_SERVERS_DIR) -> dict[str, int]:
+    """Run directories under ``servers_dir`` whose process group is still alive -> PID."""
+    d = host.resolve(servers_dir)
+    res = host.run(
+        f'for f in {_q(d)}/*/pid; do [ -s "$f" ] || continue; p=$(cat "$f"); '
+        f'if kill -0 -- -"$p" 2>/dev/null; then echo "$(dirname "$f") $p"; fi; done',
+        timeout_s=60,
+        idempotent=True,
+        stream=False,
+    )
+    out: dict[str, int] = {}
+    for line in res.stdout.splitlines():
+        path, _, pid = line.rpartition(" ")
+        if pid.isdigit():
+            out[path] = int(pid)
+    return out
+
+
+def port_holder(host: Host, bind: str, port: int) -> str | None:
+    """None when ``port`` is free on the host, else a description of who holds it."""
+    probe = _probe_host(bind)
+    res = host.run(
+        f"(exec 3<>/dev/tcp/{probe}/{port}) 2>/dev/null && echo taken || echo free",
+        timeout_s=30,
+        idempotent=True,
+        stream=False,
+    )
+    if "taken" not in res.stdout:
+        return None
+    who = host.run(
+        f"ss -Hltnp 'sport = :{port}' 2>/dev/null | grep -o 'pid=[0-9]*' | head -1",
+        timeout_s=30,
+        idempotent=True,
+        stream=False,
+    ).stdout.strip()
+    return f"held by PID {who[4:]}" if who.startswith("pid=") else "held by another process"
+
+
+# ---------------------------------------------------------------------------- start
+def start_server(
+    recipe: Recipe,
+    prov: ProvisionResult,
+    host: Host | str = "local",
+    *,
+    ref: str | None = None,
+    port: int | None = None,
+    api_key: str | None = None,
+    servers_dir: str = DEFAULT_SERVERS_DIR,
+    check_port: bool = True,
+    wait: bool = True,
+    ready_timeout_s: float | None = None,
+) -> ServerHandle:
+    """Launch the recipe's server; by default also :func:`wait_ready` (stopping it on failure).
+
+    Refuses (nothing launched) when a server of ours under ``servers_dir`` is alive
+    (:class:`ServerAlreadyRunning`) or the port is taken (:class:`PortInUse`; skip with
+    ``check_port=False``, e.g. to see the engine's own diagnosis). The key comes from ``api_key``
+    or the environment variable the recipe names (``serve.api_key_secret``).
+    """
+    if isinstance(host, str):
+        host = get_host(host)
+    recipe = _with_port(recipe, port)
+    ref = ref or prov.ref or recipe.engine.ref
+    alive = alive_servers(host, servers_dir)
+    if alive:
+        where, pid = next(iter(alive.items()))
+        raise ServerAlreadyRunning(
+            f"a previous server of ours is still alive on {host.name}: PID {pid} ({where}); "
+            "stop it first"
+        )
+    s = recipe.serve
+    if check_port and (who := port_holder(host, s.host, s.port)):
+        raise PortInUse(f"port {s.port} on {host.name} is already in use ({who})")
+
+    key = _api_key_value(recipe, api_key)
+    is_sim = recipe.engine.install.kind == "sim"
+    key_var = s.api_key_secret or DEFAULT_API_KEY_ENV
+    python = prov.python
+    include = prov.include_dir or "include"
+    if key is None:
+        line = recipe.render_launch_command(ref, api_key="omit", python=python, include=include)
+    elif is_sim:
+        line = recipe.render_launch_command(
+            ref, api_key=f'"${key_var}"', python=python, include=include
+        )
+    else:
+        # vLLM reads VLLM_API_KEY: the key stays out of the process list.
+        line = recipe.render_launch_command(ref, api_key="omit", python=python, include=include)
+    shown = recipe.render_launch_command(ref, api_key="redact", python=python, include=include)
+
+    run_dir = f"{host.resolve(servers_dir)}/{s.port}"
+    host.run(f"rm -rf {_q(run_dir)} && mkdir -p {_q(run_dir)}", 60, check=True, idempotent=True)
+    secrets = ""
+    if key is not None:
+        secrets = f"export {key_var}={_q(key)}\nexport {_PROBE_KEY_VAR}={_q(key)}\n" + (
+            "" if is_sim else f"export VLLM_API_KEY={_q(key)}\n"
+        )
+    host.put_text(secrets, f"{run_dir}/secrets.env", mode=0o600)
+    host.put_text(shown + "\n", f"{run_dir}/command.txt", mode=0o644)
+    host.put_text(
+        "#!/bin/bash\n"
+        "# Written by speedmatrix.server: the recipe's launch command, secrets from secrets.env.\n"
+        f"set -a; . {_q(run_dir + '/secrets.env')}; set +a\n"
+        f"unset {_PROBE_KEY_VAR}\n"
+        f"exec {line}\n",
+        f"{run_dir}/launch.sh",
+        mode=0o700,
+    )
+    log_path = f"{run_dir}/server.log"
+    pid_path = f"{run_dir}/pid"
+    host.run(
+        # The subshell's own output is redirected too: nothing keeps this command's pipes open.
+        f"(cd {_q(run_dir)} && exec setsid bash -c {_q(f'echo $$ > {_q(pid_path)}; exec bash ./launch.sh')}"
+        f") > {_q(log_path)} 2>&1 < /dev/null &",
+        timeout_s=60,
+        check=True,
+    )
+    pid = 0
+    for _ in range(50):
+        res = host.run(f"cat {_q(pid_path)} 2>/dev/null", 30, idempotent=True, stream=False)
+        if res.stdout.strip().isdigit():
+            pid = int(res.stdout.strip())
+            break
+        time.sleep(0.1)
+    if not pid:
+        raise ServerError(f"the server on {host.name} did not record its PID in {pid_path}")
+    handle = ServerHandle(
+        host=host.name,
+        host_env=dict(host.env),
+        pid=pid,
+        run_dir=run_dir,
+        log_path=log_path,
+        base_url=f"http://{_probe_host(s.host)}:{s.port}",
+        port=s.port,
+        served_name=recipe.model.served_name,
+        python=python,
+        api_key_env=key_var if key is not None else None,
+        command=shown,
+        started_at=time.time(),
+    )
+    log.info("%s: started server PID %d: %s", host.name, pid, shown)
+    if wait:
+        try:
+            wait_ready(handle, ready_timeout_s or s.ready_timeout_s, host=host)
+        except BaseException:
+            stop_server(handle, host=host)
+            raise
+    return handle
+
+
+# ---------------------------------------------------------------------------- readiness
+_PROBE_PY = r"""
+import json, os, sys, urllib.request, urllib.error
+base, model = sys.argv[1], sys.argv[2]
+key = os.environ.get("SPEEDMATRIX_PROBE_KEY")
+def call(path, body=None, auth=False):
+    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode())
+    req.add_header("Content-Type", "application/json")
+    if auth and key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=float(sys.argv[3])) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
+    except Exception as e:
+        return None, type(e).__name__ + ": " + str(e)
+out = {}
+out["health"] = call("/health")[0]
+if out["health"] == 200:
+    st, txt = call("/version")
+    try:
+        out["version"] = json.loads(txt).get("version") if st == 200 else None
+    except Exception:
+        out["version"] = None
+    st, txt = call("/v1/models", auth=True)
+    try:
+        out["models"] = [m.get("id") for m in json.loads(txt).get("data", [])] if st == 200 else []
+    except Exception:
+        out["models"] = []
+    out["models_status"] = st
+    if model in out["models"]:
+        st, txt = call("/v1/completions", {"model": model, "prompt": "hello", "max_tokens": 1}, auth=True)
+        out["completion"] = st
+        out["completion_error"] = None if st == 200 else txt[-300:]
+print(json.dumps(out))
+"""
+
+
+def _probe(host: Host, handle: ServerHandle, timeout_s: float = 30) -> dict:
+    res = host.run(
+        f"set -a; . {_q(handle.run_dir + '/secrets.env')} 2>/dev/null; set +a; "
+        f"{_q(handle.python)} -c {_q(_PROBE_PY)} {_q(handle.base_url)} "
+        f"{_q(handle.served_name)} {timeout_s:g}",
+        timeout_s=timeout_s * 4 + 30,
+        idempotent=True,
+        stream=False,
+    )
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return {"probe_error": res.tail(5)}
+
+
+def is_alive(host: Host, handle: ServerHandle) -> bool:
+    res = host.run(f"kill -0 -- -{handle.pid} 2>/dev/null", 30, idempotent=True, stream=False)
+    return res.rc == 0
+
+
+def log_tail(host: Host, handle: ServerHandle, lines: int = 40) -> str:
+    res = host.run(
+        f"tail -n {lines} {_q(handle.log_path)}", timeout_s=60, idempotent=True, stream=False
+    )
+    return res.stdout.rstrip()
+
+
+def _read_log(host: Host, handle: ServerHandle, max_bytes: int = 2_000_000) -> str:
+    res = host.run(
+        f"tail -c {max_bytes} {_q(handle.log_path)}", timeout_s=120, idempotent=True, stream=False
+    )
+    return res.stdout
+
+
+def _failure(host: Host, handle: ServerHandle, what: str) -> ServerError:
+    text = _read_log(host, handle)
+    tail = "\n".join(text.rstrip().splitlines()[-40:])
+    return ServerError(what, diagnose(text), tail, handle.log_path)
+
+
+def wait_ready(
+    handle: ServerHandle,
+    timeout_s: float = 3600,
+    *,
+    host: Host | None = None,
+    poll_s: float = 2.0,
+) -> ServerHandle:
+    """Block until the server passes all four readiness checks; raise ServerError otherwise.
+
+    Ends early (with the diagnosis) as soon as the server's process group is gone.
+    """
+    host = host or handle.get_host()
+    deadline = time.monotonic() + timeout_s
+    last: dict = {}
+    while True:
+        if not is_alive(host, handle):
+            raise _failure(host, handle, f"the server on {host.name} exited before it was ready")
+        last = _probe(host, handle)
+        if (
+            last.get("health") == 200
+            and last.get("version")
+            and handle.served_name in last.get("models", [])
+            and last.get("completion") == 200
+        ):
+            handle.ready_s = round(time.time() - handle.started_at, 2)
+            handle.facts["version"] = last["version"]
+            log.info("%s: server ready after %.1f s", host.name, handle.ready_s)
+            return handle
+        if time.monotonic() > deadline:
+            raise _failure(
+                host,
+                handle,
+                f"the server on {host.name} was not ready within {timeout_s:g} s "
+                f"(last probe: {json.dumps(last)[:300]})",
+            )
+        time.sleep(poll_s)
+
+
+# ---------------------------------------------------------------------------- inspect
+_KV_LOG = re.compile(r"KV cache size: ([\d,]+) tokens")
+_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}\s", re.M)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+_METRICS_PY = r"""
+import os, sys, urllib.request
+req = urllib.request.Request(sys.argv[1] + "/metrics")
+key = os.environ.get("SPEEDMATRIX_PROBE_KEY")
+if key:
+    req.add_header("Authorization", "Bearer " + key)
+print(urllib.request.urlopen(req, timeout=30).read().decode("utf-8", "replace"))
+"""
+
+_HW_CPU = (
+    "echo cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); "
+    "echo cpu_count=$(nproc); "
+    "echo mem_total_kb=$(grep -m1 MemTotal /proc/meminfo | awk '{print $2}')"
+)
+_HW_GPU = "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader"
+
+
+def parse_cache_config(metrics_text: str) -> dict[str, str]:
+    """Labels of ``vllm:cache_config_info`` (empty when the metric is absent)."""
+    m = _CACHE_INFO.search(metrics_text)
+    return dict(_LABEL.findall(m.group(1))) if m else {}
+
+
+def kv_tokens_from_log(log_text: str) -> int | None:
+    """The last ``… KV cache size: N tokens`` start-up line's N."""
+    found = _KV_LOG.findall(log_text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def inspect_server(handle: ServerHandle, *, host: Host | None = None) -> dict:
+    """Version and commit, KV capacity, block size, max-model-len, and the hardware facts.
+
+    KV capacity comes from ``vllm:cache_config_info`` (``kv_cache_size_tokens``, else
+    ``num_gpu_blocks * block_size``), else from the start-up log line. Both are reported
+    (``kv_cache_tokens_metrics`` / ``kv_cache_tokens_log``) so they can be cross-checked.
+    """
+    host = host or handle.get_host()
+    facts: dict = {}
+    probe = _probe(host, handle)
+    facts["version"] = probe.get("version")
+    res = host.run(
+        f"set -a; . {_q(handle.run_dir + '/secrets.env')} 2>/dev/null; set +a; "
+        f"{_q(handle.python)} -c {_q(_METRICS_PY)} {_q(handle.base_url)}",
+        timeout_s=90,
+        idempotent=True,
+        stream=False,
+    )
+    cache = parse_cache_config(res.stdout) if res.rc == 0 else {}
+    kv_metrics = None
+    if cache.get("kv_cache_size_tokens", "").isdigit():
+        kv_metrics = int(cache["kv_cache_size_tokens"])
+    elif cache.get("num_gpu_blocks", "").isdigit() and cache.get("block_size", "").isdigit():
+        kv_metrics = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
+    log_text = _read_log(host, handle)
+    kv_log = kv_tokens_from_log(log_text)
+    facts["kv_cache_tokens_metrics"] = kv_metrics
+    facts["kv_cache_tokens_log"] = kv_log
+    facts["kv_cache_tokens"] = kv_metrics if kv_metrics is not None else kv_log
+    facts["block_size"] = (
+        int(cache["block_size"]) if cache.get("block_size", "").isdigit() else None
+    )
+    facts["num_gpu_blocks"] = (
+        int(cache["num_gpu_blocks"]) if cache.get("num_gpu_blocks", "").isdigit() else None
+    )
+    # max-model-len: /v1/models reports it per model.
+    mm = host.run(
+        f"set -a; . {_q(handle.run_dir + '/secrets.env')} 2>/dev/null; set +a; "
+        f"{_q(handle.python)} -c {_q(_MODELS_PY)} {_q(handle.base_url)} {_q(handle.served_name)}",
+        timeout_s=90,
+        idempotent=True,
+        stream=False,
+    )
+    mml = mm.stdout.strip().splitlines()[-1] if mm.stdout.strip() else ""
+    facts["max_model_len"] = int(mml) if mml.isdigit() else None
+    # The commit: vLLM's own metadata when the build recorded one.
+    commit = host.run(
+        f"{_q(handle.python)} -c 'from vllm._version import __commit_id__ as c; print(c or \"\")'",
+        timeout_s=120,
+        idempotent=True,
+        stream=False,
+    )
+    facts["commit"] = commit.stdout.strip() or None if commit.rc == 0 else None
+    facts["hardware"] = hardware_facts(host)
+    handle.facts.update(facts)
+    return facts
+
+
+_MODELS_PY = r"""
+import json, os, sys, urllib.request
+req = urllib.request.Request(sys.argv[1] + "/v1/models")
+key = os.environ.get("SPEEDMATRIX_PROBE_KEY")
+if key:
+    req.add_header("Authorization", "Bearer " + key)
+data = json.loads(urllib.request.urlopen(req, timeout=30).read())
+for m in data.get("data", []):
+    if m.get("id") == sys.argv[2] and m.get("max_model_len"):
+        print(m["max_model_len"])
+"""
+
+
+def hardware_facts(host: Host) -> dict:
+    """GPU name / memory / driver from nvidia-smi on GPU hosts; CPU model and memory else."""
+    gpu = host.run(
+        f"command -v nvidia-smi >/dev/null && {_HW_GPU}",
+        timeout_s=60,
+        idempotent=True,
+        stream=False,
+    )
+    facts: dict = {}
+    if gpu.rc == 0 and gpu.stdout.strip():
+        gpus = []
+        for line in gpu.stdout.strip().splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) >= 3:
+                gpus.append({"name": parts[0], "memory_total": parts[1], "driver": parts[2]})
+        facts["gpus"] = gpus
+        facts["gpu_count"] = len(gpus)
+    cpu = host.run(_HW_CPU, timeout_s=60, idempotent=True, stream=False)
+    for line in cpu.stdout.splitlines():
+        k, _, v = line.partition("=")
+        facts[k] = int(v) if v.isdigit() else v
+    if "mem_total_kb" in facts:
+        facts["mem_total_gb"] = round(facts["mem_total_kb"] / 1024 / 1024, 1)
+    return facts
+
+
+# ---------------------------------------------------------------------------- stop
+def group_pids(host: Host, pgid: int) -> list[int]:
+    """Processes still in process group ``pgid`` on the host."""
+    res = host.run(
+        f"ps -eo pid=,pgid= | awk '$2 == {int(pgid)} {{print $1}}'",
+        timeout_s=30,
+        idempotent=True,
+        stream=False,
+    )
+    return [int(x) for x in res.stdout.split() if x.isdigit()]
+
+
+def stop_server(
+    handle: ServerHandle,
+    *,
+    host: Host | None = None,
+    grace_s: float = 30.0,
+) -> dict:
+    """TERM the group, wait up to ``grace_s``, KILL the rest, verify nothing is left.
+
+    Idempotent: a group already gone is fine. Returns what happened; raises ServerError when
+    a process of the group (or a GPU compute process of ours) survives SIGKILL.
+    """
+    host = host or handle.get_host()
+    pg = int(handle.pid)
+    before = group_pids(host, pg)
+    outcome = {"pid": pg, "was_running": bool(before), "killed": False, "left": []}
+    if before:
+        host.run(f"kill -TERM -- -{pg} 2>/dev/null; true", timeout_s=30, idempotent=True)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and group_pids(host, pg):
+            time.sleep(0.5)
+        if group_pids(host, pg):
+            host.run(f"kill -KILL -- -{pg} 2>/dev/null; true", timeout_s=30, idempotent=True)
+            outcome["killed"] = True
+            for _ in range(20):
+                if not group_pids(host, pg):
+                    break
+                time.sleep(0.5)
+    left = group_pids(host, pg)
+    outcome["left"] = left
+    gpu = host.run(
+        "command -v nvidia-smi >/dev/null && "
+        "nvidia-smi --query-compute-apps=pid --format=csv,noheader",
+        timeout_s=60,
+        idempotent=True,
+        stream=False,
+    )
+    gpu_left: list[int] = []
+    if gpu.rc == 0:
+        ours = {*before, pg}
+        gpu_left = [int(x) for x in gpu.stdout.split() if x.isdigit() and int(x) in ours]
+    outcome["gpu_left"] = gpu_left
+    host.run(f"rm -f {_q(handle.run_dir + '/secrets.env')}", timeout_s=30, idempotent=True)
+    if left or gpu_left:
+        raise ServerError(
+            f"server group {pg} on {host.name} survived SIGKILL: PIDs {left or gpu_left}"
+        )
+    log.info("%s: server group %d stopped (%s)", host.name, pg, outcome)
+    return outcome
