@@ -194,7 +194,7 @@ class IdealConfig:
     disconnect_after_tokens: int = 5
     short_every: int = 0
     short_by: int = 3
-    report_waiting: int = 0  # /metrics claims this many waiting requests (a queueing server)
+    report_waiting: int = 0  # while busy, /metrics claims this many waiting (a queueing server)
     api_key: str | None = None
     record_emissions: bool = True  # (perf_counter time, tokens) per write, for /truth
 
@@ -232,19 +232,30 @@ class IdealServer:
         self.emissions: list[tuple[float, int]] = []
 
     # -- request handling ---------------------------------------------------------------------
-    def completion(self, conn: _Conn, body: dict) -> None:
+    def completion(self, conn: _Conn, raw: bytes) -> None:
         cfg = self.cfg
         self.counter += 1
         n = self.counter
         if cfg.http_500_every and n % cfg.http_500_every == 0:
             conn.respond(500, {"error": {"message": "injected internal error", "code": 500}})
             return
+        # A token-id prompt is counted, not parsed: json.loads of a 512K-id array costs
+        # tens of milliseconds, which would be server time hidden from the truth.
+        start = raw.find(b'"prompt":[')
+        ptoks: int | None = None
+        if start >= 0:
+            stop = raw.find(b"]", start)
+            inner = raw[start + 10 : stop].strip()
+            if inner and inner[:1] != b'"':
+                ptoks = inner.count(b",") + 1
+                raw = raw[:start] + b'"prompt":null' + raw[stop + 1 :]
+        body = json.loads(raw or b"{}")
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-            ptoks = len(prompt)
-        elif isinstance(prompt, str):
+        if ptoks is None and isinstance(prompt, str):
             ptoks = len(tokenize(prompt, True))
-        else:
+        elif ptoks is None and isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            ptoks = len(tokenize(prompt[0], True))
+        if ptoks is None:
             conn.respond(400, {"error": {"message": "prompt must be a string or token ids"}})
             return
         if not body.get("stream"):
@@ -255,7 +266,7 @@ class IdealServer:
             conn,
             ptoks,
             int(body.get("max_tokens") or 16),
-            time.perf_counter(),
+            conn.received,
             rng=random.Random(n),
         )
         if cfg.disconnect_every and n % cfg.disconnect_every == 0:
@@ -371,6 +382,8 @@ class IdealServer:
             {
                 "rid": req.rid,
                 "ttft_s": None if req.t_first is None else req.t_first - req.received,
+                "received": req.received,
+                "t_first": req.t_first,
                 "tbt_s": tbt,
                 "tokens": req.sent,
                 "finished": finished,
@@ -387,7 +400,7 @@ class IdealServer:
         return (
             f'vllm:num_requests_running{{model_name="{m}"}} {len(self.running)}\n'
             f'vllm:num_requests_waiting{{model_name="{m}"}} '
-            f"{len(self.waiting) + self.cfg.report_waiting}\n"
+            f"{len(self.waiting) + (self.cfg.report_waiting if self.running else 0)}\n"
             f'vllm:generation_tokens_total{{model_name="{m}"}} {self.generation_tokens}\n'
             f'vllm:prompt_tokens_total{{model_name="{m}"}} {self.prompt_tokens}\n'
             f'vllm:num_preemptions_total{{model_name="{m}"}} 0\n'
@@ -417,13 +430,15 @@ def tokenize(text: str, special: bool) -> list[int]:
 class _Conn(asyncio.Protocol):
     def __init__(self, server: IdealServer) -> None:
         self.server = server
-        self.buf = b""
+        self.pieces: list[bytes] = []
+        self.have = 0
+        self.head: tuple[str, int, str | None] | None = None
+        self.received = 0.0
         self.transport: asyncio.Transport | None = None
         self.req: _Req | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.req is not None:
@@ -431,27 +446,45 @@ class _Conn(asyncio.Protocol):
             self.req = None
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
+        # Pieces are kept in a list (no quadratic re-concatenation of 3 MB prompts); the
+        # request's receive time is this read, before any parsing: the truth's TTFT start.
+        now = time.perf_counter()
+        self.pieces.append(data)
+        self.have += len(data)
         while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
+            if self.head is None:
+                buf = b"".join(self.pieces)
+                end = buf.find(b"\r\n\r\n")
+                if end < 0:
+                    self.pieces = [buf]
+                    return
+                lines = buf[:end].decode("latin-1").split("\r\n")
+                length = 0
+                auth = None
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    name = name.strip().lower()
+                    if name == "content-length":
+                        length = int(value.strip())
+                    elif name == "authorization":
+                        auth = value.strip()
+                self.head = (lines[0], length, auth)
+                rest = buf[end + 4 :]
+                self.pieces = [rest]
+                self.have = len(rest)
+            first, length, auth = self.head
+            if self.have < length:
                 return
-            head = self.buf[:end].decode("latin-1").split("\r\n")
-            length = 0
-            auth = None
-            for line in head[1:]:
-                name, _, value = line.partition(":")
-                name = name.strip().lower()
-                if name == "content-length":
-                    length = int(value.strip())
-                elif name == "authorization":
-                    auth = value.strip()
-            if len(self.buf) < end + 4 + length:
-                return
-            body = self.buf[end + 4 : end + 4 + length]
-            self.buf = self.buf[end + 4 + length :]
-            method, path = head[0].split()[:2]
+            buf = b"".join(self.pieces)
+            body, rest = buf[:length], buf[length:]
+            self.pieces = [rest] if rest else []
+            self.have = len(rest)
+            self.head = None
+            method, path = first.split()[:2]
+            self.received = now
             self.dispatch(method, path.split("?")[0], body, auth)
+            if not rest:
+                return
 
     def dispatch(self, method: str, path: str, body: bytes, auth: str | None = None) -> None:
         s = self.server
@@ -460,7 +493,7 @@ class _Conn(asyncio.Protocol):
             self.respond(401, {"error": {"message": "invalid API key"}})
             return
         if path == "/v1/completions" and method == "POST":
-            s.completion(self, json.loads(body or b"{}"))
+            s.completion(self, body)
         elif path == "/tokenize" and method == "POST":
             obj = json.loads(body or b"{}")
             ids = tokenize(obj.get("prompt", ""), bool(obj.get("add_special_tokens", True)))

@@ -201,8 +201,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     g.add_argument(
         "--max-loop-lag-ms",
         type=_positive_float,
-        default=20.0,
-        help="client event-loop lag p99 above which the cell is invalid (client saturated)",
+        default=10.0,
+        help="client event-loop lag p90 above which the cell is invalid (client saturated)",
     )
     g.add_argument(
         "--max-client-cpu",

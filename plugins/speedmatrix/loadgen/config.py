@@ -73,7 +73,7 @@ class DecodeConfig(CellConfig):
     warm_cache: bool = True
     # validity limits (measurement.md rules 6-8)
     token_tolerance: float = 0.01
-    max_loop_lag_ms: float = 20.0
+    max_loop_lag_ms: float = 10.0
     max_client_cpu_pct: float = 90.0
     repetition_check: bool = True
     max_loop_fraction: float = 0.25

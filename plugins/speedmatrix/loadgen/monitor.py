@@ -62,7 +62,10 @@ class ClientMonitor:
             return None
         return 100.0 * self.cpu_s / self.wall_s
 
+    def lag_ms(self, q: float) -> float | None:
+        p = percentile(self.lags, q)
+        return None if p is None else max(0.0, p) * 1000.0
+
     @property
     def lag_p99_ms(self) -> float | None:
-        p = percentile(self.lags, 99.0)
-        return None if p is None else max(0.0, p) * 1000.0
+        return self.lag_ms(99.0)

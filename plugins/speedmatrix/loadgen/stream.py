@@ -174,11 +174,10 @@ class StreamConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
         # pause_writing fires as soon as anything is buffered, resume_writing when the last
         # byte of the request has been handed to the kernel: that is the request's send time.
-        transport.set_write_buffer_limits(high=0, low=0)
+        transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -239,9 +238,15 @@ class StreamConnection(asyncio.Protocol):
         self._raw = b""
         self._sse = b""
         self._error_body = b""
+        # Stamped just before the write: when the kernel takes the whole request at once (the
+        # usual case), that is within microseconds of the last byte leaving, whereas a stamp
+        # after the call also counts whatever delays the return. When the request does not fit
+        # the socket buffer (long prompts), the stamp moves to resume_writing: the moment the
+        # last byte was handed over.
+        stamp = perf_counter()
         self.transport.writelines(parts)
         if self.transport.get_write_buffer_size() == 0:
-            req.sent_at = perf_counter()
+            req.sent_at = stamp
         else:
             self._sent_pending = True
         return self.fut

@@ -1,0 +1,219 @@
+"""Whole prefill and decode cells against the ideal server (a separate process, exact timing).
+
+Truth comes from the server's configuration (rate, per-token interval) and from its own
+measurements (/truth: TTFT from body received to first write). Windows are short (3-4 s) to
+keep the suite quick; the long-window figures are in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import pytest
+from loadgen_ideal import ideal_server, truth
+
+from speedmatrix.loadgen import (
+    CellNotAttempted,
+    DecodeConfig,
+    PrefillConfig,
+    run_decode,
+    run_prefill,
+)
+from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS
+
+CELL_KEYS = [f.name for f in CELL_FIELDS]
+REQUEST_KEYS = [f.name for f in REQUEST_FIELDS]
+
+
+def decode(url: str, **kw: object) -> tuple[dict, list[dict]]:
+    cfg = DecodeConfig(base_url=url, model="ideal", **kw)  # type: ignore[arg-type]
+    return asyncio.run(run_decode(cfg))
+
+
+def prefill(url: str, **kw: object) -> tuple[dict, list[dict]]:
+    cfg = PrefillConfig(base_url=url, model="ideal", **kw)  # type: ignore[arg-type]
+    return asyncio.run(run_prefill(cfg))
+
+
+def server_ttft_ms(url: str) -> float:
+    values = [r["ttft_s"] for r in truth(url)["requests"] if r["ttft_s"] is not None]
+    return 1000 * statistics.median(values)
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "interval_s", "per_chunk", "coalesce", "context"),
+    [
+        (1, 0.010, 1, 1, 8192),
+        (16, 0.010, 1, 1, 16384),
+        (64, 0.020, 4, 1, 2048),  # speculative-decoding-like chunks of 4 tokens
+        (128, 0.025, 1, 2, 1024),  # two chunks per socket write (a busy API server)
+    ],
+)
+def test_decode_matches_the_ideal_servers_truth(
+    concurrency: int, interval_s: float, per_chunk: int, coalesce: int, context: int
+) -> None:
+    with ideal_server(
+        ttft_s=0.030, interval_s=interval_s, tokens_per_chunk=per_chunk, coalesce=coalesce
+    ) as url:
+        cell, rows = decode(
+            url,
+            context=context,
+            concurrency=concurrency,
+            duration_s=4.0,
+            max_output_tokens=100_000,  # no restarts: the true rate is exactly C * k / interval
+        )
+        ttft_truth = server_ttft_ms(url)
+    assert sorted(cell) == sorted(CELL_KEYS)
+    assert cell["status"] == "valid", cell["error"]
+    true_tbt_ms = 1000 * interval_s / per_chunk
+    true_total = concurrency * per_chunk / interval_s
+    assert cell["tbt_ms"] == pytest.approx(true_tbt_ms, rel=0.01)
+    assert cell["total_tok_s"] == pytest.approx(true_total, rel=0.01)
+    assert cell["per_request_tok_s"] == pytest.approx(1000 / true_tbt_ms, rel=0.01)
+    assert cell["tokens_per_chunk"] == pytest.approx(per_chunk, rel=0.01)
+    # Within 2 ms of the server's own TTFT. At 64-128 simultaneous starts on this shared
+    # 2-core box the server itself reads the requests over several ms (its receive queue is
+    # in the client's TTFT, not in the server's), so the bound there is 10 ms; the pinned
+    # benchmark (benchmarks/README.md) gives the precise C=128 figure.
+    bound = 2.0 if concurrency <= 16 else 15.0
+    assert abs(cell["ttft_ms"] - ttft_truth) < bound, (cell["ttft_ms"], ttft_truth)
+    assert cell["context_tokens"] == context
+    assert cell["concurrency"] == concurrency
+    assert cell["avg_active_requests"] == pytest.approx(concurrency)
+    assert cell["active_source"] == "server"
+    assert cell["measured_s"] == pytest.approx(4.0)
+    assert cell["samples"] == concurrency
+    assert abs(cell["server_generation_tokens"] - cell["output_tokens"]) <= max(
+        0.01 * cell["output_tokens"], concurrency
+    )
+    assert all(sorted(r) == sorted(REQUEST_KEYS) for r in rows)
+    assert {r["prompt_tokens"] for r in rows} == {context}
+
+
+def test_restarted_streams_count_completed_requests_and_cached_ttft() -> None:
+    with ideal_server(ttft_s=0.020, interval_s=0.010) as url:
+        cell, rows = decode(url, context=4096, concurrency=8, duration_s=3.0, max_output_tokens=40)
+        ttft_truth = server_ttft_ms(url)
+    assert cell["status"] == "valid", cell["error"]
+    # each request: 20 ms to the first token + 39 intervals of 10 ms = 0.41 s
+    assert cell["completed_requests"] >= 8 * 6
+    assert cell["requests_started"] == len(rows) > cell["completed_requests"]
+    assert cell["tbt_ms"] == pytest.approx(10.0, rel=0.01)
+    assert abs(cell["ttft_ms"] - ttft_truth) < 2.0
+    # the true rate includes the restart gaps: 40 tokens per 0.41 s per stream
+    assert cell["total_tok_s"] == pytest.approx(8 * 40 / 0.41, rel=0.03)
+    finished = [r for r in rows if r["finished"]]
+    assert all(r["output_tokens"] == 40 for r in finished)
+    assert sum(r["window_tokens"] for r in rows) == cell["output_tokens"]
+
+
+def test_shared_prompt_mode_is_recorded_and_exact() -> None:
+    with ideal_server(ttft_s=0.01, interval_s=0.01) as url:
+        cell, rows = decode(
+            url,
+            context=3000,
+            concurrency=4,
+            duration_s=1.5,
+            max_output_tokens=64,
+            prompt_mode="shared",
+        )
+    assert cell["status"] == "valid", cell["error"]
+    assert cell["prompt_mode"] == "shared"
+    assert {r["prompt_tokens"] for r in rows} == {3000}
+
+
+def test_prefill_is_exact_and_prompt_tok_s_is_tokens_over_ttft() -> None:
+    with ideal_server(ttft_s=0.010, prefill_tok_s=200_000.0) as url:
+        cell, rows = prefill(url, context=131072)
+        ttft_truth = server_ttft_ms(url)
+    assert sorted(cell) == sorted(CELL_KEYS)
+    assert cell["status"] == "valid", cell["error"]
+    assert cell["context_tokens"] == 131072
+    assert cell["context_label"] == "128K"
+    true_ttft = 10.0 + 1000 * 131072 / 200_000
+    assert ttft_truth == pytest.approx(true_ttft, rel=0.01)  # the server kept its schedule
+    assert cell["ttft_ms"] == pytest.approx(ttft_truth, rel=0.01)
+    assert cell["total_tok_s"] == pytest.approx(131072 / (cell["ttft_ms"] / 1000))
+    assert cell["completed_requests"] == 1
+    assert len(rows) == 1 and rows[0]["prompt_tokens"] == 131072
+
+
+def test_512k_context_prefill_and_decode() -> None:
+    with ideal_server(ttft_s=0.02, interval_s=0.02) as url:
+        pcell, _ = prefill(url, context=524288, run_tag="big")
+        dcell, _ = decode(
+            url,
+            context=524288,
+            concurrency=2,
+            duration_s=3.0,
+            max_output_tokens=1000,
+            run_tag="big",
+        )
+    assert pcell["status"] == "valid", pcell["error"]
+    assert pcell["context_tokens"] == 524288 and pcell["context_label"] == "512K"
+    assert dcell["status"] == "valid", dcell["error"]
+    assert dcell["context_tokens"] == 524288
+    assert dcell["tbt_ms"] == pytest.approx(20.0, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "reason"),
+    [
+        ({"http_500_every": 6}, "failed", "HTTP 500: injected internal error"),
+        ({"disconnect_every": 6}, "failed", "connection closed by server after 5 tokens"),
+        ({"short_every": 6, "short_by": 3}, "failed", "short output: 37 of 40 tokens"),
+        ({"report_waiting": 2}, "invalid", "requests queued on the server during the window"),
+    ],
+)
+def test_injected_faults_give_status_and_reason(
+    fault: dict[str, object], status: str, reason: str
+) -> None:
+    with ideal_server(ttft_s=0.01, interval_s=0.005, **fault) as url:
+        cell, rows = decode(url, context=1024, concurrency=4, duration_s=2.0, max_output_tokens=40)
+    assert cell["status"] == status
+    assert reason in cell["error"], cell["error"]
+    assert sorted(cell) == sorted(CELL_KEYS)
+    if status == "failed":
+        assert cell["requests_failed"] >= 1
+        assert any(r["error"] for r in rows)
+
+
+def test_queueing_server_never_opens_the_window() -> None:
+    with ideal_server(ttft_s=0.01, interval_s=0.005, max_running=3) as url:
+        cell, _ = decode(
+            url,
+            context=1024,
+            concurrency=4,
+            duration_s=1.0,
+            max_output_tokens=100_000,
+            first_token_timeout_s=1.0,
+            first_token_s_per_1k=0.01,
+        )
+    assert cell["status"] == "failed"
+    assert "only 3 of 4 streams started" in cell["error"]
+
+
+def test_unreachable_server_is_not_attempted() -> None:
+    with pytest.raises(CellNotAttempted, match="unreachable"):
+        decode("http://127.0.0.1:9", context=1024, concurrency=1, duration_s=1)
+
+
+def test_unknown_model_is_not_attempted() -> None:
+    with ideal_server() as url, pytest.raises(CellNotAttempted, match="not served"):
+        asyncio.run(run_prefill(PrefillConfig(base_url=url, model="nope", context=1024)))
+
+
+def test_api_key_is_sent_and_required() -> None:
+    with ideal_server(api_key="s3cret") as url:
+        with pytest.raises(CellNotAttempted, match="refused the API key"):
+            prefill(url, context=1024)
+        cell, _ = prefill(url, context=1024, api_key="s3cret")
+    assert cell["status"] == "valid", cell["error"]
+
+
+def test_bad_config_is_rejected() -> None:
+    with pytest.raises(ValueError, match="concurrency"):
+        decode("http://127.0.0.1:1", context=1024, concurrency=0)
+    with pytest.raises(ValueError, match="prompt_mode"):
+        decode("http://127.0.0.1:1", context=1024, concurrency=1, prompt_mode="both")
