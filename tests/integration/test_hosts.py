@@ -1,0 +1,167 @@
+"""speedmatrix.hosts on both transports: a real sshd on 127.0.0.1 and the local machine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from speedmatrix.hosts import (
+    CommandError,
+    CommandTimeout,
+    HostConnectionError,
+    get_host,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["local", "ssh"])
+def host(request, tmp_path):
+    """The same tests on both transports; HOME points at a temp dir."""
+    if request.param == "local":
+        h = get_host("local", env={"HOME": str(tmp_path)})
+    else:
+        conn = request.getfixturevalue("ssh_conn_id")
+        h = get_host(conn, env={"HOME": str(tmp_path)})
+    yield h
+    h.close()
+
+
+def _alive(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def test_run_returns_rc_stdout_stderr_separately(host):
+    res = host.run("echo out; echo err >&2; exit 3")
+    assert (res.rc, res.stdout, res.stderr) == (3, "out\n", "err\n")
+    assert not res.ok
+
+
+def test_check_raises_with_the_output_tail(host):
+    with pytest.raises(CommandError, match=r"exit code 4[\s\S]*boom"):
+        host.run("echo boom >&2; exit 4", check=True)
+
+
+def test_env_and_host_env_reach_the_command_verbatim(host, tmp_path):
+    weird = "a b;$(echo no) 'q' \"d\" `x`"
+    res = host.run('printf "%s|%s" "$HOME" "$WEIRD"', env={"WEIRD": weird}, check=True)
+    assert res.stdout == f"{tmp_path}|{weird}"
+
+
+def test_total_timeout_kills_the_command_on_the_host(host):
+    marker = f"sleep 3{uuid.uuid4().int % 1000:03d}"
+    t0 = time.monotonic()
+    with pytest.raises(CommandTimeout, match="total timeout"):
+        host.run(f"echo start; {marker}", timeout_s=2)
+    assert time.monotonic() - t0 < 20
+    time.sleep(0.5)
+    assert _alive(marker) == []
+
+
+def test_idle_timeout_is_separate_from_the_total(host):
+    # Output every 0.3 s for ~2 s: never idle for 1 s, so it completes.
+    res = host.run("for i in 1 2 3 4 5 6; do echo $i; sleep 0.3; done", idle_timeout_s=1.5)
+    assert res.stdout.split() == ["1", "2", "3", "4", "5", "6"]
+    with pytest.raises(CommandTimeout, match="no output"):
+        host.run("echo x; sleep 5", idle_timeout_s=1)
+
+
+def test_put_get_and_put_text_with_mode(host, tmp_path):
+    src = tmp_path / "src.bin"
+    src.write_bytes(bytes(range(256)) * 10)
+    host.put(src, "$HOME/deep/dir/copy.bin")
+    assert (tmp_path / "deep/dir/copy.bin").read_bytes() == src.read_bytes()
+    back = tmp_path / "back" / "b.bin"
+    host.get("$HOME/deep/dir/copy.bin", back)
+    assert back.read_bytes() == src.read_bytes()
+    host.put_text("secret=1\n", "$HOME/s/secrets.env", mode=0o600)
+    path = tmp_path / "s/secrets.env"
+    assert path.read_text() == "secret=1\n"
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_home_and_resolve_follow_the_host_env(host, tmp_path):
+    assert host.home() == str(tmp_path)
+    assert host.resolve("$HOME/x") == f"{tmp_path}/x"
+    assert host.resolve("~/y") == f"{tmp_path}/y"
+    assert host.resolve("/abs") == "/abs"
+
+
+# ---------------------------------------------------------------- SSH only
+@pytest.mark.parametrize("bad", ["wrong_key", "no_key"])
+def test_host_key_checking_is_on(sshd, bad, monkeypatch):
+    """A connection whose host key does not match (or is unknown) is refused."""
+    conn = json.loads(os.environ[f"AIRFLOW_CONN_{sshd.conn_id.upper()}"])
+    if bad == "wrong_key":
+        other = subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{sshd.workdir}/other"],
+            capture_output=True,
+        )
+        assert other.returncode == 0
+        with open(f"{sshd.workdir}/other.pub") as fh:
+            conn["extra"]["host_key"] = " ".join(fh.read().split()[:2])
+    else:
+        del conn["extra"]["host_key"]
+    monkeypatch.setenv("AIRFLOW_CONN_HOSTKEY_TEST", json.dumps(conn))
+    monkeypatch.setenv("HOME", f"{sshd.workdir}/nohome")  # no ~/.ssh/known_hosts to fall back on
+    h = get_host("hostkey_test")
+    with pytest.raises(HostConnectionError):
+        h.run("true")
+
+
+def _sshd_children(sshd) -> list[int]:
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(sshd.pid)], capture_output=True, text=True
+    ).stdout
+    return [int(x) for x in out.split()]
+
+
+def _drop_connections_after(sshd, delay: float) -> threading.Thread:
+    """Kill the per-connection sshd processes (not the listener) after ``delay`` s."""
+
+    def go():
+        time.sleep(delay)
+        for pid in _sshd_children(sshd):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def test_dropped_connection_is_not_retried_for_a_non_idempotent_step(sshd, tmp_path):
+    h = get_host(sshd.conn_id, env={"HOME": str(tmp_path)})
+    h.run("true", check=True)  # connect first
+    counter = tmp_path / "count"
+    t = _drop_connections_after(sshd, 1.0)
+    with pytest.raises(HostConnectionError, match="not repeated"):
+        h.run(f"echo x >> {counter}; sleep 4", timeout_s=30)
+    t.join()
+    time.sleep(0.5)
+    assert counter.read_text().count("x") == 1
+    h.close()
+
+
+def test_dropped_connection_is_retried_for_an_idempotent_step(sshd, tmp_path):
+    h = get_host(sshd.conn_id, env={"HOME": str(tmp_path)})
+    h.run("true", check=True)
+    counter = tmp_path / "count"
+    t = _drop_connections_after(sshd, 1.0)
+    res = h.run(
+        f"echo x >> {counter}; [ $(wc -l < {counter}) -ge 2 ] || sleep 4; echo done",
+        timeout_s=60,
+        idempotent=True,
+    )
+    t.join()
+    assert res.stdout.strip().endswith("done")
+    assert counter.read_text().count("x") == 2
+    h.close()
