@@ -3,7 +3,8 @@
 A change is a `regression` or an `improvement` only when it exceeds BOTH the relative
 threshold (recipe-configurable, default 3%) AND the combined noise of the two cells; otherwise
 it is `noise`. Each cell's noise is the larger of its within-window bootstrap half-width and
-1.96 x the between-run relative spread (noise.py); the combined noise of a difference is the
+1.96 x the between-run relative spread (noise.py), and for decode total tok/s at least the
+counting resolution (one token per stream at the window's edges); the combined noise of a difference is the
 root-sum-square of the two sides (the half-width of the difference's interval). Verdicts are
 direction-aware: lower TTFT / time-between-tokens is better, higher tok/s, acceptance and KV
 capacity are better. A KV-capacity change shows twice: as a run-level `kv_cache_tokens` row and
@@ -274,12 +275,20 @@ def compare_runs(
             rel_sd, sd_source = noise.lookup(
                 run.get("recipe_id"), run.get("host"), phase, ctx, conc, metric.column
             )
-            h_a = _half_width(ci_a, rel_sd)
-            h_b = _half_width(ci_b, rel_sd)
+            q_a = _resolution(a, metric) if metric.column == "total_tok_s" else 0.0
+            q_b = _resolution(b, metric) if metric.column == "total_tok_s" else 0.0
+            h_a = max(_half_width(ci_a, rel_sd), q_a)
+            h_b = max(_half_width(ci_b, rel_sd), q_b)
             combined = math.hypot(h_a, h_b)
             verdict, change = verdict_for(va, vb, metric.higher_is_better, t, combined)
             sources = [
-                s for s, on in (("within", ci_a or ci_b), (f"between-{sd_source}", rel_sd)) if on
+                s
+                for s, on in (
+                    ("within", ci_a is not None or ci_b is not None),
+                    (f"between-{sd_source}", rel_sd is not None),
+                    ("resolution", bool(q_a or q_b)),
+                )
+                if on
             ]
             emit(
                 **cell_common,
@@ -305,6 +314,17 @@ def compare_runs(
 def _sort_key(key: tuple[Any, ...]) -> tuple[int, int, int]:
     phase, ctx, conc = key
     return (0 if phase == "prefill" else 1, ctx, conc)
+
+
+def _resolution(cell: Mapping[str, Any], metric: Metric) -> float:
+    """The counting resolution of a decode cell's total tok/s, relative: each of the C streams'
+    in-window token count is uncertain by one token at the window's edges, so C / tokens. It
+    matters for short windows and slow cells (a 3 s window of 440 tokens at C=4 is +-0.9%), and
+    keeps a cell whose bootstrap and history happen to show no spread from claiming zero noise."""
+    if cell.get("phase") != "decode":
+        return 0.0
+    tokens, conc = _num(cell.get("output_tokens")), _num(cell.get("concurrency"))
+    return conc / tokens if tokens and conc else 0.0
 
 
 def _half_width(ci: Interval | None, rel_sd: float | None) -> float:

@@ -299,3 +299,15 @@ def test_compare_url_needs_both_commits_and_a_github_repository():
         )
         is None
     )
+
+
+def test_counting_resolution_is_a_floor_on_total_tok_s_noise():
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    old = [dict(c, output_tokens=440) if c["phase"] == "decode" else c for c in _matrix()]
+    cur = [dict(c, output_tokens=436) if c["phase"] == "decode" else c for c in _matrix()]
+    rows = compare_runs(new, cur, base, old, threshold=0.0)
+    r = _by(rows, "total_tok_s", 16, 8192)[0]
+    # C=16 streams over ~440 tokens: +-3.6% per side, so an equal total is noise at any threshold
+    assert r["noise_source"] == "resolution"
+    assert r["noise_pct"] == pytest.approx(100 * ((16 / 436) ** 2 + (16 / 440) ** 2) ** 0.5)
+    assert _by(rows, "tbt_ms", 16, 8192)[0]["noise_source"] == "none"
