@@ -37,6 +37,8 @@ def test_run_fields(parsed):
     expected = {
         "trigger": "ingest",
         "status": "success",
+        "recipe_id": "published/rtx-pro-6000-blackwell-server-edition-x8/kimi-k2.7-code-nvfp4",
+        "started_at": None,
         "hardware_type": "Discrete GPU",
         "hardware_gpu": "RTX PRO 6000 Blackwell Server Edition",
         "hardware_gpu_count": 8,

@@ -508,6 +508,8 @@ def _check_matrix(lines: list[_Line], cells: list[dict], source: str | None) -> 
         label = row[0]
         for conc, text in zip(concurrencies, row[1:], strict=True):
             cell = decode.get((label, conc))
+            if cell is None and text in (F.DASH, ""):
+                continue  # a cell the run did not plan
             if cell is None:
                 raise ReportParseError(
                     f"Sustained decode: {label} x {conc} has no row in All measurements",
@@ -632,6 +634,21 @@ def _from_launch(command: str | None) -> dict:
     return out
 
 
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-.") or "unknown"
+
+
+def published_recipe_id(run: dict) -> str:
+    """The recipe id an ingested page is filed under: ``published/<gpu>-x<count>/<model>``
+    (e.g. ``published/rtx-pro-6000-blackwell-server-edition-x8/kimi-k2.7-code-nvfp4``), so
+    pages of one configuration group together in the warehouse."""
+    hw = _slug(str(run.get("hardware_gpu") or "unknown"))
+    if run.get("hardware_gpu_count"):
+        hw += f"-x{run['hardware_gpu_count']}"
+    model = _slug(str(run.get("served_model") or run.get("model") or "unknown"))
+    return f"published/{hw}/{model}"
+
+
 def content_run_id(run: dict, cells: list[dict]) -> str:
     """``ingest-`` + 16 hex of a SHA-256 over the parsed content (not the raw text, not the
     source path): the same page, wherever it lies and however it is laid out, is the same run."""
@@ -646,7 +663,8 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
     """Parse one published Speed test matrix page (scraped text or our Markdown).
 
     Returns a :class:`ParsedReport`: ``.run`` holds every RUN_FIELDS key (``trigger`` =
-    ``ingest``, ``status`` = ``success``, ``source`` = the given source); ``.cells`` one full
+    ``ingest``, ``status`` = ``success``, ``source`` = the given source, ``recipe_id`` =
+    :func:`published_recipe_id`, ``started_at`` None: the pages carry no date); ``.cells`` one full
     cell record (every CELL_FIELDS key) per "All measurements" row, in table order.
 
     The page gives contexts only as labels (``8K``, ``251K`` = tokens // 1024), so an ingested
@@ -693,9 +711,13 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
         run[k] = v
     run["trigger"] = "ingest"
     run["status"] = "success"
+    run["recipe_id"] = published_recipe_id(run)
     run["source"] = source
 
     cells, before, after = _parse_measurements(sections["All measurements"], run, source)
+    # anything under a further heading (a baseline comparison, a footer) is not the page's
+    k = next((i for i, ln in enumerate(after) if re.match(r"^#{1,6}\s", ln.text)), len(after))
+    after = after[:k]
     for note in [*before, *after]:
         if note.text.startswith("|"):
             raise ReportParseError(

@@ -1,0 +1,317 @@
+"""Warehouse benchmark: a synthetic warehouse of three years of nightly runs for 20 recipes
+(~22,000 runs, ~1.2 million cells), then: landing one run with ``Warehouse.land_run`` on top
+of it, and the three analyst queries of ``warehouse/README.md``, cold and warm, with DuckDB.
+
+    uv run python benchmarks/warehouse_bench.py generate --root /tmp/wh-bench   # once (minutes)
+    uv run python benchmarks/warehouse_bench.py measure  --root /tmp/wh-bench   # the figures
+
+Not a test: the figures go to benchmarks/README.md. The generator writes the Parquet files
+directly (same schemas, same paths, same writer as land_run) with pyarrow, in bulk and in
+parallel, instead of calling land_run 22,000 times; land_run itself is timed on top of the big
+warehouse. "Cold" is a fresh process and a fresh DuckDB connection (the OS page cache is not
+dropped: that needs privileges a CI runner does not have); "warm" is the median of repeats on
+the same connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "plugins"))
+
+from speedmatrix import warehouse as W  # noqa: E402
+from speedmatrix.records import empty_cell  # noqa: E402
+
+RECIPES = [f"bench/hw{i // 5}/model-{i:02d}" for i in range(20)]
+START = dt.date(2023, 1, 1)
+DAYS = 1096  # three years
+PREFILL = [8, 16, 32, 64, 128, 251, 256]
+CONTEXTS = [8, 16, 32, 64, 128, 251]
+CONCURRENCIES = [1, 2, 4, 8, 16, 32, 64, 128]
+REQUESTS_PER_RUN = 16  # a few request rows per run (the queries do not read them)
+
+QUERIES = {
+    "q1_cell_trend": """
+        -- one cell of one recipe across a year of nightly runs
+        SELECT r.started_at, r.engine_version, r.engine_commit,
+               c.total_tok_s, c.per_request_tok_s, c.ttft_ms, c.tbt_ms
+        FROM cells c
+        JOIN runs r USING (run_id)
+        WHERE c.recipe_id = 'bench/hw1/model-07' AND r.recipe_id = 'bench/hw1/model-07'
+          AND c.run_date BETWEEN DATE '2025-01-01' AND DATE '2025-12-31'
+          AND r.run_date BETWEEN DATE '2025-01-01' AND DATE '2025-12-31'
+          AND r.trigger = 'nightly'
+          AND c.phase = 'decode' AND c.context_label = '32K' AND c.concurrency = 4
+        ORDER BY r.started_at
+    """,
+    "q2_run_matrix": """
+        -- one run's whole matrix
+        SELECT phase, context_label, concurrency, status, total_tok_s, per_request_tok_s,
+               ttft_ms, tbt_ms
+        FROM cells
+        WHERE run_id = 'nightly-bench-hw2-model-12-2024-06-15'
+        ORDER BY phase DESC, context_tokens, concurrency
+    """,
+    "q3_one_date": """
+        -- every recipe on one date
+        SELECT r.recipe_id, r.engine_version, c.context_label, c.concurrency, c.total_tok_s
+        FROM cells c
+        JOIN runs r USING (run_id)
+        WHERE c.run_date = DATE '2025-03-14' AND r.run_date = DATE '2025-03-14'
+          AND c.phase = 'decode' AND c.status = 'valid'
+        ORDER BY r.recipe_id, c.context_tokens, c.concurrency
+    """,
+}
+
+
+def run_id_of(recipe: str, day: dt.date) -> str:
+    return f"nightly-{recipe.replace('/', '-')}-{day.isoformat()}"
+
+
+def template(recipe_index: int) -> tuple[dict, list[dict], list[dict]]:
+    """One run of a recipe (the reference page's shape: 7 prefill + 48 decode cells)."""
+    rng = np.random.default_rng(recipe_index)
+    speed = 30 + 40 * rng.random()
+    cells = []
+    for k in PREFILL:
+        cells.append(
+            empty_cell(
+                phase="prefill",
+                context_tokens=k * 1024,
+                context_label=f"{k}K",
+                concurrency=1,
+                status="valid",
+                total_tok_s=6000.0 - 10 * k,
+                ttft_ms=k * 1024 / (6000.0 - 10 * k) * 1000,
+                completed_requests=1,
+                max_output_tokens=1,
+            )
+        )
+    for k in CONTEXTS:
+        for c in CONCURRENCIES:
+            over = c * (k + 4) > 300
+            per = speed * (1 - 0.05 * np.log2(c)) * (1 - k / 1000)
+            cells.append(
+                empty_cell(
+                    phase="decode",
+                    context_tokens=k * 1024,
+                    context_label=f"{k}K",
+                    concurrency=c,
+                    status="over_capacity" if over else "valid",
+                    total_tok_s=None if over else per * c,
+                    per_request_tok_s=None if over else per,
+                    ttft_ms=None if over else 80.0 + k * 5,
+                    tbt_ms=None if over else 1000 / per,
+                    avg_active_requests=None if over else float(c),
+                    completed_requests=None if over else 0,
+                    output_tokens=None if over else int(per * c * 30),
+                    measured_s=None if over else 30.0,
+                    max_output_tokens=4096,
+                    window_s=30.0,
+                    prompt_mode="distinct",
+                )
+            )
+    requests = [
+        {
+            "phase": "decode",
+            "context_tokens": 8192,
+            "concurrency": 16,
+            "request_index": i,
+            "stream": i,
+            "prompt_tokens": 8192,
+            "output_tokens": 1500,
+            "window_tokens": 1500,
+            "ttft_ms": 400.0,
+            "tbt_ms": 20.0,
+            "chunks": 200,
+            "finished": False,
+        }
+        for i in range(REQUESTS_PER_RUN)
+    ]
+    run = {
+        "run_id": "template",
+        "recipe_id": RECIPES[recipe_index],
+        "trigger": "nightly",
+        "status": "success",
+        "hardware_type": "Discrete GPU",
+        "hardware_gpu": "RTX PRO 6000 Blackwell Server Edition",
+        "hardware_gpu_count": 8,
+        "hardware_vram_gb": 96.0,
+        "hardware_os": "linux",
+        "engine": "vllm",
+        "engine_version": "0.1.dev1+g9fedd24fa",
+        "engine_commit": "9fedd24fa864",
+        "quantization": "NVFP4",
+        "served_model": f"model-{recipe_index:02d}",
+        "bench_tool": "speedmatrix",
+        "measure_s": 30.0,
+        "max_output_tokens": 4096,
+        "host": "bench",
+    }
+    return run, cells, requests
+
+
+def _generate_recipe(args: tuple[str, int]) -> int:
+    root, recipe_index = args
+    wh = W.Warehouse(root)
+    run, cells, requests = template(recipe_index)
+    recipe = RECIPES[recipe_index]
+    base = wh.build_tables(
+        dict(run, started_at=dt.datetime(2023, 1, 1, 2, tzinfo=dt.UTC)), cells, requests
+    )
+    rng = np.random.default_rng(1000 + recipe_index)
+    n_files = 0
+    for d in range(DAYS):
+        day = START + dt.timedelta(days=d)
+        rid = run_id_of(recipe, day)
+        started = dt.datetime(day.year, day.month, day.day, 2, 0, tzinfo=dt.UTC)
+        jitter = 1 + 0.02 * rng.standard_normal()
+        for table in W.TABLES:
+            t = base[table]
+            n = t.num_rows
+
+            def put(t, name, arr):
+                return t.set_column(t.schema.get_field_index(name), t.schema.field(name), arr)
+
+            if table == "runs":
+                t = put(t, "run_id", pa.array([rid]))
+                t = put(t, "started_at", pa.array([started], t.schema.field("started_at").type))
+                t = put(
+                    t,
+                    "finished_at",
+                    pa.array([started + dt.timedelta(hours=1)], t.schema.field("finished_at").type),
+                )
+                t = put(t, "engine_commit", pa.array([f"{d:012x}"]))
+            else:
+                t = put(t, "run_id", pa.array([rid] * n))
+            if table == "cells":
+                for col in ("total_tok_s", "per_request_tok_s"):
+                    t = put(t, col, pa.compute.multiply(t.column(col), jitter))
+            t = put(t, "run_date", pa.array([day] * n, pa.date32()))
+            path = wh.file_path(table, rid, recipe, day)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            W.write_parquet(t, path, wh.fs)
+            n_files += 1
+    return n_files
+
+
+def generate(root: str, workers: int) -> None:
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        files = sum(pool.map(_generate_recipe, [(root, i) for i in range(len(RECIPES))]))
+    elapsed = time.perf_counter() - t0
+    print(f"generated {files} files ({len(RECIPES) * DAYS} runs) in {elapsed:.0f} s")
+
+
+def count_files(root: str) -> dict[str, int]:
+    out = {}
+    for table in W.TABLES:
+        n = 0
+        for _dirpath, _dirs, files in os.walk(os.path.join(root, table)):
+            n += sum(f.endswith(".parquet") for f in files)
+        out[table] = n
+    return out
+
+
+def _cold_query(root: str, name: str) -> dict:
+    """In a fresh process: open a connection, run the query once (cold), then 5 times (warm)."""
+    code = f"""
+import json, statistics, sys, time
+sys.path.insert(0, {str(HERE.parent / "plugins")!r})
+from speedmatrix.warehouse import Warehouse
+sys.path.insert(0, {str(HERE)!r})
+from warehouse_bench import QUERIES
+wh = Warehouse({root!r})
+sql = QUERIES[{name!r}]
+t = time.perf_counter(); con = wh.connect(); df = con.execute(sql).df(); cold = time.perf_counter() - t
+warm = []
+for _ in range(5):
+    t = time.perf_counter(); con.execute(sql).df(); warm.append(time.perf_counter() - t)
+t = time.perf_counter(); df2 = wh.query(sql); api_first = time.perf_counter() - t
+t = time.perf_counter(); wh.query(sql); api_warm = time.perf_counter() - t
+print(json.dumps({{"rows": len(df), "cold_s": cold, "warm_s": statistics.median(warm),
+                   "query_api_first_s": api_first, "query_api_warm_s": api_warm}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(root: str) -> dict:
+    results: dict = {"files_before": count_files(root)}
+    wh = W.Warehouse(root)
+    run, cells, requests = template(3)
+    # warm up imports (pandas, pyarrow compute) so the figure is landing, not import time
+    wh.build_tables(dict(run, run_id="warmup"), cells, requests)
+    timings = []
+    day = START + dt.timedelta(days=DAYS)
+    for i in range(5):
+        r = dict(
+            run,
+            run_id=f"bench-land-{i}",
+            started_at=dt.datetime(day.year, day.month, day.day, 3, tzinfo=dt.UTC),
+        )
+        t = time.perf_counter()
+        wh.land_run(r, cells, requests)
+        timings.append(time.perf_counter() - t)
+    results["land_new_run_s"] = {"median": statistics.median(timings), "max": max(timings)}
+    timings = []
+    for _ in range(5):
+        r = dict(
+            run,
+            run_id="bench-land-0",
+            started_at=dt.datetime(day.year, day.month, day.day, 3, tzinfo=dt.UTC),
+        )
+        t = time.perf_counter()
+        wh.land_run(r, cells, requests)
+        timings.append(time.perf_counter() - t)
+    results["land_again_same_run_s"] = {"median": statistics.median(timings), "max": max(timings)}
+    after = count_files(root)
+    results["files_after"] = after
+    results["files_added_per_run"] = {
+        t: (after[t] - results["files_before"][t]) / 5 for t in W.TABLES
+    }
+    t = time.perf_counter()
+    wh.read_run("nightly-bench-hw2-model-12-2024-06-15")
+    results["read_run_s"] = time.perf_counter() - t
+    for i in range(5):
+        wh.delete_run(f"bench-land-{i}")
+    results["queries"] = {name: _cold_query(root, name) for name in QUERIES}
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("--root", required=True)
+    g.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    m = sub.add_parser("measure")
+    m.add_argument("--root", required=True)
+    m.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args(argv)
+    if args.cmd == "generate":
+        generate(args.root, args.workers)
+    else:
+        results = measure(args.root)
+        text = json.dumps(results, indent=2)
+        print(text)
+        if args.json:
+            Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""``speedmatrix ingest`` and ``speedmatrix report``.
+
+``ingest REPORT.txt… [--warehouse W] [--recipe-id R]``: parse every page first (any error: a
+one-line reason naming the file and line, exit 2, nothing lands), then land each as a run and
+keep the page as the run's ``source.txt`` artifact. Prints the run ids on stdout, one per line,
+and nothing else there.
+
+``report --run-id ID [--warehouse W] [--format md|html] [--out F] [--baseline B] [--save]``:
+render a landed run (stdout without ``--out``); ``--baseline`` adds each cell's change against
+another run; ``--save`` also keeps the page as the run's ``report.md`` / ``report.html`` artifact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def register(sub: argparse._SubParsersAction, name: str) -> None:
+    if name == "ingest":
+        p = sub.add_parser(
+            "ingest",
+            help="land published Speed test matrix reports",
+            description="Parse published 'Speed test matrix' pages and land each as a run "
+            "(trigger 'ingest'). Prints the run ids, one per line.",
+        )
+        p.add_argument("reports", nargs="+", metavar="REPORT.txt", help="page(s) to ingest")
+        p.add_argument(
+            "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+        )
+        p.add_argument("--recipe-id", help="tag the runs with this recipe id (changes the run id)")
+        p.set_defaults(func=cmd_ingest)
+    else:
+        p = sub.add_parser(
+            "report",
+            help="render a run from the warehouse",
+            description="Render a landed run as the published Speed test matrix page.",
+        )
+        p.add_argument("--run-id", required=True, help="the run to render")
+        p.add_argument(
+            "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+        )
+        p.add_argument("--format", choices=("md", "html"), default="md")
+        p.add_argument("--out", help="write here instead of stdout")
+        p.add_argument(
+            "--baseline", metavar="RUN_ID", help="add each cell's change against this run"
+        )
+        p.add_argument(
+            "--save", action="store_true", help="also keep the page as the run's artifact"
+        )
+        p.set_defaults(func=cmd_report)
+
+
+def _cli_error(message: str) -> Exception:
+    from speedmatrix.cli import CliError
+
+    return CliError(message)
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from speedmatrix.report.parse import parse_report
+    from speedmatrix.warehouse import Warehouse
+
+    parsed = []
+    for path in args.reports:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except UnicodeDecodeError as exc:
+            raise _cli_error(f"{path}: not UTF-8 text ({exc.reason})") from None
+        # errors name the file as given on the command line, and the line
+        report = parse_report(text, source=path)
+        if args.recipe_id:
+            from speedmatrix.report.parse import content_run_id
+
+            report.run["recipe_id"] = args.recipe_id
+            report.run_id = content_run_id(report.run, report.cells)
+            report.run["run_id"] = report.run_id
+        report.run["source"] = os.path.basename(path)
+        parsed.append((path, text, report))
+    wh = Warehouse(args.warehouse)
+    for _path, text, report in parsed:
+        wh.land_run(report.run, report.cells, report.requests)
+        wh.write_artifact(report.run_id, "source.txt", text)
+        print(report.run_id, flush=True)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from speedmatrix.report.render import render_html, render_markdown
+    from speedmatrix.warehouse import Warehouse
+
+    wh = Warehouse(args.warehouse)
+    try:
+        run, cells, _requests = wh.read_run(args.run_id)
+        baseline = None
+        if args.baseline:
+            base_run, base_cells, _ = wh.read_run(args.baseline)
+            baseline = (base_run, base_cells)
+    except KeyError as exc:
+        raise _cli_error(str(exc.args[0]) if exc.args else str(exc)) from None
+    render = render_html if args.format == "html" else render_markdown
+    page = render(run, cells, baseline=baseline)
+    if args.save:
+        wh.write_artifact(args.run_id, f"report.{args.format}", page)
+    if args.out:
+        tmp = f"{args.out}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(page)
+        os.replace(tmp, args.out)
+    else:
+        sys.stdout.write(page if page.endswith("\n") else page + "\n")
+    return 0

@@ -1,0 +1,430 @@
+"""Render a run as the published "Speed test matrix" page: Markdown and one-file HTML.
+
+``render_markdown(run, cells, baseline=None)`` reproduces the published page: the title, the
+Hardware / Engine / Run header fields, the launch command, the Prefill summary, the Sustained
+decode matrix and the "All measurements" table, in that order and with the same labels; every
+"All measurements" row is formatted exactly as the published pages write it (see
+``speedmatrix.report.formats``). The Markdown parses back (``speedmatrix.report.parse``) to the
+same run fields and cells, hence the same run id. With ``baseline=(run, cells)`` a section
+"Change against baseline" follows, one row per cell present in both runs.
+
+``render_html(run, cells, baseline=None)`` has the same content as one self-contained HTML file
+(inline CSS, charts as inline SVG): colour-scaled prefill and decode matrices, prefill tok/s
+and TTFT against context, decode total and per-request tok/s against concurrency.
+
+``run`` and ``cells`` are dicts keyed by the records.py field names (what
+``Warehouse.read_run`` returns; extra keys are ignored).
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from speedmatrix.records import context_label
+from speedmatrix.report import formats as F
+
+OVER_CAPACITY_NOTE = (
+    "Over capacity: not run because this many requests at this context would exceed the "
+    "server's KV cache."
+)
+TTFT_NOTE = (
+    "TTFT is measured after the benchmark warms the server's prompt cache, so it mostly "
+    "excludes prefill."
+)
+TABLE_NOTE = "Latencies are medians. Total tok/s is output across all simultaneous requests."
+MATRIX_NOTE = "total tok/s · rows are context length, columns are simultaneous requests"
+PREFILL_NOTE = "prompt tok/s by context length"
+
+Baseline = tuple[dict, list[dict]]
+
+
+def _absent(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _v(run: dict, key: str) -> Any:
+    value = run.get(key)
+    return None if _absent(value) else value
+
+
+def sort_cells(cells: Sequence[dict]) -> list[dict]:
+    """Page order: prefill then decode; by context, then concurrency."""
+    order = {"prefill": 0, "decode": 1}
+    return sorted(
+        cells,
+        key=lambda c: (
+            order.get(c.get("phase"), 2),
+            c.get("context_tokens") or 0,
+            c.get("concurrency") or 0,
+        ),
+    )
+
+
+def _label(cell: dict) -> str:
+    label = cell.get("context_label")
+    if label:
+        return str(label)
+    return context_label(int(cell["context_tokens"]))
+
+
+def _vram_text(run: dict) -> str | None:
+    per = _v(run, "hardware_vram_gb")
+    if per is None:
+        return None
+    count = _v(run, "hardware_gpu_count")
+    per_text = F.fmt_gb(per)
+    if count:
+        return f"{F.fmt_gb(per * count)} ({count} × {per_text})"
+    return per_text
+
+
+def header_fields(run: dict) -> dict[str, list[tuple[str, str]]]:
+    """Section -> [(label, value text)] in page order; optional fields without a value are
+    left out, required ones show ``—``."""
+    from speedmatrix.report.parse import HEADER_LABELS, REQUIRED_LABELS
+
+    out: dict[str, list[tuple[str, str]]] = {}
+    for section, labels in HEADER_LABELS.items():
+        rows = []
+        for label, key in labels:
+            value = _v(run, key)
+            if key == "hardware_vram_gb":
+                text = _vram_text(run)
+            elif key == "measure_s":
+                text = F.fmt_seconds_header(value) if value is not None else None
+            elif key == "max_output_tokens":
+                text = F.fmt_tokens(value) if value is not None else None
+            elif key == "bench_tool":
+                version = _v(run, "bench_tool_version")
+                text = f"{value} v{version}" if value and version else value
+            elif key == "engine_pr":
+                text = f"#{value}" if value is not None else None
+            else:
+                text = None if value is None else str(value)
+            if text is None:
+                if label not in REQUIRED_LABELS[section]:
+                    continue
+                text = F.DASH
+            rows.append((label, text))
+        out[section] = rows
+    return out
+
+
+def title_lines(run: dict, cells: Sequence[dict]) -> tuple[str, str]:
+    """The two lines under "Speed test matrix": model on hardware; engine and matrix shape."""
+    model = _v(run, "served_model") or _v(run, "model") or "model"
+    gpu = _v(run, "hardware_gpu") or "unknown hardware"
+    hw = f"{model} on {gpu}"
+    per, count = _v(run, "hardware_vram_gb"), _v(run, "hardware_gpu_count")
+    if per is not None:
+        hw += f" {per:g}GB"
+    if count:
+        hw += f" ×{count}"
+    parts = [
+        p for p in (_v(run, "engine"), _v(run, "engine_version"), _v(run, "quantization")) if p
+    ]
+    decode = [c for c in cells if c.get("phase") == "decode"]
+    prefill = sort_cells([c for c in cells if c.get("phase") == "prefill"])
+    ctx = sorted({c["context_tokens"] for c in decode})
+    labels = {c["context_tokens"]: _label(c) for c in decode}
+    conc = sorted({c["concurrency"] for c in decode})
+    if ctx:
+        parts.append(
+            f"{len(ctx)} contexts ({labels[ctx[0]]}–{labels[ctx[-1]]}) × {len(conc)} "
+            f"concurrency levels ({conc[0]}–{conc[-1]})"
+        )
+    if prefill:
+        parts.append("prefill at " + ", ".join(_label(c) for c in prefill))
+    return hw, " · ".join(str(p) for p in parts)
+
+
+def decode_matrix(cells: Sequence[dict]) -> tuple[list[dict], list[int], dict]:
+    """-> context rows [{tokens, label}], concurrency columns, {(tokens, conc): cell}."""
+    decode = [c for c in cells if c.get("phase") == "decode"]
+    rows = sorted({c["context_tokens"] for c in decode})
+    labels = {c["context_tokens"]: _label(c) for c in decode}
+    cols = sorted({c["concurrency"] for c in decode})
+    grid = {(c["context_tokens"], c["concurrency"]): c for c in decode}
+    return [{"tokens": t, "label": labels[t]} for t in rows], cols, grid
+
+
+def matrix_text(cell: dict | None, sep: str = " · ") -> str:
+    """A decode matrix cell: ``54.9 · 87 ms TTFT``, ``Over capacity``, ``—``."""
+    if cell is None:
+        return F.DASH
+    if cell.get("status") != "valid":
+        return F.fmt_status(cell.get("status"))
+    return f"{F.fmt_rate_summary(cell.get('total_tok_s'), 1)}{sep}{F.fmt_ms(cell.get('ttft_ms'), 0)} TTFT"
+
+
+def prefill_entries(cells: Sequence[dict]) -> list[tuple[str, str, str]]:
+    """[(``8K context``, ``6,206``, ``1,320 ms TTFT``)]"""
+    out = []
+    for c in sort_cells([c for c in cells if c.get("phase") == "prefill"]):
+        if c.get("status") == "valid":
+            out.append(
+                (
+                    f"{_label(c)} context",
+                    F.fmt_rate_summary(c.get("total_tok_s"), 0),
+                    f"{F.fmt_ms(c.get('ttft_ms'), 0)} TTFT",
+                )
+            )
+        else:
+            out.append((f"{_label(c)} context", F.fmt_status(c.get("status")), F.DASH))
+    return out
+
+
+def _pct(new: Any, old: Any) -> str:
+    if _absent(new) or _absent(old) or not old:
+        return F.DASH
+    change = (float(new) - float(old)) / float(old) * 100
+    return f"{change:+.1f}%"
+
+
+def comparison_rows(cells: Sequence[dict], baseline_cells: Sequence[dict]) -> list[dict]:
+    """Cells of both runs matched on (phase, context label, concurrency), with changes."""
+    base = {(c.get("phase"), _label(c), c.get("concurrency")): c for c in baseline_cells}
+    rows = []
+    for c in sort_cells(cells):
+        b = base.get((c.get("phase"), _label(c), c.get("concurrency")))
+        if b is None:
+            continue
+        rows.append(
+            {
+                "cell": c,
+                "base": b,
+                "phase": F.PHASE_LABELS.get(c.get("phase"), str(c.get("phase"))),
+                "context": _label(c),
+                "concurrency": c.get("concurrency"),
+                "status": F.fmt_status(c.get("status"))
+                + (
+                    f" (was {F.fmt_status(b.get('status'))})"
+                    if b.get("status") != c.get("status")
+                    else ""
+                ),
+                "total": F.fmt_rate(c.get("total_tok_s")),
+                "total_base": F.fmt_rate(b.get("total_tok_s")),
+                "total_change": _pct(c.get("total_tok_s"), b.get("total_tok_s")),
+                "per_request_change": _pct(c.get("per_request_tok_s"), b.get("per_request_tok_s")),
+                "ttft_change": _pct(c.get("ttft_ms"), b.get("ttft_ms")),
+                "tbt_change": _pct(c.get("tbt_ms"), b.get("tbt_ms")),
+                "total_change_value": (
+                    None
+                    if _absent(c.get("total_tok_s"))
+                    or _absent(b.get("total_tok_s"))
+                    or not b.get("total_tok_s")
+                    else (c["total_tok_s"] - b["total_tok_s"]) / b["total_tok_s"]
+                ),
+            }
+        )
+    return rows
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", F.table_rule(len(header))]
+    out += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
+    return out
+
+
+def render_markdown(run: dict, cells: list[dict], baseline: Baseline | None = None) -> str:
+    """The published page as Markdown (see the module docstring)."""
+    cells = sort_cells(cells)
+    hw, shape = title_lines(run, cells)
+    out: list[str] = ["# Speed test matrix", "", f"**{hw}**", "", shape, ""]
+    for section, fields in header_fields(run).items():
+        out += [f"## {section}", ""]
+        out += [f"- {label}: {text}" for label, text in fields]
+        out.append("")
+    command = _v(run, "launch_command")
+    if command:
+        out += ["## Launch command", "", "```", str(command), "```", ""]
+    prefill = prefill_entries(cells)
+    if prefill:
+        out += ["## Prefill", "", PREFILL_NOTE, ""]
+        out += _md_table(["Context", "Prompt tok/s", "TTFT"], prefill)
+        out.append("")
+    rows, cols, grid = decode_matrix(cells)
+    if rows:
+        out += ["## Sustained decode", "", MATRIX_NOTE, ""]
+        out += _md_table(
+            ["Context", *(str(c) for c in cols)],
+            [[r["label"], *(matrix_text(grid.get((r["tokens"], c))) for c in cols)] for r in rows],
+        )
+        out += ["", OVER_CAPACITY_NOTE, "", TTFT_NOTE, ""]
+    out += ["## All measurements", "", TABLE_NOTE, "", F.table_header(), F.table_rule()]
+    out += [F.table_row(c) for c in cells]
+    out += ["", OVER_CAPACITY_NOTE, ""]
+    if baseline is not None:
+        base_run, base_cells = baseline
+        out += [f"## Change against baseline {base_run.get('run_id')}", ""]
+        out.append(
+            f"Baseline: {base_run.get('run_id')} ({_v(base_run, 'engine') or ''} "
+            f"{_v(base_run, 'engine_version') or ''}"
+            + (f", {_v(base_run, 'started_at')}" if _v(base_run, "started_at") else "")
+            + "). Changes are relative to the baseline; for TTFT and time between tokens "
+            "lower is better."
+        )
+        out.append("")
+        comp = comparison_rows(cells, base_cells)
+        out += _md_table(
+            [
+                "Phase",
+                "Context",
+                "Requests at once",
+                "Status",
+                "Total tok/s",
+                "Baseline tok/s",
+                "Change",
+                "Per request",
+                "TTFT",
+                "Time between tokens",
+            ],
+            [
+                [
+                    r["phase"],
+                    r["context"],
+                    r["concurrency"],
+                    r["status"],
+                    r["total"],
+                    r["total_base"],
+                    r["total_change"],
+                    r["per_request_change"],
+                    r["ttft_change"],
+                    r["tbt_change"],
+                ]
+                for r in comp
+            ],
+        )
+        out.append("")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+
+
+def _scale_colour(fraction: float | None) -> str:
+    """0 -> pale red, 0.5 -> pale yellow, 1 -> green (a readable sequential scale)."""
+    if fraction is None:
+        return "#eeeeee"
+    f = min(1.0, max(0.0, fraction))
+    stops = [(0.0, (248, 105, 107)), (0.5, (255, 235, 132)), (1.0, (99, 190, 123))]
+    for (f0, c0), (f1, c1) in itertools.pairwise(stops):
+        if f <= f1:
+            t = (f - f0) / (f1 - f0) if f1 > f0 else 0
+            rgb = [round(a + (b - a) * t) for a, b in zip(c0, c1, strict=True)]
+            return "#{:02x}{:02x}{:02x}".format(*rgb)
+    return "#63be7b"
+
+
+def _change_colour(change: float | None) -> str:
+    if change is None:
+        return "#ffffff"
+    return _scale_colour(0.5 + max(-0.5, min(0.5, change * 2.5)))
+
+
+def render_html(run: dict, cells: list[dict], baseline: Baseline | None = None) -> str:
+    """The page as one self-contained HTML file (see the module docstring)."""
+    import jinja2
+
+    from speedmatrix.report import charts
+
+    cells = sort_cells(cells)
+    hw, shape = title_lines(run, cells)
+    rows, cols, grid = decode_matrix(cells)
+    valid_totals = [
+        c["total_tok_s"]
+        for c in grid.values()
+        if c.get("status") == "valid" and not _absent(c.get("total_tok_s"))
+    ]
+    lo, hi = (min(valid_totals), max(valid_totals)) if valid_totals else (0.0, 1.0)
+    matrix = []
+    for r in rows:
+        line = []
+        for c in cols:
+            cell = grid.get((r["tokens"], c))
+            if cell is None:
+                line.append({"text": F.DASH, "sub": "", "colour": "#ffffff", "cls": "empty"})
+            elif cell.get("status") != "valid":
+                line.append(
+                    {
+                        "text": F.fmt_status(cell.get("status")),
+                        "sub": "",
+                        "colour": "#eeeeee",
+                        "cls": cell.get("status"),
+                    }
+                )
+            else:
+                t = cell.get("total_tok_s")
+                frac = None if _absent(t) else ((t - lo) / (hi - lo) if hi > lo else 1.0)
+                line.append(
+                    {
+                        "text": F.fmt_rate_summary(t, 1),
+                        "sub": f"{F.fmt_ms(cell.get('ttft_ms'), 0)} TTFT · {F.fmt_rate(cell.get('per_request_tok_s'))} per request",
+                        "colour": _scale_colour(frac),
+                        "cls": "valid",
+                    }
+                )
+        matrix.append({"label": r["label"], "cells": line})
+    prefill_cells = [c for c in cells if c.get("phase") == "prefill"]
+    pvals = [
+        c["total_tok_s"]
+        for c in prefill_cells
+        if c.get("status") == "valid" and not _absent(c.get("total_tok_s"))
+    ]
+    plo, phi = (min(pvals), max(pvals)) if pvals else (0.0, 1.0)
+    prefill = []
+    for c in prefill_cells:
+        t = c.get("total_tok_s")
+        ok = c.get("status") == "valid" and not _absent(t)
+        prefill.append(
+            {
+                "label": f"{_label(c)} context",
+                "rate": F.fmt_rate_summary(t, 0) if ok else F.fmt_status(c.get("status")),
+                "ttft": f"{F.fmt_ms(c.get('ttft_ms'), 0)} TTFT" if ok else F.DASH,
+                "colour": _scale_colour((t - plo) / (phi - plo) if phi > plo else 1.0)
+                if ok
+                else "#eeeeee",
+            }
+        )
+    comp = None
+    if baseline is not None:
+        comp = {
+            "run": baseline[0],
+            "rows": [
+                dict(r, colour=_change_colour(r["total_change_value"]))
+                for r in comparison_rows(cells, baseline[1])
+            ],
+        }
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("speedmatrix.report", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        undefined=jinja2.StrictUndefined,
+    )
+    template = env.get_template("report.html.j2")
+    return template.render(
+        title="Speed test matrix",
+        hw=hw,
+        shape=shape,
+        run=run,
+        header=header_fields(run),
+        launch_command=_v(run, "launch_command"),
+        prefill=prefill,
+        prefill_note=PREFILL_NOTE,
+        matrix=matrix,
+        cols=cols,
+        matrix_note=MATRIX_NOTE,
+        over_note=OVER_CAPACITY_NOTE,
+        ttft_note=TTFT_NOTE,
+        table_note=TABLE_NOTE,
+        table_header=[h for h, _ in F.TABLE_COLUMNS],
+        table_rows=[F.table_cells(c) for c in cells],
+        table_status=[c.get("status") for c in cells],
+        charts=charts.render_all(cells, baseline[1] if baseline else None),
+        comparison=comp,
+        escape=html.escape,
+    )

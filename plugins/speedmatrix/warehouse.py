@@ -1,0 +1,759 @@
+"""The Parquet warehouse: table schemas, atomic and idempotent landing, the analyst query layer.
+
+Layout (``<root>`` is a local path or any URI pyarrow's filesystems open, e.g. ``s3://bucket/wh``)::
+
+    <root>/runs/recipe_id=<recipe>/run_date=<YYYY-MM-DD>/<run_id>.parquet      one row
+    <root>/cells/recipe_id=<recipe>/run_date=<YYYY-MM-DD>/<run_id>.parquet     one row per cell
+    <root>/requests/recipe_id=<recipe>/run_date=<YYYY-MM-DD>/<run_id>.parquet  one row per request
+    <root>/artifacts/<run_id>/<name>               report.md, report.html, charts, GX results
+    <root>/_quarantine/<table>/<run_id>/rows.jsonl + result.json   rows that failed validation
+    <root>/_staging/<txn>/                          landings in progress (never read by queries)
+
+Why this layout: the three questions analysts ask are "one cell of one recipe across a year of
+nightly runs" (prunes to one ``recipe_id=`` directory), "one run's whole matrix" (one file, its
+name is the run id) and "every recipe on one date" (prunes to one ``run_date=`` directory per
+recipe). Hive-style directories are understood by DuckDB, pyarrow, pandas and Polars without
+this package. The partition columns ``recipe_id`` and ``run_date`` live in the directory names
+only, as the hive convention has it (stored in the files too, pandas' and pyarrow's discovery
+refuse the clash of a string column with a dictionary-typed partition field). ``recipe_id`` is URL-encoded in the directory name (``cpu%2Ftiny%2Fllama-tiny``;
+the readers decode it). Partition values are never null (pandas cannot read null hive
+partitions): ``recipe_id`` is required to land a run (ingested pages get a derived
+``published/<hardware>/<model>`` id) and ``run_date`` is the UTC date of ``started_at`` (else
+``finished_at``, else, for an ingested page that has no date, the day it was landed).
+Exactly one file per table per run (the requests file is skipped when a run has no requests):
+the file count grows by at most three per run, never with the number of cells.
+
+Landing (:meth:`Warehouse.land_run`) is a small redo-log transaction:
+
+1. validate and convert every row against the explicit schema (nothing is written on error);
+2. write the files under ``_staging/<txn>/``;
+3. write ``_staging/<txn>/COMMIT.json`` (the moves to make and the older copies of the run to
+   delete), by writing it aside and renaming it: this rename is the commit point;
+4. rename the files into place (cells, requests, then runs) and delete older copies of the run;
+5. remove the staging directory.
+
+A failure or kill before step 3 leaves the tables exactly as they were (the staging directory
+is garbage, removed later). A kill during step 4 leaves a committed transaction that the next
+:meth:`Warehouse.land_run`, :meth:`read_run`, :meth:`query` or :meth:`recover` rolls forward,
+so readers through this class always see the old or the new run, whole. (A plain DuckDB reader
+that bypasses this class could see the renames of one landing half done for the few
+milliseconds between them, or until the next recovery after a kill in that window.) Each
+rename replaces one whole file (POSIX rename; an S3 object PUT), so no reader ever sees a
+half-written file. Landing the same run again replaces it: same paths, older copies elsewhere
+(another date or recipe) deleted, and duplicate cell / request keys are refused.
+
+Stable API (used by the DAGs and the regressions code): ``Warehouse(root)``,
+``land_run(run, cells, requests)``, ``read_run(run_id)``, ``query(sql)``, ``has_run(run_id)``,
+``quarantine(run_id, table, rows, result)``, ``artifact_path(run_id, name)``,
+``write_artifact(run_id, name, data)``, ``read_artifact(run_id, name)``; the schemas
+``RUNS_SCHEMA``, ``CELLS_SCHEMA``, ``REQUESTS_SCHEMA`` and ``SCHEMA_VERSION``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import glob
+import json
+import math
+import os
+import posixpath
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from speedmatrix.records import (
+    CELL_FIELDS,
+    PHASES,
+    REQUEST_FIELDS,
+    RUN_FIELDS,
+    STATUSES,
+    TRIGGERS,
+    Field,
+)
+
+SCHEMA_VERSION = 1
+"""Bumped when a table's columns change; stored in every row (``schema_version``)."""
+
+TABLES = ("runs", "cells", "requests")
+PARTITION_KEYS = ("recipe_id", "run_date")
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+RUN_STATUSES = ("success", "failed", "partial")
+STAGING = "_staging"
+QUARANTINE = "_quarantine"
+ARTIFACTS = "artifacts"
+ABANDONED_AFTER_S = 3600.0
+"""An uncommitted staging directory older than this is a crashed landing and is removed."""
+
+_PA_TYPES = {
+    "str": pa.string(),
+    "int": pa.int64(),
+    "float": pa.float64(),
+    "bool": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+}
+
+
+class WarehouseError(ValueError):
+    """Rows that do not fit the tables, or a warehouse that cannot be used; nothing landed."""
+
+
+def _field(f: Field) -> pa.Field:
+    return pa.field(f.name, _PA_TYPES[f.type], nullable=f.nullable, metadata={"doc": f.doc})
+
+
+_RUN_ID = Field("run_id", "str", False, "the run this row belongs to")
+_RECIPE = Field("recipe_id", "str", True, "partition key: the run's recipe (null when ingested)")
+_SCHEMA_VERSION = pa.field(
+    "schema_version", pa.int32(), nullable=False, metadata={"doc": "table schema version"}
+)
+_RUN_DATE = pa.field(
+    "run_date",
+    pa.date32(),
+    nullable=True,
+    metadata={"doc": "partition key: UTC date of the run's started_at (null when unknown)"},
+)
+_LANDED_AT = pa.field(
+    "landed_at",
+    pa.timestamp("us", tz="UTC"),
+    nullable=False,
+    metadata={"doc": "when this copy of the run was landed (UTC)"},
+)
+
+RUNS_SCHEMA = pa.schema(
+    [*(_field(f) for f in RUN_FIELDS), _RUN_DATE, _LANDED_AT, _SCHEMA_VERSION],
+    metadata={"table": "runs", "schema_version": str(SCHEMA_VERSION)},
+)
+CELLS_SCHEMA = pa.schema(
+    [
+        _field(_RUN_ID),
+        *(_field(f) for f in CELL_FIELDS),
+        _field(_RECIPE),
+        _RUN_DATE,
+        _SCHEMA_VERSION,
+    ],
+    metadata={"table": "cells", "schema_version": str(SCHEMA_VERSION)},
+)
+REQUESTS_SCHEMA = pa.schema(
+    [
+        _field(_RUN_ID),
+        *(_field(f) for f in REQUEST_FIELDS),
+        _field(_RECIPE),
+        _RUN_DATE,
+        _SCHEMA_VERSION,
+    ],
+    metadata={"table": "requests", "schema_version": str(SCHEMA_VERSION)},
+)
+SCHEMAS: dict[str, pa.Schema] = {
+    "runs": RUNS_SCHEMA,
+    "cells": CELLS_SCHEMA,
+    "requests": REQUESTS_SCHEMA,
+}
+# Columns the warehouse fills itself (callers may pass them back from read_run; overwritten).
+_DERIVED = {"run_id", "recipe_id", "run_date", "schema_version", "landed_at"}
+_KEYS = {
+    "cells": ("phase", "context_tokens", "concurrency"),
+    "requests": ("phase", "context_tokens", "concurrency", "request_index"),
+}
+_HIVE_TYPES = "{'recipe_id': VARCHAR, 'run_date': DATE}"
+
+
+def default_root() -> str:
+    """``$SPEEDMATRIX_WAREHOUSE``, else ``warehouse/`` in the checkout (else in the cwd)."""
+    env = os.environ.get("SPEEDMATRIX_WAREHOUSE")
+    if env:
+        return env
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").exists():
+        return str(checkout / "warehouse")
+    return str(Path.cwd() / "warehouse")
+
+
+def partition_value(value: Any) -> str:
+    """The directory-name form of a partition value (URL-encoded; null -> hive default)."""
+    if value is None:
+        return NULL_PARTITION
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return urllib.parse.quote(str(value), safe="-_.~+=,@")
+
+
+def partition_of(path: str) -> dict[str, Any]:
+    """``…/recipe_id=cpu%2Ftiny/run_date=2026-03-14/x.parquet`` -> the decoded partition values."""
+    out: dict[str, Any] = {}
+    for segment in path.replace("\\", "/").split("/")[-3:-1]:
+        key, sep, raw = segment.partition("=")
+        if not sep or key not in PARTITION_KEYS:
+            continue
+        if raw == NULL_PARTITION:
+            out[key] = None
+        elif key == "run_date":
+            out[key] = dt.date.fromisoformat(raw)
+        else:
+            out[key] = urllib.parse.unquote(raw)
+    return out
+
+
+def file_name(run_id: str) -> str:
+    """``<run_id>.parquet`` with characters unsafe in a path segment URL-encoded."""
+    return urllib.parse.quote(run_id, safe="-_.~+=,@:") + ".parquet"
+
+
+def _utc(value: Any, what: str) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise WarehouseError(f"{what}: not an ISO timestamp: {value!r}") from None
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        value = dt.datetime.fromtimestamp(value, tz=dt.UTC)
+    if not isinstance(value, dt.datetime):
+        raise WarehouseError(f"{what}: not a timestamp: {value!r}")
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC)
+
+
+def run_date_of(run: dict) -> dt.date | None:
+    """The UTC date of a run's ``started_at`` (else ``finished_at``); None when it has neither
+    (an ingested page): land_run then uses the landing date."""
+    for key in ("started_at", "finished_at"):
+        when = _utc(run.get(key), f"runs.{key}")
+        if when:
+            return when.date()
+    return None
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if hasattr(value, "item") and not isinstance(value, str | bytes):  # numpy scalars
+        with contextlib.suppress(Exception):
+            return _clean(value.item())
+    return value
+
+
+def build_table(table: str, rows: list[dict], fixed: dict[str, Any]) -> pa.Table:
+    """Rows (dicts keyed by the records.py field names) -> a pyarrow table of ``table``'s
+    schema, with ``fixed`` columns (run_id, partition keys, schema_version…) set on every row.
+
+    Refuses unknown keys, missing non-nullable values, values of the wrong type, unknown
+    phase / status / trigger values and duplicate cell or request keys, naming the table, the
+    row and the column. Missing nullable keys are null."""
+    schema = SCHEMAS[table]
+    names = set(schema.names)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise WarehouseError(f"{table} row {i}: not a dict: {type(row).__name__}")
+        unknown = set(row) - names
+        if unknown:
+            raise WarehouseError(f"{table} row {i}: unknown fields {sorted(unknown)}")
+        for key in _DERIVED & set(row) & set(fixed):
+            given = _clean(row[key])
+            want = fixed[key]
+            if key == "run_id" and given is not None and given != want:
+                raise WarehouseError(
+                    f"{table} row {i}: run_id {given!r} differs from the run's {want!r}"
+                )
+    columns = []
+    for f in schema:
+        if f.name in fixed:
+            values = [fixed[f.name]] * len(rows)
+        else:
+            values = [_clean(row.get(f.name)) for row in rows]
+        if pa.types.is_timestamp(f.type):
+            values = [_utc(v, f"{table}.{f.name}") for v in values]
+        if not f.nullable:
+            missing = next((i for i, v in enumerate(values) if v is None), None)
+            if missing is not None:
+                raise WarehouseError(f"{table} row {missing}: {f.name} is required (null given)")
+        if pa.types.is_integer(f.type):
+            for i, v in enumerate(values):
+                if isinstance(v, float) and v.is_integer():
+                    values[i] = int(v)
+                elif isinstance(v, bool) or (v is not None and not isinstance(v, int)):
+                    raise WarehouseError(f"{table} row {i}: {f.name} must be an integer, got {v!r}")
+        elif pa.types.is_floating(f.type):
+            for i, v in enumerate(values):
+                if isinstance(v, bool) or (v is not None and not isinstance(v, int | float)):
+                    raise WarehouseError(f"{table} row {i}: {f.name} must be a number, got {v!r}")
+        elif pa.types.is_string(f.type):
+            for i, v in enumerate(values):
+                if v is not None and not isinstance(v, str):
+                    raise WarehouseError(f"{table} row {i}: {f.name} must be a string, got {v!r}")
+        try:
+            columns.append(pa.array(values, type=f.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+            raise WarehouseError(f"{table}: column {f.name}: {exc}") from None
+    out = pa.Table.from_arrays(columns, schema=schema)
+    enums = {"phase": PHASES, "status": STATUSES if table != "runs" else RUN_STATUSES}
+    if table == "runs":
+        enums["trigger"] = TRIGGERS
+    for name, allowed in enums.items():
+        if name not in names:
+            continue
+        for i, v in enumerate(out.column(name).to_pylist()):
+            if v is not None and v not in allowed:
+                raise WarehouseError(f"{table} row {i}: {name} {v!r} is not one of {allowed}")
+    if table in _KEYS and len(rows) > 1:
+        keys = list(zip(*(out.column(k).to_pylist() for k in _KEYS[table]), strict=True))
+        seen: dict[tuple, int] = {}
+        for i, key in enumerate(keys):
+            if key in seen:
+                raise WarehouseError(
+                    f"{table} rows {seen[key]} and {i}: duplicate {dict(zip(_KEYS[table], key, strict=True))}"
+                )
+            seen[key] = i
+    return out
+
+
+def file_schema(table: str) -> pa.Schema:
+    """The columns stored in a file of ``table``: the table's schema without the partition
+    columns, which live in the directory names only (the hive convention: a column in both
+    places makes pandas' and pyarrow's dataset discovery fail on the type clash)."""
+    schema = SCHEMAS[table]
+    for key in PARTITION_KEYS:
+        schema = schema.remove(schema.get_field_index(key))
+    return schema
+
+
+def write_parquet(table: pa.Table, path: str, filesystem: pafs.FileSystem) -> None:
+    """How every warehouse file is written (snappy, statistics, one row group, no partition
+    columns)."""
+    present = [k for k in PARTITION_KEYS if k in table.column_names]
+    if present:
+        table = table.drop_columns(present)
+    pq.write_table(
+        table,
+        path,
+        filesystem=filesystem,
+        compression="snappy",
+        write_statistics=True,
+        row_group_size=max(1, table.num_rows),
+    )
+
+
+def _rows(table: pa.Table) -> list[dict]:
+    return table.to_pylist()
+
+
+class Warehouse:
+    """The warehouse at ``root`` (None -> :func:`default_root`): a local path or a URI that
+    ``pyarrow.fs.FileSystem.from_uri`` opens (``s3://bucket/prefix``…). ``filesystem`` may be
+    given instead of a URI scheme (root is then a path inside it; used by tests)."""
+
+    def __init__(
+        self, root: str | os.PathLike | None = None, filesystem: pafs.FileSystem | None = None
+    ):
+        root = os.fspath(root) if root is not None else default_root()
+        if filesystem is not None:
+            self.fs, self.base = filesystem, root.rstrip("/") or "/"
+        elif "://" in root:
+            self.fs, self.base = pafs.FileSystem.from_uri(root)
+            self.base = self.base.rstrip("/")
+        else:
+            self.fs, self.base = pafs.LocalFileSystem(), os.path.abspath(root)
+        self.root = root
+        self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._con = None
+        self._lock = threading.RLock()
+        # test hook: called with a step name during land_run ("staged:cells", "committed",
+        # "moved:runs", "deleted"…); a test raises or kills the process there.
+        self._fault: Callable[[str], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"Warehouse({self.root!r})"
+
+    # -- paths ------------------------------------------------------------------------------
+
+    def _join(self, *parts: str) -> str:
+        return posixpath.join(self.base, *parts)
+
+    def table_dir(self, table: str) -> str:
+        return self._join(table)
+
+    def file_path(
+        self, table: str, run_id: str, recipe_id: str | None, run_date: dt.date | None
+    ) -> str:
+        """Where a run's file of ``table`` lives."""
+        return self._join(
+            table,
+            f"recipe_id={partition_value(recipe_id)}",
+            f"run_date={partition_value(run_date)}",
+            file_name(run_id),
+        )
+
+    def _uri(self, path: str) -> str:
+        if self.is_local:
+            return path
+        if "://" in self.root:
+            scheme = self.root.split("://", 1)[0]
+            return f"{scheme}://{path.lstrip('/')}"
+        return path
+
+    # -- filesystem helpers -----------------------------------------------------------------
+
+    def _exists(self, path: str) -> bool:
+        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+
+    def _write_bytes(self, path: str, data: bytes) -> None:
+        """Write aside, then rename into place."""
+        self.fs.create_dir(posixpath.dirname(path), recursive=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(data)
+        self.fs.move(tmp, path)
+
+    def _read_bytes(self, path: str) -> bytes:
+        with self.fs.open_input_stream(path) as fh:
+            return fh.read()
+
+    def _list(self, path: str, recursive: bool = True) -> list[pafs.FileInfo]:
+        try:
+            return self.fs.get_file_info(
+                pafs.FileSelector(path, recursive=recursive, allow_not_found=True)
+            )
+        except FileNotFoundError:
+            return []
+
+    def _delete_dir(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError, OSError):
+            self.fs.delete_dir(path)
+
+    def _fault_at(self, step: str) -> None:
+        if self._fault is not None:
+            self._fault(step)
+
+    def find_run_files(self, run_id: str) -> dict[str, list[str]]:
+        """Every file of ``run_id`` in the three tables (normally one each; more only while a
+        re-landing that moves the run to another partition is being recovered)."""
+        name = file_name(run_id)
+        found: dict[str, list[str]] = {}
+        for table in TABLES:
+            if self.is_local:
+                pattern = posixpath.join(
+                    glob.escape(self.table_dir(table)), "*", "*", glob.escape(name)
+                )
+                found[table] = sorted(glob.glob(pattern))
+            else:
+                found[table] = sorted(
+                    i.path
+                    for i in self._list(self.table_dir(table))
+                    if i.type == pafs.FileType.File and posixpath.basename(i.path) == name
+                )
+        return found
+
+    # -- landing ----------------------------------------------------------------------------
+
+    def build_tables(
+        self, run: dict, cells: list[dict], requests: list[dict]
+    ) -> dict[str, pa.Table]:
+        """Validate and convert one run's rows; raises WarehouseError, writes nothing."""
+        if not isinstance(run, dict):
+            raise WarehouseError("runs: the run must be a dict")
+        run_id = run.get("run_id")
+        if not isinstance(run_id, str) or not run_id.strip() or run_id != run_id.strip():
+            raise WarehouseError(f"runs: run_id must be a non-empty string, got {run_id!r}")
+        if run_id.startswith(".") or "\n" in run_id:
+            raise WarehouseError(f"runs: run_id {run_id!r} cannot name a file")
+        recipe_id = _clean(run.get("recipe_id"))
+        if not isinstance(recipe_id, str) or not recipe_id.strip():
+            raise WarehouseError(
+                f"runs: recipe_id is required to land a run (it is the partition key), got "
+                f"{recipe_id!r}"
+            )
+        landed_at = dt.datetime.now(dt.UTC)
+        run_date = run_date_of(run) or landed_at.date()
+        fixed_run = {"run_date": run_date, "landed_at": landed_at, "schema_version": SCHEMA_VERSION}
+        fixed = {
+            "run_id": run_id,
+            "recipe_id": recipe_id,
+            "run_date": run_date,
+            "schema_version": SCHEMA_VERSION,
+        }
+        return {
+            "runs": build_table("runs", [run], fixed_run),
+            "cells": build_table("cells", list(cells), fixed),
+            "requests": build_table("requests", list(requests), fixed),
+        }
+
+    def land_run(self, run: dict, cells: list[dict], requests: list[dict]) -> None:
+        """Land one run atomically and idempotently (see the module docstring).
+
+        ``run``: RUN_FIELDS keys (run_id required); ``cells``: CELL_FIELDS keys; ``requests``:
+        REQUEST_FIELDS keys. run_id / recipe_id / run_date / schema_version of cells and
+        requests are filled in. Raises WarehouseError (a ValueError) naming the table, row and
+        column on rows that do not fit: then nothing is written."""
+        tables = self.build_tables(run, cells, requests)
+        run_id = run["run_id"]
+        recipe_id = tables["runs"].column("recipe_id")[0].as_py()
+        run_date = tables["runs"].column("run_date")[0].as_py()
+        with self._lock:
+            self.recover()
+            txn = f"{file_name(run_id)[: -len('.parquet')][:80]}.{uuid.uuid4().hex[:12]}"
+            stage = self._join(STAGING, txn)
+            moves: list[tuple[str, str]] = []
+            try:
+                for table in ("cells", "requests", "runs"):
+                    data = tables[table]
+                    if table == "requests" and data.num_rows == 0:
+                        continue
+                    staged = self._join(STAGING, txn, f"{table}.parquet")
+                    self.fs.create_dir(self._join(STAGING, txn), recursive=True)
+                    write_parquet(data, staged, self.fs)
+                    moves.append((staged, self.file_path(table, run_id, recipe_id, run_date)))
+                    self._fault_at(f"staged:{table}")
+                targets = {dst for _, dst in moves}
+                old = self.find_run_files(run_id)
+                deletes = sorted(p for paths in old.values() for p in paths if p not in targets)
+                manifest = {
+                    "run_id": run_id,
+                    "moves": moves,
+                    "deletes": deletes,
+                    "created": time.time(),
+                }
+                self._write_bytes(
+                    self._join(STAGING, txn, "COMMIT.json"), json.dumps(manifest).encode()
+                )
+            except BaseException:
+                self._delete_dir(stage)
+                raise
+            self._fault_at("committed")
+            self._apply(stage, manifest)
+
+    def _apply(self, stage: str, manifest: dict) -> None:
+        for src, dst in manifest["moves"]:
+            if self._exists(src):
+                self.fs.create_dir(posixpath.dirname(dst), recursive=True)
+                self.fs.move(src, dst)
+            self._fault_at(f"moved:{posixpath.basename(src).split('.')[0]}")
+        for path in manifest["deletes"]:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(path)
+        self._fault_at("deleted")
+        self._delete_dir(stage)
+
+    def recover(self) -> list[str]:
+        """Finish committed landings that were interrupted; drop abandoned uncommitted ones.
+        Returns the run ids rolled forward. Safe to call any time, from any worker."""
+        done: list[str] = []
+        now = time.time()
+        for info in self._list(self._join(STAGING), recursive=False):
+            if info.type != pafs.FileType.Directory:
+                continue
+            commit = posixpath.join(info.path, "COMMIT.json")
+            try:
+                manifest = json.loads(self._read_bytes(commit))
+            except (FileNotFoundError, OSError, ValueError):
+                mtime = info.mtime.timestamp() if info.mtime else now
+                if now - mtime > ABANDONED_AFTER_S:
+                    self._delete_dir(info.path)
+                continue
+            self._apply(info.path, manifest)
+            done.append(manifest["run_id"])
+        return done
+
+    def delete_run(self, run_id: str) -> bool:
+        """Remove a run from the three tables (its artifacts stay). True if it was there."""
+        with self._lock:
+            self.recover()
+            files = [p for paths in self.find_run_files(run_id).values() for p in paths]
+            # runs first: once its runs row is gone the run is no longer listed
+            files.sort(key=lambda p: 0 if p.startswith(self.table_dir("runs") + "/") else 1)
+            for path in files:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.delete_file(path)
+            return bool(files)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _read_file(self, table: str, path: str) -> pa.Table:
+        """One file as a table of the full schema: partition columns from the path; columns
+        an older schema_version lacks are null, columns it had and we dropped are left out."""
+        data = pq.read_table(path, filesystem=self.fs, partitioning=None)
+        parts = partition_of(path)
+        n = data.num_rows
+        cols = []
+        for f in SCHEMAS[table]:
+            if f.name in parts:
+                cols.append(pa.array([parts[f.name]] * n, type=f.type))
+            elif f.name in data.column_names:
+                cols.append(data.column(f.name).cast(f.type))
+            else:
+                cols.append(pa.nulls(n, type=f.type))
+        return pa.Table.from_arrays(cols, schema=SCHEMAS[table])
+
+    def has_run(self, run_id: str) -> bool:
+        return bool(self.find_run_files(run_id)["runs"])
+
+    def read_run(self, run_id: str) -> tuple[dict, list[dict], list[dict]]:
+        """``(run, cells, requests)`` of one landed run, as dicts keyed by column name (the
+        records.py fields plus run_id, recipe_id, run_date, schema_version; landed_at on the
+        run), cells and requests in the order they were landed. Timestamps are timezone-aware
+        UTC datetimes, missing values None. KeyError if the run is not in the warehouse."""
+        with self._lock:
+            self.recover()
+            files = self.find_run_files(run_id)
+        if not files["runs"]:
+            raise KeyError(f"run {run_id!r} is not in the warehouse {self.root}")
+        run = _rows(self._read_file("runs", files["runs"][-1]))[0]
+        out: dict[str, list[dict]] = {}
+        for table in ("cells", "requests"):
+            paths = files[table]
+            out[table] = _rows(self._read_file(table, paths[-1])) if paths else []
+        return run, out["cells"], out["requests"]
+
+    def connect(self):
+        """A DuckDB connection with views ``runs``, ``cells``, ``requests`` over this
+        warehouse (local: DuckDB's own Parquet reader with hive partitioning; other
+        filesystems: pyarrow datasets, which DuckDB scans with filter pushdown)."""
+        import duckdb
+
+        con = duckdb.connect()
+        con.execute("SET enable_progress_bar = false")
+        with contextlib.suppress(Exception):
+            con.execute("SET parquet_metadata_cache = true")
+        self._define_views(con)
+        return con
+
+    def _has_files(self, table: str) -> bool:
+        if self.is_local:
+            pattern = posixpath.join(glob.escape(self.table_dir(table)), "*", "*", "*.parquet")
+            return next(iter(glob.iglob(pattern)), None) is not None
+        return any(
+            i.type == pafs.FileType.File and i.path.endswith(".parquet")
+            for i in self._list(self.table_dir(table))
+        )
+
+    def _define_views(self, con) -> None:
+        import pyarrow.dataset as ds
+
+        self._view_state = {}
+        for table in TABLES:
+            has = self._has_files(table)
+            self._view_state[table] = has
+            if not has:
+                con.register(f"_{table}_empty", SCHEMAS[table].empty_table())
+                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_empty")
+            elif self.is_local:
+                pattern = posixpath.join(self.table_dir(table), "*", "*", "*.parquet").replace(
+                    "'", "''"
+                )
+                con.execute(
+                    f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet('{pattern}', "
+                    f"hive_partitioning = true, hive_types = {_HIVE_TYPES})"
+                )
+            else:
+                partitioning = ds.HivePartitioning(
+                    pa.schema(
+                        [pa.field("recipe_id", pa.string()), pa.field("run_date", pa.date32())]
+                    ),
+                    segment_encoding="uri",
+                )
+                dataset = ds.dataset(
+                    self.table_dir(table),
+                    filesystem=self.fs,
+                    format="parquet",
+                    partitioning=partitioning,
+                    schema=SCHEMAS[table],
+                    exclude_invalid_files=False,
+                )
+                con.register(f"_{table}_dataset", dataset)
+                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_dataset")
+
+    def query(self, sql: str, params: Iterable[Any] | None = None):
+        """Run SQL over the views ``runs``, ``cells``, ``requests``; returns a pandas DataFrame.
+        The connection is kept (warm Parquet metadata cache) and re-globs files every query."""
+        with self._lock:
+            self.recover()
+            if self._con is None:
+                self._con = self.connect()
+            elif not self.is_local or not all(self._view_state.values()):
+                self._define_views(self._con)  # tables that were empty may have files now
+            # the connection itself, not a cursor: registered Arrow objects (empty tables,
+            # pyarrow datasets of remote warehouses) are visible to it only
+            result = self._con.execute(sql, list(params) if params is not None else None)
+            return result.df()
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    # -- quarantine and artifacts -----------------------------------------------------------
+
+    def quarantine(self, run_id: str, table: str, rows: list[dict], result: dict) -> str:
+        """Keep rows that failed validation out of the tables: ``_quarantine/<table>/<run_id>/``
+        gets ``rows.jsonl`` (the rows as given) and ``result.json`` (the validation result).
+        Quarantining the same run and table again replaces both. Returns the directory."""
+        if table not in TABLES:
+            raise WarehouseError(f"quarantine: unknown table {table!r}")
+        where = self._join(QUARANTINE, table, file_name(run_id)[: -len(".parquet")])
+        lines = "".join(
+            json.dumps(_clean_json(r), default=str, sort_keys=True) + "\n" for r in rows
+        )
+        self._write_bytes(posixpath.join(where, "rows.jsonl"), lines.encode())
+        doc = {
+            "run_id": run_id,
+            "table": table,
+            "rows": len(rows),
+            "result": result,
+            "quarantined_at": dt.datetime.now(dt.UTC).isoformat(),
+        }
+        self._write_bytes(
+            posixpath.join(where, "result.json"),
+            json.dumps(_clean_json(doc), default=str, indent=2, sort_keys=True).encode(),
+        )
+        return self._uri(where)
+
+    def read_quarantine(self, run_id: str, table: str) -> tuple[list[dict], dict] | None:
+        where = self._join(QUARANTINE, table, file_name(run_id)[: -len(".parquet")])
+        try:
+            lines = self._read_bytes(posixpath.join(where, "rows.jsonl")).decode().splitlines()
+            doc = json.loads(self._read_bytes(posixpath.join(where, "result.json")))
+        except (FileNotFoundError, OSError):
+            return None
+        return [json.loads(ln) for ln in lines if ln], doc
+
+    def _artifact(self, run_id: str, name: str) -> str:
+        parts = name.replace("\\", "/").split("/")
+        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise WarehouseError(f"artifact name must be a relative path, got {name!r}")
+        return self._join(ARTIFACTS, file_name(run_id)[: -len(".parquet")], *parts)
+
+    def artifact_path(self, run_id: str, name: str) -> str:
+        """Where artifact ``name`` of ``run_id`` lives (a local path, or a URI)."""
+        return self._uri(self._artifact(run_id, name))
+
+    def write_artifact(self, run_id: str, name: str, data: bytes | str) -> str:
+        """Write (atomically: aside, then rename) an artifact next to the run; returns its path."""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        self._write_bytes(self._artifact(run_id, name), data)
+        return self.artifact_path(run_id, name)
+
+    def read_artifact(self, run_id: str, name: str) -> bytes:
+        return self._read_bytes(self._artifact(run_id, name))
+
+
+def _clean_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _clean_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean_json(v) for v in value]
+    value = _clean(value)
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    return value

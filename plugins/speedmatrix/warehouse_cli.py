@@ -1,0 +1,62 @@
+"""``speedmatrix query "SQL" [--warehouse W] [--format table|csv|json]``: DuckDB over the views
+``runs``, ``cells`` and ``requests`` of the warehouse (see speedmatrix.warehouse)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(
+        name,
+        help="SQL over the runs / cells / requests tables",
+        description="Run SQL (DuckDB) over the views runs, cells and requests.",
+        epilog='Example: speedmatrix query "SELECT run_id, engine_version FROM runs ORDER BY '
+        'started_at DESC LIMIT 5"',
+    )
+    p.add_argument("sql", help="the query")
+    p.add_argument(
+        "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+    )
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.set_defaults(func=cmd_query)
+
+
+def format_frame(df, fmt: str) -> str:
+    """A query result as text: an aligned table, CSV with a header, or a JSON array of rows."""
+    if fmt == "csv":
+        return df.to_csv(index=False)
+    if fmt == "json":
+        return df.to_json(orient="records", date_format="iso", force_ascii=False) + "\n"
+    if df.empty:
+        return "(no rows)\n" if len(df.columns) == 0 else " | ".join(df.columns) + "\n(no rows)\n"
+    import pandas as pd
+
+    with pd.option_context(
+        "display.max_rows",
+        None,
+        "display.max_columns",
+        None,
+        "display.width",
+        250,
+        "display.max_colwidth",
+        80,
+    ):
+        return df.to_string(index=False) + "\n"
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from speedmatrix.cli import CliError
+    from speedmatrix.warehouse import Warehouse
+
+    wh = Warehouse(args.warehouse)
+    try:
+        df = wh.query(args.sql)
+    except duckdb.Error as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CliError(first) from None
+    sys.stdout.write(format_frame(df, args.format))
+    return 0
