@@ -50,6 +50,93 @@ def max_measurements(n: int) -> int:
     return math.ceil(math.log2(n)) if n > 1 else 0
 
 
+@dataclass
+class BisectState:
+    """A bisection one measurement at a time, as JSON-able state (an Airflow DAG keeps it in
+    XCom between a task that picks the next commit and one that judges its run)."""
+
+    commits: list[str]
+    candidates: list[str]
+    no_wheel: list[str]
+    lo: int
+    hi: int
+    measured: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(
+        cls, commits: Sequence[str], has_wheel: Callable[[str], bool] | None = None
+    ) -> BisectState:
+        if not commits:
+            raise ValueError("no commits to bisect: the list must end with the known-bad commit")
+        if len(set(commits)) != len(commits):
+            raise ValueError("commits must be distinct")
+        has_wheel = has_wheel or (lambda _c: True)
+        no_wheel = [c for c in commits[:-1] if not has_wheel(c)]
+        candidates = [c for c in commits[:-1] if c not in no_wheel] + [commits[-1]]
+        return cls(list(commits), candidates, no_wheel, 0, len(candidates) - 1)
+
+    @property
+    def done(self) -> bool:
+        return self.lo >= self.hi
+
+    def next_commit(self) -> str | None:
+        """The commit to measure next; None when the first bad one is known."""
+        return None if self.done else self.candidates[(self.lo + self.hi) // 2]
+
+    def record(self, commit: str, verdict: str) -> None:
+        """Take the verdict of measuring `commit` (which must be next_commit())."""
+        mid = (self.lo + self.hi) // 2
+        if self.done or self.candidates[mid] != commit:
+            raise ValueError(f"{commit} is not the commit being measured")
+        self.measured.append((commit, verdict))
+        if verdict in BAD_VERDICTS:
+            self.hi = mid
+        elif verdict in GOOD_VERDICTS:
+            self.lo = mid + 1
+        elif verdict in SKIP_VERDICTS:
+            self.skipped.append(commit)
+            del self.candidates[mid]
+            self.hi -= 1
+        else:
+            raise ValueError(f"measure({commit}) returned {verdict!r}: not a verdict")
+
+    def result(self) -> BisectResult:
+        if not self.done:
+            raise ValueError("bisection not finished")
+        first_bad = self.candidates[self.hi]
+        # Everything between the last good measurable commit and first_bad is a suspect too.
+        prev_good = self.candidates[self.hi - 1] if self.hi > 0 else None
+        start = self.commits.index(prev_good) + 1 if prev_good is not None else 0
+        stop = self.commits.index(first_bad)
+        unmeasured = set(self.no_wheel) | set(self.skipped)
+        suspects = [c for c in self.commits[start:stop] if c in unmeasured] + [first_bad]
+        return BisectResult(first_bad, suspects, list(self.measured), list(self.skipped))
+
+    def to_dict(self) -> dict:
+        return {
+            "commits": self.commits,
+            "candidates": self.candidates,
+            "no_wheel": self.no_wheel,
+            "lo": self.lo,
+            "hi": self.hi,
+            "measured": [list(m) for m in self.measured],
+            "skipped": self.skipped,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BisectState:
+        return cls(
+            list(data["commits"]),
+            list(data["candidates"]),
+            list(data["no_wheel"]),
+            int(data["lo"]),
+            int(data["hi"]),
+            [(str(c), str(v)) for c, v in data.get("measured", [])],
+            list(data.get("skipped", [])),
+        )
+
+
 def bisect(
     commits: Sequence[str],
     measure: Callable[[str], str],
@@ -61,34 +148,7 @@ def bisect(
     `measure` returns a verdict: bad/regression, good/noise/improvement, or skip/not_comparable
     (could not measure: the commit is dropped and the search continues).
     """
-    if not commits:
-        raise ValueError("no commits to bisect: the list must end with the known-bad commit")
-    bad = commits[-1]
-    has_wheel = has_wheel or (lambda _c: True)
-    no_wheel = [c for c in commits[:-1] if not has_wheel(c)]
-    candidates = [c for c in commits[:-1] if has_wheel(c)] + [bad]
-    measured: list[tuple[str, str]] = []
-    skipped: list[str] = []
-    lo, hi = 0, len(candidates) - 1  # candidates[hi] is known bad; all before lo are good
-    while lo < hi:
-        mid = (lo + hi) // 2
-        commit = candidates[mid]
-        verdict = measure(commit)
-        measured.append((commit, verdict))
-        if verdict in BAD_VERDICTS:
-            hi = mid
-        elif verdict in GOOD_VERDICTS:
-            lo = mid + 1
-        elif verdict in SKIP_VERDICTS:
-            skipped.append(commit)
-            del candidates[mid]
-            hi -= 1
-        else:
-            raise ValueError(f"measure({commit}) returned {verdict!r}: not a verdict")
-    first_bad = candidates[hi]
-    # Everything between the last good measurable commit and first_bad is a suspect too.
-    prev_good = candidates[hi - 1] if hi > 0 else None
-    start = commits.index(prev_good) + 1 if prev_good is not None else 0
-    stop = commits.index(first_bad)
-    suspects = [c for c in commits[start:stop] if c in no_wheel or c in skipped] + [first_bad]
-    return BisectResult(first_bad, suspects, measured, skipped)
+    state = BisectState.start(commits, has_wheel)
+    while (commit := state.next_commit()) is not None:
+        state.record(commit, measure(commit))
+    return state.result()

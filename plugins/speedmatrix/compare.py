@@ -29,6 +29,7 @@ from speedmatrix.noise import CELL_KEY, Z_95, Interval, NoiseModel, frame, withi
 from speedmatrix.records import context_label
 
 DEFAULT_THRESHOLD = 0.03
+SCHEDULED_TRIGGERS = ("nightly", "commit")
 VERDICTS = ("regression", "improvement", "noise", "not_comparable")
 
 
@@ -388,7 +389,7 @@ def select_baseline(
     """The run to compare `run` with.
 
     Without `ref`: the latest successful run of the same recipe and host that started before
-    it. With `ref`: the run with that run_id, else the latest successful run of the same
+    it (for a nightly / commit run, the latest nightly / commit one). With `ref`: the run with that run_id, else the latest successful run of the same
     recipe and host whose engine commit starts with `ref` (or whose engine_ref / version equals
     it). None when nothing matches.
     """
@@ -407,6 +408,10 @@ def select_baseline(
         and _same(r.get("recipe_id"), run.get("recipe_id"))
         and _same(r.get("host"), run.get("host"))
     ]
+    if ref is None and run.get("trigger") in SCHEDULED_TRIGGERS:
+        # Scheduled runs compare with scheduled runs: a manual or bisection run (often a few
+        # cells at an older commit) must not become the next nightly's baseline.
+        candidates = [r for r in candidates if r.get("trigger") in SCHEDULED_TRIGGERS]
     if ref is not None:
         candidates = [
             r

@@ -73,3 +73,26 @@ def test_bad_input_is_refused():
         bisect([], lambda c: "bad")
     with pytest.raises(ValueError, match="not a verdict"):
         bisect(_commits(4), lambda c: "maybe")
+
+
+def test_state_round_trips_through_json_between_steps():
+    import json
+
+    from speedmatrix.bisect import BisectState
+
+    commits = _commits(20)
+    state = BisectState.start(commits, has_wheel=lambda c: c != commits[2])
+    steps = 0
+    while (c := state.next_commit()) is not None:
+        state = BisectState.from_dict(json.loads(json.dumps(state.to_dict())))
+        state.record(c, "bad" if commits.index(c) >= 13 else "good")
+        steps += 1
+    assert state.result().first_bad == commits[13]
+    assert steps <= max_measurements(19)
+    with pytest.raises(ValueError, match="not the commit being measured"):
+        fresh = BisectState.start(commits)
+        fresh.record(commits[0], "bad")
+    with pytest.raises(ValueError, match="not finished"):
+        BisectState.start(commits).result()
+    with pytest.raises(ValueError, match="distinct"):
+        BisectState.start([commits[0], commits[0]])

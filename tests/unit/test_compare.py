@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
@@ -274,6 +274,19 @@ def test_select_baseline_picks_previous_success_of_same_recipe_and_host():
     assert select_baseline(runs, current, ref="c1")["run_id"] == "r1"  # a commit prefix
     assert select_baseline(runs, current, ref="nope") is None
     assert select_baseline([], current) is None
+    # a scheduled run skips manual (e.g. bisection) runs when choosing its baseline
+    sched = [dict(r, trigger="commit") for r in runs]
+    sched[4] = dict(
+        sched[1],
+        run_id="bisect",
+        trigger="manual",
+        started_at=sched[5]["started_at"] - timedelta(hours=1),
+    )
+    assert select_baseline(sched, sched[6])["run_id"] == "r6"
+    assert select_baseline(sched, dict(sched[5], run_id="x"))["run_id"] == "r2"
+    assert (
+        select_baseline(sched, dict(sched[5], run_id="x", trigger="manual"))["run_id"] == "bisect"
+    )
 
 
 def test_summary_names_cells_baseline_and_commits():
