@@ -85,7 +85,7 @@ def test_preemption_when_running_requests_outgrow_the_cache():
     assert reqs[1].preemptions >= 1 and reqs[0].preemptions == 0  # the latest admitted loses
     for r in reqs:
         assert r.out == 600 and len(r.token_times) == 600  # no token emitted twice or lost
-        assert r.token_times == sorted(r.token_times)
+        assert list(r.token_times) == sorted(r.token_times)
     assert e.pool.free == e.pool.num_blocks
 
 

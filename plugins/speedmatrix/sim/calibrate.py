@@ -170,7 +170,10 @@ def calibrate(
             decode_per_seq_s=per_seq,
             decode_per_kv_token_s=per_kv,
             decode_correction=[(k[0], k[1], f) for k, f in sorted(correction.items())],
-            min_step_s=min(base, 0.005),
+            # Any forward pass reads all the weights: a step of a few prefill tokens costs about
+            # what a one-sequence decode step does (this also keeps TTFT insensitive to how a
+            # client spaces its first requests by a few milliseconds).
+            min_step_s=base,
             first_token_delay_ms=[(k[0], k[1], ms) for k, ms in sorted(delay_ms.items())],
         )
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,9 +40,14 @@ FRONTEND, FRONTEND2, WAITING, RUNNING, FINISHED = range(5)
 STATE_NAMES = ("frontend", "frontend", "waiting", "running", "finished")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
-    """One request and, as it runs, the ground truth of what the engine did with it."""
+    """One request and, as it runs, the ground truth of what the engine did with it.
+
+    Per-token and per-step records are arrays, not lists of objects: thousands of finished
+    requests are kept for ground truth, and arrays are invisible to the garbage collector (a
+    full collection over lists of floats would stall the server's event loop).
+    """
 
     rid: str
     prompt: list[int]
@@ -62,14 +68,24 @@ class Request:
     hashes: list[int] | None = None
     cached_tokens: int = 0
     preemptions: int = 0
-    token_times: list[float] = field(default_factory=list)
-    steps: list[tuple[float, int]] = field(default_factory=list)  # (time, tokens emitted)
-    accepted: list[int] = field(default_factory=list)  # spec decode: accepted per decode step
+    token_times: array = field(default_factory=lambda: array("d"))  # one entry per token
+    step_times: array = field(default_factory=lambda: array("d"))  # steps that emitted tokens
+    step_tokens: array = field(default_factory=lambda: array("i"))  # tokens each emitted
+    accepted: array = field(default_factory=lambda: array("i"))  # spec: accepted per decode step
     rng: random.Random | None = None
     waiter: object | None = None  # set by the server: woken when tokens arrive
-    chunks: list[tuple[float, int]] = field(default_factory=list)  # server: (sim time, tokens)
+    chunk_times: array = field(default_factory=lambda: array("d"))  # server: chunk written (sim s)
+    chunk_tokens: array = field(default_factory=lambda: array("i"))  # server: tokens in it
     fault_disconnect: int | None = None  # server: drop the stream after this many tokens
     fault_repeat: bool = False  # server: the text is a repetition loop
+
+    @property
+    def steps(self) -> list[tuple[float, int]]:
+        return list(zip(self.step_times, self.step_tokens, strict=True))
+
+    @property
+    def chunks(self) -> list[tuple[float, int]]:
+        return list(zip(self.chunk_times, self.chunk_tokens, strict=True))
 
     @property
     def prompt_len(self) -> int:
@@ -277,9 +293,18 @@ class Engine:
             t = fe[0][0]
         return t
 
-    def advance(self, until: float) -> None:
-        """Process every event up to simulated time `until`, each at its exact time."""
+    def advance(self, until: float, max_events: int | None = None) -> bool:
+        """Process events up to simulated time `until`, each at its exact time.
+
+        With `max_events`, stop after that many (the server yields its event loop between
+        batches when it has fallen behind); returns whether events due by `until` remain.
+        """
+        done = 0
         while True:
+            if max_events is not None and done >= max_events:
+                t = self.next_event_time()
+                return t is not None and t <= until
+            done += 1
             t = self.next_event_time()
             if t is None or t > until:
                 break
@@ -306,6 +331,7 @@ class Engine:
                 self._start_step()
         if until > self.now:
             self.now = until
+        return False
 
     def get(self, rid: str) -> Request | None:
         return self.live.get(rid) or self.finished.get(rid)
@@ -451,7 +477,8 @@ class Engine:
             r.out += e
             r.num_computed = r.prompt_len + r.out - 1
             r.token_times.extend([t] * e)
-            r.steps.append((t, e))
+            r.step_times.append(t)
+            r.step_tokens.append(e)
             c.generation_tokens += e
             if r.out >= r.target:
                 self._finish(r, r.finish_on_target)

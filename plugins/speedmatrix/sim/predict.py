@@ -19,6 +19,9 @@ from speedmatrix.records import context_label, empty_cell
 from speedmatrix.sim.engine import Engine, Request
 from speedmatrix.sim.profile import Profile
 
+ARRIVAL_GAP_S = 0.002
+"""Simulated seconds between the C first requests of a decode cell (a client's write spacing)."""
+
 
 def make_prompt(tokens: int, tag: int, vocab_size: int) -> list[int]:
     """A deterministic prompt whose first block is unique to `tag` (no accidental cache hits)."""
@@ -71,8 +74,14 @@ def predict_decode(
     window_s: float = 30.0,
     max_output: int = 4096,
     prompt_mode: str = "shared",
+    arrival_gap_s: float = ARRIVAL_GAP_S,
 ) -> dict[str, Any]:
-    """One sustained-decode cell; over_capacity (not run) by the KV-block rule."""
+    """One sustained-decode cell; over_capacity (not run) by the KV-block rule.
+
+    The C streams' first requests arrive `arrival_gap_s` apart (a client writes them one after
+    the other): they then join the engine's steps the way they do over HTTP, rather than all
+    landing in one idle step, which no real client achieves.
+    """
     cell = empty_cell(
         phase="decode",
         context_tokens=context,
@@ -101,6 +110,8 @@ def predict_decode(
         requests.append(engine.add(req))
 
     for s in range(concurrency):
+        if s:
+            engine.advance(engine.now + arrival_gap_s)
         start(s)
     streams = {r.rid: i for i, r in enumerate(requests)}
     # Window opens when all C streams have their first token.

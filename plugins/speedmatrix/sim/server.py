@@ -28,7 +28,9 @@ delivery of chunks is late (visible in ground truth as chunk times after token t
 Ground truth (open, not in vLLM):
 
 - ``GET /sim/state``: clock, time scale, running / waiting / front-end counts, KV usage, engine
-  counters, the server's own event-loop lag (p50 / p99 / max, ms) and served chunk count.
+  counters, the server's own event-loop lag (p50 / p99 / max, ms), the CPU time one engine
+  step holds the loop for (``engine_step_cpu_ms``; unlike wall-clock lag it does not count time
+  the process waited for a CPU) and the chunk count. ``?reset_lag=1`` restarts both windows.
 - ``GET /sim/requests`` (summaries; ``?detail=1`` adds per-token times) and
   ``GET /sim/requests/{id}``: per request, arrival, front-end exit, first scheduling, every
   token's emission time (simulated s), steps, spec-decode acceptances, chunks written
@@ -147,6 +149,7 @@ class SimServer:
         self.engine = Engine(profile, max_running=self.faults.max_running, on_emit=self._on_emit)
         self.tokenizer = Tokenizer(profile.vocab_size)
         self.lag = LagMonitor()
+        self.step_cpu: deque[float] = deque(maxlen=20_000)
         self.chunks_sent = 0
         self._counter = itertools.count(1)
         self._dirty: list[Request] = []
@@ -184,10 +187,15 @@ class SimServer:
             self._timer = self._loop.call_later(max(delay, 0.0), self._fire, t)
 
     def _fire(self, t: float) -> None:
+        c0 = time.thread_time()
         self._timer = None
-        self.engine.advance(max(self.sim_now(), t))
+        # At most a few steps per callback: a loop that fell behind catches up in small
+        # pieces (the remaining steps are re-armed at once) instead of one long stall.
+        self.engine.advance(max(self.sim_now(), t), max_events=2)
         self._arm()
         self._flush()
+        # CPU time (not wall: immune to other processes) the engine step held the loop for.
+        self.step_cpu.append(time.thread_time() - c0)
 
     def _on_emit(self, req: Request) -> None:
         if req.waiter is not None:
@@ -346,8 +354,16 @@ class SimServer:
             "loop_lag": self.lag.summary(),
             "profile": self.profile.name,
         }
+        steps = sorted(self.step_cpu)
+        body["engine_step_cpu_ms"] = {
+            "samples": len(steps),
+            "p50": steps[len(steps) // 2] * 1000 if steps else None,
+            "p99": steps[min(len(steps) - 1, int(0.99 * len(steps)))] * 1000 if steps else None,
+            "max": steps[-1] * 1000 if steps else None,
+        }
         if request.query.get("reset_lag"):
             self.lag.reset()
+            self.step_cpu.clear()
         return web.Response(body=_dumps(body), content_type="application/json")
 
     async def requests(self, request: web.Request) -> web.Response:
@@ -615,7 +631,8 @@ class SimServer:
                     line = head + choice + ("," + usage(n) if continuous else "") + "}\n\n"
                     await resp.write(line.encode())
                     self.chunks_sent += 1
-                    req.chunks.append((self.sim_now(), n - sent))
+                    req.chunk_times.append(self.sim_now())
+                    req.chunk_tokens.append(n - sent)
                     sent = n
                     if cut is not None and sent >= cut:
                         # The disconnect fault: drop the connection mid-stream.
@@ -740,6 +757,9 @@ def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         runner, bound = await _start(server, host, port)
+        import gc
+
+        gc.freeze()  # start-up objects never need collecting: keeps full collections short
         p = profile
         log = sys.stderr
         print(f"INFO speedmatrix sim {p.name}: serving {p.served_model_name}", file=log)
