@@ -201,10 +201,9 @@ def speed_matrix():
     @task(trigger_rule="all_done", retries=1)
     def validate(resolved: dict) -> dict:
         ti = get_current_context()["ti"]
-        results = [
-            *(ti.xcom_pull(task_ids="prefill", map_indexes=None, default=None) or []),
-            *(ti.xcom_pull(task_ids="decode", map_indexes=None, default=None) or []),
-        ]
+        # Every map index of both cell tasks (a list, in task then map-index order); a cell
+        # whose task died left nothing and is recorded as failed by the pipeline.
+        results = ti.xcom_pull(task_ids=["prefill", "decode"]) or []
         return pipeline.validate(
             resolved,
             ti.xcom_pull(task_ids="inspect"),
