@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 BAD_VERDICTS = frozenset({"bad", "regression"})
 GOOD_VERDICTS = frozenset({"good", "noise", "improvement"})
@@ -152,3 +153,203 @@ def bisect(
     while (commit := state.next_commit()) is not None:
         state.record(commit, measure(commit))
     return state.result()
+
+
+# ---------------------------------------------------------------------------------------------
+# speed_matrix_bisect glue: plain functions of JSON-able values (the DAG file only wires them).
+# A "job" carries the bisection state, the known-good run and the speed_matrix conf that runs
+# only the regressed cells; each step picks a commit, a speed_matrix run measures it, and the
+# judge compares the landed cells with the good run (compare.py's rule) to get the verdict.
+
+MAX_STEPS = 10
+"""Unrolled steps of the DAG: 2**10 = 1024 commits with wheels between good and bad."""
+
+
+def _decode_and_prefill(cells: Sequence[str]) -> tuple[list[tuple[str, str, int]], dict]:
+    from speedmatrix.trend import parse_cell
+
+    parsed = [parse_cell(c) for c in cells]
+    if not parsed:
+        raise ValueError("name at least one regressed cell, e.g. 64Kx16 or 'prefill 64K'")
+    decode = [p for p in parsed if p[0] == "decode"]
+    prefill = sorted({p[1] for p in parsed if p[0] == "prefill"}, key=_tokens)
+    contexts = sorted({p[1] for p in decode}, key=_tokens)
+    concurrencies = sorted({p[2] for p in decode})
+    conf = {
+        # The smallest context stands in when no prefill cell regressed: the parameter cannot
+        # be empty (null would run the recipe's whole prefill sweep).
+        "prefill_contexts": prefill or [contexts[0]],
+        "contexts": contexts or [prefill[0]],
+        "concurrencies": concurrencies or [1],
+    }
+    return parsed, conf
+
+
+def _tokens(label: str) -> int:
+    return int(label[:-1]) * 1024 if label.upper().endswith("K") else int(label)
+
+
+def commits_between(repo: str, good: str, bad: str, api_url: str | None = None) -> list[str]:
+    """Commits after `good` up to and including `bad`, oldest first, from GitHub's compare API
+    (up to 250; enough for the ranges a nightly can open)."""
+    import requests
+
+    base = (api_url or "https://api.github.com").rstrip("/")
+    resp = requests.get(f"{base}/repos/{repo}/compare/{good}...{bad}", timeout=20)
+    resp.raise_for_status()
+    return [c["sha"] for c in resp.json().get("commits", [])]
+
+
+def wheel_check(recipe: Any) -> Callable[[str], bool]:
+    """Whether a commit can be installed cheaply: a published wheel for wheel recipes (HEAD on
+    `<wheel_index>/<sha>/vllm/`, as vllm_commit_watch checks); always for the others."""
+    install = recipe.engine.install
+    if install.kind != "wheel":
+        return lambda _c: True
+    import requests
+
+    index = str(install.wheel_index).rstrip("/")
+
+    def has(commit: str) -> bool:
+        try:
+            resp = requests.head(f"{index}/{commit}/vllm/", timeout=10, allow_redirects=True)
+        except requests.RequestException:
+            return False
+        return 200 <= resp.status_code < 300
+
+    return has
+
+
+def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) -> dict:
+    """Check the params and build the job: commits, wheels, good run, conf of a step's run."""
+    from speedmatrix.compare import recipe_threshold, select_baseline
+    from speedmatrix.recipes import load_recipe
+    from speedmatrix.warehouse import Warehouse
+
+    recipe = load_recipe(params["recipe"])
+    good, bad = str(params["good"]), str(params["bad"])
+    cells = list(params.get("cells") or [])
+    _, conf = _decode_and_prefill(cells)
+    commits = list(params.get("commits") or [])
+    if not commits:
+        repo = str(recipe.engine.repository)
+        repo = repo.split("github.com/", 1)[-1] or "vllm-project/vllm"
+        commits = commits_between(repo, good, bad, params.get("api_url"))
+    if not commits or (not commits[-1].startswith(bad) and not bad.startswith(commits[-1])):
+        raise ValueError(f"the commit list must end with the bad commit {bad}")
+    host = params.get("ssh_conn_id") or recipe.schedule.host or "local"
+    wh = Warehouse(params.get("warehouse"))
+    runs = wh.query("SELECT * FROM runs WHERE recipe_id = ? AND host = ?", [recipe.id, host])
+    good_run = select_baseline(
+        runs,
+        {"run_id": None, "recipe_id": recipe.id, "host": host},
+        params.get("good_run_id") or good,
+    )
+    if good_run is None:
+        raise ValueError(f"no successful run of {recipe.id} on {host} at the good commit {good}")
+    state = BisectState.start(commits, has_wheel or wheel_check(recipe))
+    threshold = params.get("threshold_pct")
+    return {
+        "recipe": recipe.id,
+        "host": host,
+        "good": good,
+        "bad": bad,
+        "cells": cells,
+        "good_run_id": good_run["run_id"],
+        "threshold": threshold / 100 if threshold is not None else recipe_threshold(recipe.id),
+        "warehouse": params.get("warehouse"),
+        "conf": {
+            "recipe": recipe.id,
+            "ssh_conn_id": host,
+            "warehouse": params.get("warehouse"),
+            "duration_s": params.get("duration_s"),
+            "max_output_tokens": params.get("max_output_tokens"),
+            **conf,
+        },
+        "state": state.to_dict(),
+    }
+
+
+def choose_step(job: dict, step: int, salt: str = "") -> dict | None:
+    """The next commit and the speed_matrix conf and run id for it; None when finished.
+    `salt` (the bisect DAG run's id) keeps two bisections of one range apart."""
+    state = BisectState.from_dict(job["state"])
+    commit = state.next_commit()
+    if commit is None:
+        return None
+    conf = {k: v for k, v in {**job["conf"], "engine_ref": commit}.items() if v is not None}
+    import hashlib
+
+    tag = hashlib.sha1(salt.encode()).hexdigest()[:8]
+    run_id = f"bisect__{job['good'][:12]}..{job['bad'][:12]}__{tag}__{step:02d}__{commit[:12]}"
+    return {"job": job, "commit": commit, "conf": conf, "trigger_run_id": run_id}
+
+
+def judge_step(chosen: dict, warehouse: Any | None = None) -> dict:
+    """Read the step's landed run, compare the regressed cells with the good run, record."""
+    from speedmatrix.compare import compare_runs, read_history
+    from speedmatrix.warehouse import Warehouse
+
+    job, commit = chosen["job"], chosen["commit"]
+    wh = warehouse or Warehouse(job["warehouse"])
+    found = wh.query(
+        "SELECT run_id FROM runs WHERE recipe_id = ? AND host = ? AND status = 'success' "
+        "AND (engine_ref = ? OR starts_with(engine_commit, ?) OR starts_with(?, engine_commit)) "
+        "ORDER BY started_at DESC LIMIT 1",
+        [job["recipe"], job["host"], commit, commit, commit],
+    )
+    state = BisectState.from_dict(job["state"])
+    if found.empty:
+        verdict = "skip"  # the run failed or never landed: measure around it
+    else:
+        parsed, _ = _decode_and_prefill(job["cells"])
+        wanted = {(p, label, c) for p, label, c in parsed}
+
+        def keep(rows: list[dict]) -> list[dict]:
+            return [r for r in rows if (r["phase"], r["context_label"], r["concurrency"]) in wanted]
+
+        run, cells, requests = wh.read_run(found["run_id"].iloc[0])
+        good, good_cells, good_requests = wh.read_run(job["good_run_id"])
+        keys = {(r["phase"], r["context_tokens"], r["concurrency"]) for r in keep(cells)}
+
+        def keep_req(rows: list[dict]) -> list[dict]:
+            return [r for r in rows if (r["phase"], r["context_tokens"], r["concurrency"]) in keys]
+
+        noise = read_history(wh, job["recipe"], job["host"])[3]
+        rows = compare_runs(
+            run,
+            keep(cells),
+            good,
+            keep(good_cells),
+            requests=keep_req(requests),
+            baseline_requests=keep_req(good_requests),
+            noise=noise,
+            threshold=job["threshold"],
+        )
+        rows = [r for r in rows if r["phase"] != "run"]
+        if not rows or any(r["verdict"] == "not_comparable" for r in rows):
+            verdict = "skip"
+        else:
+            verdict = "regression" if any(r["verdict"] == "regression" for r in rows) else "noise"
+    state.record(commit, verdict)
+    return {**job, "state": state.to_dict()}
+
+
+def conclude_job(jobs: Sequence[dict | None]) -> dict:
+    """The first bad commit from the last job state; raises when the steps ran out."""
+    job = next((j for j in reversed(list(jobs)) if j), None)
+    if job is None:
+        raise ValueError("no bisection state")
+    state = BisectState.from_dict(job["state"])
+    if not state.done:
+        raise RuntimeError(
+            f"bisection not finished after {len(state.measured)} steps; next: {state.next_commit()}"
+        )
+    result = state.result()
+    return {
+        "first_bad": result.first_bad,
+        "suspects": result.suspects,
+        "measured": [list(m) for m in result.measured],
+        "skipped": result.skipped,
+        "summary": result.describe(),
+    }
