@@ -3,7 +3,8 @@
 resolve -> wait_for_host (lease; reschedules, holds no worker slot) -> setup_server (provision +
 start) -> inspect -> plan -> prefill[8K…] -> decode[8K x 1…] -> stop_server (teardown: always,
 stops the server, releases the lease) ; validate (Great Expectations) -> land (Assets) ->
-report -> conclude (fails the run if a cell failed, after everything measured has landed).
+report -> conclude (fails the run if a cell failed, after everything measured has landed);
+report -> regressions (compares with the baseline; fails the run on a regression).
 
 Orchestration only: every task body is a function in `speedmatrix.pipeline`.
 """
@@ -233,6 +234,14 @@ def speed_matrix():
     def conclude(landed: dict, paths: dict) -> str:
         return pipeline.conclude(landed)
 
+    @task(retries=1)
+    def regressions(resolved: dict, landed: dict) -> dict:
+        """Compare with the baseline, land the verdicts; fails (so alerting fires) on a
+        regression, naming the cells, the baseline and the commits between them."""
+        from speedmatrix.compare import regressions_check
+
+        return regressions_check(pipeline.warehouse_of(resolved), landed["run_id"])
+
     resolved = resolve()
     lease = wait_for_host(resolved)
     server = setup_server(resolved, lease)
@@ -249,7 +258,9 @@ def speed_matrix():
     checked = validate(resolved)
     [dec, stop] >> checked
     landed = land(resolved, checked)
-    conclude(landed, report(resolved, landed))
+    paths = report(resolved, landed)
+    conclude(landed, paths)
+    paths >> regressions(resolved, landed)
 
 
 speed_matrix()
