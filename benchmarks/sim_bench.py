@@ -92,7 +92,8 @@ async def run_client(
             await r.read()
         await asyncio.sleep(warmup)
         async with session.get(base + "/sim/state") as r:
-            idle_lag = (await r.json())["loop_lag"]
+            idle = await r.json()
+            idle_lag = {"timer": idle["loop_lag"], "queue": idle["loop_queue_lag"]}
 
         async def stream(i: int) -> None:
             nonlocal received
@@ -148,6 +149,7 @@ async def run_client(
         "engine_tokens_per_s": (gen1 - gen0) / (t1 - t0),
         "chunk_gap_median_ms": statistics.median(window_gaps) * 1000 if window_gaps else None,
         "loop_lag": state["loop_lag"],
+        "loop_queue_lag": state["loop_queue_lag"],
         "idle_loop_lag": idle_lag,
         "engine_step_cpu_ms": state["engine_step_cpu_ms"],
         "chunks_per_s": (state["chunks_sent"] - chunks0) / (t1 - t0),
@@ -165,6 +167,12 @@ def main() -> int:
     ap.add_argument("--step-ms", type=float, default=10.5)
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument(
+        "--realtime",
+        action="store_true",
+        help="run server and client under SCHED_FIFO (root): on a shared, saturated machine "
+        "this measures the simulator, not the neighbours (it uses ~15%% of its core)",
+    )
     ap.add_argument(
         "--priority",
         action="store_true",
@@ -186,10 +194,14 @@ def main() -> int:
             os.sched_setaffinity(0, {0})
         if args.priority:
             os.nice(-10)
+        if args.realtime:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
 
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, preexec_fn=pin_server)
     if multi:
         os.sched_setaffinity(0, {1})
+    if args.realtime:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
     try:
         import requests
 
@@ -228,13 +240,16 @@ def main() -> int:
         target_tokens_per_s=args.streams / (args.step_ms / 1000.0),
         pinned=multi,
         priority=args.priority,
+        realtime=args.realtime,
         load_avg=os.getloadavg(),
     )
     print(json.dumps(res, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
-    ok = res["engine_tokens_per_s"] >= 10_000 and (res["loop_lag"]["p99_ms"] or 99) < 1.0
-    print("PASS" if ok else "MISS", "(>= 10,000 tok/s and loop lag p99 < 1 ms)")
+    rate_ok = min(res["engine_tokens_per_s"], res["client_tokens_per_s"]) >= 10_000
+    for kind in ("loop_lag", "loop_queue_lag"):
+        ok = rate_ok and (res[kind]["p99_ms"] or 99) < 1.0
+        print("PASS" if ok else "MISS", f">= 10,000 tok/s and {kind} p99 < 1 ms")
     return 0
 
 

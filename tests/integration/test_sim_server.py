@@ -303,7 +303,8 @@ def test_spec_decode_chunks_carry_several_tokens():
 def test_time_scale_wall_times_are_simulated_times_divided_by_the_scale():
     scale = 20.0
     with run_in_thread(PROFILE, time_scale=scale) as url:
-        payload = body(max_tokens=200, min_tokens=200, ignore_eos=True, **STREAM)
+        # 1,500 tokens x 4 ms = 6 s simulated = 0.3 s wall: long against client jitter.
+        payload = body(max_tokens=1500, min_tokens=1500, ignore_eos=True, **STREAM)
         t0 = time.perf_counter()
         r = post(url, "/v1/completions", payload, stream=True, headers={"X-Request-Id": "ts"})
         stamps = []

@@ -53,6 +53,7 @@ class Request:
     prompt: list[int]
     max_tokens: int
     salt: str | None = None
+    plen: int = 0  # len(prompt), set on arrival (hot path)
     target: int = 0  # tokens it will really produce (max_tokens, possibly cut short)
     finish_on_target: str = "length"
     index: int = 0
@@ -69,8 +70,6 @@ class Request:
     cached_tokens: int = 0
     preemptions: int = 0
     token_times: array = field(default_factory=lambda: array("d"))  # one entry per token
-    step_times: array = field(default_factory=lambda: array("d"))  # steps that emitted tokens
-    step_tokens: array = field(default_factory=lambda: array("i"))  # tokens each emitted
     accepted: array = field(default_factory=lambda: array("i"))  # spec: accepted per decode step
     rng: random.Random | None = None
     waiter: object | None = None  # set by the server: woken when tokens arrive
@@ -81,7 +80,14 @@ class Request:
 
     @property
     def steps(self) -> list[tuple[float, int]]:
-        return list(zip(self.step_times, self.step_tokens, strict=True))
+        """(time, tokens) of each step that emitted tokens: tokens of one step share a time."""
+        out: list[tuple[float, int]] = []
+        for t in self.token_times:
+            if out and out[-1][0] == t:
+                out[-1] = (t, out[-1][1] + 1)
+            else:
+                out.append((t, 1))
+        return out
 
     @property
     def chunks(self) -> list[tuple[float, int]]:
@@ -89,7 +95,7 @@ class Request:
 
     @property
     def prompt_len(self) -> int:
-        return len(self.prompt)
+        return self.plen or len(self.prompt)
 
     @property
     def finished(self) -> bool:
@@ -250,6 +256,7 @@ class Engine:
         """A request arrives at `now` (default: the engine's clock)."""
         self.advance(self.now if now is None else now)
         req.arrival = self.now
+        req.plen = len(req.prompt)
         req.index = self._seq
         self._seq += 1
         if req.target <= 0:
@@ -370,12 +377,12 @@ class Engine:
         running = self.running
         while i < len(running) and budget > 0:
             r = running[i]
-            remaining = r.prompt_len + r.out - r.num_computed
+            remaining = r.plen + r.out - r.num_computed
             decode = r.out > 0 and remaining == 1
             n = k1 if decode else min(remaining, budget)
             need = -(-(r.num_computed + n) // bs) - len(r.blocks)
             preempted_self = False
-            while need > pool.free:
+            while need > len(pool.free_q):
                 if self._preempt_last() is r:
                     preempted_self = True
                     break
@@ -388,7 +395,7 @@ class Engine:
             if decode:
                 dec_b += 1
                 dec_t += r.num_computed + 1
-                dec_p += r.prompt_len
+                dec_p += r.plen
             else:
                 prefill_cost += p.prefill_time(r.num_computed + n) - p.prefill_time(r.num_computed)
             i += 1
@@ -396,7 +403,7 @@ class Engine:
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < cap:
             r = waiting[0]
-            total = r.prompt_len + r.out
+            total = r.plen + r.out
             if r.hashes is None:
                 r.hashes = block_hashes(r.prompt, bs, r.salt)
             hit = pool.lookup(r.hashes, (total - 1) // bs)
@@ -463,22 +470,23 @@ class Engine:
             else:
                 before = r.num_computed
                 r.num_computed += n
-                if r.hashes and before < r.prompt_len:
+                if r.hashes and before < r.plen:
                     hashes = r.hashes
-                    lo, hi = before // bs, min(r.num_computed, r.prompt_len) // bs
+                    lo, hi = before // bs, min(r.num_computed, r.plen) // bs
                     for j in range(lo, min(hi, len(hashes))):
                         pool.register(r.blocks[j], hashes[j])
-                e = 1 if r.num_computed == r.prompt_len + r.out else 0
+                e = 1 if r.num_computed == r.plen + r.out else 0
             if not e:
                 continue
             e = min(e, r.target - r.out)
             if r.out == 0:
-                c.prompt_tokens += r.prompt_len
+                c.prompt_tokens += r.plen
             r.out += e
-            r.num_computed = r.prompt_len + r.out - 1
-            r.token_times.extend([t] * e)
-            r.step_times.append(t)
-            r.step_tokens.append(e)
+            r.num_computed = r.plen + r.out - 1
+            if e == 1:
+                r.token_times.append(t)
+            else:
+                r.token_times.extend([t] * e)
             c.generation_tokens += e
             if r.out >= r.target:
                 self._finish(r, r.finish_on_target)

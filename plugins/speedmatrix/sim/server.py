@@ -28,7 +28,8 @@ delivery of chunks is late (visible in ground truth as chunk times after token t
 Ground truth (open, not in vLLM):
 
 - ``GET /sim/state``: clock, time scale, running / waiting / front-end counts, KV usage, engine
-  counters, the server's own event-loop lag (p50 / p99 / max, ms), the CPU time one engine
+  counters, the server's own event-loop lag (``loop_lag``: timer lateness; ``loop_queue_lag``:
+  how long a ready callback waits; p50 / p99 / max, ms), the CPU time one engine
   step holds the loop for (``engine_step_cpu_ms``; unlike wall-clock lag it does not count time
   the process waited for a CPU) and the chunk count. ``?reset_lag=1`` restarts both windows.
 - ``GET /sim/requests`` (summaries; ``?detail=1`` adds per-token times) and
@@ -78,7 +79,7 @@ except ImportError:  # pragma: no cover - orjson is a project dependency
 
     _loads = json.loads
 
-WAKE_SLICE = 16  # streams woken per loop iteration (vLLM chunks its output processing too)
+WAKE_SLICE = 8  # streams woken per loop iteration (vLLM chunks its output processing too)
 
 
 class ApiError(Exception):
@@ -93,11 +94,20 @@ def error_response(status: int, message: str, etype: str, param: str | None = No
 
 
 class LagMonitor:
-    """Event-loop lag: how late a 5 ms timer fires; keeps the last 20,000 samples."""
+    """Event-loop lag, two ways, every 5 ms; keeps the last 20,000 samples of each.
+
+    - timer lag: how late a 5 ms sleep wakes. Includes uvloop's timer granularity (libuv
+      timers count whole milliseconds), so it reads up to ~1 ms even on an idle loop.
+    - queue lag: how long a callback made ready now waits to run (``sleep(0)`` round trip):
+      the work already queued ahead of it, i.e. how long the loop is blocked.
+    Both are wall clock: on a machine whose CPUs are busy with other processes they include
+    the time the process waited to be scheduled.
+    """
 
     def __init__(self, period_s: float = 0.005):
         self.period = period_s
         self.samples: deque[float] = deque(maxlen=20_000)
+        self.queue: deque[float] = deque(maxlen=20_000)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -108,7 +118,10 @@ class LagMonitor:
         while True:
             t = clock()
             await asyncio.sleep(self.period)
-            self.samples.append(max(0.0, clock() - t - self.period))
+            t1 = clock()
+            self.samples.append(max(0.0, t1 - t - self.period))
+            await asyncio.sleep(0)
+            self.queue.append(clock() - t1)
 
     def stop(self) -> None:
         if self._task:
@@ -116,9 +129,11 @@ class LagMonitor:
 
     def reset(self) -> None:
         self.samples.clear()
+        self.queue.clear()
 
-    def summary(self) -> dict[str, float | int | None]:
-        s = sorted(self.samples)
+    @staticmethod
+    def _summary(values: deque[float]) -> dict[str, float | int | None]:
+        s = sorted(values)
         if not s:
             return {"samples": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
 
@@ -126,6 +141,12 @@ class LagMonitor:
             return s[min(len(s) - 1, int(p * len(s)))] * 1000.0
 
         return {"samples": len(s), "p50_ms": q(0.5), "p99_ms": q(0.99), "max_ms": s[-1] * 1000}
+
+    def summary(self) -> dict[str, float | int | None]:
+        return self._summary(self.samples)
+
+    def queue_summary(self) -> dict[str, float | int | None]:
+        return self._summary(self.queue)
 
 
 class SimServer:
@@ -191,7 +212,7 @@ class SimServer:
         self._timer = None
         # At most a few steps per callback: a loop that fell behind catches up in small
         # pieces (the remaining steps are re-armed at once) instead of one long stall.
-        self.engine.advance(max(self.sim_now(), t), max_events=2)
+        self.engine.advance(max(self.sim_now(), t), max_events=1)
         self._arm()
         self._flush()
         # CPU time (not wall: immune to other processes) the engine step held the loop for.
@@ -352,6 +373,7 @@ class SimServer:
             "counters": c.__dict__,
             "chunks_sent": self.chunks_sent,
             "loop_lag": self.lag.summary(),
+            "loop_queue_lag": self.lag.queue_summary(),
             "profile": self.profile.name,
         }
         steps = sorted(self.step_cpu)
@@ -621,7 +643,8 @@ class SimServer:
                 if n > sent:
                     if cut is not None and n >= cut:
                         n = max(cut, sent)
-                    text = json.dumps(output_words(req.index, sent, n - sent, repeat))
+                    # The words are plain ASCII: quoting them needs no JSON encoder.
+                    text = '"' + output_words(req.index, sent, n - sent, repeat) + '"'
                     done = req.state == FINISHED and n == req.out
                     fr = f'"{req.finish_reason}"' if done else "null"
                     if chat:

@@ -171,6 +171,8 @@ def output_words(seed: int, start: int, count: int, repeat: bool = False) -> str
     if repeat:
         return " again" * count
     n = len(WORDS)
+    if count == 1:
+        return " " + WORDS[((seed + start) * 2654435761 >> 7) % n]
     return "".join(
         " " + WORDS[((seed + i) * 2654435761 >> 7) % n] for i in range(start, start + count)
     )
