@@ -371,7 +371,14 @@ class Deployment:
             except KeyError:
                 continue
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "speedmatrix-pg"],
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                "speedmatrix-pg",
+            ],
             check=True,
         )
         return "speedmatrix-pg"
@@ -436,7 +443,9 @@ class Deployment:
             )
         import psycopg2  # the driver Airflow uses too
 
-        conn = psycopg2.connect(host="127.0.0.1", port=self.pg_port, user="airflow", dbname="postgres")
+        conn = psycopg2.connect(
+            host="127.0.0.1", port=self.pg_port, user="airflow", dbname="postgres"
+        )
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute("CREATE DATABASE airflow")
@@ -448,7 +457,15 @@ class Deployment:
         pg_bin = find_postgres_bin()
         subprocess.run(
             self._as_pg_user(
-                [str(pg_bin / "pg_ctl"), "-D", str(self.pg_dir / "data"), "-m", "fast", "-w", "stop"]
+                [
+                    str(pg_bin / "pg_ctl"),
+                    "-D",
+                    str(self.pg_dir / "data"),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "stop",
+                ]
             ),
             capture_output=True,
             timeout=60,
@@ -482,9 +499,10 @@ class Deployment:
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.redis_port), timeout=1
-            ) as s:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.redis_port), timeout=1) as s,
+            ):
                 s.sendall(b"PING\r\n")
                 if s.recv(16).startswith(b"+PONG"):
                     return
@@ -517,7 +535,9 @@ class Deployment:
             if dead:
                 raise DeploymentError(f"components exited: {dead}\n{self.log_tails()}")
             try:
-                health = self._session.get(f"{self.api_url}/api/v2/monitor/health", timeout=5).json()
+                health = self._session.get(
+                    f"{self.api_url}/api/v2/monitor/health", timeout=5
+                ).json()
                 statuses = {k: (v or {}).get("status") for k, v in health.items()}
                 last = json.dumps(statuses)
                 if all(s == "healthy" for s in statuses.values()) and len(statuses) >= 4:
@@ -528,7 +548,9 @@ class Deployment:
             except (requests.RequestException, ValueError) as exc:
                 last = str(exc)
             time.sleep(2)
-        raise DeploymentError(f"deployment not healthy after {timeout_s}s: {last}\n{self.log_tails()}")
+        raise DeploymentError(
+            f"deployment not healthy after {timeout_s}s: {last}\n{self.log_tails()}"
+        )
 
     def celery_workers(self) -> list[str]:
         """Names of the Celery workers answering a broadcast ping right now."""
@@ -637,7 +659,9 @@ class Deployment:
             ]
         return []
 
-    def wait_for(self, what: str, predicate: Any, timeout_s: float = 120.0, every_s: float = 1.0) -> Any:
+    def wait_for(
+        self, what: str, predicate: Any, timeout_s: float = 120.0, every_s: float = 1.0
+    ) -> Any:
         """Poll `predicate()` until it returns something truthy; fail with the log tails."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -645,7 +669,9 @@ class Deployment:
             if value:
                 return value
             time.sleep(every_s)
-        raise DeploymentError(f"timed out after {timeout_s}s waiting for {what}\n{self.log_tails()}")
+        raise DeploymentError(
+            f"timed out after {timeout_s}s waiting for {what}\n{self.log_tails()}"
+        )
 
 
 def _cmdline(pid: int) -> str:

@@ -1,0 +1,252 @@
+"""speedmatrix's guarantees under a real Airflow deployment (scheduler + two Celery workers).
+
+One deployment (conftest.py) serves every test here, in file order; each test leaves both
+workers up. On failure, the harness's messages carry the tails of every component's log.
+Run alone: `uv run pytest -m deployment`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import signal
+import socket
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from conftest import SSH_CONN_ID, Env
+from harness import Deployment, free_port
+
+pytestmark = [pytest.mark.deployment, pytest.mark.integration, pytest.mark.timeout(600)]
+
+SM = "speed_matrix"
+TINY = "sim/deploy-tiny"
+TINY_B = "sim/deploy-tiny-b"
+
+
+def _ts(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def _xcom(dep: Deployment, dag_id: str, run_id: str, task_id: str, map_index: int = -1):
+    """A task's return value through the REST API (decoded when it comes back as text)."""
+    entry = dep.api(
+        "GET",
+        f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value",
+        params={"map_index": map_index},
+    )
+    value = entry["value"]
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = ast.literal_eval(value)
+    return value
+
+
+def _tis(dep: Deployment, run_id: str) -> dict[tuple[str, int], dict]:
+    return {(t["task_id"], t["map_index"]): t for t in dep.task_instances(SM, run_id)}
+
+
+def server_span(dep: Deployment, run_id: str) -> tuple[datetime, datetime]:
+    """When the run held its host: setup_server's start (server start) to stop_server's end."""
+    tis = _tis(dep, run_id)
+    start = _ts(tis[("setup_server", -1)]["start_date"])
+    end = _ts(tis[("stop_server", -1)]["end_date"])
+    assert start and end, f"{run_id}: setup/stop never ran: {tis}"
+    return start, end
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_trivial_dag_runs_on_each_celery_worker(env: Env) -> None:
+    """(1) The deployment is up (conftest), and tasks run on the Celery workers: a run pinned
+    to each worker's queue executes there (the task reports the worker it ran in)."""
+    dep = env.dep
+    assert dep.celery_workers() == sorted(
+        f"{n}@{socket.gethostname()}" for n in ("worker1", "worker2")
+    )
+    dep.wait_dag("deploy_probe")
+    runs = {
+        w: dep.trigger("deploy_probe", run_id=f"manual__probe-pin-{w}")
+        for w in ("worker1", "worker2")
+    }
+    states = dep.wait_runs("deploy_probe", list(runs.values()), timeout_s=180)
+    assert set(states.values()) == {"success"}, states
+    for worker, run_id in runs.items():
+        tis = dep.task_instances("deploy_probe", run_id)
+        assert len(tis) == 4
+        for ti in tis:
+            assert ti["queue"] == worker
+            got = _xcom(dep, "deploy_probe", run_id, "where", ti["map_index"])
+            assert got["worker"] == worker, got
+
+
+def test_one_run_per_host_across_workers_and_scheduler_restart(env: Env) -> None:
+    """(2) Two speed_matrix runs of one host, forced onto different workers, never overlap
+    from server start to server stop; a run of another host (SSH) overlaps them.
+    (5) The scheduler is restarted while the runs are in flight: all three complete."""
+    dep = env.dep
+    dep.wait_dag(SM)
+    base = {"recipe": TINY}
+    runs = {
+        "a": dep.trigger(
+            SM, {**base, "ssh_conn_id": "local", "port": free_port()}, "manual__lease-a-pin-worker1"
+        ),
+        "b": dep.trigger(
+            SM, {**base, "ssh_conn_id": "local", "port": free_port()}, "manual__lease-b-pin-worker2"
+        ),
+        "c": dep.trigger(
+            SM, {**base, "ssh_conn_id": SSH_CONN_ID, "port": free_port()}, "manual__lease-c"
+        ),
+    }
+
+    def a_server_started() -> bool:
+        return any(
+            _tis(dep, r).get(("setup_server", -1), {}).get("state") == "success"
+            for r in runs.values()
+        )
+
+    dep.wait_for("a server started by one of the runs", a_server_started, timeout_s=240, every_s=2)
+    dep.stop_component("scheduler")  # SIGTERM, as a systemd restart or a redeploy does
+    assert not dep.procs["scheduler"].alive()
+    time.sleep(5)
+    dep.start_component("scheduler")
+
+    states = dep.wait_runs(SM, list(runs.values()), timeout_s=420)
+    assert set(states.values()) == {"success"}, states
+
+    spans = {k: server_span(dep, r) for k, r in runs.items()}
+    for key, worker in (("a", "worker1"), ("b", "worker2")):
+        assert _tis(dep, runs[key])[("setup_server", -1)]["queue"] == worker
+    (a0, a1), (b0, b1), (c0, c1) = spans["a"], spans["b"], spans["c"]
+    assert a1 <= b0 or b1 <= a0, f"same-host runs overlapped: {spans}"
+    assert (c0 < a1 and a0 < c1) or (c0 < b1 and b0 < c1), (
+        f"other-host run did not overlap: {spans}"
+    )
+    print({k: (s.isoformat(), e.isoformat()) for k, (s, e) in spans.items()})
+
+
+def test_worker_killed_mid_decode_cell(env: Env) -> None:
+    """(4) The worker running a decode cell is SIGKILLed: the run ends (failed), teardown stops
+    the server and frees the host, the prefill cell measured before lands, no duplicates."""
+    dep = env.dep
+    port = free_port()
+    run_id = dep.trigger(
+        SM,
+        {"recipe": TINY, "ssh_conn_id": "local", "port": port, "duration_s": 40},
+        "manual__kill-pin-worker1",
+    )
+
+    def decode_running() -> bool:
+        ti = _tis(dep, run_id).get(("decode", 0))
+        return bool(ti and ti["state"] == "running")
+
+    dep.wait_for("the decode cell to run", decode_running, timeout_s=240, every_s=1)
+    time.sleep(8)  # well inside the 40 s window
+    assert _port_open(port), "the simulated server should be serving"
+    dep.stop_component("worker1", signal.SIGKILL)
+    time.sleep(3)
+    dep.start_component("worker1")
+    dep.wait_for("worker1 back", lambda: len(dep.celery_workers()) == 2, timeout_s=120, every_s=3)
+
+    states = dep.wait_runs(SM, [run_id], timeout_s=400)
+    tis = _tis(dep, run_id)
+    assert states[run_id] == "failed", states
+    assert tis[("decode", 0)]["state"] == "failed"
+    assert tis[("stop_server", -1)]["state"] == "success"
+    assert tis[("land", -1)]["state"] == "success"
+    assert not _port_open(port), "teardown left the server running"
+    servers = [p for p in dep.leftovers() if b"sim" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert not servers, f"simulated servers still running: {servers}"
+    lease = env.root / "home-local" / ".speedmatrix" / "lease" / "holder"
+    assert not lease.exists() or not lease.read_text().strip(), "host lease not released"
+
+    from speedmatrix.warehouse import Warehouse
+
+    wh_run_id = _xcom(dep, SM, run_id, "resolve")["run_id"]
+    cells = Warehouse(str(dep.warehouse)).query(
+        f"select phase, context_tokens, concurrency, status from cells where run_id = '{wh_run_id}'"
+    )
+    rows = cells.to_dict("records")
+    keys = [(r["phase"], r["context_tokens"], r["concurrency"]) for r in rows]
+    assert len(keys) == len(set(keys)), f"duplicate cells landed: {rows}"
+    by_phase = {r["phase"]: r["status"] for r in rows}
+    assert by_phase.get("prefill") == "valid", rows
+    assert by_phase.get("decode") == "failed", rows
+
+
+def _runs_by_prefix(dep: Deployment, prefix: str) -> list[dict]:
+    return [r for r in dep.runs(SM) if r["dag_run_id"].startswith(prefix)]
+
+
+def _poll(dep: Deployment, n: int = 1) -> None:
+    """Trigger `n` polls of vllm_commit_watch at once and wait until every poll is done."""
+    ids = [dep.trigger("vllm_commit_watch") for _ in range(n)]
+    states = dep.wait_runs("vllm_commit_watch", ids, timeout_s=240)
+    assert set(states.values()) == {"success"}, states
+
+
+def test_commit_watch_triggers_each_commit_once(env: Env) -> None:
+    """(3) vllm_commit_watch against a GitHub stand-in: three new commits -> three runs per
+    per-commit recipe; polling again -> none; two polls at once -> each commit once.
+    speed_matrix is paused meanwhile: the triggered runs are counted, not executed. The
+    nightly DAG is unpaused here too (its cron fires every minute) and checked next."""
+    dep, gh = env.dep, env.github
+    dep.api("PATCH", f"/dags/{SM}", json={"is_paused": True})
+    dep.wait_dag("speed_matrix_nightly")
+    dep.wait_dag("vllm_commit_watch")
+
+    gh.head = 1
+    _poll(dep)  # a fresh watch starts from the head
+    first = _runs_by_prefix(dep, "commit__")
+    assert sorted(r["conf"]["recipe"] for r in first) == [TINY, TINY_B]
+    assert {r["conf"]["engine_ref"] for r in first} == {gh.sha(0)}
+
+    gh.head = 4
+    _poll(dep)
+    after = _runs_by_prefix(dep, "commit__")
+    new = [r for r in after if r["dag_run_id"] not in {f["dag_run_id"] for f in first}]
+    pairs = sorted((r["conf"]["recipe"], r["conf"]["engine_ref"]) for r in new)
+    assert pairs == sorted((rec, gh.sha(i)) for rec in (TINY, TINY_B) for i in (1, 2, 3)), pairs
+
+    _poll(dep)
+    assert len(_runs_by_prefix(dep, "commit__")) == len(after), "a poll without news triggered"
+
+    gh.head = 6
+    _poll(dep, n=2)
+    final = _runs_by_prefix(dep, "commit__")
+    pairs = [(r["conf"]["recipe"], r["conf"]["engine_ref"]) for r in final]
+    assert len(pairs) == len(set(pairs)) == 2 * 6, pairs
+
+
+def test_nightly_fires_on_its_schedule(env: Env) -> None:
+    """(6) speed_matrix_nightly, on a cron of every minute, fires by itself (a scheduled run)
+    and triggers speed_matrix once per nightly recipe (deploy-tiny, not deploy-tiny-b) at the
+    head commit; later firings the same night trigger nothing more (it was unpaused in the
+    commit-watch test, so it has usually fired more than once by now)."""
+    dep, gh = env.dep, env.github
+
+    def scheduled_done() -> list[dict]:
+        runs = dep.api("GET", "/dags/speed_matrix_nightly/dagRuns", params={"limit": 50})[
+            "dag_runs"
+        ]
+        return [r for r in runs if r["run_type"] == "scheduled" and r["state"] == "success"]
+
+    fired = dep.wait_for("a scheduled nightly run", scheduled_done, timeout_s=200, every_s=3)
+    nightly = _runs_by_prefix(dep, "nightly__")
+    assert [r["conf"]["recipe"] for r in nightly] == [TINY], nightly
+    # The head when it fired: the commit-watch test moved it from 1 to 4 to 6 commits.
+    assert nightly[0]["conf"]["engine_ref"] in {gh.sha(0), gh.sha(3), gh.sha(5)}
+    assert fired
+    dep.api("PATCH", "/dags/speed_matrix_nightly", json={"is_paused": True})
+    # Leave speed_matrix as found: nothing queued behind the paused DAG, DAG unpaused.
+    for r in _runs_by_prefix(dep, "commit__") + _runs_by_prefix(dep, "nightly__"):
+        dep.api("DELETE", f"/dags/{SM}/dagRuns/{r['dag_run_id']}")
+    dep.api("PATCH", f"/dags/{SM}", json={"is_paused": False})
