@@ -1,0 +1,244 @@
+"""speed_matrix end to end through Airflow (dag.test) on the `local` host, simulated engine.
+
+Each run is `python -m speedmatrix.demo --conf … --result-json …` in a subprocess (the code
+path `make demo` uses) with a private HOME, so the host lease and the server state directory
+belong to the test. The matrix is small and the windows short: what is checked is the pipeline
+(plan, over capacity, mapped cells, validation, landing, report, teardown), not the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from speedmatrix.hosts import get_host
+from speedmatrix.lease import HostLease
+from speedmatrix.warehouse import Warehouse
+
+pytestmark = pytest.mark.integration
+
+# 8K and 16K at C = 1, 2 fit the calibrated KV cache (16,640 blocks of 16); C = 32 does not.
+CONF = {
+    "recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8",
+    "prefill_contexts": ["8K"],
+    "contexts": ["8K", "16K"],
+    "concurrencies": [1, 2, 32],
+    "duration_s": 2,
+    "max_output_tokens": 512,  # no stream finishes inside a 2 s window: C stays in flight
+}
+KEY = "sk-simtest-4242abcd"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_run(tmp: Path, home: Path, airflow_home: Path, conf: dict, name: str):
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "AIRFLOW_HOME": str(airflow_home),
+        "SPEEDMATRIX_API_KEY": KEY,
+        "PYTHONUNBUFFERED": "1",
+    }
+    out = tmp / f"{name}.log"
+    result = tmp / f"{name}.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "speedmatrix.demo",
+            "--conf",
+            json.dumps(conf),
+            "--result-json",
+            str(result),
+        ],
+        stdout=out.open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=str(Path(__file__).resolve().parents[2]),
+        start_new_session=True,
+    )
+    return proc, out, result
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> None:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 400) -> str:
+    deadline = time.monotonic() + timeout
+    rx = re.compile(pattern)
+    while time.monotonic() < deadline:
+        for line in log.read_text(errors="replace").splitlines():
+            if rx.search(line):
+                return line
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before {pattern!r}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    raise AssertionError(f"no {pattern!r} within {timeout} s")
+
+
+def outcome(result: Path) -> dict:
+    data = json.loads(result.read_text())
+    for k, v in data["xcom"].items():
+        if isinstance(v, str):
+            data["xcom"][k] = json.loads(v)
+    return data
+
+
+def no_server_left(home: Path) -> None:
+    """Every server group recorded under the test HOME is gone, and the lease is free."""
+    for pid_file in (home / ".speedmatrix" / "servers").glob("*/pid"):
+        pgid = int(pid_file.read_text().split()[0])
+        ps = subprocess.run(["ps", "-eo", "pgid="], capture_output=True, text=True).stdout
+        assert str(pgid) not in ps.split(), f"server group {pgid} still running"
+    state = HostLease(get_host("local", env={"HOME": str(home)}), "probe").show()
+    assert state.holder is None or state.seconds_left == 0
+
+
+@pytest.fixture(scope="module")
+def migrated(airflow_db: Path) -> Path:
+    """The session's migrated Airflow home, marked so the demo does not migrate it again."""
+    import airflow
+
+    (airflow_db / f".migrated-{airflow.__version__}").write_text("ok\n")
+    return airflow_db
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    h = tmp_path / "home"
+    h.mkdir()
+    return h
+
+
+def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home):
+    conf = {**CONF, "port": free_port()}
+    proc, log, result = start_run(tmp_path, home, migrated, conf, "run")
+    finish(proc)
+    out = outcome(result)
+    assert out["state"] == "success", log.read_text()[-4000:]
+    tasks = out["tasks"]
+    # readable map indexes, one mapped task per runnable cell; over-capacity cells not run
+    assert {k for k in tasks if k.startswith("decode[")} == {
+        "decode[8K x 1]",
+        "decode[8K x 2]",
+        "decode[16K x 1]",
+        "decode[16K x 2]",
+    }
+    assert "prefill[8K]" in tasks
+    assert tasks["stop_server"]["state"] == "success"
+
+    run_id = out["xcom"]["resolve"]["run_id"]
+    wh = Warehouse(os.environ["SPEEDMATRIX_WAREHOUSE"])
+    run, cells, requests = wh.read_run(run_id)
+    assert run["status"] == "success"
+    assert "<redacted>" in run["launch_command"] and KEY not in run["launch_command"]
+    by_cell = {(c["phase"], c["context_label"], c["concurrency"]): c for c in cells}
+    assert by_cell[("prefill", "8K", 1)]["status"] == "valid"
+    for ctx in ("8K", "16K"):
+        for c in (1, 2):
+            assert by_cell[("decode", ctx, c)]["status"] == "valid", by_cell[("decode", ctx, c)]
+        assert by_cell[("decode", ctx, 32)]["status"] == "over_capacity"
+        assert by_cell[("decode", ctx, 32)]["output_tokens"] is None
+    assert len(cells) == 7
+    assert requests and not any(r["concurrency"] == 32 for r in requests)
+
+    gx = json.loads(wh.read_artifact(run_id, "validation/gx-results.json"))
+    assert gx["cells"]["gx"]["success"] is True and gx["runs"]["gx"]["success"] is True
+    report_md = Path(out["xcom"]["report"]["md"]).read_text()
+    assert "Over capacity" in report_md and "## Sustained decode" in report_md
+    assert Path(out["xcom"]["report"]["html"]).stat().st_size > 1000
+    assert f"report: {out['xcom']['report']['md']}" in log.read_text()  # the log says where
+    assert KEY not in log.read_text()
+    no_server_left(home)
+
+
+def test_server_killed_mid_run_lands_measured_cells_and_fails_fast(migrated, tmp_path, home):
+    conf = {**CONF, "concurrencies": [1, 2], "port": free_port()}
+    proc, log, result = start_run(tmp_path, home, migrated, conf, "killed")
+    try:
+        wait_for_line(log, r"cell 8K x 1: valid", proc)
+        pid_file = home / ".speedmatrix" / "servers" / str(conf["port"]) / "pid"
+        pgid = int(pid_file.read_text().split()[0])
+        os.killpg(pgid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        finish(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    after_kill_s = time.monotonic() - killed_at
+    out = outcome(result)
+    assert out["state"] == "failed"
+    tasks = out["tasks"]
+    assert tasks["conclude"]["state"] == "failed"
+    assert tasks["land"]["state"] == "success" and tasks["stop_server"]["state"] == "success"
+    # the cells after the crash were each refused by the health check in seconds
+    for label in ("16K x 1", "16K x 2"):
+        assert tasks[f"decode[{label}]"]["duration_s"] < 20, tasks[f"decode[{label}]"]
+
+    run_id = out["xcom"]["resolve"]["run_id"]
+    run, cells, _ = Warehouse(os.environ["SPEEDMATRIX_WAREHOUSE"]).read_run(run_id)
+    assert run["status"] == "failed"
+    by_cell = {(c["phase"], c["context_label"], c["concurrency"]): c for c in cells}
+    assert by_cell[("prefill", "8K", 1)]["status"] == "valid"
+    assert by_cell[("decode", "8K", 1)]["status"] == "valid"
+    for key in (("decode", "16K", 1), ("decode", "16K", 2)):
+        assert by_cell[key]["status"] == "failed"
+        assert "server not healthy before the cell" in by_cell[key]["error"]
+    assert by_cell[("decode", "8K", 2)]["status"] in ("failed", "valid")  # raced the kill
+    assert after_kill_s < 300
+    no_server_left(home)
+
+
+def test_two_runs_for_one_host_are_serialised_by_the_lease(migrated, tmp_path, home):
+    # Two independent Airflow installations (own metadata DBs: as two workers would be), one
+    # host (same HOME, so the same lease file): B must wait until A's teardown released it.
+    other = tmp_path / "airflow-b"
+    shutil.copytree(migrated, other)
+    small = {**CONF, "contexts": ["8K"], "concurrencies": [1], "duration_s": 3}
+    a, log_a, res_a = start_run(tmp_path, home, migrated, {**small, "port": free_port()}, "a")
+    try:
+        wait_for_line(log_a, r"lease on local taken by", a)
+        b, log_b, res_b = start_run(tmp_path, home, other, {**small, "port": free_port()}, "b")
+        try:
+            finish(a)
+            finish(b)
+        finally:
+            if b.poll() is None:
+                os.killpg(b.pid, signal.SIGKILL)
+    finally:
+        if a.poll() is None:
+            os.killpg(a.pid, signal.SIGKILL)
+    out_a, out_b = outcome(res_a), outcome(res_b)
+    assert out_a["state"] == "success", log_a.read_text()[-3000:]
+    assert out_b["state"] == "success", log_b.read_text()[-3000:]
+    holder_a = "speed_matrix/" + out_a["dag_run_id"]
+    assert f"held by {holder_a}" in log_b.read_text()  # B saw A holding the host and waited
+
+    def span(out: dict) -> tuple[str, str]:
+        return out["tasks"]["setup_server"]["start"], out["tasks"]["stop_server"]["end"]
+
+    a_start, a_end = span(out_a)
+    b_start, _ = span(out_b)
+    assert a_end <= b_start, f"A held the host {a_start}..{a_end}, B started at {b_start}"
+    no_server_left(home)
