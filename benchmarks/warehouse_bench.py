@@ -203,7 +203,7 @@ def _generate_recipe(args: tuple[str, int]) -> int:
             t = put(t, "run_date", pa.array([day] * n, pa.date32()))
             path = wh.file_path(table, rid, recipe, day)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            W.write_parquet(t, path, wh.fs)
+            W.write_parquet(W.without_partition_columns(t), path, wh.fs)
             n_files += 1
     return n_files
 

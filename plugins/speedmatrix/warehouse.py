@@ -329,12 +329,16 @@ def file_schema(table: str) -> pa.Schema:
     return schema
 
 
-def write_parquet(table: pa.Table, path: str, filesystem: pafs.FileSystem) -> None:
-    """How every warehouse file is written (snappy, statistics, one row group, no partition
-    columns)."""
+def without_partition_columns(table: pa.Table) -> pa.Table:
+    """What goes into a file of runs / cells / requests: the partition columns are dropped
+    (they are the directory names)."""
     present = [k for k in PARTITION_KEYS if k in table.column_names]
-    if present:
-        table = table.drop_columns(present)
+    return table.drop_columns(present) if present else table
+
+
+def write_parquet(table: pa.Table, path: str, filesystem: pafs.FileSystem) -> None:
+    """How every warehouse file is written (snappy, statistics, one row group); writes the
+    table as given (land_run passes it through :func:`without_partition_columns` first)."""
     pq.write_table(
         table,
         path,
@@ -512,7 +516,7 @@ class Warehouse:
                         continue
                     staged = self._join(STAGING, txn, f"{table}.parquet")
                     self.fs.create_dir(self._join(STAGING, txn), recursive=True)
-                    write_parquet(data, staged, self.fs)
+                    write_parquet(without_partition_columns(data), staged, self.fs)
                     moves.append((staged, self.file_path(table, run_id, recipe_id, run_date)))
                     self._fault_at(f"staged:{table}")
                 targets = {dst for _, dst in moves}

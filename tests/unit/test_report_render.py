@@ -1,0 +1,189 @@
+"""The report: the published page back from the warehouse (Markdown row for row), HTML, baseline."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speedmatrix.report import formats as F
+from speedmatrix.report.parse import HEADER_LABELS, SECTIONS, parse_report
+from speedmatrix.report.render import render_html, render_markdown
+from speedmatrix.warehouse import Warehouse
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = ROOT / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"
+
+
+def measurement_rows(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if re.match(r"^\| (Prefill|Sustained decode) \|", ln)]
+
+
+@pytest.fixture(scope="module")
+def landed(tmp_path_factory):
+    """The reference page ingested with the real command into a fresh warehouse."""
+    root = tmp_path_factory.mktemp("wh")
+    env = dict(os.environ, SPEEDMATRIX_WAREHOUSE=str(root))
+    out = subprocess.run(
+        [sys.executable, "-m", "speedmatrix", "ingest", str(REFERENCE)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr
+    return root, out.stdout.strip()
+
+
+def report(root, *args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SPEEDMATRIX_WAREHOUSE=str(root))
+    return subprocess.run(
+        [sys.executable, "-m", "speedmatrix", "report", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+
+
+def test_round_trip_row_for_row(landed, tmp_path):
+    root, run_id = landed
+    out = report(root, "--run-id", run_id, "--format", "md")
+    assert out.returncode == 0, out.stderr
+    page = out.stdout
+    reference = REFERENCE.read_text(encoding="utf-8")
+    want = measurement_rows(reference)
+    got = measurement_rows(page)
+    assert len(want) == 55
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert g == w, f"row {i}"
+    # the header row of the table too
+    assert F.table_header() in page and F.table_header() in reference
+    # ingesting the rendered page again gives the same rows, and the same run
+    again = parse_report(page, source="rendered.md")
+    first = parse_report(reference)
+    assert again.cells == first.cells
+    assert again.run_id == first.run_id == run_id
+    assert {k: v for k, v in again.run.items() if k != "source"} == {
+        k: v for k, v in first.run.items() if k != "source"
+    }
+    rendered = tmp_path / "rendered.md"
+    rendered.write_text(page, encoding="utf-8")
+    env = dict(os.environ, SPEEDMATRIX_WAREHOUSE=str(tmp_path / "wh2"))
+    reingest = subprocess.run(
+        [sys.executable, "-m", "speedmatrix", "ingest", str(rendered)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert reingest.returncode == 0, reingest.stderr
+    assert reingest.stdout.strip() == run_id
+    _, cells, _ = Warehouse(tmp_path / "wh2").read_run(run_id)
+    assert [F.table_row(c) for c in cells] == want
+
+
+def test_sections_and_labels_in_order(landed):
+    root, run_id = landed
+    page = report(root, "--run-id", run_id).stdout
+    headings = [ln[3:] for ln in page.splitlines() if ln.startswith("## ")]
+    assert headings == list(SECTIONS)
+    assert page.startswith("# Speed test matrix\n")
+    reference = REFERENCE.read_text(encoding="utf-8")
+    ref_lines = set(reference.splitlines())
+    labels = [label for fields in HEADER_LABELS.values() for label, _ in fields]
+    present = [label for label in labels if f"- {label}" in ref_lines]
+    assert len(present) == 19
+    for label in present:
+        assert f"- {label}: " in page, label
+    for line in (
+        "**Kimi-K2.7-Code-NVFP4 on RTX PRO 6000 Blackwell Server Edition 96GB ×8**",
+        "- VRAM: 768 GB (8 × 96 GB)",
+        "- Benchmark tool: llm-inference-bench v0.7.9",
+        "- Time per measurement: 30 s",
+        "- Max output: 4,096 tokens",
+        "| 8K context | 6,206 | 1,320 ms TTFT |",
+        "| 251K | 35.7 · 1,508 ms TTFT | Over capacity |",
+        "Over capacity: not run because this many requests at this context would exceed the "
+        "server's KV cache.",
+    ):
+        assert line in page, line
+    assert "6 contexts (8K–251K) × 8 concurrency levels (1–128)" in page
+
+
+def test_report_to_file_and_errors(landed, tmp_path):
+    root, run_id = landed
+    out_file = tmp_path / "page.html"
+    out = report(root, "--run-id", run_id, "--format", "html", "--out", str(out_file))
+    assert out.returncode == 0 and out.stdout == "", out.stderr
+    assert out_file.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    missing = report(root, "--run-id", "no-such-run")
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert "no-such-run" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_html_is_one_self_contained_file():
+    parsed = parse_report(REFERENCE.read_text(encoding="utf-8"))
+    page = render_html(parsed.run, parsed.cells)
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    # nothing fetched from elsewhere: no external scripts, styles, images or fonts
+    assert not re.search(r"""(src|href)\s*=\s*["'](https?:|//)""", page)
+    assert "<script" not in page and "@import" not in page
+    assert page.count("<svg") == 4  # prefill tok/s, prefill TTFT, decode total, per request
+    for title in ("Prefill: prompt tok/s", "Prefill: time to first token"):
+        assert title in page
+    # every measurement row is there, formatted as in the page
+    table = page.split('<table class="all">', 1)[1].split("</table>", 1)[0]
+    html_rows = [
+        [re.sub(r"<[^>]+>", "", td) for td in re.findall(r"<td[^>]*>.*?</td>", tr)]
+        for tr in re.findall(r"<tr class=[^>]*>(.*?)</tr>", table)
+    ]
+    want = [
+        [c.strip() for c in row.strip("|").split("|")]
+        for row in measurement_rows(REFERENCE.read_text(encoding="utf-8"))
+    ]
+    assert html_rows == want
+    # the decode matrix is colour-scaled: the best valid cell green, the worst red
+    assert 'style="background: #63be7b"' in page and 'style="background: #f8696b"' in page
+    for section in SECTIONS:
+        assert f"<h2>{section}</h2>" in page
+
+
+def test_baseline_comparison():
+    parsed = parse_report(REFERENCE.read_text(encoding="utf-8"))
+    faster = copy.deepcopy(parsed.cells)
+    for c in faster:
+        if c["total_tok_s"] is not None:
+            c["total_tok_s"] = round(c["total_tok_s"] * 1.10, 1)
+    run = dict(parsed.run, run_id="faster")
+    md = render_markdown(run, faster, baseline=(parsed.run, parsed.cells))
+    assert f"## Change against baseline {parsed.run_id}" in md
+    assert "| Sustained decode | 8K | 1 | Valid | 60.4 | 54.9 | +10.0% |" in md
+    assert "| Sustained decode | 8K | 32 | Over capacity | — | — | — |" in md
+    # the page above the comparison is still the published page: it parses
+    assert parse_report(md).cells == faster
+    html = render_html(run, faster, baseline=(parsed.run, parsed.cells))
+    assert "Change against baseline" in html and "+10.0%" in html
+
+
+def test_report_baseline_cli(landed, tmp_path):
+    root, run_id = landed
+    wh = Warehouse(root)
+    run, cells, _ = wh.read_run(run_id)
+    slower = [
+        dict(
+            c,
+            run_id="slower",
+            total_tok_s=None if c["total_tok_s"] is None else c["total_tok_s"] * 0.5,
+        )
+        for c in cells
+    ]
+    wh.land_run(dict(run, run_id="slower", trigger="manual"), slower, [])
+    out = report(root, "--run-id", "slower", "--baseline", run_id)
+    assert out.returncode == 0, out.stderr
+    assert "| Prefill | 8K | 1 | Valid | 3,103.0 | 6,206.0 | -50.0% |" in out.stdout
