@@ -166,6 +166,10 @@ class BlockPool:
             self.ref[b] += 1
 
     def allocate(self, n: int) -> list[int]:
+        if n == 1 and self.hash_of[next(iter(self.free_q))] is None:
+            b, _ = self.free_q.popitem(last=False)  # the common decode case: one fresh block
+            self.ref[b] = 1
+            return [b]
         out = []
         for _ in range(n):
             b, _ = self.free_q.popitem(last=False)
@@ -249,6 +253,7 @@ class Engine:
             self.counters.spec_accepted_per_pos = [0] * self.k
         self._seq = 0
         self._seq_h = 0
+        self._start_at: float | None = None
         self._n_frontend = 0
 
     # --- the API the server and predictor use -----------------------------------------------
@@ -292,6 +297,8 @@ class Engine:
         return self._n_frontend + len(self.waiting) + len(self.running)
 
     def next_event_time(self) -> float | None:
+        if self._start_at is not None:
+            return self._start_at
         fe = self.frontend
         while fe and fe[0][2].state not in (FRONTEND, FRONTEND2):
             heapq.heappop(fe)
@@ -316,8 +323,15 @@ class Engine:
             if t is None or t > until:
                 break
             self.now = max(self.now, t)
+            if self._start_at is not None:  # a step start deferred to its own event
+                self._start_at = None
+                if self.step_end is None:
+                    self._start_step()
+                continue
+            ended = False
             if self.step_end is not None and self.step_end <= t:
                 self._end_step()
+                ended = True
             fe = self.frontend
             while fe and fe[0][0] <= self.now:
                 _, _, req = heapq.heappop(fe)
@@ -335,7 +349,12 @@ class Engine:
                     req.ready = self.now
                     self.waiting.append(req)
             if self.step_end is None:
-                self._start_step()
+                if ended and max_events is not None:
+                    # Batched callers (the server) get the next step's start as a separate
+                    # event at the same simulated time: two short loop callbacks, not one.
+                    self._start_at = self.now
+                else:
+                    self._start_step()
         if until > self.now:
             self.now = until
         return False

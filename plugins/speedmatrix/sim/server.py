@@ -49,6 +49,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import signal
 import sys
 import threading
@@ -214,7 +215,9 @@ class SimServer:
         # pieces (the remaining steps are re-armed at once) instead of one long stall.
         self.engine.advance(max(self.sim_now(), t), max_events=1)
         self._arm()
-        self._flush()
+        if self._dirty and not self._flush_pending:  # wake streams on the next loop pass
+            self._flush_pending = True
+            self._loop.call_soon(self._flush)
         # CPU time (not wall: immune to other processes) the engine step held the loop for.
         self.step_cpu.append(time.thread_time() - c0)
 
@@ -680,6 +683,9 @@ class SimServer:
 
 # --- running it ------------------------------------------------------------------------------
 def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where importable; SPEEDMATRIX_SIM_LOOP=asyncio picks the standard loop."""
+    if os.environ.get("SPEEDMATRIX_SIM_LOOP") == "asyncio":
+        return asyncio.new_event_loop()
     try:
         import uvloop
 
