@@ -107,7 +107,7 @@ class FakeGitHub:
                     self._send(401, json.dumps(body).encode(), limits)
                     return
                 if fake.barrier is not None and url.path.endswith("/commits"):
-                    fake.barrier.wait(timeout=60)
+                    fake.barrier.wait(timeout=120)
                 if fake.mode == "timeout":
                     time.sleep(fake.delay_s)
                 if fake.mode == "ratelimit":

@@ -237,14 +237,34 @@ class CommitPlan:
 WheelCheck = Callable[[ScheduledRecipe, str], bool]
 
 
-def _age_s(commit: Commit, now: datetime) -> float | None:
+def _commit_time(commit: Commit) -> datetime | None:
     if not commit.date:
         return None
     try:
-        when = datetime.fromisoformat(commit.date.replace("Z", "+00:00"))
+        return datetime.fromisoformat(commit.date.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return (now - when).total_seconds()
+
+
+def _age_s(commit: Commit, now: datetime) -> float | None:
+    when = _commit_time(commit)
+    return None if when is None else (now - when).total_seconds()
+
+
+def _run_afters(commits: Sequence[Commit], per_commit: int, now: datetime) -> list[datetime]:
+    """Strictly increasing run_after values, `per_commit` per commit, oldest commit first.
+
+    Derived from the commits' own dates (capped at `now`), not from the poll's clock, so two
+    racing polls planning the same commits give each trigger the same run_after and the
+    queued runs start oldest commit first whichever poll won each trigger.
+    """
+    out: list[datetime] = []
+    for c in commits:
+        base = min(_commit_time(c) or now, now)
+        for _ in range(per_commit):
+            t = base if not out else max(base, out[-1] + timedelta(milliseconds=1))
+            out.append(t)
+    return out
 
 
 def plan_commit_triggers(
@@ -315,13 +335,10 @@ def plan_commit_triggers(
         break
 
     triggers: list[dict] = []
-    k = 0
+    run_afters = iter(_run_afters(ready, len(recipes), now))
     for c in ready:
         for r in recipes:
-            triggers.append(
-                _trigger(commit_run_id(r.id, c.sha), r, c.sha, now + timedelta(milliseconds=k))
-            )
-            k += 1
+            triggers.append(_trigger(commit_run_id(r.id, c.sha), r, c.sha, next(run_afters)))
 
     handled = [c.sha for c in new if c not in pending]
     if pending:

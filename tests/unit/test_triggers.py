@@ -61,6 +61,19 @@ def test_three_new_commits_trigger_oldest_first_per_recipe():
     assert out.skipped == [] and out.pending == []
 
 
+def test_run_after_comes_from_the_commits_so_racing_polls_agree():
+    state = T.WatchState(sha=HISTORY[0].sha)
+    a = plan(page(4), state, now=NOW)
+    b = plan(page(4), state, now=NOW + timedelta(seconds=7))  # another poll, a bit later
+    assert [t["run_after"] for t in a.triggers] == [t["run_after"] for t in b.triggers]
+    first = datetime.fromisoformat(a.triggers[0]["run_after"])
+    assert first == datetime.fromisoformat(HISTORY[1].date.replace("Z", "+00:00"))
+    early = plan(page(4), state, now=datetime(2026, 11, 29, 12, 0, tzinfo=UTC))
+    times = [datetime.fromisoformat(t["run_after"]) for t in early.triggers]
+    assert times[0] == datetime(2026, 11, 29, 12, 0, tzinfo=UTC)  # never in the future
+    assert times == sorted(times) and len(set(times)) == len(times)
+
+
 def test_nothing_new_and_not_modified():
     state = T.WatchState(sha=HISTORY[3].sha, etag='W/"4"')
     same = plan(page(4), state)
