@@ -196,6 +196,7 @@ class IdealConfig:
     short_by: int = 3
     report_waiting: int = 0  # while busy, /metrics claims this many waiting (a queueing server)
     api_key: str | None = None
+    metrics_count_scale: float = 1.0  # /metrics over- or under-counts generated tokens
     record_emissions: bool = True  # (perf_counter time, tokens) per write, for /truth
 
 
@@ -401,7 +402,8 @@ class IdealServer:
             f'vllm:num_requests_running{{model_name="{m}"}} {len(self.running)}\n'
             f'vllm:num_requests_waiting{{model_name="{m}"}} '
             f"{len(self.waiting) + (self.cfg.report_waiting if self.running else 0)}\n"
-            f'vllm:generation_tokens_total{{model_name="{m}"}} {self.generation_tokens}\n'
+            f'vllm:generation_tokens_total{{model_name="{m}"}} '
+            f"{self.generation_tokens * self.cfg.metrics_count_scale:.0f}\n"
             f'vllm:prompt_tokens_total{{model_name="{m}"}} {self.prompt_tokens}\n'
             f'vllm:num_preemptions_total{{model_name="{m}"}} 0\n'
         )

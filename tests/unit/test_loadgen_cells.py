@@ -164,6 +164,7 @@ def test_512k_context_prefill_and_decode() -> None:
         ({"disconnect_every": 6}, "failed", "connection closed by server after 5 tokens"),
         ({"short_every": 6, "short_by": 3}, "failed", "short output: 37 of 40 tokens"),
         ({"report_waiting": 2}, "invalid", "requests queued on the server during the window"),
+        ({"metrics_count_scale": 1.05}, "invalid", "(vllm:generation_tokens_total); over 1%"),
     ],
 )
 def test_injected_faults_give_status_and_reason(

@@ -126,6 +126,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=60.0,
         help="how long to wait for the server to be idle before and after the cell (default 60)",
     )
+    g.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        metavar="X",
+        help="the server is a simulator running X times faster than the wall clock: "
+        "--duration and every reported time are simulated seconds (default 1)",
+    )
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="F", help="write the cell record (JSON object) to F")
     g.add_argument("--requests", metavar="F", help="write per-request rows (JSON lines) to F")
@@ -255,6 +263,7 @@ def build_config(args: argparse.Namespace) -> CellConfig:
         "stall_timeout_s": args.stall_timeout,
         "idle_timeout_s": args.idle_timeout,
         "progress": args.progress,
+        "time_scale": args.time_scale,
     }
     if args.phase == "prefill":
         return PrefillConfig(**common)

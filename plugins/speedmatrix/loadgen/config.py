@@ -7,6 +7,7 @@ Plain dataclasses so the Airflow tasks and tests build them directly and call
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,12 @@ class CellConfig:
     idle_timeout_s: float = 60.0
     metrics_interval_s: float = 0.5
     progress: bool | None = None  # None: on when stderr is a terminal
+    # A simulator running `time_scale` times faster than the wall clock: durations asked for
+    # and reported are simulated seconds (wall x time_scale), rates per simulated second.
+    time_scale: float = 1.0
+    # Called with the window's (start, end) on the perf_counter clock (CLOCK_MONOTONIC on
+    # Linux, shared by processes), so a caller can line the window up with server-side logs.
+    on_window: Callable[[float, float], None] | None = None
 
     def validate(self) -> None:
         if not self.base_url:
@@ -43,7 +50,7 @@ class CellConfig:
             raise ValueError("model is required")
         if self.context < 2:
             raise ValueError(f"context must be at least 2 tokens, got {self.context}")
-        for name in ("connect_timeout_s", "first_token_timeout_s", "stall_timeout_s"):
+        for name in ("connect_timeout_s", "first_token_timeout_s", "stall_timeout_s", "time_scale"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if not self.run_tag or any(c in self.run_tag for c in "@/\\\0") or len(self.run_tag) > 64:

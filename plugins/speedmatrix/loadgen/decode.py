@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from time import perf_counter
@@ -25,7 +26,7 @@ from .control import ControlClient
 from .monitor import ClientMonitor
 from .prompts import BodyBuilder, build_prompts
 from .promtext import Snapshot, rise
-from .stats import is_repetition_loop, median, ms, percentile
+from .stats import is_repetition_loop, median, ms, percentile, scale_times
 from .stream import Endpoint, Request, StreamConnection, Window, connect
 
 
@@ -72,6 +73,7 @@ class _DecodeCell:
         self.snap_end: Snapshot | None = None
         self._snap_task: asyncio.Task[Snapshot | None] | None = None
         self.monitor = ClientMonitor()
+        self.nonce = secrets.token_hex(3)
         self.notes: list[str] = []
         self.cell = empty_cell(
             phase="decode",
@@ -176,7 +178,9 @@ class _DecodeCell:
     async def _stream(self, i: int, first_token_s: float) -> None:
         """Keep one request in flight on stream i until the window closes."""
         parts = self.builder.parts(0 if self.shared else i, self.cfg.max_output_tokens)
-        message = [self.endpoint.head(_size(parts)), *parts]
+        size = _size(parts)
+        # unique per cell attempt: a server refuses a request id it has already seen
+        prefix = f"sm-{self.cfg.run_tag}-{self.cfg.context}-c{self.C}-{self.nonce}-"
         keep_text = self.cfg.repetition_check
         while not self.stopping:
             conn = self.conns[i]
@@ -196,7 +200,8 @@ class _DecodeCell:
             req = Request(len(self.requests), i, self.cfg.max_output_tokens, keep_text)
             self.requests.append(req)
             self.active[i] = (conn, req, first_token_s)
-            await conn.send(req, message)
+            head = self.endpoint.head(size, f"{prefix}{req.index}")
+            await conn.send(req, [head, *parts])
             self.active.pop(i, None)
             if req.error is not None:
                 if not self.stopping:
@@ -207,15 +212,28 @@ class _DecodeCell:
                 conn.close()
 
     def _on_first_token(self, req: Request, t: float) -> None:
-        if self.window.ws != float("inf") or req.index < 0:
+        if self._snap_task is not None or req.index < 0:
             return
         self.started_streams.add(req.stream)
-        if len(self.started_streams) == self.C:
-            self.window.ws = t
-            self.window.we = t + self.cfg.duration_s
-            self.monitor.begin_window()
-            self.window_open.set()
-            self._snap_task = asyncio.get_running_loop().create_task(self.ctl.metrics())
+        if len(self.started_streams) == self.C and self._snap_task is None:
+            self._snap_task = asyncio.get_running_loop().create_task(self._open_window(t))
+
+    async def _open_window(self, t_all: float) -> Snapshot | None:
+        """Open the window when the server's counters have been read, not before.
+
+        The counter reading is what the client's count is checked against; opening the window
+        on the arrival of that reading lines both up (tokens generated after the reading
+        arrive after it), however long /metrics takes to answer under load.
+        """
+        snap = await self.ctl.metrics()
+        t = perf_counter() if snap is not None else t_all
+        if self.stopping:
+            return snap
+        self.window.ws = t
+        self.window.we = t + self.cfg.duration_s / self.cfg.time_scale
+        self.monitor.begin_window()
+        self.window_open.set()
+        return snap
 
     async def _wait_window(self, timeout_s: float) -> None:
         opened = asyncio.ensure_future(self.window_open.wait())
@@ -224,9 +242,10 @@ class _DecodeCell:
         for f in (opened, stopped):
             f.cancel()
         if not self.window_open.is_set() and self.failure is None:
+            load = f" (server: {_load(self.samples[-1])})" if self.samples else ""
             self._fail(
                 f"only {len(self.started_streams)} of {self.C} streams started within "
-                f"{timeout_s:.0f} s"
+                f"{timeout_s:.0f} s{load}"
             )
 
     async def _hold_window(self) -> None:
@@ -274,7 +293,7 @@ class _DecodeCell:
         tokens = sum(r.w_tokens for r in self.requests)
         rate = tokens / elapsed if elapsed > 0 else 0.0
         return (
-            f"{elapsed:5.1f}/{self.cfg.duration_s:.0f} s  tokens {tokens:,}  "
+            f"{elapsed:5.1f}/{self.cfg.duration_s / self.cfg.time_scale:.0f} s  tokens {tokens:,}  "
             f"{rate:,.1f} tok/s  active {len(self.active)}"
         )
 
@@ -332,9 +351,14 @@ class _DecodeCell:
             )
             self._server_figures(w.ws, end)
         cell["status"], cell["error"] = self._judge(prompt_counts_ok=self._prompts_exact())
+        if opened and cfg.on_window is not None:
+            cfg.on_window(w.ws, end)
+        scale_times(cell, cfg.time_scale)
         rows = [
             request_row(r, "decode", cfg.context, self.C, w.ws if opened else None) for r in reqs
         ]
+        for row in rows:
+            scale_times(row, cfg.time_scale, rows=True)
         return cell, rows if cfg.keep_requests else []
 
     def _server_figures(self, ws: float, we: float) -> None:
@@ -400,7 +424,13 @@ class _DecodeCell:
             reasons.append(f"{cell['server_preemptions']} preemptions during the window")
         gen, out = cell["server_generation_tokens"], cell["output_tokens"]
         if isinstance(gen, int) and isinstance(out, int):
-            slack = max(cfg.token_tolerance * max(gen, out), float(self.C))
+            # the two counts are read at slightly different instants: at each edge of the
+            # window one chunk per stream may fall on different sides (a few tokens with spec
+            # decoding), so the slack is never below two chunks per stream
+            per_chunk = (
+                cell["tokens_per_chunk"] if isinstance(cell["tokens_per_chunk"], float) else 1.0
+            )
+            slack = max(cfg.token_tolerance * max(gen, out), 2.0 * self.C * per_chunk)
             if abs(gen - out) > slack:
                 reasons.append(
                     f"client counted {out} output tokens, server {gen} "

@@ -18,7 +18,7 @@ from .config import PrefillConfig
 from .control import ControlClient
 from .prompts import BodyBuilder, build_prompts
 from .promtext import rise
-from .stats import ms
+from .stats import ms, scale_times
 from .stream import Endpoint, Request, Window, connect
 
 
@@ -89,6 +89,8 @@ async def run_prefill(cfg: PrefillConfig) -> tuple[dict[str, object], list[dict[
         completed_requests=1,
         samples=1,
     )
+    scale_times(cell, cfg.time_scale)
+    scale_times(row, cfg.time_scale, rows=True)
     hits = rise(before, after, "prefix_hits")
     queries = rise(before, after, "prefix_queries")
     if queries:

@@ -40,3 +40,39 @@ def is_repetition_loop(text: str, min_chars: int = 256, max_period: int = 200) -
         if tail[period:] == tail[:-period]:
             return True
     return False
+
+
+_TIMES = (
+    "ttft_ms",
+    "tbt_ms",
+    "ttft_p90_ms",
+    "ttft_p99_ms",
+    "tbt_p90_ms",
+    "tbt_p99_ms",
+    "chunk_gap_ms",
+    "measured_s",
+)
+_RATES = ("total_tok_s", "per_request_tok_s")
+
+
+def scale_times(record: dict[str, object], time_scale: float, rows: bool = False) -> None:
+    """Wall-clock figures -> simulated ones for a simulator running time_scale x faster.
+
+    Client-side figures (CPU, loop lag) stay in wall time: they describe this process.
+    """
+    if time_scale == 1.0:
+        return
+    keys = (
+        ("ttft_ms", "tbt_ms", "max_chunk_gap_ms", "start_offset_s", "end_offset_s")
+        if rows
+        else _TIMES
+    )
+    for key in keys:
+        value = record.get(key)
+        if isinstance(value, float):
+            record[key] = value * time_scale
+    if not rows:
+        for key in _RATES:
+            value = record.get(key)
+            if isinstance(value, float):
+                record[key] = value / time_scale

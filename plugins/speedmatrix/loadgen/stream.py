@@ -134,8 +134,10 @@ class Endpoint:
             f"{auth}Content-Length: "
         ).encode()
 
-    def head(self, content_length: int) -> bytes:
-        return self._head + b"%d\r\n\r\n" % content_length
+    def head(self, content_length: int, request_id: str | None = None) -> bytes:
+        """The request head; X-Request-Id lets server logs and ground truth name the request."""
+        rid = b"" if request_id is None else b"X-Request-Id: %s\r\n" % request_id.encode()
+        return self._head + b"%d\r\n%s\r\n" % (content_length, rid)
 
     def ssl_context(self) -> ssl.SSLContext | None:
         return ssl.create_default_context() if self.tls else None

@@ -1,0 +1,297 @@
+"""The load generator against the simulator: accuracy, injected faults, and the reference replay.
+
+Ground truth is the simulator's own record of every token's emission time (`/sim/requests
+?detail=1`), on its clock; the window the load generator used is mapped onto that clock through
+`/sim/state` (perf_counter is CLOCK_MONOTONIC on Linux, shared by both processes). The simulator
+runs in its own process so the two event loops never share a GIL.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_prefill
+from speedmatrix.loadgen.runner import run_loop
+from speedmatrix.records import CELL_FIELDS
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILES = ROOT / "include" / "sim-profiles"
+REFERENCE_PROFILE = PROFILES / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
+REFERENCE_REPORT = Path("/work/shared/reference/speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt")
+CELL_KEYS = sorted(f.name for f in CELL_FIELDS)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.load(resp)
+
+
+def _post(url: str, body: dict) -> object:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.load(resp)
+
+
+@contextmanager
+def sim(profile: Path, time_scale: float = 1.0) -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "speedmatrix", "sim", "serve", "--profile", str(profile),
+         "--host", "127.0.0.1", "--port", str(port), "--time-scale", str(time_scale)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("simulator did not start") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def sim_clock_origin(url: str) -> float:
+    """perf_counter value at which the simulator's clock read 0 (time_scale 1)."""
+    best = None
+    for _ in range(5):
+        t0 = time.perf_counter()
+        state = _get(url + "/sim/state")
+        t1 = time.perf_counter()
+        cand = ((t0 + t1) / 2 - state["sim_time"], t1 - t0)  # type: ignore[index]
+        if best is None or cand[1] < best[1]:
+            best = cand
+    assert best is not None
+    return best[0]
+
+
+@pytest.fixture(scope="module")
+def wide_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic spec-decode profile (chunks of several tokens), widened to 512K contexts
+    and 128 sequences so one profile covers the whole accuracy range."""
+    data = yaml.safe_load((PROFILES / "synthetic-specdec-not-calibrated.yaml").read_text())
+    data["name"] = "loadgen-accuracy-wide"
+    data["max_model_len"] = 600_000
+    data["max_num_seqs"] = 256
+    data["max_num_batched_tokens"] = 8192
+    data["kv"]["num_gpu_blocks"] = 80_000
+    data["prefill"]["points"] = [[1024, 0.02], [8192, 0.2], [65536, 2.0], [524288, 20.0]]
+    path = tmp_path_factory.mktemp("profiles") / "wide.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def truth_in_window(url: str, origin: float, ws: float, we: float, max_tokens: int) -> dict:
+    """Total tok/s and median per-request per-token TBT from the sim's token times."""
+    reqs = [
+        r
+        for r in _get(url + "/sim/requests?detail=1")  # type: ignore[union-attr]
+        if r["max_tokens"] == max_tokens
+    ]
+    a, b = ws - origin, we - origin
+    rates = []
+    tbts = []
+    ttfts = [r["ttft_s"] for r in reqs if r["ttft_s"] is not None]
+    for r in reqs:
+        times = [t for t in r["token_times"] if a < t <= b]
+        if len(times) > 1 and times[-1] > times[0]:
+            after_first = sum(1 for t in times if t > times[0])
+            tbts.append((times[-1] - times[0]) / after_first)
+            if times[-1] - times[0] > 0.8 * (b - a):  # streams that ran the whole window
+                rates.append(after_first / (times[-1] - times[0]))
+    return {
+        # the sum of the streams' steady rates: insensitive to a few ms of error in mapping
+        # the window onto the simulator's clock (chunks carry ~5 tokens at once)
+        "total_tok_s": sum(rates),
+        "tbt_ms": 1000 * statistics.median(tbts),
+        "ttft_ms": 1000 * statistics.median(ttfts),
+        "spec": any(
+            len(set(r["token_times"])) < len(r["token_times"]) for r in reqs if r["token_times"]
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "context"),
+    [(1, 8192), (8, 65536), (32, 4096), (64, 2048), (128, 1024), (1, 524288)],
+)
+def test_accuracy_against_simulator_ground_truth(
+    wide_profile: Path, concurrency: int, context: int
+) -> None:
+    window: dict[str, float] = {}
+    max_out = 20_000
+    with sim(wide_profile) as url:
+        origin = sim_clock_origin(url)
+        cfg = DecodeConfig(
+            base_url=url, model="sim-specdec", context=context, concurrency=concurrency,
+            duration_s=8.0, max_output_tokens=max_out, repetition_check=True,
+            # accuracy is checked against the truth directly here; the saturation guard is
+            # loosened because this 2-core box is shared (the guard has its own tests)
+            max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
+            # at 512K the simulator's own loop stalls now and then (measured: max 440 ms),
+            # delivering chunks behind its counters; 3% there, the 1% rule everywhere else
+            token_tolerance=0.03 if context > 100_000 else 0.01,
+            on_window=lambda a, b: window.update(ws=a, we=b),
+        )  # fmt: skip
+        cell, _rows = run_loop(run_decode(cfg))
+        truth = truth_in_window(url, origin, window["ws"], window["we"], max_out)
+    assert sorted(cell) == CELL_KEYS
+    assert cell["status"] == "valid", cell["error"]
+    assert truth["spec"], "the profile should produce multi-token steps"
+    assert cell["tokens_per_chunk"] > 1.5  # speculative decoding: several tokens per chunk
+    assert cell["total_tok_s"] == pytest.approx(truth["total_tok_s"], rel=0.01)
+    assert cell["tbt_ms"] == pytest.approx(truth["tbt_ms"], rel=0.01)
+    assert cell["context_tokens"] == context
+    assert cell["server_generation_tokens"] == pytest.approx(cell["output_tokens"], rel=0.01)
+    assert cell["spec_acceptance_length"] is None or cell["spec_acceptance_length"] > 1
+    # TTFT: the simulator's truth starts when its HTTP handler has parsed the body, and its
+    # clock can run ahead of delivery, so here the client's TTFT is only held to causality
+    # (never below the truth); its stamping precision is proven against the ideal server,
+    # whose clock is the client's own (tests/unit/test_loadgen_cells.py, benchmarks/).
+    assert cell["ttft_ms"] >= truth["ttft_ms"] - 0.5
+
+
+@pytest.mark.parametrize(
+    ("faults", "status", "reason"),
+    [
+        ({"http_500_every": 7}, "failed", "HTTP 500: Internal server error (simulated fault)"),
+        (
+            {"disconnect_every": 7, "disconnect_after_tokens": 8},
+            "failed",
+            "connection closed by server after 8 tokens",
+        ),
+        (
+            {"short_output_every": 7, "short_output_tokens": 4},
+            "failed",
+            "short output: 4 of 64 tokens",
+        ),
+        # 3 run, the 4th waits for a slot, starts, and from then on a restart always queues
+        ({"max_running": 3}, "invalid", "requests queued on the server during the window"),
+        ({"repetition_every": 1}, "invalid", "repetition loop"),
+    ],
+)
+def test_simulator_faults_give_status_and_reason(
+    wide_profile: Path, faults: dict, status: str, reason: str
+) -> None:
+    with sim(wide_profile) as url:
+        _post(url + "/sim/faults", faults)
+        cfg = DecodeConfig(
+            base_url=url, model="sim-specdec", context=1024, concurrency=4, duration_s=3.0,
+            max_output_tokens=64, first_token_timeout_s=3.0, first_token_s_per_1k=0.1,
+        )  # fmt: skip
+        cell, _ = run_loop(run_decode(cfg))
+    assert cell["status"] == status, cell
+    assert reason in (cell["error"] or ""), cell["error"]
+
+
+def test_engine_dead_mid_cell_fails_the_cell(wide_profile: Path) -> None:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def kill_when_busy(url: str) -> None:
+        try:
+            deadline = time.monotonic() + 30
+            while _get(url + "/sim/state")["running"] < 4:  # type: ignore[index]
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            time.sleep(0.5)
+            _post(url + "/sim/faults", {"engine_dead": True})
+        except BaseException as exc:
+            errors.append(exc)
+
+    with sim(wide_profile) as url:
+        killer = threading.Thread(target=kill_when_busy, args=(url,))
+        killer.start()
+        cfg = DecodeConfig(
+            base_url=url, model="sim-specdec", context=1024, concurrency=4, duration_s=5.0,
+            max_output_tokens=20_000,
+        )  # fmt: skip
+        cell, _ = run_loop(run_decode(cfg))
+        killer.join()
+    assert errors == []
+    assert cell["status"] == "failed"
+    assert "connection closed by server" in cell["error"]
+
+
+def test_replay_of_the_reference_matrix_within_5_percent() -> None:
+    """Every runnable cell of the published matrix against its calibrated profile, 10x time.
+
+    Compared within 5%: total tok/s, per-request tok/s, time between tokens and output
+    tokens of every decode cell, prompt tok/s of every prefill cell; statuses identical
+    (over-capacity cells by the KV rule, all others valid). TTFT is compared against the
+    simulator's own ground truth instead: at 10x time every millisecond the simulator's HTTP
+    handler spends reading a body becomes 10 simulated ms, which the published report never had.
+    """
+    if not REFERENCE_PROFILE.exists() or not REFERENCE_REPORT.exists():
+        pytest.skip("calibrated reference profile or report not present")
+    from speedmatrix.report.parse import parse_report
+    from speedmatrix.sim.predict import over_capacity
+    from speedmatrix.sim.profile import load_profile
+
+    profile = load_profile(str(REFERENCE_PROFILE))
+    ref = parse_report(REFERENCE_REPORT.read_text(), source=REFERENCE_REPORT.name)
+    scale = 10.0
+    problems: list[str] = []
+    with sim(REFERENCE_PROFILE, time_scale=scale) as url:
+        for want in ref.cells:
+            ctx, conc = want["context_tokens"], want["concurrency"]
+            label = f"{want['phase']} {want['context_label']} x{conc}"
+            common = {
+                "base_url": url, "model": profile.served_model_name, "context": ctx,
+                "time_scale": scale, "run_tag": "replay", "first_token_timeout_s": 120.0,
+            }  # fmt: skip
+            if want["phase"] == "prefill":
+                got, _ = run_loop(run_prefill(PrefillConfig(**common)))
+                keys = ["total_tok_s"]
+            else:
+                if over_capacity(profile, ctx, conc, 4096):
+                    if want["status"] != "over_capacity":
+                        problems.append(f"{label}: over capacity here, {want['status']} there")
+                    continue
+                got, _ = run_loop(
+                    run_decode(DecodeConfig(**common, concurrency=conc, duration_s=30.0,
+                                            max_output_tokens=4096, prompt_mode="shared"))
+                )  # fmt: skip
+                keys = ["total_tok_s", "per_request_tok_s", "tbt_ms", "output_tokens"]
+            if got["status"] != want["status"]:
+                problems.append(
+                    f"{label}: status {got['status']} ({got['error']}) vs {want['status']}"
+                )
+                continue
+            for key in keys:
+                if abs(got[key] - want[key]) > 0.05 * abs(want[key]):
+                    problems.append(f"{label}: {key} {got[key]:.1f} vs {want[key]:.1f}")
+    assert problems == []
