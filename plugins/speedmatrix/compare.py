@@ -784,6 +784,7 @@ def regressions_check(
     warehouse.write_artifact(
         run_id, "comparison.md", comparison_markdown(result.rows, result.run, result.baseline)
     )
+    _write_charts(warehouse, result)
     raise_on_regressions(result.rows, result.run, result.baseline, commits)
     return {
         "run_id": run_id,
@@ -791,3 +792,38 @@ def regressions_check(
         "counts": verdict_counts(result.rows),
         "regressions": 0,
     }
+
+
+def _write_charts(warehouse: Any, result: ComparisonResult) -> None:
+    """comparison.svg (the diff heat map of total tok/s) and one trend-<cell>.svg per
+    regressed cell, next to the run's report, for the HTML report and for the alert's reader."""
+    from speedmatrix.trend import diff_heatmap_svg, trend, trend_chart_svg
+
+    run_id = result.run["run_id"]
+    heat = diff_heatmap_svg(result.rows)
+    if heat:
+        warehouse.write_artifact(run_id, "comparison.svg", heat)
+    bad = {
+        (r["phase"], r["context_label"], r["concurrency"])
+        for r in regressions(result.rows)
+        if r.get("phase") in ("prefill", "decode")
+    }
+    if not bad:
+        return
+    runs, cells, comparisons, noise = read_history(
+        warehouse, result.run.get("recipe_id"), result.run.get("host")
+    )
+    for phase, label, conc in sorted(bad):
+        name = cell_name(phase, label, conc)
+        points = trend(
+            runs,
+            cells,
+            recipe=result.run.get("recipe_id"),
+            cell=name,
+            metric="prefill_tok_s" if phase == "prefill" else "total_tok_s",
+            host=result.run.get("host"),
+            comparisons=comparisons,
+            noise=noise,
+        )
+        svg = trend_chart_svg(points, title=f"{name}: {run_id}", ylabel="tok/s")
+        warehouse.write_artifact(run_id, f"trend-{name.replace(' ', '-')}.svg", svg)

@@ -134,6 +134,8 @@ def test_regressions_task_lands_verdicts_and_fails_with_a_summary(wh):
     assert set(noise["metric"]) >= {"total_tok_s", "tbt_ms"}
     assert noise["ci_low"].notna().any() and noise["between_rel_sd"].notna().any()
     assert b"## Comparison" in wh.read_artifact("r2", "comparison.md")
+    assert b"<svg" in wh.read_artifact("r2", "comparison.svg")
+    assert b"<svg" in wh.read_artifact("r2", "trend-64Kx2.svg")
     # readable without this package: plain DuckDB over the Hive layout
     root = wh.base
     n = duckdb.sql(
