@@ -176,6 +176,16 @@ def start_sshd(work: Path, home: Path) -> tuple[SshHost, dict]:
     return SshHost(SSH_CONN_ID, port, home, proc), conn
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failing deployment test shows the tail of every component's log under its report."""
+    outcome = yield
+    report = outcome.get_result()
+    env = getattr(item, "funcargs", {}).get("env")
+    if report.failed and isinstance(env, Env):
+        report.sections.append(("deployment component logs", env.dep.log_tails(lines=30)))
+
+
 @dataclass
 class Env:
     """Everything a deployment test needs."""

@@ -322,12 +322,13 @@ class Deployment:
             stop_group(proc)
 
     def stop(self) -> list[str]:
-        """Stop everything (workers first, the databases last); return leftover processes."""
-        order = [n for n in self.procs if n.startswith("worker")] + [
-            n for n in ("triggerer", "scheduler", "dag-processor", "api-server") if n in self.procs
-        ]
-        order += [n for n in self.procs if n not in order and n != "redis"]
-        for name in order:
+        """Stop everything (Airflow first, the databases last); return leftover processes."""
+        airflow = [n for n in self.procs if n != "redis"]
+        # All Airflow components at once (each gets its grace period in parallel, not in turn).
+        for name in airflow:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.procs[name].pgid, signal.SIGTERM)
+        for name in airflow:
             stop_group(self.procs[name])
         if "redis" in self.procs:
             stop_group(self.procs["redis"])

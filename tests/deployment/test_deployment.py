@@ -140,7 +140,7 @@ def test_worker_killed_mid_decode_cell(env: Env) -> None:
     port = free_port()
     run_id = dep.trigger(
         SM,
-        {"recipe": TINY, "ssh_conn_id": "local", "port": port, "duration_s": 40},
+        {"recipe": TINY, "ssh_conn_id": "local", "port": port, "duration_s": 20},
         "manual__kill-pin-worker1",
     )
 
@@ -149,7 +149,7 @@ def test_worker_killed_mid_decode_cell(env: Env) -> None:
         return bool(ti and ti["state"] == "running")
 
     dep.wait_for("the decode cell to run", decode_running, timeout_s=240, every_s=1)
-    time.sleep(8)  # well inside the 40 s window
+    time.sleep(6)  # well inside the 20 s window
     assert _port_open(port), "the simulated server should be serving"
     dep.stop_component("worker1", signal.SIGKILL)
     time.sleep(3)
