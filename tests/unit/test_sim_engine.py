@@ -181,3 +181,17 @@ def test_profile_validation_names_the_problem():
         Profile.from_dict({"prefill": {"points": [[1024, -1]]}})
     with pytest.raises(ProfileError, match="acceptance"):
         Profile.from_dict({"spec_decode": {"num_speculative_tokens": 2, "acceptance": [0.5]}})
+
+
+def test_faults_from_a_profile_and_validation():
+    from speedmatrix.sim.faults import Faults
+    from speedmatrix.sim.server import SimServer
+
+    prof = Profile.from_dict({"name": "f", "faults": {"max_running": 2, "http_500_every": 3}})
+    server = SimServer(prof)
+    assert server.faults.max_running == 2 and server.engine.max_running == 2
+    assert [server.faults.hits(3, i) for i in range(1, 7)] == [False, False, True] * 2
+    with pytest.raises(ValueError, match="unknown faults"):
+        Faults.coerce({"explode": True})
+    with pytest.raises(ValueError, match="non-negative"):
+        Faults.coerce({"http_500_every": -1})

@@ -257,10 +257,15 @@ class Engine:
         self._n_frontend = 0
 
     # --- the API the server and predictor use -----------------------------------------------
-    def add(self, req: Request, now: float | None = None) -> Request:
-        """A request arrives at `now` (default: the engine's clock)."""
+    def add(self, req: Request, now: float | None = None, arrived: float | None = None) -> Request:
+        """A request is handed over at `now` (default: the engine's clock).
+
+        `arrived` (<= now) is when it reached the server: the front end's delay counts from
+        there, so time the server spent reading and parsing the body is part of that delay
+        (as it is part of the delay a calibration measured on the real server).
+        """
         self.advance(self.now if now is None else now)
-        req.arrival = self.now
+        req.arrival = self.now if arrived is None else min(arrived, self.now)
         req.plen = len(req.prompt)
         req.index = self._seq
         self._seq += 1
@@ -270,9 +275,9 @@ class Engine:
             req.rng = random.Random(self.profile.spec_decode.seed * 1_000_003 + req.index)
         self.live[req.rid] = req
         self._n_frontend += 1
-        delay = self.profile.frontend_delay(req.prompt_len, 1)
+        delay = self.profile.frontend_delay(req.plen, 1)
         req.state = FRONTEND
-        self._push_frontend(self.now + delay, req)
+        self._push_frontend(max(self.now, req.arrival + delay), req)
         self.advance(self.now)  # zero delay: admitted now
         return req
 

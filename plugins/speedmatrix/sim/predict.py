@@ -16,15 +16,42 @@ import statistics
 from typing import Any
 
 from speedmatrix.records import context_label, empty_cell
-from speedmatrix.sim.engine import Engine, Request
+from speedmatrix.sim.engine import Engine, Request, block_hashes
 from speedmatrix.sim.profile import Profile
 
 ARRIVAL_GAP_S = 0.002
 """Simulated seconds between the C first requests of a decode cell (a client's write spacing)."""
 
 
+_PROMPTS: dict[tuple[int, int, int], list[int]] = {}
+_HASHES: dict[tuple[int, int, int, int], list[int]] = {}
+
+
 def make_prompt(tokens: int, tag: int, vocab_size: int) -> list[int]:
-    """A deterministic prompt whose first block is unique to `tag` (no accidental cache hits)."""
+    """A deterministic prompt whose first block is unique to `tag` (no accidental cache hits).
+
+    Cached (calibration predicts the same cells many times); callers must not mutate it.
+    """
+    key = (tokens, tag, vocab_size)
+    hit = _PROMPTS.get(key)
+    if hit is None:
+        if len(_PROMPTS) > 512:
+            _PROMPTS.clear()
+            _HASHES.clear()
+        hit = _PROMPTS[key] = _make_prompt(tokens, tag, vocab_size)
+    return hit
+
+
+def _request(rid: str, prompt: list[int], max_tokens: int, profile: Profile) -> Request:
+    """A request whose prompt block hashes come from a cache (same prompt, same hashes)."""
+    key = (id(prompt), len(prompt), profile.block_size, prompt[0] if prompt else 0)
+    hashes = _HASHES.get(key)
+    if hashes is None:
+        hashes = _HASHES[key] = block_hashes(prompt, profile.block_size, None)
+    return Request(rid, prompt, max_tokens, hashes=hashes)
+
+
+def _make_prompt(tokens: int, tag: int, vocab_size: int) -> list[int]:
     span = max(vocab_size - 1000, 1)
     head = [1000 + (tag * 7919 + j * 104729) % span for j in range(16)]
     body = [1000 + (i * 2654435761 + tag) % span for i in range(max(tokens - 16, 0))]
@@ -48,7 +75,7 @@ def _run_until_done(engine: Engine, req: Request) -> None:
 def predict_prefill(profile: Profile, context: int, *, tag: int = 1) -> dict[str, Any]:
     """One cold request of `context` tokens with max_tokens=1, on an idle engine."""
     engine = Engine(profile)
-    req = engine.add(Request("prefill", make_prompt(context, tag, profile.vocab_size), 1))
+    req = engine.add(_request("prefill", make_prompt(context, tag, profile.vocab_size), 1, profile))
     _run_until_done(engine, req)
     ttft = req.token_times[0] - req.arrival
     return empty_cell(
@@ -100,13 +127,15 @@ def predict_decode(
     n_prompts = 1 if prompt_mode == "shared" else concurrency
     prompts = [make_prompt(context, 100 + i, profile.vocab_size) for i in range(n_prompts)]
     for i, prompt in enumerate(prompts):  # warm-up: the prefill request puts it in the cache
-        _run_until_done(engine, engine.add(Request(f"warm-{i}", prompt, 1)))
+        _run_until_done(engine, engine.add(_request(f"warm-{i}", prompt, 1, profile)))
     finished.clear()
     engine.advance(engine.now + 1.0)
     requests: list[Request] = []
 
     def start(stream: int) -> None:
-        req = Request(f"s{stream}-{len(requests)}", prompts[stream % n_prompts], max_output)
+        req = _request(
+            f"s{stream}-{len(requests)}", prompts[stream % n_prompts], max_output, profile
+        )
         requests.append(engine.add(req))
 
     for s in range(concurrency):

@@ -13,7 +13,8 @@ Endpoints, as vLLM 0.32 answers them:
   tokens or more, ids outside the vocabulary, or bad fields are a 400 with vLLM's error body
   ``{"error": {"message", "type", "param", "code"}}``. Output that would pass max-model-len is
   silently shortened (finish_reason "length"), as vLLM does. An ``X-Request-Id`` header becomes
-  the request id (``cmpl-<id>``) and is echoed.
+  the request id (``cmpl-<id>``) and is echoed. A request "arrives" when its handler starts:
+  reading and parsing its body is part of the front end's calibrated delay, not added to it.
 - A client that disconnects has its request aborted (blocks freed), as vLLM does.
 
 Simulated time. The engine runs on a simulated clock that starts at 0 when the server starts
@@ -37,6 +38,16 @@ Ground truth (open, not in vLLM):
   token's emission time (simulated s), steps, spec-decode acceptances, chunks written
   (simulated time, tokens), finish reason, preemptions, cached prompt tokens.
 - ``GET /sim/faults``, ``POST /sim/faults``: the faults (see ``speedmatrix.sim.faults``).
+
+Faults (details in ``speedmatrix.sim.faults``), set in the profile (``faults:``), with
+``--faults JSON``, ``run_in_thread(faults=...)`` or ``POST /sim/faults``: every Nth request
+answered HTTP 500 (``http_500_every``); every Nth stream dropped mid-stream after K tokens
+(``disconnect_every``, ``disconnect_after_tokens``); every Nth request cut short with
+finish_reason "length" (``short_output_every``, ``short_output_tokens``); a repetition loop
+in the text (``repetition_every``); at most N running so that the rest queue and
+``vllm:num_requests_waiting`` rises (``max_running``); a dead engine (``engine_dead``: /health
+503, new requests 500 EngineDeadError, open streams dropped). Preemption needs no switch: a
+profile with fewer KV blocks than the load needs preempts by itself.
 
 In-process use: ``run_in_thread(profile, port=0, api_key=None, time_scale=1.0, faults=None)``
 is a context manager yielding the base URL (a ``str`` with ``.server``, the ``SimServer``, and
@@ -526,23 +537,25 @@ class SimServer:
         return req
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        arrived = self.sim_now()
         data = await self._json(request)
         if "prompt" not in data:
             raise ApiError(400, "'prompt' is required", param="prompt")
         ids = self._prompt_ids(data["prompt"])
-        return await self._serve(request, data, ids, chat=False, default_max=16)
+        return await self._serve(request, data, ids, chat=False, default_max=16, arrived=arrived)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        arrived = self.sim_now()
         data = await self._json(request)
         ids = self.tokenizer.encode(self._chat_text(data.get("messages")))
-        return await self._serve(request, data, ids, chat=True, default_max=None)
+        return await self._serve(request, data, ids, chat=True, default_max=None, arrived=arrived)
 
-    async def _serve(self, request, data, ids, *, chat: bool, default_max):
+    async def _serve(self, request, data, ids, *, chat: bool, default_max, arrived: float):
         max_tokens, min_tokens, stream, opts, salt = self._common(data, ids, default_max)
         prefix = "chatcmpl" if chat else "cmpl"
         req = self._new_request(request, ids, max_tokens, min_tokens, data, salt, prefix)
         self.sync()
-        self.engine.add(req, max(self.sim_now(), self.engine.now))
+        self.engine.add(req, max(self.sim_now(), self.engine.now), arrived=arrived)
         self._arm()
         self._flush()
         headers = (
@@ -563,6 +576,8 @@ class SimServer:
 
     async def _wait(self, req: Request, sent: int) -> None:
         while req.out == sent and req.state != FINISHED:
+            if self.faults.engine_dead:
+                raise ConnectionAbortedError("engine dead")
             fut = self._loop.create_future()
             req.waiter = fut
             try:
