@@ -1,0 +1,177 @@
+"""DAG validation: every DAG imports cleanly and light, is owned, tagged, has a retries policy
+and execution timeouts; speed_matrix's shape (lease, setup/teardown, serial mapped cells,
+Assets) and its Params reject a bad conf before anything runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DAGS = REPO / "dags"
+DAG_FILES = sorted(p for p in DAGS.glob("*.py") if not p.name.startswith("_"))
+# Modules a DAG file must not import at parse time: they cost seconds on every parse loop.
+HEAVY = ("great_expectations", "pandas", "pyarrow", "duckdb", "matplotlib", "aiohttp", "jinja2.ext")
+HOST_TASKS = {"wait_for_host", "setup_server", "inspect", "prefill", "decode", "stop_server"}
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+def test_dag_files_exist():
+    assert {p.stem for p in DAG_FILES} >= {"speed_matrix"}
+
+
+def test_every_dag_imports_without_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert "speed_matrix" in dagbag.dag_ids
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
+def test_dag_file_parses_without_heavy_imports(path):
+    # Fast parsing, checked without a clock: the file must not pull the heavy libraries
+    # (they are imported inside the tasks that use them).
+    code = (
+        "import runpy, sys, json; runpy.run_path(sys.argv[1]); "
+        f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_every_dag_is_owned_tagged_with_a_retries_policy(dagbag):
+    for dag in dagbag.dags.values():
+        assert dag.tags, dag.dag_id
+        assert dag.owner and dag.owner != "airflow", dag.dag_id
+        assert "retries" in dag.default_args, f"{dag.dag_id}: no retries policy"
+
+
+def test_tasks_touching_a_host_have_execution_timeouts(dagbag):
+    # speed_matrix: every task (most touch the host; the rest are bounded anyway); elsewhere,
+    # any SSH operator or sensor.
+    for dag in dagbag.dags.values():
+        for t in dag.tasks:
+            touches = dag.dag_id == "speed_matrix" or "SSH" in type(t).__name__
+            if touches:
+                assert t.execution_timeout is not None, f"{dag.dag_id}.{t.task_id}: no timeout"
+
+
+def test_speed_matrix_tasks_touching_the_host(dagbag):
+    dag = dagbag.dags["speed_matrix"]
+    tasks = dag.task_dict
+    assert set(tasks) >= HOST_TASKS
+    for tid in HOST_TASKS:
+        assert tasks[tid].execution_timeout <= timedelta(hours=4), tid
+    # retries only where a step is idempotent
+    for tid in ("setup_server", "prefill", "decode", "resolve", "conclude"):
+        assert tasks[tid].retries == 0, tid
+    for tid in ("inspect", "land", "report", "stop_server"):
+        assert tasks[tid].retries >= 1, tid
+
+
+def test_speed_matrix_shape(dagbag):
+    dag = dagbag.dags["speed_matrix"]
+    t = dag.task_dict
+    assert dag.schedule is None or str(dag.timetable.summary) in ("None", "Never")
+    sensor = t["wait_for_host"]
+    assert sensor.mode == "reschedule"  # waits without holding a worker slot
+    assert sensor.is_setup and t["setup_server"].is_setup
+    assert t["stop_server"].is_teardown
+    assert {"wait_for_host", "setup_server"} <= t["stop_server"].upstream_task_ids
+    for tid in ("prefill", "decode"):
+        assert t[tid].max_active_tis_per_dagrun == 1  # one cell at a time on the host
+        assert t[tid].map_index_template == "{{ cell_label }}"
+    assert "prefill_done" in t["decode"].upstream_task_ids
+    assert t["prefill_done"].trigger_rule == "all_done"
+    assert t["validate"].trigger_rule == "all_done"
+    assert {a.uri for a in t["land"].outlets} == {
+        "speedmatrix://warehouse/runs",
+        "speedmatrix://warehouse/cells",
+        "speedmatrix://warehouse/requests",
+    }
+    assert t["conclude"].downstream_task_ids == set()
+
+
+def _check(dag, conf: dict) -> None:
+    params = dag.params.deep_merge(conf)
+    params.validate()
+
+
+GOOD = {"recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"}
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {},
+        {"recipe": ""},
+        {**GOOD, "concurrencies": [0]},
+        {**GOOD, "concurrencies": [1, 1]},
+        {**GOOD, "contexts": ["64M"]},
+        {**GOOD, "contexts": []},
+        {**GOOD, "duration_s": -1},
+        {**GOOD, "max_output_tokens": 1},
+        {**GOOD, "prompt_mode": "weird"},
+        {**GOOD, "engine_ref": "banana"},
+        {**GOOD, "port": 70000},
+    ],
+    ids=lambda c: json.dumps(c)[:60],
+)
+def test_params_reject_bad_conf(dagbag, conf):
+    with pytest.raises(Exception, match=r"(?i)invalid|valid|required|param"):
+        _check(dagbag.dags["speed_matrix"], conf)
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        GOOD,
+        {
+            **GOOD,
+            "engine_ref": "9fedd24fa864",
+            "contexts": ["8K", 65536],
+            "concurrencies": [1, 16],
+            "prefill_contexts": ["8K"],
+            "duration_s": 5,
+            "max_output_tokens": 4096,
+            "prompt_mode": "shared",
+            "ssh_conn_id": "gpu7",
+            "warehouse": "s3://bucket/wh",
+        },
+        {**GOOD, "engine_ref": "pr/12345"},
+        {**GOOD, "engine_ref": "v0.29.0"},
+    ],
+)
+def test_params_accept_good_conf(dagbag, conf):
+    _check(dagbag.dags["speed_matrix"], conf)
+
+
+def test_params_are_documented(dagbag):
+    params = dagbag.dags["speed_matrix"].params
+    expected = {
+        "recipe",
+        "engine_ref",
+        "ssh_conn_id",
+        "contexts",
+        "concurrencies",
+        "prefill_contexts",
+        "duration_s",
+        "max_output_tokens",
+        "prompt_mode",
+        "warehouse",
+    }
+    assert expected <= set(params.keys())
+    for name in params:
+        assert params.get_param(name).description, name
