@@ -652,7 +652,10 @@ class SimServer:
                 + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
             )
             role += ("," + usage(0) if continuous else "") + "}\n\n"
-            await resp.write(role.encode())
+            try:
+                await resp.write(role.encode())
+            except ConnectionResetError:
+                return resp
         sent = 0
         try:
             while True:
@@ -688,11 +691,16 @@ class SimServer:
             if request.transport is not None:
                 request.transport.abort()
             return resp
+        except ConnectionResetError:  # the client went away mid-write: abort (in _serve)
+            return resp
         tail = ""
         if include_usage:
             tail = head + "]," + usage(sent) + "}\n\n"
-        await resp.write((tail + "data: [DONE]\n\n").encode())
-        await resp.write_eof()
+        try:
+            await resp.write((tail + "data: [DONE]\n\n").encode())
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass  # finished; the client left before the last bytes
         return resp
 
 
