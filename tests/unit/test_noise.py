@@ -180,3 +180,35 @@ def test_noise_model_falls_back_to_pooled_then_none():
     assert src2 == "pooled" and sd2 == pytest.approx(sd)
     assert model.lookup("sim/x", "other-host", "decode", 65536, 16, "total_tok_s") == (None, "none")
     assert NoiseModel.empty().lookup("sim/x", "local", "decode", 1, 1, "tbt_ms") == (None, "none")
+
+
+def test_noise_rows_join_within_intervals_and_between_spread():
+    from speedmatrix.noise import NOISE_SCHEMA, noise_rows, noise_table
+
+    run = _run("a1", "aaa")
+    cells = [
+        dict(
+            _cell("a1", 300.0, conc=8),
+            context_tokens=8192,
+            context_label="8K",
+            measured_s=30.0,
+            tbt_ms=27.0,
+        ),
+        dict(_cell("a1", 0.0, conc=1, status="over_capacity"), total_tok_s=None),
+    ]
+    model = NoiseModel.from_history(
+        [_run("h1", "h"), _run("h2", "h")],
+        [
+            dict(_cell("h1", 100.0), context_tokens=8192, concurrency=8),
+            dict(_cell("h2", 102.0), context_tokens=8192, concurrency=8),
+        ],
+    )
+    rows = noise_rows(run, cells, _requests(8, 900, 27.0), model, n_resamples=300)
+    by_metric = {r["metric"]: r for r in rows}
+    assert set(by_metric) == {"total_tok_s", "tbt_ms"}  # only valid cells, only known figures
+    total = by_metric["total_tok_s"]
+    assert total["ci_low"] < total["ci_high"] and total["ci_samples"] == 8
+    assert total["between_source"] == "cell" and total["between_rel_sd"] > 0
+    assert by_metric["tbt_ms"]["between_source"] == "none"
+    table = noise_table(rows)
+    assert table.schema.equals(NOISE_SCHEMA) and table.num_rows == 2
