@@ -99,6 +99,13 @@ PARAMS = {
         type=["null", "string"],
         description="Warehouse root (path or s3:// URI). Default: $SPEEDMATRIX_WAREHOUSE.",
     ),
+    "host_home": Param(
+        None,
+        type=["null", "string"],
+        pattern="^/",
+        description="$HOME on the host for engine envs, the lease and server state "
+        "(absolute path). Default: the SSH user's home.",
+    ),
     "port": Param(
         None,
         type=["null", "integer"],

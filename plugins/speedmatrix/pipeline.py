@@ -121,6 +121,7 @@ def resolve(
         "trigger": trigger,
         "host": host,
         "warehouse": conf.get("warehouse") or None,
+        "host_home": conf.get("host_home") or None,
         "holder": holder_id(dag_id, dag_run_id),
         "run_tag": hashlib.sha1(f"{run_id}|{dag_run_id}".encode()).hexdigest()[:10],
         "served_model": recipe.model.served_name,
@@ -163,12 +164,18 @@ def secrets_of(resolved: Mapping[str, Any]) -> list[str]:
 # ------------------------------------------------------------------------------------- lease
 
 
-def host_lease(resolved: Mapping[str, Any]) -> HostLease:
-    """The run's lease on its host, on a connection of its own (see lease.Renewer)."""
+def host_of(resolved: Mapping[str, Any]):
+    """A fresh Host for the run (`host_home` becomes $HOME there: envs, lease, server state)."""
     from speedmatrix.hosts import get_host
 
+    home = resolved.get("host_home")
+    return get_host(resolved["host"], env={"HOME": home} if home else None)
+
+
+def host_lease(resolved: Mapping[str, Any]) -> HostLease:
+    """The run's lease on its host, on a connection of its own (see lease.Renewer)."""
     return HostLease(
-        get_host(resolved["host"]),
+        host_of(resolved),
         resolved["holder"],
         ttl_s=resolved.get("lease_ttl_s") or DEFAULT_TTL_S,
         lease_dir=os.environ.get("SPEEDMATRIX_LEASE_DIR", "$HOME/.speedmatrix/lease"),
@@ -193,14 +200,13 @@ def setup(resolved: Mapping[str, Any]) -> dict[str, Any]:
     is not this run's (a setup retried after its lease expired must not start a second server).
     `start_server` waits until the server is ready and stops it itself when it is not.
     """
-    from speedmatrix.hosts import get_host
     from speedmatrix.provision import provision
     from speedmatrix.server import start_server
 
     lease = host_lease(resolved)
     lease.renew()  # raises LeaseLost when another run holds the host
     recipe = _recipe(resolved)
-    host = get_host(resolved["host"])
+    host = host_of(resolved)
     started = time.monotonic()
     with lease.renewing():
         prov = provision(recipe, resolved["engine_ref"], host)
@@ -242,10 +248,9 @@ def _handle(server: Mapping[str, Any]):
 
 def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str, Any]:
     """What the server says about itself: version, KV capacity, hardware, max_model_len."""
-    from speedmatrix.hosts import get_host
     from speedmatrix.server import inspect_server
 
-    facts = inspect_server(_handle(server), host=get_host(resolved["host"]))
+    facts = inspect_server(_handle(server), host=host_of(resolved))
     blocks, block = facts.get("num_gpu_blocks"), facts.get("block_size")
     if not blocks and facts.get("kv_cache_tokens"):
         block = block or 16
@@ -281,14 +286,13 @@ def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str,
 
 def teardown(resolved: Mapping[str, Any], server: Mapping[str, Any] | None) -> dict[str, Any]:
     """Stop the server (if one was started) and release the lease. Idempotent; always runs."""
-    from speedmatrix.hosts import get_host
     from speedmatrix.server import stop_server
 
     out: dict[str, Any] = {"stopped": None, "lease": None}
     errors = []
     if server and server.get("handle"):
         try:
-            out["stopped"] = stop_server(_handle(server), host=get_host(resolved["host"]))
+            out["stopped"] = stop_server(_handle(server), host=host_of(resolved))
         except Exception as exc:
             errors.append(f"stop failed: {exc}")
     try:
@@ -366,14 +370,13 @@ def server_health(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> str
             return f"/health answered {exc.code}"
         except OSError as exc:
             return f"/health unreachable: {getattr(exc, 'reason', exc)}"
-    from speedmatrix.hosts import get_host
 
     probe = (
         "import sys, urllib.request as u\n"
         f"try:\n r = u.urlopen({url!r}, timeout={HEALTH_TIMEOUT_S})\n print(r.status)\n"
         "except Exception as e:\n print(type(e).__name__, getattr(e, 'reason', e))"
     )
-    res = get_host(resolved["host"]).run(
+    res = host_of(resolved).run(
         f"{shlex.quote(server.get('python') or 'python3')} -c {shlex.quote(probe)}",
         timeout_s=HEALTH_TIMEOUT_S + 20,
         idempotent=True,
@@ -469,12 +472,11 @@ def measure(
 
 
 def _measure_remote(resolved, server, cell, cfg) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from speedmatrix.hosts import get_host
 
     zipapp = server.get("loadgen")
     if not zipapp:
         return failed_cell(cell, "no load generator zipapp was shipped to the host"), []
-    host = get_host(resolved["host"])
+    host = host_of(resolved)
     args = [
         cell["phase"],
         "--base-url",

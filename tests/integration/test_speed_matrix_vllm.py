@@ -1,0 +1,63 @@
+"""speed_matrix end to end through a real OpenSSH server on 127.0.0.1 against real vLLM on
+this CPU (recipe cpu/tiny/llama-tiny): provisioned env reused from the `vllm_cpu_env` fixture
+(same HOME on the host: `host_home`), server started and stopped by the DAG, load generator
+shipped as a zipapp and run on the host next to the server, results read back over SSH.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from speed_matrix_helpers import KEY, finish, free_port, outcome, start_run
+
+from speedmatrix.warehouse import Warehouse
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+
+@pytest.fixture(scope="module")
+def migrated(airflow_db: Path) -> Path:
+    import airflow
+
+    (airflow_db / f".migrated-{airflow.__version__}").write_text("ok\n")
+    return airflow_db
+
+
+def test_speed_matrix_real_vllm_cpu_through_sshd(
+    migrated, tmp_path, ssh_conn_id, vllm_cpu_env, vllm_home
+):
+    # KV cache: --num-gpu-blocks-override 160 (blocks of 16): 1K x 4 needs 4 x 68 > 159.
+    conf = {
+        "recipe": "cpu/tiny/llama-tiny",
+        "ssh_conn_id": ssh_conn_id,
+        "host_home": vllm_home,
+        "prefill_contexts": [256, "1K"],
+        "contexts": [256, "1K"],
+        "concurrencies": [1, 4],
+        "duration_s": 4,
+        "port": free_port(),
+    }
+    home = tmp_path / "home"  # the worker side's HOME (the host's is vllm_home)
+    home.mkdir()
+    proc, log, result = start_run(tmp_path, home, migrated, conf, "vllm")
+    finish(proc, timeout=1500)
+    out = outcome(result)
+    assert out["state"] == "success", log.read_text()[-5000:]
+    run_id = out["xcom"]["resolve"]["run_id"]
+    wh = Warehouse(os.environ["SPEEDMATRIX_WAREHOUSE"])
+    run, cells, requests = wh.read_run(run_id)
+    assert run["host"] == ssh_conn_id and run["engine_version"]
+    assert KEY not in run["launch_command"]
+    by_cell = {(c["phase"], c["context_tokens"], c["concurrency"]): c for c in cells}
+    for key in (("prefill", 256, 1), ("prefill", 1024, 1)):
+        assert by_cell[key]["status"] == "valid", by_cell[key]
+    for key in (("decode", 256, 1), ("decode", 256, 4), ("decode", 1024, 1)):
+        assert by_cell[key]["status"] == "valid", by_cell[key]
+        assert by_cell[key]["total_tok_s"] > 0
+    assert by_cell[("decode", 1024, 4)]["status"] == "over_capacity"
+    assert requests
+    assert wh.read_artifact(run_id, "validation/gx-results.json")
+    assert Path(out["xcom"]["report"]["md"]).exists()
+    assert out["xcom"]["stop_server"]["stopped"]["left"] == []
