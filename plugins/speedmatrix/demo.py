@@ -103,8 +103,17 @@ def run_dag(conf: dict) -> dict:
             XComModel.task_id.in_(["resolve", "setup_server", "land", "report", "stop_server"]),
         ):
             xcoms[row.task_id] = row.value
+        from airflow.models.asset import AssetEvent, AssetModel
+
+        events = [
+            {"uri": uri, "extra": extra}
+            for uri, extra in session.query(AssetModel.uri, AssetEvent.extra)
+            .join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
+            .filter(AssetEvent.source_dag_id == dag.dag_id, AssetEvent.source_run_id == dr.run_id)
+        ]
     return {
         "dag_run_id": dr.run_id,
+        "asset_events": json.loads(json.dumps(events, default=str)),
         "state": str(dr.state),
         "wall_s": wall,
         "tasks": tis,
@@ -128,9 +137,9 @@ def _summary(result: dict) -> str:
         f"  warehouse: {wh}   (Parquet tables runs / cells / requests)",
         "",
         "Query the tables:",
-        f"  uv run speedmatrix query \"SELECT context_label, concurrency, status, total_tok_s, "
+        f'  uv run speedmatrix query "SELECT context_label, concurrency, status, total_tok_s, '
         f"ttft_ms FROM cells WHERE run_id = '{run_id}' ORDER BY phase, context_tokens, "
-        "concurrency\" --warehouse " + wh,
+        'concurrency" --warehouse ' + wh,
         f"  uv run speedmatrix report --run-id '{run_id}' --warehouse {wh} --format md",
         f"  duckdb: SELECT * FROM read_parquet('{wh}/cells/**/*.parquet', hive_partitioning=true)",
     ]

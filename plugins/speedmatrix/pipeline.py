@@ -658,11 +658,11 @@ def validate(
     )
     log.info("GX results: %s; %s; %s", gx_path, checked.cells.summary(), checked.runs.summary())
     bad_keys = {(c["phase"], c["context_tokens"], c["concurrency"]) for c in checked.bad_cells}
-    good_requests = [
-        r for r in requests if (r["phase"], r["context_tokens"], r["concurrency"]) not in bad_keys
-    ]
+    good_requests, bad_requests = [], []
+    for r in requests:
+        key = (r["phase"], r["context_tokens"], r["concurrency"])
+        (bad_requests if key in bad_keys else good_requests).append(r)
     if checked.bad_cells:
-        bad_requests = [r for r in requests if r not in good_requests]
         where = wh.quarantine(run_id, "cells", checked.bad_cells, checked.cells.result)
         if bad_requests:
             wh.quarantine(run_id, "requests", bad_requests, checked.cells.result)

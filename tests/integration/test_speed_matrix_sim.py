@@ -73,6 +73,10 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home):
     }
     assert "prefill[8K]" in tasks
     assert tasks["stop_server"]["state"] == "success"
+    # landing emitted one Asset event per table, saying which run landed
+    events = {e["uri"]: e["extra"] for e in out["asset_events"]}
+    assert set(events) == {f"speedmatrix://warehouse/{t}" for t in ("runs", "cells", "requests")}
+    assert {e["run_id"] for e in events.values()} == {out["xcom"]["resolve"]["run_id"]}
 
     run_id = out["xcom"]["resolve"]["run_id"]
     wh = Warehouse(os.environ["SPEEDMATRIX_WAREHOUSE"])
