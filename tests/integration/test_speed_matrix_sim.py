@@ -142,33 +142,34 @@ def test_server_killed_mid_run_lands_measured_cells_and_fails_fast(migrated, tmp
 
 def test_two_runs_for_one_host_are_serialised_by_the_lease(migrated, tmp_path, home):
     # Two independent Airflow installations (own metadata DBs: as two workers would be), one
-    # host (same HOME, so the same lease file): B must wait until A's teardown released it.
+    # host (same HOME, so the same lease file), started together: whichever takes the lease
+    # first, the other must wait until the first one's teardown released it.
     other = tmp_path / "airflow-b"
     shutil.copytree(migrated, other)
-    small = {**CONF, "contexts": ["8K"], "concurrencies": [1], "duration_s": 3}
+    small = {**CONF, "prefill_contexts": ["8K", "16K"], "contexts": ["8K"], "duration_s": 5}
+    small["concurrencies"] = [1, 2]
     a, log_a, res_a = start_run(tmp_path, home, migrated, {**small, "port": free_port()}, "a")
+    b, log_b, res_b = start_run(tmp_path, home, other, {**small, "port": free_port()}, "b")
     try:
-        wait_for_line(log_a, r"lease on local taken by", a)
-        b, log_b, res_b = start_run(tmp_path, home, other, {**small, "port": free_port()}, "b")
-        try:
-            finish(a)
-            finish(b)
-        finally:
-            if b.poll() is None:
-                os.killpg(b.pid, signal.SIGKILL)
+        finish(a, timeout=900)
+        finish(b, timeout=900)
     finally:
-        if a.poll() is None:
-            os.killpg(a.pid, signal.SIGKILL)
-    out_a, out_b = outcome(res_a), outcome(res_b)
-    assert out_a["state"] == "success", log_a.read_text()[-3000:]
-    assert out_b["state"] == "success", log_b.read_text()[-3000:]
-    holder_a = "speed_matrix/" + out_a["dag_run_id"]
-    assert f"held by {holder_a}" in log_b.read_text()  # B saw A holding the host and waited
-
-    def span(out: dict) -> tuple[str, str]:
-        return out["tasks"]["setup_server"]["start"], out["tasks"]["stop_server"]["end"]
-
-    a_start, a_end = span(out_a)
-    b_start, _ = span(out_b)
-    assert a_end <= b_start, f"A held the host {a_start}..{a_end}, B started at {b_start}"
+        for p in (a, b):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    runs = [(outcome(res_a), log_a), (outcome(res_b), log_b)]
+    for out, log in runs:
+        assert out["state"] == "success", log.read_text()[-3000:]
+    # order by who started its server first
+    (first, _), (second, second_log) = sorted(
+        runs, key=lambda r: r[0]["tasks"]["setup_server"]["start"]
+    )
+    holder_first = "speed_matrix/" + first["dag_run_id"]
+    assert f"held by {holder_first}" in second_log.read_text()  # it found the host taken
+    assert second["tasks"]["wait_for_host"]["state"] == "success"
+    first_end = first["tasks"]["stop_server"]["end"]
+    second_start = second["tasks"]["setup_server"]["start"]
+    assert first_end <= second_start, (
+        f"first held the host until {first_end}, second began {second_start}"
+    )
     no_server_left(home)
