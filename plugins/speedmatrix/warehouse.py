@@ -39,11 +39,13 @@ so readers through this class always see the old or the new run, whole. (A plain
 that bypasses this class could see the renames of one landing half done for the few
 milliseconds between them, or until the next recovery after a kill in that window.) Each
 rename replaces one whole file (POSIX rename; an S3 object PUT), so no reader ever sees a
-half-written file. Landing the same run again replaces it: same paths, older copies elsewhere
-(another date or recipe) deleted, and duplicate cell / request keys are refused.
+half-written file. Landing the same run again replaces it: same paths, an older copy under another date of
+the same recipe deleted (a run id belongs to one recipe: to move a run to another recipe,
+``delete_run`` it first), and duplicate cell / request keys are refused.
 
 Stable API (used by the DAGs and the regressions code): ``Warehouse(root)``,
-``land_run(run, cells, requests)``, ``read_run(run_id)``, ``query(sql)``, ``has_run(run_id)``,
+``land_run(run, cells, requests)``, ``read_run(run_id[, recipe_id])``, ``query(sql)``,
+``has_run(run_id)``, ``delete_run(run_id)``, ``find_run_files(run_id)``, ``recover()``,
 ``quarantine(run_id, table, rows, result)``, ``artifact_path(run_id, name)``,
 ``write_artifact(run_id, name, data)``, ``read_artifact(run_id, name)``; the schemas
 ``RUNS_SCHEMA``, ``CELLS_SCHEMA``, ``REQUESTS_SCHEMA`` and ``SCHEMA_VERSION``.
@@ -440,23 +442,42 @@ class Warehouse:
         if self._fault is not None:
             self._fault(step)
 
-    def find_run_files(self, run_id: str) -> dict[str, list[str]]:
-        """Every file of ``run_id`` in the three tables (normally one each; more only while a
-        re-landing that moves the run to another partition is being recovered)."""
+    def _glob(self, directory: str, depth: int, name: str) -> list[str]:
+        """Files called ``name`` ``depth`` directory levels below ``directory``."""
+        if self.is_local:
+            parts = [glob.escape(directory), *(["*"] * depth), glob.escape(name)]
+            return sorted(glob.glob(posixpath.join(*parts)))
+        return sorted(
+            i.path
+            for i in self._list(directory)
+            if i.type == pafs.FileType.File
+            and posixpath.basename(i.path) == name
+            and i.path[len(directory) :].count("/") == depth + 1
+        )
+
+    def find_run_files(self, run_id: str, recipe_id: str | None = None) -> dict[str, list[str]]:
+        """Every file of ``run_id`` in the three tables: normally one each (no requests file
+        when the run had none).
+
+        With ``recipe_id`` only that recipe's partition is searched (about a thousand
+        directories for three years of nightly runs: what land_run does, a run id belongs to
+        one recipe). Without it the runs table is searched (every ``run_date=`` directory) and
+        the cells / requests files are those next to the runs file, in the same partition:
+        landing and deleting keep the three together (a landing interrupted between its
+        renames is completed by :meth:`recover` first)."""
         name = file_name(run_id)
-        found: dict[str, list[str]] = {}
-        for table in TABLES:
-            if self.is_local:
-                pattern = posixpath.join(
-                    glob.escape(self.table_dir(table)), "*", "*", glob.escape(name)
-                )
-                found[table] = sorted(glob.glob(pattern))
-            else:
-                found[table] = sorted(
-                    i.path
-                    for i in self._list(self.table_dir(table))
-                    if i.type == pafs.FileType.File and posixpath.basename(i.path) == name
-                )
+        if recipe_id is not None:
+            part = f"recipe_id={partition_value(recipe_id)}"
+            return {t: self._glob(self._join(t, part), 1, name) for t in TABLES}
+        runs = self._glob(self.table_dir("runs"), 2, name)
+        found: dict[str, list[str]] = {"runs": runs, "cells": [], "requests": []}
+        prefix = self.table_dir("runs") + "/"
+        for path in runs:
+            relative = path[len(prefix) :]
+            for table in ("cells", "requests"):
+                candidate = self._join(table, relative)
+                if self._exists(candidate):
+                    found[table].append(candidate)
         return found
 
     # -- landing ----------------------------------------------------------------------------
@@ -520,7 +541,7 @@ class Warehouse:
                     moves.append((staged, self.file_path(table, run_id, recipe_id, run_date)))
                     self._fault_at(f"staged:{table}")
                 targets = {dst for _, dst in moves}
-                old = self.find_run_files(run_id)
+                old = self.find_run_files(run_id, recipe_id)
                 deletes = sorted(p for paths in old.values() for p in paths if p not in targets)
                 manifest = {
                     "run_id": run_id,
@@ -569,17 +590,23 @@ class Warehouse:
             done.append(manifest["run_id"])
         return done
 
-    def delete_run(self, run_id: str) -> bool:
-        """Remove a run from the three tables (its artifacts stay). True if it was there."""
+    def delete_run(self, run_id: str, recipe_id: str | None = None) -> bool:
+        """Remove a run from the three tables (its artifacts stay), as a committed transaction
+        like a landing (an interrupted delete is completed by the next :meth:`recover`).
+        True if it was there."""
         with self._lock:
             self.recover()
-            files = [p for paths in self.find_run_files(run_id).values() for p in paths]
-            # runs first: once its runs row is gone the run is no longer listed
-            files.sort(key=lambda p: 0 if p.startswith(self.table_dir("runs") + "/") else 1)
-            for path in files:
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.delete_file(path)
-            return bool(files)
+            found = self.find_run_files(run_id, recipe_id)
+            # the runs row first: once it is gone the run is no longer listed
+            files = [*found["runs"], *found["cells"], *found["requests"]]
+            if not files:
+                return False
+            txn = f"{file_name(run_id)[: -len('.parquet')][:80]}.{uuid.uuid4().hex[:12]}"
+            stage = self._join(STAGING, txn)
+            manifest = {"run_id": run_id, "moves": [], "deletes": files, "created": time.time()}
+            self._write_bytes(posixpath.join(stage, "COMMIT.json"), json.dumps(manifest).encode())
+            self._apply(stage, manifest)
+            return True
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -599,17 +626,20 @@ class Warehouse:
                 cols.append(pa.nulls(n, type=f.type))
         return pa.Table.from_arrays(cols, schema=SCHEMAS[table])
 
-    def has_run(self, run_id: str) -> bool:
-        return bool(self.find_run_files(run_id)["runs"])
+    def has_run(self, run_id: str, recipe_id: str | None = None) -> bool:
+        return bool(self.find_run_files(run_id, recipe_id)["runs"])
 
-    def read_run(self, run_id: str) -> tuple[dict, list[dict], list[dict]]:
+    def read_run(
+        self, run_id: str, recipe_id: str | None = None
+    ) -> tuple[dict, list[dict], list[dict]]:
         """``(run, cells, requests)`` of one landed run, as dicts keyed by column name (the
         records.py fields plus run_id, recipe_id, run_date, schema_version; landed_at on the
         run), cells and requests in the order they were landed. Timestamps are timezone-aware
-        UTC datetimes, missing values None. KeyError if the run is not in the warehouse."""
+        UTC datetimes, missing values None. KeyError if the run is not in the warehouse.
+        ``recipe_id``, when known, makes the look-up cheaper (one recipe's partition)."""
         with self._lock:
             self.recover()
-            files = self.find_run_files(run_id)
+            files = self.find_run_files(run_id, recipe_id)
         if not files["runs"]:
             raise KeyError(f"run {run_id!r} is not in the warehouse {self.root}")
         run = _rows(self._read_file("runs", files["runs"][-1]))[0]

@@ -213,3 +213,24 @@ def test_not_a_report():
         parse_report("hello\nworld\n", source="x.txt")
     with pytest.raises(ReportParseError, match="empty"):
         parse_report("")
+
+
+def test_k_values_and_other_roundings_round_trip(text, parsed):
+    """Pages for faster hardware write 17.7K / 18K; summaries may round to whole numbers."""
+    from speedmatrix.report.render import render_markdown
+
+    row = "| Prefill | 8K | 1 | Valid | 6,206.0 | — | 1,320 ms |"
+    faster = text.replace(row, row.replace("6,206.0", "17.7K")).replace(
+        "8K context6,2061,320 ms TTFT", "8K context17.7K1,320 ms TTFT"
+    )
+    p = parse_report(faster)
+    assert p.cells[0]["total_tok_s"] == 17700.0
+    md = render_markdown(p.run, p.cells)
+    assert "| Prefill | 8K | 1 | Valid | 17.7K | — | 1,320 ms |" in md
+    assert parse_report(md).cells == p.cells
+    whole = text.replace("8K context6,2061,320 ms TTFT", "8K context 6206 · 1,320 ms TTFT")
+    assert parse_report(whole).cells == parsed.cells
+    dashed = text.replace("6 contexts (8K–251K)", "6 contexts (8K-251K)")
+    assert parse_report(dashed).cells == parsed.cells
+    with pytest.raises(ReportParseError, match="disagrees"):
+        parse_report(text.replace("8K context6,2061,320 ms TTFT", "8K context6,3061,320 ms TTFT"))

@@ -407,10 +407,15 @@ def _cell_from_row(row: list[str], ln: _Line, run: dict, source: str | None) -> 
 # cross-checks against the summary sections
 
 
-def _close(summary: float, table: float, decimals: int) -> bool:
-    tolerance = 0.5 * 10 ** (-decimals) + 1e-9
-    if abs(summary) >= 10_000 or abs(table) >= 10_000:  # 17.7K style
-        tolerance = max(tolerance, 50.0)
+def _close(summary: float, table: float, text: str) -> bool:
+    """Does the summary's number (written ``text``: ``6,206``, ``54.9``, ``17.7K``) round the
+    table's value? The tolerance is half a unit of the summary's last written digit, plus half
+    a unit of the table's own rounding (0.05)."""
+    t = text.strip()
+    scale = 1000.0 if t[-1:] in ("K", "k") else 1.0
+    digits = t.rstrip("Kk")
+    decimals = len(digits.split(".", 1)[1]) if "." in digits else 0
+    tolerance = 0.5 * 10 ** (-decimals) * scale + 0.05 + 1e-9
     return abs(summary - table) <= tolerance
 
 
@@ -437,7 +442,7 @@ def _check_glued(
         value = F.parse_number(rest)
     except F.QuantityError:
         return f"{text!r}: no tok/s before the TTFT"
-    if value is None or not _close(value, total, decimals):
+    if value is None or not _close(value, total, rest):
         return f"{text!r}: tok/s {rest!r} disagrees with the table's {F.fmt_rate(total)}"
     return None
 
@@ -557,14 +562,15 @@ def _check_subtitle(head: list[_Line], cells: list[dict], source: str | None) ->
         if "contexts (" in ln.text and decode_ctx:
             lo, hi = context_label(decode_ctx[0]), context_label(decode_ctx[-1])
             want = f"{len(decode_ctx)} contexts ({lo}–{hi})"
-            if want not in ln.text:
+            line = re.sub("[-—−]", "–", ln.text)  # whichever dash the page used
+            if want not in line:
                 raise ReportParseError(
                     f"title line says other contexts than All measurements has ({want})",
                     ln.no,
                     source,
                 )
             want = f"{len(concs)} concurrency levels ({concs[0]}–{concs[-1]})"
-            if "concurrency levels" in ln.text and want not in ln.text:
+            if "concurrency levels" in line and want not in line:
                 raise ReportParseError(
                     f"title line says other concurrency levels than All measurements has ({want})",
                     ln.no,
