@@ -70,7 +70,8 @@ def post(url: str, path: str, data: dict, headers: dict | None = None, **kw) -> 
 
 
 def test_open_endpoints_and_auth(sim):
-    assert requests.get(sim + "/health", timeout=5).status_code == 200
+    health = requests.get(sim + "/health", timeout=5)
+    assert health.status_code == 200 and health.headers["X-Sim-Time-Scale"] == "1"
     assert requests.get(sim + "/version", timeout=5).json() == {"version": "0.32.0+sim"}
     assert requests.get(sim + "/metrics", timeout=5).status_code == 200
     r = requests.get(sim + "/v1/models", timeout=5)
@@ -312,6 +313,10 @@ def test_time_scale_wall_times_are_simulated_times_divided_by_the_scale():
             if line.startswith(b"data: {") and b'"choices":[{' in line:
                 stamps.append(time.perf_counter())
         gt = requests.get(url + "/sim/requests/cmpl-ts", timeout=5).json()
+        assert r.headers["X-Sim-Time-Scale"] == "20"
+        created = requests.post(url + "/v1/completions", json=body(max_tokens=1), timeout=5)
+        # `created` is on the simulated clock: start time + simulated seconds (20x wall).
+        assert created.json()["created"] >= int(time.time())
     sim_span = gt["token_times"][-1] - gt["token_times"][0]
     wall_span = stamps[-1] - stamps[0]
     assert wall_span * scale == pytest.approx(sim_span, rel=0.15)

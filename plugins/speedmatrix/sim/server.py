@@ -23,7 +23,8 @@ server reports is on that clock, consistently: ``created`` is the start's Unix t
 simulated seconds, and ground truth is in simulated seconds. A client measuring with its wall
 clock sees durations divided by ``time_scale`` and rates multiplied by it: multiply its wall
 durations by ``time_scale`` (the load generator's ``--time-scale``) to get simulated figures.
-When the event loop falls behind, the engine still steps at exact simulated times; only the
+Every response carries ``X-Sim-Time-Scale`` so a client can tell. When the event loop falls
+behind, the engine still steps at exact simulated times; only the
 delivery of chunks is late (visible in ground truth as chunk times after token times).
 
 Ground truth (open, not in vLLM):
@@ -193,6 +194,7 @@ class SimServer:
         self._epoch0 = time.time()
         self._streams: set[Request] = set()
         self._model_json = json.dumps(profile.served_model_name)
+        self._scale_header = f"{self.time_scale:g}"
 
     # --- clock and driver ---------------------------------------------------------------------
     def sim_now(self) -> float:
@@ -305,9 +307,12 @@ class SimServer:
         ):
             return web.json_response({"error": "Unauthorized"}, status=401)
         try:
-            return await handler(request)
+            resp = await handler(request)
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.etype, exc.param)
+            resp = error_response(exc.status, exc.message, exc.etype, exc.param)
+        if not resp.prepared:  # streams sent their headers already (they carry it too)
+            resp.headers["X-Sim-Time-Scale"] = self._scale_header
+        return resp
 
     async def health(self, request: web.Request) -> web.Response:
         if self.faults.engine_dead:
@@ -629,7 +634,11 @@ class SimServer:
         include_usage = bool(opts.get("include_usage"))
         continuous = include_usage and bool(opts.get("continuous_usage_stats"))
         resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream; charset=utf-8", **headers}
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "X-Sim-Time-Scale": self._scale_header,
+                **headers,
+            }
         )
         resp.enable_chunked_encoding()
         await resp.prepare(request)
@@ -808,7 +817,10 @@ def serve(
     async def main() -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        runner, bound = await _start(server, host, port)
+        try:
+            runner, bound = await _start(server, host, port)
+        except OSError as exc:  # port in use, bad address: a one-line CLI error
+            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         import gc
 
         gc.freeze()  # start-up objects never need collecting: keeps full collections short
