@@ -187,3 +187,23 @@ def test_report_baseline_cli(landed, tmp_path):
     out = report(root, "--run-id", "slower", "--baseline", run_id)
     assert out.returncode == 0, out.stderr
     assert "| Prefill | 8K | 1 | Valid | 3,103.0 | 6,206.0 | -50.0% |" in out.stdout
+
+
+def test_pipeline_run_renders_and_parses_back():
+    """A run of our own pipeline: exact token counts, failed / invalid cells, few header fields."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_warehouse import make_cells, make_run
+
+    run = make_run(hardware_type="CPU", bench_tool="speedmatrix", bench_tool_version="0.1.0")
+    cells = make_cells()
+    cells[2].update(status="failed", error="stream disconnected", total_tok_s=None)
+    cells[3].update(status="invalid", error="client loop lag 80 ms > 20 ms")
+    md = render_markdown(run, cells)
+    assert "| Sustained decode | 8K | 2 | Failed | — |" in md
+    assert "| 8K | 50.0 · 87 ms TTFT | Failed | Invalid | Over capacity |" in md
+    assert "- Benchmark tool: speedmatrix v0.1.0" in md
+    back = parse_report(md)
+    assert [F.table_row(c) for c in back.cells] == [F.table_row(c) for c in cells]
+    assert [c["status"] for c in back.cells] == [c["status"] for c in cells]
+    html = render_html(run, cells)
+    assert "Failed" in html and "<svg" in html

@@ -507,3 +507,15 @@ def test_delete_run(tmp_path):
     with pytest.raises(KeyError):
         wh.read_run("r-1")
     assert [f for f in all_files(tmp_path) if f.endswith(".parquet")] == []
+
+
+def test_query_connection_sees_a_replaced_run(tmp_path):
+    """The kept DuckDB connection caches Parquet metadata; a re-landed run is still read anew."""
+    wh = Warehouse(tmp_path)
+    wh.land_run(make_run(), make_cells(), [])
+    assert wh.query("SELECT max(total_tok_s) AS m FROM cells")["m"].tolist() == [6206.0]
+    wh.land_run(make_run(), make_cells(2.0), [])
+    assert wh.query("SELECT max(total_tok_s) AS m FROM cells")["m"].tolist() == [12412.0]
+    wh.land_run(make_run(), make_cells(3.0)[:2], [])
+    got = wh.query("SELECT max(total_tok_s) AS m, count(*) AS n FROM cells")
+    assert got.to_dict("records") == [{"m": 18618.0, "n": 2}]
