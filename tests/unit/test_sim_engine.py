@@ -195,3 +195,12 @@ def test_faults_from_a_profile_and_validation():
         Faults.coerce({"explode": True})
     with pytest.raises(ValueError, match="non-negative"):
         Faults.coerce({"http_500_every": -1})
+
+
+def test_finished_requests_keep_timings_not_prompts():
+    e = Engine(small_profile(), keep_finished=2)
+    reqs = [e.add(Request(f"r{i}", prompt(300, i), 2)) for i in range(3)]
+    run_all(e, reqs)
+    assert all(r.prompt == [] and r.hashes is None for r in reqs)
+    assert reqs[2].ground_truth()["prompt_tokens"] == 300
+    assert e.get("r0") is None and e.get("r2") is reqs[2]  # only the last 2 are kept

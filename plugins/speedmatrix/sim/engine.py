@@ -229,7 +229,7 @@ class Engine:
         profile: Profile,
         *,
         max_running: int | None = None,
-        keep_finished: int = 20_000,
+        keep_finished: int = 2_000,
         on_emit: Callable[[Request], None] | None = None,
     ):
         self.profile = profile
@@ -526,6 +526,10 @@ class Engine:
         req.finished_at = self.now
         self.pool.release(req.blocks)
         req.blocks = []
+        # Ground truth keeps timings, not the prompt: a 256K-token prompt is ~10 MB of ints.
+        req.plen = req.plen or len(req.prompt)
+        req.prompt = []
+        req.hashes = None
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
         self.live.pop(req.rid, None)
         self.finished[req.rid] = req

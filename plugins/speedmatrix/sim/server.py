@@ -34,7 +34,8 @@ Ground truth (open, not in vLLM):
   how long a ready callback waits; p50 / p99 / max, ms), the CPU time one engine
   step holds the loop for (``engine_step_cpu_ms``; unlike wall-clock lag it does not count time
   the process waited for a CPU) and the chunk count. ``?reset_lag=1`` restarts both windows.
-- ``GET /sim/requests`` (summaries; ``?detail=1`` adds per-token times) and
+- ``GET /sim/requests`` (summaries; ``?detail=1`` adds per-token times; every live request and
+  the last 2,000 finished ones: ``keep_finished``) and
   ``GET /sim/requests/{id}``: per request, arrival, front-end exit, first scheduling, every
   token's emission time (simulated s), steps, spec-decode acceptances, chunks written
   (simulated time, tokens), finish reason, preemptions, cached prompt tokens.
@@ -172,6 +173,7 @@ class SimServer:
         api_key: str | None = None,
         time_scale: float = 1.0,
         faults: Faults | dict[str, Any] | None = None,
+        keep_finished: int = 2_000,
     ):
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
@@ -180,7 +182,12 @@ class SimServer:
         self.time_scale = float(time_scale)
         base = profile.raw.get("faults") if isinstance(profile.raw, dict) else None
         self.faults = Faults.coerce(faults if faults is not None else base)
-        self.engine = Engine(profile, max_running=self.faults.max_running, on_emit=self._on_emit)
+        self.engine = Engine(
+            profile,
+            max_running=self.faults.max_running,
+            on_emit=self._on_emit,
+            keep_finished=keep_finished,
+        )
         self.tokenizer = Tokenizer(profile.vocab_size)
         self.lag = LagMonitor()
         self.step_cpu: deque[float] = deque(maxlen=20_000)
@@ -760,9 +767,19 @@ def run_in_thread(
     time_scale: float = 1.0,
     faults: Faults | dict[str, Any] | None = None,
     host: str = "127.0.0.1",
+    keep_finished: int = 2_000,
 ) -> Iterator[SimHandle]:
-    """Serve the simulator on a background thread; yields its base URL (http://host:port)."""
-    server = SimServer(load_profile(profile), api_key=api_key, time_scale=time_scale, faults=faults)
+    """Serve the simulator on a background thread; yields its base URL (http://host:port).
+
+    `keep_finished`: how many finished requests keep their ground truth (oldest dropped).
+    """
+    server = SimServer(
+        load_profile(profile),
+        api_key=api_key,
+        time_scale=time_scale,
+        faults=faults,
+        keep_finished=keep_finished,
+    )
     loop = _new_loop()
     ready = threading.Event()
     state: dict[str, Any] = {}
