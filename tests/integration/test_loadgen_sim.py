@@ -294,4 +294,4 @@ def test_replay_of_the_reference_matrix_within_5_percent() -> None:
             for key in keys:
                 if abs(got[key] - want[key]) > 0.05 * abs(want[key]):
                     problems.append(f"{label}: {key} {got[key]:.1f} vs {want[key]:.1f}")
-    assert problems == []
+    assert problems == [], "\n".join(problems)
