@@ -458,9 +458,9 @@ def run_commit_poll(params: dict[str, Any] | None = None) -> dict:
     Misconfiguration (401, 404, a non-GitHub answer) fails the task, because it needs a human.
     """
     from airflow.sdk import Variable
-    from airflow.sdk.exceptions import AirflowSkipException
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-    from speedmatrix.github import GitHubUnavailable
+    from speedmatrix.github import GitHubError, GitHubUnavailable
 
     params = {k: v for k, v in (params or {}).items() if v is not None}
     cfg = load_schedule_config()
@@ -490,6 +490,8 @@ def run_commit_poll(params: dict[str, Any] | None = None) -> dict:
     except GitHubUnavailable as exc:
         log.warning("poll ended without triggering anything: %s", exc)
         raise AirflowSkipException(f"GitHub unavailable, next poll retries: {exc}") from exc
+    except GitHubError as exc:  # 401, 404, not GitHub: retrying will not help
+        raise AirflowFailException(f"GitHub API misconfigured: {exc}") from exc
     log_plan(plan)
     return plan.to_json()
 
@@ -506,12 +508,25 @@ def save_watch_state(state: dict | None) -> None:
 
 
 def run_nightly_resolve(params: dict[str, Any] | None = None) -> str:
-    """The body of speed_matrix_nightly's `resolve_head` task: main's head sha, asked once."""
+    """The body of speed_matrix_nightly's `resolve_head` task: main's head sha, asked once.
+
+    Transient GitHub failures raise (the task's retries try again); misconfiguration fails
+    at once without retries. Without a head, nothing is triggered.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from speedmatrix.github import GitHubError, GitHubUnavailable
+
     params = {k: v for k, v in (params or {}).items() if v is not None}
     cfg = load_schedule_config()
-    head = github_client(cfg.github, params.get("api_url")).head_commit(
-        cfg.github.repo, cfg.github.branch
-    )
+    try:
+        head = github_client(cfg.github, params.get("api_url")).head_commit(
+            cfg.github.repo, cfg.github.branch
+        )
+    except GitHubUnavailable:
+        raise
+    except GitHubError as exc:
+        raise AirflowFailException(f"GitHub API misconfigured: {exc}") from exc
     log.info("%s@%s is %s (%s)", cfg.github.repo, cfg.github.branch, head.sha, head.title)
     return head.sha
 
