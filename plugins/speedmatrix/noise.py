@@ -56,9 +56,15 @@ def frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]] | None) -> pd.DataFra
 
 
 def _finite(values: Iterable[Any]) -> np.ndarray:
-    arr = pd.to_numeric(pd.Series(list(values), dtype="object"), errors="coerce").to_numpy(
-        dtype=float, na_value=np.nan
-    )
+    """The finite numbers among values (None, NaN and non-numbers dropped)."""
+    if isinstance(values, pd.Series):
+        values = values.to_numpy()
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        arr = pd.to_numeric(pd.Series(list(values), dtype="object"), errors="coerce").to_numpy(
+            dtype=float, na_value=np.nan
+        )
     return arr[np.isfinite(arr)]
 
 
@@ -266,34 +272,35 @@ def between_run_noise(
     cdf = cdf[cdf["status"] == "valid"] if "status" in cdf else cdf
     cdf = cdf.drop(columns=[c for c in ("recipe_id", "host", "_engine") if c in cdf])
     merged = cdf.merge(rdf[["run_id", "recipe_id", "host", "_engine"]], on="run_id")
-    rows: list[dict[str, Any]] = []
     keys = ["recipe_id", "host", *CELL_KEY]
-    for key, group in merged.groupby(keys, dropna=False):
-        for col in columns:
-            if col not in group:
-                continue
-            sumsq, dof, n_runs, engines = 0.0, 0, 0, 0
-            for _, sub in group.groupby("_engine"):
-                vals = _finite(sub[col])
-                if vals.size < 2 or not np.mean(vals):
-                    continue
-                rel = vals / np.mean(vals)
-                sumsq += float(np.sum((rel - 1.0) ** 2))
-                dof += vals.size - 1
-                n_runs += vals.size
-                engines += 1
-            if dof:
-                rows.append(
-                    {
-                        **dict(zip(keys, key, strict=True)),
-                        "metric": col,
-                        "rel_sd": math.sqrt(sumsq / dof),
-                        "dof": dof,
-                        "runs": n_runs,
-                        "engines": engines,
-                    }
-                )
-    return pd.DataFrame(rows, columns=list(BETWEEN_COLUMNS))
+    parts: list[pd.DataFrame] = []
+    for col in columns:
+        if col not in merged:
+            continue
+        values = pd.to_numeric(merged[col], errors="coerce").astype(float)
+        values = values.where(np.isfinite(values))
+        g = values.groupby([merged[k] for k in [*keys, "_engine"]], dropna=False)
+        stats_ = pd.DataFrame({"n": g.count(), "mean": g.mean(), "var": g.var(ddof=1)})
+        stats_ = stats_[(stats_["n"] >= 2) & (stats_["mean"] != 0)]
+        if stats_.empty:
+            continue
+        # sum over the group of (x / mean - 1)^2 = var * (n - 1) / mean^2
+        stats_["ss"] = stats_["var"] * (stats_["n"] - 1) / stats_["mean"] ** 2
+        stats_["dof"] = stats_["n"] - 1
+        per_cell = stats_.groupby(level=list(range(len(keys))), dropna=False).agg(
+            ss=("ss", "sum"), dof=("dof", "sum"), runs=("n", "sum"), engines=("n", "size")
+        )
+        per_cell = per_cell.reset_index()
+        per_cell.columns = [*keys, "ss", "dof", "runs", "engines"]
+        per_cell["metric"] = col
+        per_cell["rel_sd"] = np.sqrt(per_cell["ss"] / per_cell["dof"])
+        parts.append(per_cell)
+    if not parts:
+        return pd.DataFrame(columns=list(BETWEEN_COLUMNS))
+    out = pd.concat(parts, ignore_index=True)
+    for c in ("dof", "runs", "engines"):
+        out[c] = out[c].astype(int)
+    return out[list(BETWEEN_COLUMNS)]
 
 
 @dataclass
@@ -329,27 +336,31 @@ class NoiseModel:
         metric: str,
     ) -> tuple[float | None, str]:
         """(relative sd, where it came from: 'cell', 'pooled' or 'none')."""
-        t = self.table
-        if t.empty:
-            return None, "none"
-        base = t[
-            (t["recipe_id"] == (recipe_id or ""))
-            & (t["host"] == (host or ""))
-            & (t["metric"] == metric)
-            & (t["phase"] == phase)
-        ]
-        own = base[
-            (base["context_tokens"] == context_tokens) & (base["concurrency"] == concurrency)
-        ]
-        if not own.empty:
-            return float(own["rel_sd"].iloc[0]), "cell"
-        if not base.empty:
-            dof = base["dof"].to_numpy(dtype=float)
-            pooled = math.sqrt(
-                float(np.sum(dof * base["rel_sd"].to_numpy(dtype=float) ** 2) / dof.sum())
-            )
-            return pooled, "pooled"
+        own, pooled = self._index()
+        group = (recipe_id or "", host or "", metric, phase)
+        hit = own.get((*group, int(context_tokens), int(concurrency)))
+        if hit is not None:
+            return hit, "cell"
+        if group in pooled:
+            return pooled[group], "pooled"
         return None, "none"
+
+    def _index(self) -> tuple[dict[tuple[Any, ...], float], dict[tuple[Any, ...], float]]:
+        """Dicts for lookups (built once: a comparison looks up every cell and metric)."""
+        cached = getattr(self, "_cache", None)
+        if cached is not None:
+            return cached
+        own: dict[tuple[Any, ...], float] = {}
+        sums: dict[tuple[Any, ...], list[float]] = {}
+        for r in self.table.to_dict("records"):
+            group = (r["recipe_id"], r["host"], r["metric"], r["phase"])
+            own[(*group, int(r["context_tokens"]), int(r["concurrency"]))] = float(r["rel_sd"])
+            acc = sums.setdefault(group, [0.0, 0.0])
+            acc[0] += float(r["dof"]) * float(r["rel_sd"]) ** 2
+            acc[1] += float(r["dof"])
+        pooled = {g: math.sqrt(ss / dof) for g, (ss, dof) in sums.items() if dof}
+        self._cache = (own, pooled)
+        return self._cache
 
 
 NOISE_SCHEMA = pa.schema(

@@ -41,7 +41,7 @@ PROFILE = {
 }
 CONTEXTS, CONCURRENCIES = (2048, 8192), (2, 4)
 CELLS = [(ctx, c) for ctx in CONTEXTS for c in CONCURRENCIES]
-PLANTED = (8192, 2)
+PLANTED = (8192, 4)  # top of its row: no other cell ramps up through its batch size
 COMMITS = [f"{i:040x}" for i in range(9)]
 WINDOW_S = 3.0
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -108,7 +108,7 @@ def warehouse(tmp_path_factory):
 def test_planted_regression_is_flagged_over_http(warehouse):
     with pytest.raises(RegressionError) as err:
         regressions_check(warehouse, "http-08-10", commits=COMMITS[1:9])
-    assert "8Kx2" in str(err.value) and "baseline http-00-2" in str(err.value)
+    assert "8Kx4" in str(err.value) and "baseline http-00-2" in str(err.value)
     rows = read_extra(warehouse, "comparisons", run_id="http-08-10").to_dict("records")
     flagged = {(r["context_tokens"], r["concurrency"]) for r in rows if r["verdict"] != "noise"}
     assert flagged == {PLANTED}

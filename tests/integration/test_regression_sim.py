@@ -35,7 +35,9 @@ PREFILL = (8192, 65536)
 CONTEXTS = (8192, 65536)
 CONCURRENCIES = (1, 2, 4, 16)
 WINDOW_S, MAX_OUT = 10.0, 1024
-PLANTED_CELL = (65536, 2)
+# The top of its row (64Kx16 is over capacity): no other cell ramps up through its batch size,
+# so the planted step-time change reaches this cell alone (TTFT included).
+PLANTED_CELL = (65536, 4)
 SMALL_CELL = (8192, 4)
 COMMITS = [f"{i:040x}" for i in range(17)]  # COMMITS[0] is the known-good one
 RUN_SD, CELL_SD = 0.0045, 0.004
@@ -143,7 +145,7 @@ def test_planted_10pct_regression_is_flagged_and_unchanged_cells_are_noise(histo
     assert all(r["noise_pct"] > 0 for r in unchanged if r["metric"] == "total_tok_s")
 
     text = summarize(result, run, baseline, commits=COMMITS[1:17])
-    assert "64Kx2: total_tok_s" in text and "baseline run-00-4" in text
+    assert "64Kx4: total_tok_s" in text and "baseline run-00-4" in text
     assert "commits between (16)" in text and COMMITS[9][:12] in text
 
 
