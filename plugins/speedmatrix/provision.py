@@ -233,6 +233,13 @@ def plan_install(
     if inst.kind == "sim":
         return InstallPlan("sim", ref, None, "")
     if inst.kind == "pip":
+        pinned = re.search(r"==\s*([0-9][^\s;,]*)", inst.pip_spec or "")
+        kind, value = classify_ref(ref)
+        if pinned and kind == "release" and value.lstrip("v") != pinned.group(1):
+            raise ProvisionError(
+                f"ref {ref} does not match the recipe's pip spec {inst.pip_spec!r}: an env named "
+                "for one version would hold another; change the spec or the ref"
+            )
         body = [
             *_venv_python_lines(recipe.engine.python),
             f'"$ENV/bin/python" -m pip install --no-input {shlex.quote(inst.pip_spec or "")}',
@@ -565,11 +572,15 @@ def provision(
         return _result(recipe, ref, env_dir, marker, True, started)
     why = "forced" if force else ("no valid marker" if not marker else "marker does not match")
     log.info("%s: building %s for %s (%s)", host.name, env_dir, ref, why)
-    # A half-done or outdated env is removed first: never used, never patched.
+    # A half-done or outdated env is removed first: never used, never patched. It is renamed
+    # away at once and deleted in the background (deleting GBs can take minutes on a busy disk).
+    trash = f"{env_dir}.old-{int(time.time())}"
     host.run(
-        f"rm -rf {_q(env_dir)} {_q(state_dir + '/resolved_commit')} "
-        f"{_q(state_dir + '/merge_base')} && mkdir -p {_q(state_dir)}",
-        timeout_s=600,
+        f"if [ -e {_q(env_dir)} ]; then mv {_q(env_dir)} {_q(trash)}; fi; "
+        f"rm -f {_q(state_dir + '/resolved_commit')} {_q(state_dir + '/merge_base')}; "
+        f"mkdir -p {_q(state_dir)}; "
+        f"(exec setsid rm -rf {_q(env_dir)}.old-*) > /dev/null 2>&1 < /dev/null &",
+        timeout_s=120,
         check=True,
         idempotent=True,
     )

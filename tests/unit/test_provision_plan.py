@@ -97,6 +97,13 @@ def test_pip_plan_is_venv_pip_post_install_and_model_setup():
     assert "uv" not in plan.script.split("tiny_llama")[0].replace("uninstall", "")
 
 
+def test_pip_plan_refuses_a_release_ref_the_spec_does_not_pin():
+    r = load_recipe("cpu/tiny/llama-tiny")
+    with pytest.raises(ProvisionError, match="does not match"):
+        plan_install(r, "v0.31.0")
+    assert plan_install(r, "v0.32.0").kind == "pip"
+
+
 def test_pip_plan_script_is_valid_bash():
     plan = plan_install(load_recipe("cpu/tiny/llama-tiny"))
     subprocess.run(["bash", "-n"], input=plan.script, text=True, check=True)
