@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -358,3 +359,23 @@ def test_sim_serve_subprocess_starts_answers_health_and_stops_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_server_that_fell_behind_coalesces_tokens_into_chunks():
+    with run_in_thread(PROFILE) as url:
+        payload = body(max_tokens=400, min_tokens=400, ignore_eos=True, **STREAM)
+        r = post(url, "/v1/completions", payload, stream=True, headers={"X-Request-Id": "co"})
+        lines = r.iter_lines()
+        first = [next(lines) for _ in range(10)]
+        url.call(lambda s: time.sleep(0.2))  # the server's loop stalls for 200 ms (50 steps)
+        counts = [
+            json.loads(line[6:])["usage"]["completion_tokens"]
+            for line in [*first, *lines]
+            if line.startswith(b"data: {") and b'"choices":[{' in line
+        ]
+        gt = requests.get(url + "/sim/requests/cmpl-co", timeout=5).json()
+    deltas = [b - a for a, b in itertools.pairwise(counts)]
+    assert max(deltas) >= 10  # one chunk carried the tokens of many steps
+    assert counts[-1] == 400 and sum(n for _, n in gt["chunks"]) == 400
+    steps = gt["token_times"]
+    assert len(set(steps)) == 400  # ...while every token kept its own step time

@@ -93,6 +93,8 @@ except ImportError:  # pragma: no cover - orjson is a project dependency
 
     _loads = json.loads
 
+CATCH_UP_S = 0.005  # wall seconds behind schedule before catching up in bigger bites
+CATCH_UP_EVENTS = 64
 WAKE_SLICE = 8  # streams woken per loop iteration (vLLM chunks its output processing too)
 
 
@@ -231,9 +233,14 @@ class SimServer:
     def _fire(self, t: float) -> None:
         c0 = time.thread_time()
         self._timer = None
-        # At most a few steps per callback: a loop that fell behind catches up in small
-        # pieces (the remaining steps are re-armed at once) instead of one long stall.
-        self.engine.advance(max(self.sim_now(), t), max_events=1)
+        now = self.sim_now()
+        # On time: one event per callback (a step's end, or the next step's start), so no
+        # callback holds the loop long. Behind by more than CATCH_UP_S of wall time (the
+        # process was not scheduled, or a huge prompt was hashed): catch up in bigger bites;
+        # tokens then pile up per request and go out coalesced in one chunk, as vLLM's API
+        # server does when it falls behind its engine.
+        behind = (now - t) / self.time_scale > CATCH_UP_S
+        self.engine.advance(max(now, t), max_events=CATCH_UP_EVENTS if behind else 1)
         self._arm()
         if self._dirty and not self._flush_pending:  # wake streams on the next loop pass
             self._flush_pending = True
