@@ -16,8 +16,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import SSH_CONN_ID, Env
-from harness import Deployment, free_port
+from deploy_env import SSH_CONN_ID, Env
+from deploy_harness import Deployment, free_port
 
 pytestmark = [pytest.mark.deployment, pytest.mark.integration, pytest.mark.timeout(600)]
 
