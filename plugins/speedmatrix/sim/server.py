@@ -94,7 +94,7 @@ except ImportError:  # pragma: no cover - orjson is a project dependency
     _loads = json.loads
 
 CATCH_UP_S = 0.005  # wall seconds behind schedule before catching up in bigger bites
-CATCH_UP_EVENTS = 64
+CATCH_UP_EVENTS = 16  # ~8 steps per callback: about 1.5 ms at 128 sequences
 WAKE_SLICE = 8  # streams woken per loop iteration (vLLM chunks its output processing too)
 
 
