@@ -50,13 +50,24 @@ def _tis(dep: Deployment, run_id: str) -> dict[tuple[str, int], dict]:
     return {(t["task_id"], t["map_index"]): t for t in dep.task_instances(SM, run_id)}
 
 
-def server_span(dep: Deployment, run_id: str) -> tuple[datetime, datetime]:
-    """When the run held its host: setup_server's start (server start) to stop_server's end."""
+def server_spans(dep: Deployment, run_id: str) -> tuple[tuple[datetime, datetime], ...]:
+    """Two bounds of the time the run's server lived on its host, from the task records.
+
+    outer: setup_server's start -> stop_server's end; the server cannot live outside it.
+    inner: setup_server's end (server ready) -> stop_server's start; it surely lived inside.
+    Disjoint outer spans prove two servers never coexisted; overlapping inner spans prove they
+    did.
+    """
     tis = _tis(dep, run_id)
-    start = _ts(tis[("setup_server", -1)]["start_date"])
-    end = _ts(tis[("stop_server", -1)]["end_date"])
-    assert start and end, f"{run_id}: setup/stop never ran: {tis}"
-    return start, end
+    setup, stop = tis[("setup_server", -1)], tis[("stop_server", -1)]
+    outer = (_ts(setup["start_date"]), _ts(stop["end_date"]))
+    inner = (_ts(setup["end_date"]), _ts(stop["start_date"]))
+    assert all(outer) and all(inner), f"{run_id}: setup/stop never ran: {tis}"
+    return outer, inner
+
+
+def _overlap(x: tuple[datetime, datetime], y: tuple[datetime, datetime]) -> bool:
+    return x[0] < y[1] and y[0] < x[1]
 
 
 def _port_open(port: int) -> bool:
@@ -114,6 +125,8 @@ def test_one_run_per_host_across_workers_and_scheduler_restart(env: Env) -> None
         )
 
     dep.wait_for("a server started by one of the runs", a_server_started, timeout_s=240, every_s=2)
+    in_flight = [r for r in runs.values() if dep.run(SM, r)["state"] == "running"]
+    assert in_flight, "every run finished before the scheduler restart: nothing was proven"
     dep.stop_component("scheduler")  # SIGTERM, as a systemd restart or a redeploy does
     assert not dep.procs["scheduler"].alive()
     time.sleep(5)
@@ -122,15 +135,16 @@ def test_one_run_per_host_across_workers_and_scheduler_restart(env: Env) -> None
     states = dep.wait_runs(SM, list(runs.values()), timeout_s=420)
     assert set(states.values()) == {"success"}, states
 
-    spans = {k: server_span(dep, r) for k, r in runs.items()}
+    spans = {k: server_spans(dep, r) for k, r in runs.items()}
     for key, worker in (("a", "worker1"), ("b", "worker2")):
         assert _tis(dep, runs[key])[("setup_server", -1)]["queue"] == worker
-    (a0, a1), (b0, b1), (c0, c1) = spans["a"], spans["b"], spans["c"]
-    assert a1 <= b0 or b1 <= a0, f"same-host runs overlapped: {spans}"
-    assert (c0 < a1 and a0 < c1) or (c0 < b1 and b0 < c1), (
-        f"other-host run did not overlap: {spans}"
+    outer = {k: v[0] for k, v in spans.items()}
+    inner = {k: v[1] for k, v in spans.items()}
+    assert not _overlap(outer["a"], outer["b"]), f"same-host runs overlapped: {outer}"
+    assert _overlap(inner["c"], inner["a"]) or _overlap(inner["c"], inner["b"]), (
+        f"the other host's run did not overlap: {inner}"
     )
-    print({k: (s.isoformat(), e.isoformat()) for k, (s, e) in spans.items()})
+    print({k: [t.isoformat() for t in v] for k, v in outer.items()})
 
 
 def test_worker_killed_mid_decode_cell(env: Env) -> None:
