@@ -201,12 +201,15 @@ class Deployment:
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             # Test-speed knobs (a production file keeps Airflow's defaults): parse new DAG
-            # files within seconds, notice a dead scheduler or a silent task within ~30 s.
+            # files within seconds, notice a dead scheduler or a silent task within a minute.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "15",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "30",
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "10",
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+            # A busy machine must not turn slow imports into import errors.
+            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
+            "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "180",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             "SPEEDMATRIX_WAREHOUSE": str(self.warehouse),
             "SPEEDMATRIX_DEPLOYMENT_MARKER": self.marker,
@@ -232,7 +235,7 @@ class Deployment:
         path.write_text("\n".join(lines) + "\n")
 
     # ------------------------------------------------------------------ start / stop
-    def start(self, timeout_s: float = 240.0) -> None:
+    def start(self, timeout_s: float = 600.0) -> None:
         """Bring everything up and wait until the API reports all components healthy."""
         for d in (self.airflow_home, self.warehouse, self.logs, self.dags_folder):
             d.mkdir(parents=True, exist_ok=True)
@@ -596,7 +599,7 @@ class Deployment:
             raise DeploymentError(f"{method} {path} -> {r.status_code}: {r.text[:500]}")
         return r.json() if r.content else None
 
-    def wait_dag(self, dag_id: str, timeout_s: float = 120.0, unpause: bool = True) -> dict:
+    def wait_dag(self, dag_id: str, timeout_s: float = 300.0, unpause: bool = True) -> dict:
         """Wait until the dag-processor has serialised `dag_id`; unpause it."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -1,7 +1,8 @@
 """speedmatrix's guarantees under a real Airflow deployment (scheduler + two Celery workers).
 
 One deployment (conftest.py) serves every test here, in file order; each test leaves both
-workers up. On failure, the harness's messages carry the tails of every component's log.
+workers up. The time limits only catch hangs: they are generous because the machine may be
+busy (a 2-core box at load 20 made a 4-task probe run take minutes). On failure, the harness's messages carry the tails of every component's log.
 Run alone: `uv run pytest -m deployment`.
 """
 
@@ -19,7 +20,7 @@ import pytest
 from deploy_env import SSH_CONN_ID, Env
 from deploy_harness import Deployment, free_port
 
-pytestmark = [pytest.mark.deployment, pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.deployment, pytest.mark.integration, pytest.mark.timeout(1500)]
 
 SM = "speed_matrix"
 TINY = "sim/deploy-tiny"
@@ -88,7 +89,7 @@ def test_trivial_dag_runs_on_each_celery_worker(env: Env) -> None:
         w: dep.trigger("deploy_probe", run_id=f"manual__probe-pin-{w}")
         for w in ("worker1", "worker2")
     }
-    states = dep.wait_runs("deploy_probe", list(runs.values()), timeout_s=180)
+    states = dep.wait_runs("deploy_probe", list(runs.values()), timeout_s=600)
     assert set(states.values()) == {"success"}, states
     for worker, run_id in runs.items():
         tis = dep.task_instances("deploy_probe", run_id)
@@ -124,7 +125,7 @@ def test_one_run_per_host_across_workers_and_scheduler_restart(env: Env) -> None
             for r in runs.values()
         )
 
-    dep.wait_for("a server started by one of the runs", a_server_started, timeout_s=240, every_s=2)
+    dep.wait_for("a server started by one of the runs", a_server_started, timeout_s=600, every_s=2)
     in_flight = [r for r in runs.values() if dep.run(SM, r)["state"] == "running"]
     assert in_flight, "every run finished before the scheduler restart: nothing was proven"
     dep.stop_component("scheduler")  # SIGTERM, as a systemd restart or a redeploy does
@@ -132,7 +133,7 @@ def test_one_run_per_host_across_workers_and_scheduler_restart(env: Env) -> None
     time.sleep(5)
     dep.start_component("scheduler")
 
-    states = dep.wait_runs(SM, list(runs.values()), timeout_s=420)
+    states = dep.wait_runs(SM, list(runs.values()), timeout_s=1200)
     assert set(states.values()) == {"success"}, states
 
     spans = {k: server_spans(dep, r) for k, r in runs.items()}
@@ -162,15 +163,15 @@ def test_worker_killed_mid_decode_cell(env: Env) -> None:
         ti = _tis(dep, run_id).get(("decode", 0))
         return bool(ti and ti["state"] == "running")
 
-    dep.wait_for("the decode cell to run", decode_running, timeout_s=240, every_s=1)
+    dep.wait_for("the decode cell to run", decode_running, timeout_s=600, every_s=1)
     time.sleep(6)  # well inside the 20 s window
     assert _port_open(port), "the simulated server should be serving"
     dep.stop_component("worker1", signal.SIGKILL)
     time.sleep(3)
     dep.start_component("worker1")
-    dep.wait_for("worker1 back", lambda: len(dep.celery_workers()) == 2, timeout_s=120, every_s=3)
+    dep.wait_for("worker1 back", lambda: len(dep.celery_workers()) == 2, timeout_s=300, every_s=3)
 
-    states = dep.wait_runs(SM, [run_id], timeout_s=400)
+    states = dep.wait_runs(SM, [run_id], timeout_s=900)
     tis = _tis(dep, run_id)
     assert states[run_id] == "failed", states
     assert tis[("decode", 0)]["state"] == "failed"
@@ -203,7 +204,7 @@ def _runs_by_prefix(dep: Deployment, prefix: str) -> list[dict]:
 def _poll(dep: Deployment, n: int = 1) -> None:
     """Trigger `n` polls of vllm_commit_watch at once and wait until every poll is done."""
     ids = [dep.trigger("vllm_commit_watch") for _ in range(n)]
-    states = dep.wait_runs("vllm_commit_watch", ids, timeout_s=240)
+    states = dep.wait_runs("vllm_commit_watch", ids, timeout_s=600)
     assert set(states.values()) == {"success"}, states
 
 
@@ -253,7 +254,7 @@ def test_nightly_fires_on_its_schedule(env: Env) -> None:
         ]
         return [r for r in runs if r["run_type"] == "scheduled" and r["state"] == "success"]
 
-    fired = dep.wait_for("a scheduled nightly run", scheduled_done, timeout_s=200, every_s=3)
+    fired = dep.wait_for("a scheduled nightly run", scheduled_done, timeout_s=600, every_s=3)
     nightly = _runs_by_prefix(dep, "nightly__")
     assert [r["conf"]["recipe"] for r in nightly] == [TINY], nightly
     # The head when it fired: the commit-watch test moved it from 1 to 4 to 6 commits.
