@@ -16,7 +16,9 @@ def _esc(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render_metrics(engine: Engine, profile: Profile) -> str:
+def render_metrics(engine: Engine, profile: Profile, generation_tokens: int | None = None) -> str:
+    """Prometheus text; `generation_tokens` overrides the engine's count (the server passes the
+    tokens its API layer has handed to clients, see SimServer.tokens_out)."""
     labels = f'engine="0",model_name="{_esc(profile.served_model_name)}"'
     c = engine.counters
     lines: list[str] = []
@@ -66,7 +68,11 @@ def render_metrics(engine: Engine, profile: Profile) -> str:
         metric(name, "gauge", help_text, [(f"{name}{{{labels}}}", value)])
     counters = [
         ("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens),
-        ("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens),
+        (
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            c.generation_tokens if generation_tokens is None else generation_tokens,
+        ),
         (
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",

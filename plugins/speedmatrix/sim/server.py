@@ -194,6 +194,12 @@ class SimServer:
         self.lag = LagMonitor()
         self.step_cpu: deque[float] = deque(maxlen=20_000)
         self.chunks_sent = 0
+        # Output tokens the API layer has handed to clients (written to a stream, or in a
+        # whole response): what /metrics reports as vllm:generation_tokens_total. vLLM counts
+        # in its API-server process as outputs reach the requests' queues; counting at the
+        # write keeps the counter in step with what clients receive (the engine's own count,
+        # a step ahead of delivery, stays in /sim/state counters).
+        self.tokens_out = 0
         self._counter = itertools.count(1)
         self._dirty: list[Request] = []
         self._flush_pending = False
@@ -388,7 +394,7 @@ class SimServer:
         self.sync()
         from speedmatrix.sim.metrics import render_metrics
 
-        text = render_metrics(self.engine, self.profile)
+        text = render_metrics(self.engine, self.profile, generation_tokens=self.tokens_out)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def state(self, request: web.Request) -> web.Response:
@@ -405,6 +411,7 @@ class SimServer:
             "kv_free_blocks": e.pool.free,
             "counters": c.__dict__,
             "chunks_sent": self.chunks_sent,
+            "tokens_out": self.tokens_out,
             "loop_lag": self.lag.summary(),
             "loop_queue_lag": self.lag.queue_summary(),
             "profile": self.profile.name,
@@ -609,6 +616,7 @@ class SimServer:
         while req.state != FINISHED:
             await self._wait(req, req.out)
         text = output_words(req.index, 0, req.out, req.fault_repeat)
+        self.tokens_out += req.out
         usage = {
             "prompt_tokens": req.prompt_len,
             "total_tokens": req.prompt_len + req.out,
@@ -696,6 +704,7 @@ class SimServer:
                     else:
                         choice = f'{{"index":0,"text":{text},"logprobs":null,"finish_reason":{fr},"stop_reason":null}}]'
                     line = head + choice + ("," + usage(n) if continuous else "") + "}\n\n"
+                    self.tokens_out += n - sent
                     await resp.write(line.encode())
                     self.chunks_sent += 1
                     req.chunk_times.append(self.sim_now())
