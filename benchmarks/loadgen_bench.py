@@ -298,7 +298,7 @@ def main() -> None:
     p.add_argument("--scenarios", default="", help="comma-separated indexes (default: all)")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--vllm-python", default="/tmp/scratch/vllmtest/bin/python")
-    p.add_argument("--guidellm", default="/tmp/guidellm-venv/bin/guidellm")
+    p.add_argument("--guidellm", default="/tmp/guidellm-uv/bin/guidellm")
     p.add_argument("--tokenizer", default="/tmp/lgbench/tok")
     p.add_argument("--out", default=str(HERE / "loadgen_bench.json"))
     p.add_argument(

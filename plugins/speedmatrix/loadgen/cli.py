@@ -24,6 +24,17 @@ from .runner import run_cell
 EXIT_NOT_ATTEMPTED = 3
 
 
+class _Help(argparse.HelpFormatter):
+    """Shows a default only where there is one worth reading (not None, not a flag's bool)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "(default" in text or default in (None, True, False, argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def parse_tokens(value: str) -> int:
     """`8192`, `8K` (= 8192) or `512k`; what argparse calls for --context and --max-output."""
     text = value.strip().replace(",", "").replace("_", "")
@@ -67,7 +78,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--api-key-env",
         default="SPEEDMATRIX_API_KEY",
         metavar="NAME",
-        help="environment variable holding the API key (default: %(default)s; unset = no key)",
+        help="environment variable holding the API key (unset or empty = no key)",
     )
     g = p.add_argument_group("prompt")
     g.add_argument(
@@ -80,7 +91,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--run-tag",
         default=None,
-        help="tag starting every prompt (default: random). Give prefill and decode cells of one "
+        help="tag starting every prompt (unset: random). Give prefill and decode cells of one "
         "run the same tag so the prefill warms the decode prompts",
     )
     g.add_argument(
@@ -99,32 +110,32 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     g = p.add_argument_group("timeouts (seconds)")
     g.add_argument(
-        "--connect-timeout", type=_positive_float, default=10.0, help="TCP connect (default 10)"
+        "--connect-timeout", type=_positive_float, default=10.0, help="TCP connect"
     )
     g.add_argument(
         "--first-token-timeout",
         type=_positive_float,
         default=60.0,
-        help="base first-token timeout (default 60) ...",
+        help="base first-token timeout ...",
     )
     g.add_argument(
         "--first-token-per-1k",
         type=_positive_float,
         default=1.0,
         metavar="S",
-        help="... plus S seconds per 1K context tokens and queued prompt (default 1.0)",
+        help="... plus S seconds per 1K context tokens and queued prompt",
     )
     g.add_argument(
         "--stall-timeout",
         type=_positive_float,
         default=60.0,
-        help="longest silence between chunks before a stream fails (default 60)",
+        help="longest silence between chunks before a stream fails",
     )
     g.add_argument(
         "--idle-timeout",
         type=_positive_float,
         default=60.0,
-        help="how long to wait for the server to be idle before and after the cell (default 60)",
+        help="how long to wait for the server to be idle before and after the cell",
     )
     g.add_argument(
         "--time-scale",
@@ -132,7 +143,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=1.0,
         metavar="X",
         help="the server is a simulator running X times faster than the wall clock: "
-        "--duration and every reported time are simulated seconds (default 1)",
+        "--duration and every reported time are simulated seconds",
     )
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="F", help="write the cell record (JSON object) to F")
@@ -141,18 +152,19 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="live progress line on stderr (default: only when stderr is a terminal)",
+        help="live progress line on stderr (unset: only when stderr is a terminal)",
     )
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The prefill and decode subcommands, shared by both entry points."""
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _Help
     p = sub.add_parser(
         "prefill",
         help="one cold request with max_tokens=1: prompt tok/s = prompt tokens / TTFT",
         description="Measure one prefill cell: a single cold prompt of exactly --context tokens "
         "with max_tokens=1. Prints/writes the cell record; exit 0 whenever it was attempted.",
+        formatter_class=fmt,
     )
     _common(p)
     p.set_defaults(func=_run, phase="prefill")
