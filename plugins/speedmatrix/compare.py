@@ -827,3 +827,27 @@ def _write_charts(warehouse: Any, result: ComparisonResult) -> None:
         )
         svg = trend_chart_svg(points, title=f"{name}: {run_id}", ylabel="tok/s")
         warehouse.write_artifact(run_id, f"trend-{name.replace(' ', '-')}.svg", svg)
+
+
+def report_comparison(
+    warehouse: Any, run_id: str
+) -> tuple[tuple[dict[str, Any], list[dict[str, Any]]] | None, str]:
+    """What the report task shows of the comparison: the baseline `(run, cells)` for
+    render_markdown / render_html (their "Change against baseline" section and diff heat map)
+    and this module's verdict section in Markdown; `(None, "")` without a baseline.
+
+    A comparison that cannot be made is logged, not raised: the report must still be written,
+    and the `regressions` task that follows raises the same error where it belongs."""
+    import logging
+
+    try:
+        result = compare_in_warehouse(warehouse, run_id)
+        if result.baseline is None:
+            return None, ""
+        _, base_cells, _ = warehouse.read_run(result.baseline["run_id"])
+    except Exception as exc:
+        logging.getLogger(__name__).warning("no comparison in the report of %s: %s", run_id, exc)
+        return None, ""
+    return (result.baseline, base_cells), comparison_markdown(
+        result.rows, result.run, result.baseline
+    )

@@ -719,13 +719,19 @@ def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str,
 
 def report(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> dict[str, str]:
     """Render the landed run (md + html) next to it in the warehouse; log where."""
+    from speedmatrix.compare import report_comparison
     from speedmatrix.report.render import render_html, render_markdown
 
     wh = warehouse_of(resolved)
     run, cells, _ = wh.read_run(resolved["run_id"])
+    # the baseline the `regressions` task judges against, and its noise-aware verdicts
+    baseline, verdicts = report_comparison(wh, resolved["run_id"])
+    md = render_markdown(run, cells, baseline) + ("\n" + verdicts if verdicts else "")
     paths = {
-        "md": wh.write_artifact(resolved["run_id"], "report.md", render_markdown(run, cells)),
-        "html": wh.write_artifact(resolved["run_id"], "report.html", render_html(run, cells)),
+        "md": wh.write_artifact(resolved["run_id"], "report.md", md),
+        "html": wh.write_artifact(
+            resolved["run_id"], "report.html", render_html(run, cells, baseline)
+        ),
     }
     log.info("report: %s (html: %s)", paths["md"], paths["html"])
     return paths

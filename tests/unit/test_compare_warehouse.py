@@ -186,3 +186,17 @@ def test_trend_command(wh, capsys, tmp_path):
     assert "<svg" in chart.read_text()
     assert main(["trend", "--recipe", "sim/none", "--cell", "64Kx2", "--warehouse", wh.root]) == 2
     assert main(["trend", "--recipe", "sim/wh-test", "--cell", "64K", "--warehouse", wh.root]) == 2
+
+
+def test_report_comparison_gives_the_report_its_baseline_and_verdicts(wh):
+    from speedmatrix.compare import report_comparison
+    from speedmatrix.report.render import render_html, render_markdown
+
+    baseline, section = report_comparison(wh, "r2")
+    assert baseline[0]["run_id"] == "r1" and len(baseline[1]) == 4
+    assert section.startswith("## Comparison") and "▼ regression" in section and "64Kx2" in section
+    run, cells, _ = wh.read_run("r2")
+    assert "Change against baseline r1" in render_markdown(run, cells, baseline)
+    assert "r1" in render_html(run, cells, baseline)
+    assert report_comparison(wh, "r0") == (None, "")
+    assert report_comparison(wh, "missing") == (None, "")  # logged, not raised
