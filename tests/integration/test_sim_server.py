@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,21 @@ def test_stream_chunks_usage_and_ground_truth(sim):
     assert gt["token_times"] == sorted(gt["token_times"])
 
 
+def test_request_ids_are_reusable_once_finished_not_while_running(sim):
+    first = post(sim, "/v1/completions", body(max_tokens=2), headers={"X-Request-Id": "again"})
+    second = post(sim, "/v1/completions", body(max_tokens=3), headers={"X-Request-Id": "again"})
+    assert first.status_code == second.status_code == 200
+    gt = requests.get(sim + "/sim/requests/cmpl-again", timeout=5).json()
+    assert gt["output_tokens"] == 3  # ground truth of the latest request with that id
+    payload = body(max_tokens=1000, **STREAM)
+    running = post(sim, "/v1/completions", payload, stream=True, headers={"X-Request-Id": "busy"})
+    lines = running.iter_lines()  # keep the generator: dropping it closes the connection
+    next(lines)
+    clash = post(sim, "/v1/completions", body(), headers={"X-Request-Id": "busy"})
+    assert clash.status_code == 400 and "already running" in clash.json()["error"]["message"]
+    running.close()
+
+
 def test_stream_without_usage_options_has_no_usage(sim):
     r = post(sim, "/v1/completions", body(max_tokens=3, stream=True), stream=True)
     events = sse(r)
@@ -275,6 +291,14 @@ def test_faults_500_short_output_disconnect_queue_and_dead_engine():
         assert requests.get(url + "/health", timeout=5).status_code == 503
         dead = post(url, "/v1/completions", body())
         assert dead.status_code == 500 and dead.json()["error"]["type"] == "EngineDeadError"
+        # A whole (non-streamed) response still waiting when the engine dies gets a 500 too.
+        url.call(lambda s: s.set_faults({}))
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(post, url, "/v1/completions", body(max_tokens=1000))
+            time.sleep(0.3)
+            url.call(lambda s: s.set_faults({"engine_dead": True}))
+            late = waiting.result(timeout=20)
+        assert late.status_code == 500 and late.json()["error"]["type"] == "EngineDeadError"
 
 
 def test_spec_decode_chunks_carry_several_tokens():

@@ -273,6 +273,7 @@ class Engine:
             req.target = req.max_tokens
         if self.k:
             req.rng = random.Random(self.profile.spec_decode.seed * 1_000_003 + req.index)
+        self.finished.pop(req.rid, None)  # an id reused after the earlier one finished
         self.live[req.rid] = req
         self._n_frontend += 1
         delay = self.profile.frontend_delay(req.plen, 1)

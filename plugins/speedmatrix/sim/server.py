@@ -542,8 +542,8 @@ class SimServer:
             raise ApiError(500, "Internal server error (simulated fault)", "InternalServerError")
         xrid = request.headers.get("X-Request-Id")
         rid = f"{prefix}-{xrid}" if xrid else f"{prefix}-{uuid.uuid4().hex}"
-        if self.engine.get(rid) is not None:
-            raise ApiError(400, f"request id {rid} is already in use", param="X-Request-Id")
+        if rid in self.engine.live:  # as vLLM: an id may be reused, not while in flight
+            raise ApiError(400, f"Request id {rid} already running.", param="X-Request-Id")
         target, reason = max_tokens, "length"
         room = p.max_model_len - len(ids)
         if target > room:  # vLLM shortens silently what would pass max-model-len
@@ -613,8 +613,11 @@ class SimServer:
 
     async def _whole(self, req: Request, chat: bool, headers) -> web.Response:
         self._streams.add(req)
-        while req.state != FINISHED:
-            await self._wait(req, req.out)
+        try:
+            while req.state != FINISHED:
+                await self._wait(req, req.out)
+        except ConnectionAbortedError as exc:  # engine_dead while waiting
+            raise ApiError(500, "EngineCore encountered an issue.", "EngineDeadError") from exc
         text = output_words(req.index, 0, req.out, req.fault_repeat)
         self.tokens_out += req.out
         usage = {
