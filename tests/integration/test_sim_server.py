@@ -327,10 +327,11 @@ def test_spec_decode_chunks_carry_several_tokens():
 
 
 def test_time_scale_wall_times_are_simulated_times_divided_by_the_scale():
-    scale = 20.0
+    scale = 10.0
     with run_in_thread(PROFILE, time_scale=scale) as url:
-        # 1,500 tokens x 4 ms = 6 s simulated = 0.3 s wall: long against client jitter.
-        payload = body(max_tokens=1500, min_tokens=1500, ignore_eos=True, **STREAM)
+        # 1,900 tokens x 4 ms = 7.6 s simulated = 0.76 s wall: long against client jitter
+        # (this shared 2-core machine is often saturated by other work).
+        payload = body(max_tokens=1900, min_tokens=1900, ignore_eos=True, **STREAM)
         t0 = time.perf_counter()
         r = post(url, "/v1/completions", payload, stream=True, headers={"X-Request-Id": "ts"})
         stamps = []
@@ -338,15 +339,18 @@ def test_time_scale_wall_times_are_simulated_times_divided_by_the_scale():
             if line.startswith(b"data: {") and b'"choices":[{' in line:
                 stamps.append(time.perf_counter())
         gt = requests.get(url + "/sim/requests/cmpl-ts", timeout=5).json()
-        assert r.headers["X-Sim-Time-Scale"] == "20"
+        assert r.headers["X-Sim-Time-Scale"] == "10"
         created = requests.post(url + "/v1/completions", json=body(max_tokens=1), timeout=5)
-        # `created` is on the simulated clock: start time + simulated seconds (20x wall).
+        # `created` is on the simulated clock: start time + simulated seconds (10x wall).
         assert created.json()["created"] >= int(time.time())
     sim_span = gt["token_times"][-1] - gt["token_times"][0]
     wall_span = stamps[-1] - stamps[0]
     assert wall_span * scale == pytest.approx(sim_span, rel=0.15)
     assert gt["tbt_s"] == pytest.approx(PROFILE["decode"]["base_s"], rel=0.01)
-    assert (stamps[0] - t0) * scale == pytest.approx(gt["ttft_s"], abs=0.05 * scale)
+    # The client's first token comes after the simulated one (causality) and, scaled, within
+    # 250 ms of wall clock of it (the client's own delays are multiplied by the scale too).
+    client_ttft = (stamps[0] - t0) * scale
+    assert gt["ttft_s"] - 0.01 * scale <= client_ttft <= gt["ttft_s"] + 0.25 * scale
 
 
 def _free_port() -> int:
