@@ -247,7 +247,9 @@ def speed_matrix():
         regression, naming the cells, the baseline and the commits between them."""
         from speedmatrix.compare import regressions_check
 
-        return regressions_check(pipeline.warehouse_of(resolved), landed["run_id"])
+        return regressions_check(
+            pipeline.warehouse_of(resolved), landed["run_id"], fetch_commits=True
+        )
 
     resolved = resolve()
     lease = wait_for_host(resolved)

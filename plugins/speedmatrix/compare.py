@@ -769,10 +769,15 @@ def regressions_check(
     baseline_ref: str | None = None,
     commits: Sequence[str] | None = None,
     threshold: float | Mapping[str, float] | None = None,
+    fetch_commits: bool = False,
 ) -> dict[str, Any]:
     """The `regressions` task: compare, land `comparisons` + `noise` and the markdown section
     as artifact comparison.md, then raise RegressionError (naming cells, baseline and
-    commits) when any verdict is a regression. Returns counts for XCom otherwise."""
+    commits) when any verdict is a regression. Returns counts for XCom otherwise.
+
+    `fetch_commits`: when regressions were found and `commits` is not given, list the commits
+    between the two engine commits from GitHub's compare API (best effort: on any error the
+    summary keeps the compare URL only)."""
     result = compare_in_warehouse(warehouse, run_id, baseline_ref=baseline_ref, threshold=threshold)
     if result.noise:
         from speedmatrix.noise import noise_table
@@ -785,6 +790,8 @@ def regressions_check(
         run_id, "comparison.md", comparison_markdown(result.rows, result.run, result.baseline)
     )
     _write_charts(warehouse, result)
+    if fetch_commits and commits is None and regressions(result.rows):
+        commits = _fetch_commits(result.baseline, result.run)
     raise_on_regressions(result.rows, result.run, result.baseline, commits)
     return {
         "run_id": run_id,
@@ -851,3 +858,21 @@ def report_comparison(
     return (result.baseline, base_cells), comparison_markdown(
         result.rows, result.run, result.baseline
     )
+
+
+def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str] | None:
+    """Commits after the baseline's engine commit up to the run's, or None when unknown."""
+    import logging
+
+    from speedmatrix.bisect import commits_between
+
+    a, b = baseline.get("engine_commit"), run.get("engine_commit")
+    repo = str(run.get("engine_repository") or baseline.get("engine_repository") or "")
+    if not a or not b or a == b or "github.com/" not in repo:
+        return None
+    path = repo.split("github.com/", 1)[1].removesuffix(".git").strip("/")
+    try:
+        return commits_between(path, str(a), str(b))
+    except Exception as exc:  # network, rate limit, unknown commit: the URL still names them
+        logging.getLogger(__name__).warning("could not list commits %s...%s: %s", a, b, exc)
+        return None

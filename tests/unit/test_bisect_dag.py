@@ -166,3 +166,37 @@ def test_the_dag_file_imports_with_unrolled_steps():
     assert dag.get_task("choose_4").upstream_task_ids == {"judge_3"}
     assert {"prepare", f"judge_{MAX_STEPS - 1}"} <= dag.get_task("conclude").upstream_task_ids
     assert set(dag.params) >= {"recipe", "good", "bad", "cells", "commits"}
+
+
+def test_commits_between_reads_the_compare_api(monkeypatch):
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from speedmatrix.bisect import commits_between
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            body = json.dumps({"commits": [{"sha": c} for c in COMMITS[:3]]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert commits_between("vllm-project/vllm", GOOD, COMMITS[2], api_url=url) == COMMITS[:3]
+        assert seen == [f"/repos/vllm-project/vllm/compare/{GOOD}...{COMMITS[2]}"]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -200,3 +200,27 @@ def test_report_comparison_gives_the_report_its_baseline_and_verdicts(wh):
     assert "r1" in render_html(run, cells, baseline)
     assert report_comparison(wh, "r0") == (None, "")
     assert report_comparison(wh, "missing") == (None, "")  # logged, not raised
+
+
+def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
+    import speedmatrix.bisect
+
+    calls = []
+
+    def fake(repo, a, b, api_url=None):
+        calls.append((repo, a, b))
+        return ["d" * 40, "b" * 40]
+
+    monkeypatch.setattr(speedmatrix.bisect, "commits_between", fake)
+    with pytest.raises(RegressionError) as err:
+        regressions_check(wh, "r2", fetch_commits=True)
+    assert calls == [("vllm-project/vllm", "a" * 40, "b" * 40)]
+    assert "commits between (2): dddddddddddd, bbbbbbbbbbbb" in str(err.value)
+
+    def broken(*args, **kwargs):
+        raise OSError("no network")
+
+    monkeypatch.setattr(speedmatrix.bisect, "commits_between", broken)
+    with pytest.raises(RegressionError) as err:
+        regressions_check(wh, "r2", fetch_commits=True)
+    assert "commits between" not in str(err.value) and "/compare/" in str(err.value)
