@@ -282,7 +282,9 @@ def test_faults_500_short_output_disconnect_queue_and_dead_engine():
             post(url, "/v1/completions", body(max_tokens=400, **STREAM), stream=True)
             for _ in range(3)
         ]
-        time.sleep(0.2)
+        deadline = time.time() + 10
+        while metric(url, "vllm:num_requests_waiting") < 2 and time.time() < deadline:
+            time.sleep(0.05)
         assert metric(url, "vllm:num_requests_waiting") == 2
         assert metric(url, "vllm:num_requests_running") == 1
         for s in streams:
