@@ -1,0 +1,74 @@
+"""The status verdicts of a decode cell (measurement.md rules 6-8), decided on set inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedmatrix.loadgen.config import DecodeConfig
+from speedmatrix.loadgen.decode import _DecodeCell
+from speedmatrix.loadgen.stream import Request
+
+
+def cell(**cfg: object) -> _DecodeCell:
+    config = DecodeConfig(base_url="http://127.0.0.1:1", model="m", context=100, concurrency=4,
+                          **cfg)  # type: ignore[arg-type]  # fmt: skip
+    c = _DecodeCell(config, None, None, None)  # type: ignore[arg-type]
+    c.cell.update(output_tokens=10_000, server_generation_tokens=10_000, tokens_per_chunk=1.0)
+    return c
+
+
+def test_a_clean_cell_is_valid() -> None:
+    assert cell()._judge(True) == ("valid", None)
+
+
+def test_saturated_client_loop_makes_it_invalid() -> None:
+    c = cell()
+    c.monitor.lags = [0.001] * 80 + [0.030] * 20  # p90 above 10 ms
+    status, reason = c._judge(True)
+    assert status == "invalid" and "client saturated: event-loop lag p90" in reason
+    c.monitor.lags = [0.001] * 95 + [0.200] * 5  # a few spikes: p90 still fine
+    assert c._judge(True)[0] == "valid"
+
+
+def test_saturated_client_cpu_makes_it_invalid() -> None:
+    c = cell()
+    c.monitor.cpu_s, c.monitor.wall_s = 0.95, 1.0
+    c.cell["client_cpu_pct"] = c.monitor.cpu_pct
+    status, reason = c._judge(True)
+    assert status == "invalid" and "95% CPU" in reason
+
+
+@pytest.mark.parametrize(("server", "verdict"), [(10_050, "valid"), (10_200, "invalid")])
+def test_counter_cross_check(server: int, verdict: str) -> None:
+    c = cell()
+    c.cell["server_generation_tokens"] = server
+    status, reason = c._judge(True)
+    assert status == verdict
+    if verdict == "invalid":
+        assert "client counted 10000 output tokens, server 10200" in reason
+
+
+def test_queueing_preemption_and_prompt_mismatch_are_named() -> None:
+    c = cell()
+    c.cell.update(server_max_waiting=3.0, server_preemptions=2)
+    status, reason = c._judge(False)
+    assert status == "invalid"
+    assert "queued" in reason and "2 preemptions" in reason and "prompt tokens" in reason
+
+
+def test_repetition_loops_over_the_allowed_fraction() -> None:
+    c = cell()
+    for i in range(4):
+        r = Request(i, i, 10, keep_text=True)
+        r.text_parts = ["the same words " * 40] if i < 2 else [f"w{j} " for j in range(300)]
+        c.requests.append(r)
+    status, reason = c._judge(True)
+    assert status == "invalid" and "repetition loop in 2 of 4 outputs" in reason
+    assert cell(repetition_check=False)._judge(True)[0] == "valid"
+
+
+def test_failure_wins_over_everything() -> None:
+    c = cell()
+    c.failed_requests = 3
+    c._fail("HTTP 500: boom")
+    assert c._judge(True) == ("failed", "HTTP 500: boom (3 failed requests)")
