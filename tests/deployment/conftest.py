@@ -83,8 +83,11 @@ def env() -> Iterator[Env]:
             "SPEEDMATRIX_RECIPES": str(recipes),
             "SPEEDMATRIX_GITHUB_API_URL": github.base_url,
             "SPEEDMATRIX_API_KEY": "sk-deployment-test",
-            # A killed worker's run gives its host back within a minute, not 15.
-            "SPEEDMATRIX_LEASE_TTL_S": "60",
+            # The host lease keeps its default TTL (900 s): the lease is renewed while a task
+            # works, not between tasks, so a TTL shorter than the longest gap between two
+            # tasks of a run (a scheduler restart on a busy machine took > 60 s) lets a
+            # second run take the host. Seen here with 60 s; setup then refused to start a
+            # second server ("a previous server of ours is still alive").
             f"AIRFLOW_CONN_{SSH_CONN_ID.upper()}": json.dumps(conn),
         },
     )
