@@ -93,3 +93,11 @@ def test_calibration_is_not_a_lookup_table():
     assert tbt == sorted(tbt)
     by_ctx = [predict_decode(profile, ctx, 1, window_s=3.0)["tbt_ms"] for ctx in (12000, 24000)]
     assert 18.2 < by_ctx[0] < by_ctx[1] < 20.5
+
+
+def test_predict_cli_checks_a_profile_against_a_report(capsys):
+    assert main(["sim", "predict", str(REPORT), "--profile", str(PROFILE)]) == 0
+    out = capsys.readouterr().out
+    assert "BAD" not in out and out.count("\n") == 55 + 7 * 2 + 16 * 4
+    # With zero tolerance every residual (up to 1.8%) is flagged, and the exit code says so.
+    assert main(["sim", "predict", str(REPORT), "--profile", str(PROFILE), "--tolerance", "0"]) == 1
