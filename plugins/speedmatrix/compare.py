@@ -528,7 +528,8 @@ def notable(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 def verdict_counts(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     counts = dict.fromkeys(VERDICTS, 0)
     for r in rows:
-        counts[r.get("verdict", "not_comparable")] = counts.get(r.get("verdict"), 0) + 1
+        verdict = r.get("verdict") or "not_comparable"
+        counts[verdict] = counts.get(verdict, 0) + 1
     return counts
 
 
