@@ -51,6 +51,11 @@ def main() -> None:
             traceback.print_exc()
             out = {"error": f"{type(exc).__name__}: {exc}"}
         answers.write(json.dumps(out) + "\n")
+    answers.flush()
+    sys.stderr.flush()
+    # stdin closed: the test is done. Airflow's in-process API threads would keep a normal
+    # exit waiting; nothing is left to write, so leave at once.
+    os._exit(0)
 
 
 if __name__ == "__main__":
