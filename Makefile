@@ -32,9 +32,11 @@ test-deps:
 		echo "installing redis-server and postgresql (tests/deployment run a private Airflow deployment)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server postgresql >/dev/null; }
 
+# pytest first, then ruff: a lint slip must not hide the test results, and both must pass.
 test: venv test-deps
-	$(UV) run --frozen ruff check .
-	$(UV) run --frozen pytest $(PYTEST_ARGS)
+	@rc=0; $(UV) run --frozen pytest $(PYTEST_ARGS) || rc=$$?; \
+	$(UV) run --frozen ruff check . || { [ $$rc -ne 0 ] || rc=1; }; \
+	exit $$rc
 
 test-fast: venv
 	$(UV) run --frozen pytest -m "not integration" $(PYTEST_ARGS)
