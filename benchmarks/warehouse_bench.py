@@ -51,8 +51,8 @@ QUERIES = {
         FROM cells c
         JOIN runs r USING (run_id)
         WHERE c.recipe_id = 'bench/hw1/model-07' AND r.recipe_id = 'bench/hw1/model-07'
-          AND c.run_date BETWEEN DATE '2025-01-01' AND DATE '2025-12-31'
-          AND r.run_date BETWEEN DATE '2025-01-01' AND DATE '2025-12-31'
+          AND c.run_month BETWEEN '2025-01' AND '2025-12'
+          AND r.run_month BETWEEN '2025-01' AND '2025-12'
           AND r.trigger = 'nightly'
           AND c.phase = 'decode' AND c.context_label = '32K' AND c.concurrency = 4
         ORDER BY r.started_at
@@ -78,7 +78,8 @@ QUERIES = {
         SELECT r.recipe_id, r.engine_version, c.context_label, c.concurrency, c.total_tok_s
         FROM cells c
         JOIN runs r USING (run_id)
-        WHERE c.run_date = DATE '2025-03-14' AND r.run_date = DATE '2025-03-14'
+        WHERE c.run_month = '2025-03' AND r.run_month = '2025-03'
+          AND c.run_date = DATE '2025-03-14' AND r.run_date = DATE '2025-03-14'
           AND c.phase = 'decode' AND c.status = 'valid'
         ORDER BY r.recipe_id, c.context_tokens, c.concurrency
     """,
@@ -209,6 +210,7 @@ def _generate_recipe(args: tuple[str, int]) -> int:
                 for col in ("total_tok_s", "per_request_tok_s"):
                     t = put(t, col, pa.compute.multiply(t.column(col), jitter))
             t = put(t, "run_date", pa.array([day] * n, pa.date32()))
+            t = put(t, "run_month", pa.array([W.run_month_of(day)] * n))
             path = wh.file_path(table, rid, recipe, day)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             W.write_parquet(W.without_partition_columns(t), path, wh.fs)

@@ -2,24 +2,30 @@
 
 Layout (``<root>`` is a local path or any URI pyarrow's filesystems open, e.g. ``s3://bucket/wh``)::
 
-    <root>/runs/recipe_id=<recipe>/run_date=<YYYY-MM-DD>/<run_id>.parquet      one row
-    <root>/cells/recipe_id=<recipe>/run_date=<YYYY-MM-DD>/<run_id>.parquet     one row per cell
-    <root>/requests/recipe_id=<recipe>/run_date=<YYYY-MM-DD>/<run_id>.parquet  one row per request
+    <root>/runs/recipe_id=<recipe>/run_month=<YYYY-MM>/<run_id>.parquet      one row
+    <root>/cells/recipe_id=<recipe>/run_month=<YYYY-MM>/<run_id>.parquet     one row per cell
+    <root>/requests/recipe_id=<recipe>/run_month=<YYYY-MM>/<run_id>.parquet  one row per request
     <root>/artifacts/<run_id>/<name>               report.md, report.html, charts, GX results
     <root>/_quarantine/<table>/<run_id>/rows.jsonl + result.json   rows that failed validation
     <root>/_staging/<txn>/                          landings in progress (never read by queries)
 
 Why this layout: the three questions analysts ask are "one cell of one recipe across a year of
-nightly runs" (prunes to one ``recipe_id=`` directory), "one run's whole matrix" (one file, its
-name is the run id) and "every recipe on one date" (prunes to one ``run_date=`` directory per
-recipe). Hive-style directories are understood by DuckDB, pyarrow, pandas and Polars without
-this package. The partition columns ``recipe_id`` and ``run_date`` live in the directory names
-only, as the hive convention has it (stored in the files too, pandas' and pyarrow's discovery
-refuse the clash of a string column with a dictionary-typed partition field). ``recipe_id`` is URL-encoded in the directory name (``cpu%2Ftiny%2Fllama-tiny``;
-the readers decode it). Partition values are never null (pandas cannot read null hive
-partitions): ``recipe_id`` is required to land a run (ingested pages get a derived
-``published/<hardware>/<model>`` id) and ``run_date`` is the UTC date of ``started_at`` (else
-``finished_at``, else, for an ingested page that has no date, the day it was landed).
+nightly runs" (prunes to one ``recipe_id=`` directory and twelve ``run_month=`` ones), "one
+run's whole matrix" (one file, its name is the run id) and "every recipe on one date" (prunes
+to one ``run_month=`` directory per recipe; ``run_date``, a column in every file, then skips
+the other days by the Parquet statistics). Months, not days: every reader lists the
+directories before it prunes, and 22,000 one-file day directories (three years of nightly
+runs for 20 recipes) cost DuckDB seconds to list where 720 month directories cost little
+(benchmarks/README.md). Hive-style directories are understood by DuckDB, pyarrow, pandas and
+Polars without this package. The partition columns ``recipe_id`` and ``run_month`` live in
+the directory names only, as the hive convention has it (stored in the files too, pandas' and
+pyarrow's discovery refuse the clash of a string column with a dictionary-typed partition
+field). ``recipe_id`` is URL-encoded in the directory name (``cpu%2Ftiny%2Fllama-tiny``; the
+readers decode it). Partition values are never null (pandas cannot read null hive partitions):
+``recipe_id`` is required to land a run (ingested pages get a derived
+``published/<hardware>/<model>`` id); ``run_date`` is the UTC date of ``started_at`` (else
+``finished_at``, else, for an ingested page that has no date, the day it was landed) and
+``run_month`` its ``YYYY-MM``.
 Exactly one file per table per run (the requests file is skipped when a run has no requests):
 the file count grows by at most three per run, never with the number of cells.
 
@@ -86,7 +92,7 @@ SCHEMA_VERSION = 1
 """Bumped when a table's columns change; stored in every row (``schema_version``)."""
 
 TABLES = ("runs", "cells", "requests")
-PARTITION_KEYS = ("recipe_id", "run_date")
+PARTITION_KEYS = ("recipe_id", "run_month")
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 RUN_STATUSES = ("success", "failed", "partial")
 STAGING = "_staging"
@@ -113,15 +119,23 @@ def _field(f: Field) -> pa.Field:
 
 
 _RUN_ID = Field("run_id", "str", False, "the run this row belongs to")
-_RECIPE = Field("recipe_id", "str", True, "partition key: the run's recipe (null when ingested)")
+_RECIPE = Field("recipe_id", "str", False, "partition key: the run's recipe")
 _SCHEMA_VERSION = pa.field(
     "schema_version", pa.int32(), nullable=False, metadata={"doc": "table schema version"}
 )
 _RUN_DATE = pa.field(
     "run_date",
     pa.date32(),
-    nullable=True,
-    metadata={"doc": "partition key: UTC date of the run's started_at (null when unknown)"},
+    nullable=False,
+    metadata={
+        "doc": "UTC date of the run's started_at (else finished_at, else the day it was landed)"
+    },
+)
+_RUN_MONTH = pa.field(
+    "run_month",
+    pa.string(),
+    nullable=False,
+    metadata={"doc": "partition key: run_date's YYYY-MM"},
 )
 _LANDED_AT = pa.field(
     "landed_at",
@@ -131,7 +145,7 @@ _LANDED_AT = pa.field(
 )
 
 RUNS_SCHEMA = pa.schema(
-    [*(_field(f) for f in RUN_FIELDS), _RUN_DATE, _LANDED_AT, _SCHEMA_VERSION],
+    [*(_field(f) for f in RUN_FIELDS), _RUN_DATE, _RUN_MONTH, _LANDED_AT, _SCHEMA_VERSION],
     metadata={"table": "runs", "schema_version": str(SCHEMA_VERSION)},
 )
 CELLS_SCHEMA = pa.schema(
@@ -140,6 +154,7 @@ CELLS_SCHEMA = pa.schema(
         *(_field(f) for f in CELL_FIELDS),
         _field(_RECIPE),
         _RUN_DATE,
+        _RUN_MONTH,
         _SCHEMA_VERSION,
     ],
     metadata={"table": "cells", "schema_version": str(SCHEMA_VERSION)},
@@ -150,6 +165,7 @@ REQUESTS_SCHEMA = pa.schema(
         *(_field(f) for f in REQUEST_FIELDS),
         _field(_RECIPE),
         _RUN_DATE,
+        _RUN_MONTH,
         _SCHEMA_VERSION,
     ],
     metadata={"table": "requests", "schema_version": str(SCHEMA_VERSION)},
@@ -160,12 +176,12 @@ SCHEMAS: dict[str, pa.Schema] = {
     "requests": REQUESTS_SCHEMA,
 }
 # Columns the warehouse fills itself (callers may pass them back from read_run; overwritten).
-_DERIVED = {"run_id", "recipe_id", "run_date", "schema_version", "landed_at"}
+_DERIVED = {"run_id", "recipe_id", "run_date", "run_month", "schema_version", "landed_at"}
 _KEYS = {
     "cells": ("phase", "context_tokens", "concurrency"),
     "requests": ("phase", "context_tokens", "concurrency", "request_index"),
 }
-_HIVE_TYPES = "{'recipe_id': VARCHAR, 'run_date': DATE}"
+_HIVE_TYPES = "{'recipe_id': VARCHAR, 'run_month': VARCHAR}"
 
 
 def default_root() -> str:
@@ -189,19 +205,27 @@ def partition_value(value: Any) -> str:
 
 
 def partition_of(path: str) -> dict[str, Any]:
-    """``…/recipe_id=cpu%2Ftiny/run_date=2026-03-14/x.parquet`` -> the decoded partition values."""
+    """``…/recipe_id=cpu%2Ftiny/run_month=2026-03/x.parquet`` -> the decoded partition values."""
     out: dict[str, Any] = {}
     for segment in path.replace("\\", "/").split("/")[-3:-1]:
         key, sep, raw = segment.partition("=")
         if not sep or key not in PARTITION_KEYS:
             continue
-        if raw == NULL_PARTITION:
-            out[key] = None
-        elif key == "run_date":
-            out[key] = dt.date.fromisoformat(raw)
-        else:
-            out[key] = urllib.parse.unquote(raw)
+        out[key] = None if raw == NULL_PARTITION else urllib.parse.unquote(raw)
     return out
+
+
+def run_month_of(run_date: dt.date) -> str:
+    return f"{run_date.year:04d}-{run_date.month:02d}"
+
+
+def partition_dirs(recipe_id: str, run_date: dt.date) -> str:
+    """``recipe_id=<encoded>/run_month=<YYYY-MM>``: where a run's files go in every table
+    (also for tables other code lands beside runs / cells / requests)."""
+    return (
+        f"recipe_id={partition_value(recipe_id)}/"
+        f"run_month={partition_value(run_month_of(run_date))}"
+    )
 
 
 def file_name(run_id: str) -> str:
@@ -390,16 +414,9 @@ class Warehouse:
     def table_dir(self, table: str) -> str:
         return self._join(table)
 
-    def file_path(
-        self, table: str, run_id: str, recipe_id: str | None, run_date: dt.date | None
-    ) -> str:
+    def file_path(self, table: str, run_id: str, recipe_id: str, run_date: dt.date) -> str:
         """Where a run's file of ``table`` lives."""
-        return self._join(
-            table,
-            f"recipe_id={partition_value(recipe_id)}",
-            f"run_date={partition_value(run_date)}",
-            file_name(run_id),
-        )
+        return self._join(table, partition_dirs(recipe_id, run_date), file_name(run_id))
 
     def _uri(self, path: str) -> str:
         if self.is_local:
@@ -461,7 +478,7 @@ class Warehouse:
 
         With ``recipe_id`` only that recipe's partition is searched (about a thousand
         directories for three years of nightly runs: what land_run does, a run id belongs to
-        one recipe). Without it the runs table is searched (every ``run_date=`` directory) and
+        one recipe). Without it the runs table is searched (every ``run_month=`` directory) and
         the cells / requests files are those next to the runs file, in the same partition:
         landing and deleting keep the three together (a landing interrupted between its
         renames is completed by :meth:`recover` first)."""
@@ -501,11 +518,18 @@ class Warehouse:
             )
         landed_at = dt.datetime.now(dt.UTC)
         run_date = run_date_of(run) or landed_at.date()
-        fixed_run = {"run_date": run_date, "landed_at": landed_at, "schema_version": SCHEMA_VERSION}
+        run_month = run_month_of(run_date)
+        fixed_run = {
+            "run_date": run_date,
+            "run_month": run_month,
+            "landed_at": landed_at,
+            "schema_version": SCHEMA_VERSION,
+        }
         fixed = {
             "run_id": run_id,
             "recipe_id": recipe_id,
             "run_date": run_date,
+            "run_month": run_month,
             "schema_version": SCHEMA_VERSION,
         }
         return {
@@ -518,7 +542,7 @@ class Warehouse:
         """Land one run atomically and idempotently (see the module docstring).
 
         ``run``: RUN_FIELDS keys (run_id required); ``cells``: CELL_FIELDS keys; ``requests``:
-        REQUEST_FIELDS keys. run_id / recipe_id / run_date / schema_version of cells and
+        REQUEST_FIELDS keys. run_id / recipe_id / run_date / run_month / schema_version of cells and
         requests are filled in. Raises WarehouseError (a ValueError) naming the table, row and
         column on rows that do not fit: then nothing is written."""
         tables = self.build_tables(run, cells, requests)
@@ -633,7 +657,7 @@ class Warehouse:
         self, run_id: str, recipe_id: str | None = None
     ) -> tuple[dict, list[dict], list[dict]]:
         """``(run, cells, requests)`` of one landed run, as dicts keyed by column name (the
-        records.py fields plus run_id, recipe_id, run_date, schema_version; landed_at on the
+        records.py fields plus run_id, recipe_id, run_date, run_month, schema_version; landed_at on the
         run), cells and requests in the order they were landed. Timestamps are timezone-aware
         UTC datetimes, missing values None. KeyError if the run is not in the warehouse.
         ``recipe_id``, when known, makes the look-up cheaper (one recipe's partition)."""
@@ -692,7 +716,7 @@ class Warehouse:
             else:
                 partitioning = ds.HivePartitioning(
                     pa.schema(
-                        [pa.field("recipe_id", pa.string()), pa.field("run_date", pa.date32())]
+                        [pa.field("recipe_id", pa.string()), pa.field("run_month", pa.string())]
                     ),
                     segment_encoding="uri",
                 )

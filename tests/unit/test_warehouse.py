@@ -163,7 +163,7 @@ def test_land_and_read_round_trip(tmp_path):
     assert got_requests[0]["finished"] is True and got_requests[1]["window_tokens"] is None
     # one file per table per run, named after the run, in the recipe / date partition
     assert all_files(tmp_path) == [
-        f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_date=2026-03-14/r-1.parquet"
+        f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_month=2026-03/r-1.parquet"
         for t in ("cells", "requests", "runs")
     ]
 
@@ -213,12 +213,14 @@ def test_land_twice_is_idempotent(tmp_path):
 def test_relanding_in_another_partition_replaces(tmp_path):
     wh = Warehouse(tmp_path)
     wh.land_run(make_run(day=14), make_cells(), make_requests())
-    wh.land_run(make_run(day=15), make_cells(), [])
+    april = dt.datetime(2026, 4, 2, 2, tzinfo=dt.UTC)
+    wh.land_run(make_run(started_at=april), make_cells(), [])
     assert all_files(tmp_path) == [
-        f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_date=2026-03-15/r-1.parquet"
+        f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_month=2026-04/r-1.parquet"
         for t in ("cells", "runs")
     ]
-    assert wh.read_run("r-1")[0]["run_date"] == dt.date(2026, 3, 15)
+    assert wh.read_run("r-1")[0]["run_date"] == dt.date(2026, 4, 2)
+    assert wh.read_run("r-1")[0]["run_month"] == "2026-04"
     assert wh.read_run("r-1")[2] == []
 
 
@@ -278,12 +280,15 @@ def snapshot(root):
     return {t: plain_rows(root, t) for t in ("runs", "cells", "requests")}
 
 
-def assert_version(root, scale, n_requests, day=14):
+APRIL = dt.datetime(2026, 4, 2, 2, tzinfo=dt.UTC)  # version 2 lands in another partition
+
+
+def assert_version(root, scale, n_requests, date="2026-03-14"):
     snap = snapshot(root)
     assert len(snap["runs"]) == 1
-    assert snap["runs"]["run_date"].astype(str).tolist() == [f"2026-03-{day}"]
+    assert snap["runs"]["run_date"].astype(str).tolist() == [date]
     assert len(snap["cells"]) == 5
-    assert set(snap["cells"]["run_date"].astype(str)) == {f"2026-03-{day}"}
+    assert set(snap["cells"]["run_date"].astype(str)) == {date}
     assert snap["cells"]["total_tok_s"].max() == pytest.approx(6206.0 * scale)
     assert len(snap["requests"]) == n_requests
 
@@ -304,7 +309,7 @@ def test_failure_at_each_step(tmp_path, step):
 
     wh._fault = fault
     with pytest.raises(Boom):
-        wh.land_run(make_run(day=15), make_cells(scale=2.0), make_requests(1))
+        wh.land_run(make_run(started_at=APRIL), make_cells(scale=2.0), make_requests(1))
     wh._fault = None
     if step in PRE_COMMIT:
         # nothing changed, nothing left behind
@@ -318,7 +323,7 @@ def test_failure_at_each_step(tmp_path, step):
         assert_version(tmp_path, 1.0, 3)
     else:
         assert (cells[0]["total_tok_s"], len(requests)) == (6206.0 * 2, 1)
-        assert_version(tmp_path, 2.0, 1, day=15)
+        assert_version(tmp_path, 2.0, 1, date="2026-04-02")
     assert not any(f.startswith("_staging/") for f in all_files(tmp_path))
 
 
@@ -326,20 +331,22 @@ KILLER = textwrap.dedent(
     """
     import os, signal, sys
     sys.path.insert(0, {tests!r})
-    from test_warehouse import make_run, make_cells, make_requests
+    from test_warehouse import APRIL, make_run, make_cells, make_requests
     from speedmatrix.warehouse import Warehouse
     wh = Warehouse({root!r})
     def fault(at):
         if at == {step!r}:
             os.kill(os.getpid(), signal.SIGKILL)
     wh._fault = fault
-    wh.land_run(make_run(day=15), make_cells(scale=2.0), make_requests(1))
+    wh.land_run(make_run(started_at=APRIL), make_cells(scale=2.0), make_requests(1))
     print("not killed")
     """
 )
 
 
-@pytest.mark.parametrize("step", ["staged:requests", "committed", "moved:cells", "moved:requests"])
+@pytest.mark.parametrize(
+    "step", ["staged:requests", "committed", "moved:cells", "moved:requests", "moved:runs"]
+)
 def test_kill_halfway(tmp_path, step):
     """A landing process SIGKILLed halfway: before the commit point the warehouse is untouched;
     after it, the next user rolls the landing forward. Never half a run, never duplicates."""
@@ -358,11 +365,11 @@ def test_kill_halfway(tmp_path, step):
         assert_version(tmp_path, 1.0, 3)
     else:
         assert (cells[0]["total_tok_s"], len(requests)) == (6206.0 * 2, 1)
-        assert_version(tmp_path, 2.0, 1, day=15)
+        assert_version(tmp_path, 2.0, 1, date="2026-04-02")
         assert not any(f.startswith("_staging/") for f in all_files(tmp_path))
     # and landing again afterwards is clean
-    wh.land_run(make_run(day=15), make_cells(scale=3.0), [])
-    assert_version(tmp_path, 3.0, 0, day=15)
+    wh.land_run(make_run(started_at=APRIL), make_cells(scale=3.0), [])
+    assert_version(tmp_path, 3.0, 0, date="2026-04-02")
 
 
 def test_abandoned_staging_is_cleaned(tmp_path, monkeypatch):
