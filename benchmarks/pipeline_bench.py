@@ -49,7 +49,7 @@ def run(conf: dict) -> dict:
     (work / "home").mkdir()
     result = work / "result.json"
     cmd = [sys.executable, "-m", "speedmatrix.demo", "--conf", json.dumps(conf)]
-    cmd += ["--result-json", str(result)]
+    cmd += ["--result-json", str(result), "--full"]  # conf's keys override the full matrix
     subprocess.run(
         [sys.executable, "-m", "airflow", "db", "migrate"],
         env=env,
