@@ -98,6 +98,10 @@ RUN_STATUSES = ("success", "failed", "partial")
 STAGING = "_staging"
 QUARANTINE = "_quarantine"
 ARTIFACTS = "artifacts"
+VIEW_MAX_AGE_S = 60.0
+"""Datasets behind the query views are discovered again at least this often."""
+DEFAULT_VIEWS = "dataset"
+"""How :meth:`Warehouse.query` defines its views (see :meth:`Warehouse.connect`)."""
 ABANDONED_AFTER_S = 3600.0
 """An uncommitted staging directory older than this is a crashed landing and is removed."""
 
@@ -385,7 +389,10 @@ class Warehouse:
     given instead of a URI scheme (root is then a path inside it; used by tests)."""
 
     def __init__(
-        self, root: str | os.PathLike | None = None, filesystem: pafs.FileSystem | None = None
+        self,
+        root: str | os.PathLike | None = None,
+        filesystem: pafs.FileSystem | None = None,
+        views: str = DEFAULT_VIEWS,
     ):
         root = os.fspath(root) if root is not None else default_root()
         if filesystem is not None:
@@ -397,7 +404,9 @@ class Warehouse:
             self.fs, self.base = pafs.LocalFileSystem(), os.path.abspath(root)
         self.root = root
         self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.views = views
         self._con = None
+        self._view_state: dict[str, Any] = {}
         self._lock = threading.RLock()
         # test hook: called with a step name during land_run ("staged:cells", "committed",
         # "moved:runs", "deleted"…); a test raises or kills the process there.
@@ -673,17 +682,20 @@ class Warehouse:
             out[table] = _rows(self._read_file(table, paths[-1])) if paths else []
         return run, out["cells"], out["requests"]
 
-    def connect(self):
-        """A DuckDB connection with views ``runs``, ``cells``, ``requests`` over this
-        warehouse (local: DuckDB's own Parquet reader with hive partitioning; other
-        filesystems: pyarrow datasets, which DuckDB scans with filter pushdown)."""
+    def connect(self, views: str | None = None):
+        """A new DuckDB connection with views ``runs``, ``cells``, ``requests`` over this
+        warehouse. ``views``: ``"glob"`` (DuckDB's own Parquet reader over a glob with hive
+        partitioning: what a plain DuckDB user writes; lists every file at every query) or
+        ``"dataset"`` (pyarrow datasets discovered once and registered; DuckDB pushes filters
+        into them, so the partition columns prune without listing anything again; the only
+        choice for non-local filesystems). Default: this Warehouse's ``views``."""
         import duckdb
 
         con = duckdb.connect()
         con.execute("SET enable_progress_bar = false")
         with contextlib.suppress(Exception):
             con.execute("SET parquet_metadata_cache = true")
-        self._define_views(con)
+        self._define_views(con, views or self.views)
         return con
 
     def _has_files(self, table: str) -> bool:
@@ -695,17 +707,46 @@ class Warehouse:
             for i in self._list(self.table_dir(table))
         )
 
-    def _define_views(self, con) -> None:
+    def dataset(self, table: str):
+        """``table`` as a pyarrow dataset (hive partitioning, the table's full schema)."""
         import pyarrow.dataset as ds
 
-        self._view_state = {}
+        partitioning = ds.HivePartitioning(
+            pa.schema([pa.field(k, pa.string()) for k in PARTITION_KEYS]),
+            segment_encoding="uri",
+        )
+        return ds.dataset(
+            self.table_dir(table),
+            filesystem=self.fs,
+            format="parquet",
+            partitioning=partitioning,
+            schema=SCHEMAS[table],
+            exclude_invalid_files=False,
+        )
+
+    def _signature(self) -> float | None:
+        """Changes whenever a landing or a delete starts or ends, in any process: both create
+        and remove a directory in ``_staging/``, which moves that directory's mtime."""
+        if not self.is_local:
+            return None
+        try:
+            return os.stat(self._join(STAGING)).st_mtime_ns
+        except FileNotFoundError:
+            return 0
+
+    def _define_views(self, con, mode: str) -> None:
+        if mode not in ("glob", "dataset"):
+            raise WarehouseError(f"views must be 'glob' or 'dataset', got {mode!r}")
+        if not self.is_local:
+            mode = "dataset"
+        state = {"mode": mode, "signature": self._signature(), "at": time.monotonic()}
         for table in TABLES:
             has = self._has_files(table)
-            self._view_state[table] = has
+            state[table] = has
             if not has:
                 con.register(f"_{table}_empty", SCHEMAS[table].empty_table())
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_empty")
-            elif self.is_local:
+            elif mode == "glob":
                 pattern = posixpath.join(self.table_dir(table), "*", "*", "*.parquet").replace(
                     "'", "''"
                 )
@@ -714,34 +755,35 @@ class Warehouse:
                     f"hive_partitioning = true, hive_types = {_HIVE_TYPES})"
                 )
             else:
-                partitioning = ds.HivePartitioning(
-                    pa.schema(
-                        [pa.field("recipe_id", pa.string()), pa.field("run_month", pa.string())]
-                    ),
-                    segment_encoding="uri",
-                )
-                dataset = ds.dataset(
-                    self.table_dir(table),
-                    filesystem=self.fs,
-                    format="parquet",
-                    partitioning=partitioning,
-                    schema=SCHEMAS[table],
-                    exclude_invalid_files=False,
-                )
-                con.register(f"_{table}_dataset", dataset)
+                con.register(f"_{table}_dataset", self.dataset(table))
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_dataset")
+        self._view_state = state
+
+    def _views_stale(self) -> bool:
+        state = self._view_state
+        if not all(state[t] for t in TABLES):
+            return True  # a table that had no file may have one now
+        if state["mode"] == "glob":
+            return False  # DuckDB lists the files again at every query
+        if not self.is_local or time.monotonic() - state["at"] > VIEW_MAX_AGE_S:
+            return True
+        return self._signature() != state["signature"]
 
     def query(self, sql: str, params: Iterable[Any] | None = None):
         """Run SQL over the views ``runs``, ``cells``, ``requests``; returns a pandas DataFrame.
-        The connection is kept (warm Parquet metadata cache) and re-globs files every query."""
+
+        The connection is kept between calls (DuckDB's Parquet metadata cache stays warm).
+        Views follow this Warehouse's ``views`` mode (see :meth:`connect`); datasets are
+        discovered again when a landing happened since (any process; see ``_signature``),
+        after VIEW_MAX_AGE_S, and at every query on a non-local filesystem."""
         with self._lock:
             self.recover()
             if self._con is None:
                 self._con = self.connect()
-            elif not self.is_local or not all(self._view_state.values()):
-                self._define_views(self._con)  # tables that were empty may have files now
+            elif self._views_stale():
+                self._define_views(self._con, self._view_state["mode"])
             # the connection itself, not a cursor: registered Arrow objects (empty tables,
-            # pyarrow datasets of remote warehouses) are visible to it only
+            # pyarrow datasets) are visible to it only
             result = self._con.execute(sql, list(params) if params is not None else None)
             return result.df()
 
