@@ -42,6 +42,7 @@ def test_prefill_cell_is_valid_and_exact(vllm_cpu_server) -> None:  # type: igno
     )
     # a cold prompt: vLLM's prefix-cache counters saw no hit for it
     assert not cell["prefix_cache_hit_rate"]
+    print(f"\n[real vLLM prefill] ttft_ms={cell['ttft_ms']:.1f} tok_s={cell['total_tok_s']:.0f}")
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])
@@ -65,8 +66,17 @@ def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[n
     # the window opens on the arrival of the counter reading: the counts agree to within
     # one step per stream at each edge
     assert abs(cell["server_generation_tokens"] - cell["output_tokens"]) <= 2 * concurrency
-    assert cell["completed_requests"] >= 1  # 32-token requests restart inside 5 s
+    # completed = requests that finished inside the window (the tiny model's speed on a busy
+    # CPU decides how many; on a quiet one 32-token requests restart several times in 5 s)
+    inside = [
+        r for r in rows if r["finished"] and 0 < r["end_offset_s"] <= cell["measured_s"]
+    ]  # fmt: skip
+    assert cell["completed_requests"] == len(inside)
     assert cell["tbt_ms"] > 0 and cell["total_tok_s"] > 0
+    print(f"\n[real vLLM decode C={concurrency}] " + json.dumps(
+        {k: cell[k] for k in ("total_tok_s", "tbt_ms", "ttft_ms", "output_tokens",
+                              "server_generation_tokens", "completed_requests", "requests_started",
+                              "avg_active_requests", "client_cpu_pct")}))  # fmt: skip
 
 
 def test_cli_against_real_vllm(vllm_cpu_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
