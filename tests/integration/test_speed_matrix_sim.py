@@ -173,3 +173,16 @@ def test_two_runs_for_one_host_are_serialised_by_the_lease(migrated, tmp_path, h
         f"first held the host until {first_end}, second began {second_start}"
     )
     no_server_left(home)
+
+
+def test_unknown_recipe_fails_in_resolve_before_touching_the_host(migrated, tmp_path, home):
+    conf = {"recipe": "no/such/recipe", "port": free_port()}
+    proc, log, result = start_run(tmp_path, home, migrated, conf, "bad")
+    finish(proc)
+    out = outcome(result)
+    assert out["state"] == "failed"
+    tasks = out["tasks"]
+    assert tasks["resolve"]["state"] == "failed"
+    assert tasks["setup_server"]["state"] == "upstream_failed"
+    assert "recipe 'no/such/recipe' cannot be used" in log.read_text()
+    assert not (home / ".speedmatrix").exists()  # no lease taken, no server state written
