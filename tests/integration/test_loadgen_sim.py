@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "include" / "sim-profiles"
 REFERENCE_PROFILE = PROFILES / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
-REFERENCE_REPORT = Path("/work/shared/reference/speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt")
+REFERENCE_REPORT = ROOT / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"
 CELL_KEYS = sorted(f.name for f in CELL_FIELDS)
 
 
