@@ -88,6 +88,7 @@ class ControlClient:
         """One reading of /metrics, or None when the server has none (then: client figures)."""
         if self.has_metrics is False:
             return None
+        sent = perf_counter()
         try:
             async with self._session.get(f"{self.base_url}/metrics") as resp:
                 if resp.status != 200:
@@ -97,7 +98,7 @@ class ControlClient:
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None
         at = perf_counter()
-        snap = snapshot(at, text)
+        snap = snapshot(at, text, sent)
         if self.has_metrics is None:
             self.has_metrics = snap.get("running") is not None
             if not self.has_metrics:

@@ -49,10 +49,15 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One reading of the server counters at client time `at` (perf_counter seconds)."""
+    """One reading of the server counters at client time `at` (perf_counter seconds).
+
+    `sent` is when the request left: the server read its counters somewhere between the two,
+    so tokens generated in [sent, at] may be on either side of the reading.
+    """
 
     at: float
     values: dict[str, float]
+    sent: float | None = None
 
     def get(self, key: str) -> float | None:
         for name in _ALIASES[key]:
@@ -61,8 +66,8 @@ class Snapshot:
         return None
 
 
-def snapshot(at: float, text: str) -> Snapshot:
-    return Snapshot(at, parse_metrics(text))
+def snapshot(at: float, text: str, sent: float | None = None) -> Snapshot:
+    return Snapshot(at, parse_metrics(text), sent)
 
 
 def rise(start: Snapshot | None, end: Snapshot | None, key: str) -> float | None:
