@@ -2,18 +2,19 @@
 
 Layout (``<root>`` is a local path or any URI pyarrow's filesystems open, e.g. ``s3://bucket/wh``)::
 
-    <root>/runs/recipe_id=<recipe>/run_month=<YYYY-MM>/<run_id>.parquet      one row
-    <root>/cells/recipe_id=<recipe>/run_month=<YYYY-MM>/<run_id>.parquet     one row per cell
-    <root>/requests/recipe_id=<recipe>/run_month=<YYYY-MM>/<run_id>.parquet  one row per request
+    <root>/runs/recipe_id=<recipe>/run_month=<YYYY-MM>/<run_date>_<run_id>.parquet      one row
+    <root>/cells/recipe_id=<recipe>/run_month=<YYYY-MM>/<run_date>_<run_id>.parquet     a row per cell
+    <root>/requests/recipe_id=<recipe>/run_month=<YYYY-MM>/<run_date>_<run_id>.parquet  a row per request
     <root>/artifacts/<run_id>/<name>               report.md, report.html, charts, GX results
     <root>/_quarantine/<table>/<run_id>/rows.jsonl + result.json   rows that failed validation
     <root>/_staging/<txn>/                          landings in progress (never read by queries)
 
 Why this layout: the three questions analysts ask are "one cell of one recipe across a year of
 nightly runs" (prunes to one ``recipe_id=`` directory and twelve ``run_month=`` ones), "one
-run's whole matrix" (one file, its name is the run id) and "every recipe on one date" (prunes
-to one ``run_month=`` directory per recipe; ``run_date``, a column in every file, then skips
-the other days by the Parquet statistics). Months, not days: every reader lists the
+run's whole matrix" (one file, named after the run id) and "every recipe on one date" (prunes
+to one ``run_month=`` directory per recipe; then a glob on the date in front of the file
+names, or the ``run_date`` column's Parquet statistics, skips the other days). Months, not
+days: every reader lists the
 directories before it prunes, and 22,000 one-file day directories (three years of nightly
 runs for 20 recipes) cost DuckDB seconds to list where 720 month directories cost little
 (benchmarks/README.md). Hive-style directories are understood by DuckDB, pyarrow, pandas and
@@ -26,8 +27,9 @@ readers decode it). Partition values are never null (pandas cannot read null hiv
 ``published/<hardware>/<model>`` id); ``run_date`` is the UTC date of ``started_at`` (else
 ``finished_at``, else, for an ingested page that has no date, the day it was landed) and
 ``run_month`` its ``YYYY-MM``.
-Exactly one file per table per run (the requests file is skipped when a run has no requests):
-the file count grows by at most three per run, never with the number of cells.
+Exactly one file per table per run (the requests file is skipped when a run has no requests),
+``<run_date>_<run_id>.parquet`` (the run id URL-encoded where a path needs it): the file count
+grows by at most three per run, never with the number of cells.
 
 Landing (:meth:`Warehouse.land_run`) is a small redo-log transaction:
 
@@ -232,6 +234,24 @@ def partition_dirs(recipe_id: str, run_date: dt.date) -> str:
     )
 
 
+def data_file_name(run_id: str, run_date: dt.date) -> str:
+    """``<run_date>_<run_id>.parquet``: the name of a run's file in runs / cells / requests.
+    The date in front lets a plain glob pick one day's runs
+    (``cells/*/run_month=2026-03/2026-03-14_*.parquet``) without opening the month's others."""
+    return f"{run_date.isoformat()}_{file_name(run_id)}"
+
+
+def _is_data_file_of(basename: str, name: str) -> bool:
+    """Is ``basename`` ``<YYYY-MM-DD>_<name>``?"""
+    return (
+        len(basename) == 11 + len(name)
+        and basename[10] == "_"
+        and basename.endswith(name)
+        and basename[4] == "-"
+        and basename[7] == "-"
+    )
+
+
 def file_name(run_id: str) -> str:
     """``<run_id>.parquet`` with characters unsafe in a path segment URL-encoded."""
     return urllib.parse.quote(run_id, safe="-_.~+=,@:") + ".parquet"
@@ -425,7 +445,9 @@ class Warehouse:
 
     def file_path(self, table: str, run_id: str, recipe_id: str, run_date: dt.date) -> str:
         """Where a run's file of ``table`` lives."""
-        return self._join(table, partition_dirs(recipe_id, run_date), file_name(run_id))
+        return self._join(
+            table, partition_dirs(recipe_id, run_date), data_file_name(run_id, run_date)
+        )
 
     def _uri(self, path: str) -> str:
         if self.is_local:
@@ -469,17 +491,18 @@ class Warehouse:
             self._fault(step)
 
     def _glob(self, directory: str, depth: int, name: str) -> list[str]:
-        """Files called ``name`` ``depth`` directory levels below ``directory``."""
+        """Data files of the run whose file_name is ``name`` (``<date>_<name>``), ``depth``
+        directory levels below ``directory``."""
         if self.is_local:
-            parts = [glob.escape(directory), *(["*"] * depth), glob.escape(name)]
-            return sorted(glob.glob(posixpath.join(*parts)))
-        return sorted(
-            i.path
-            for i in self._list(directory)
-            if i.type == pafs.FileType.File
-            and posixpath.basename(i.path) == name
-            and i.path[len(directory) :].count("/") == depth + 1
-        )
+            parts = [glob.escape(directory), *(["*"] * depth), "*_" + glob.escape(name)]
+            found = glob.glob(posixpath.join(*parts))
+        else:
+            found = [
+                i.path
+                for i in self._list(directory)
+                if i.type == pafs.FileType.File and i.path[len(directory) :].count("/") == depth + 1
+            ]
+        return sorted(p for p in found if _is_data_file_of(posixpath.basename(p), name))
 
     def find_run_files(self, run_id: str, recipe_id: str | None = None) -> dict[str, list[str]]:
         """Every file of ``run_id`` in the three tables: normally one each (no requests file

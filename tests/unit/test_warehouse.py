@@ -163,7 +163,7 @@ def test_land_and_read_round_trip(tmp_path):
     assert got_requests[0]["finished"] is True and got_requests[1]["window_tokens"] is None
     # one file per table per run, named after the run, in the recipe / date partition
     assert all_files(tmp_path) == [
-        f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_month=2026-03/r-1.parquet"
+        f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_month=2026-03/2026-03-14_r-1.parquet"
         for t in ("cells", "requests", "runs")
     ]
 
@@ -190,7 +190,7 @@ def test_readable_without_this_package(tmp_path):
     runs = pd.read_parquet(tmp_path / "runs")
     assert sorted(runs["run_id"]) == ["ing", "r-1"]
     assert set(runs["recipe_id"]) == {"sim/kimi-k2.7-nvfp4-rtxpro6k-x8", "published/x"}
-    single = pq.read_table(next((tmp_path / "runs").rglob("r-1.parquet")), partitioning=None)
+    single = pq.read_table(next((tmp_path / "runs").rglob("*_r-1.parquet")), partitioning=None)
     assert single.column("run_id").to_pylist() == ["r-1"]
     assert "recipe_id" not in single.column_names  # partition columns live in the path
 
@@ -216,7 +216,7 @@ def test_relanding_in_another_partition_replaces(tmp_path):
     april = dt.datetime(2026, 4, 2, 2, tzinfo=dt.UTC)
     wh.land_run(make_run(started_at=april), make_cells(), [])
     assert all_files(tmp_path) == [
-        f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_month=2026-04/r-1.parquet"
+        f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_month=2026-04/2026-04-02_r-1.parquet"
         for t in ("cells", "runs")
     ]
     assert wh.read_run("r-1")[0]["run_date"] == dt.date(2026, 4, 2)

@@ -61,19 +61,20 @@ def checkout(tmp_path_factory):
 def test_readme_sql_runs_with_plain_duckdb(checkout, monkeypatch):
     monkeypatch.chdir(checkout)
     sql = blocks("sql")
-    assert len(sql) == 4  # the views, then the three questions
+    assert len(sql) == 5  # the views, the three questions, the three again as narrow globs
     con = duckdb.connect()
     con.execute(sql[0])
-    q1 = con.execute(sql[1]).fetchall()
+    q1, q2, q3 = (con.execute(q).fetchall() for q in sql[1:4])
     assert len(q1) == 20  # the 10th and 14th of each month of 2025 from March on
     assert all(r[0].year == 2025 for r in q1)
-    statements = [s for s in sql[2].split(";") if s.strip()]
-    matrix_file = con.execute(statements[0]).fetchall()
-    matrix_view = con.execute(statements[1]).fetchall()
-    assert len(matrix_file) == len(matrix_view) == 5
-    q3 = con.execute(sql[3]).fetchall()
+    assert len(q2) == 5
     assert {r[0] for r in q3} == {RECIPE, "cpu/tiny/llama-tiny"}
     assert len(q3) == 2 * 3  # 3 valid decode cells per run
+    narrow = [st for st in sql[4].split(";") if st.strip()]
+    assert len(narrow) == 3
+    assert con.execute(narrow[0]).fetchall() == q1
+    assert con.execute(narrow[1]).fetchall() == q2
+    assert con.execute(narrow[2]).fetchall() == q3
 
 
 def test_readme_pandas_runs(checkout):
@@ -90,4 +91,5 @@ def test_readme_queries_through_speedmatrix_query(checkout):
     wh = Warehouse(checkout / "warehouse")
     sql = blocks("sql")
     assert len(wh.query(sql[1])) == 20
+    assert len(wh.query(sql[2])) == 5
     assert len(wh.query(sql[3])) == 6
