@@ -43,6 +43,8 @@ CONTEXTS = [8, 16, 32, 64, 128, 251]
 CONCURRENCIES = [1, 2, 4, 8, 16, 32, 64, 128]
 REQUESTS_PER_RUN = 16  # a few request rows per run (the queries do not read them)
 
+# The three questions of warehouse/README.md, through the views (speedmatrix query, or plain
+# DuckDB with the README's CREATE VIEWs) ...
 QUERIES = {
     "q1_cell_trend": """
         -- one cell of one recipe across a year of nightly runs
@@ -57,16 +59,8 @@ QUERIES = {
           AND c.phase = 'decode' AND c.context_label = '32K' AND c.concurrency = 4
         ORDER BY r.started_at
     """,
-    "q2_run_matrix_file": """
-        -- one run's whole matrix, plain DuckDB: a glob on the file name
-        SELECT phase, context_label, concurrency, status, total_tok_s, per_request_tok_s,
-               ttft_ms, tbt_ms
-        FROM read_parquet('{root}/cells/*/*/nightly-bench-hw2-model-12-2024-06-15.parquet',
-                          hive_partitioning = true)
-        ORDER BY phase DESC, context_tokens, concurrency
-    """,
-    "q2_run_matrix_view": """
-        -- one run's whole matrix, through the view
+    "q2_run_matrix": """
+        -- one run's whole matrix
         SELECT phase, context_label, concurrency, status, total_tok_s, per_request_tok_s,
                ttft_ms, tbt_ms
         FROM cells
@@ -81,6 +75,36 @@ QUERIES = {
         WHERE c.run_month = '2025-03' AND r.run_month = '2025-03'
           AND c.run_date = DATE '2025-03-14' AND r.run_date = DATE '2025-03-14'
           AND c.phase = 'decode' AND c.status = 'valid'
+        ORDER BY r.recipe_id, c.context_tokens, c.concurrency
+    """,
+}
+# ... and as narrow globs (plain DuckDB, the README's second form).
+NARROW = {
+    "q1_cell_trend": """
+        SELECT r.started_at, r.engine_version, r.engine_commit,
+               c.total_tok_s, c.per_request_tok_s, c.ttft_ms, c.tbt_ms
+        FROM read_parquet('{root}/cells/recipe_id=bench%2Fhw1%2Fmodel-07/run_month=2025-*/*.parquet',
+                          hive_partitioning = true) c
+        JOIN read_parquet('{root}/runs/recipe_id=bench%2Fhw1%2Fmodel-07/run_month=2025-*/*.parquet',
+                          hive_partitioning = true) r USING (run_id)
+        WHERE r.trigger = 'nightly'
+          AND c.phase = 'decode' AND c.context_label = '32K' AND c.concurrency = 4
+        ORDER BY r.started_at
+    """,
+    "q2_run_matrix": """
+        SELECT phase, context_label, concurrency, status, total_tok_s, per_request_tok_s,
+               ttft_ms, tbt_ms
+        FROM read_parquet('{root}/cells/*/*/*_nightly-bench-hw2-model-12-2024-06-15.parquet',
+                          hive_partitioning = true)
+        ORDER BY phase DESC, context_tokens, concurrency
+    """,
+    "q3_one_date": """
+        SELECT r.recipe_id, r.engine_version, c.context_label, c.concurrency, c.total_tok_s
+        FROM read_parquet('{root}/cells/*/run_month=2025-03/2025-03-14_*.parquet',
+                          hive_partitioning = true) c
+        JOIN read_parquet('{root}/runs/*/run_month=2025-03/2025-03-14_*.parquet',
+                          hive_partitioning = true) r USING (run_id)
+        WHERE c.phase = 'decode' AND c.status = 'valid'
         ORDER BY r.recipe_id, c.context_tokens, c.concurrency
     """,
 }
@@ -236,33 +260,59 @@ def count_files(root: str) -> dict[str, int]:
     return out
 
 
-def _cold_query(root: str, name: str) -> dict:
-    """In a fresh process: open a connection, run the query once (cold), then 5 times (warm)."""
+PLAIN_VIEWS = """
+CREATE VIEW runs AS SELECT * FROM read_parquet('{root}/runs/*/*/*.parquet',
+    hive_partitioning = true, hive_types = {{'recipe_id': VARCHAR, 'run_month': VARCHAR}});
+CREATE VIEW cells AS SELECT * FROM read_parquet('{root}/cells/*/*/*.parquet',
+    hive_partitioning = true, hive_types = {{'recipe_id': VARCHAR, 'run_month': VARCHAR}});
+"""
+
+
+def _cold_query(root: str, name: str, mode: str) -> dict:
+    """In a fresh process: time the first run of the query (cold: includes opening the
+    connection and defining the views), then the median of 5 more on the same connection (warm).
+
+    mode ``plain``: plain DuckDB with the README's view definitions (no speedmatrix);
+    ``narrow``: plain DuckDB, the README's narrow globs (no views);
+    ``dataset`` / ``glob``: ``Warehouse(root, views=mode).query``."""
     code = f"""
 import json, statistics, sys, time
-sys.path.insert(0, {str(HERE.parent / "plugins")!r})
-from speedmatrix.warehouse import Warehouse
 sys.path.insert(0, {str(HERE)!r})
-from warehouse_bench import QUERIES
-wh = Warehouse({root!r})
-sql = QUERIES[{name!r}].replace("{{root}}", {root!r})
-t = time.perf_counter(); con = wh.connect(); df = con.execute(sql).df(); cold = time.perf_counter() - t
+from warehouse_bench import NARROW, QUERIES, PLAIN_VIEWS
+sql = (NARROW if {mode!r} == "narrow" else QUERIES)[{name!r}].replace("{{root}}", {root!r})
+mode = {mode!r}
+import duckdb, pandas, pyarrow.dataset  # imports are not the query's time
+from speedmatrix.warehouse import Warehouse
+t = time.perf_counter()
+if mode in ("plain", "narrow"):
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")  # it writes to stdout
+    con.execute(PLAIN_VIEWS.format(root={root!r}))
+    run = lambda: con.execute(sql).df()
+else:
+    wh = Warehouse({root!r}, views=mode)
+    run = lambda: wh.query(sql)
+df = run()
+cold = time.perf_counter() - t
 warm = []
 for _ in range(5):
-    t = time.perf_counter(); con.execute(sql).df(); warm.append(time.perf_counter() - t)
-t = time.perf_counter(); df2 = wh.query(sql); api_first = time.perf_counter() - t
-t = time.perf_counter(); wh.query(sql); api_warm = time.perf_counter() - t
-print(json.dumps({{"rows": len(df), "cold_s": cold, "warm_s": statistics.median(warm),
-                   "query_api_first_s": api_first, "query_api_warm_s": api_warm}}))
+    t = time.perf_counter(); run(); warm.append(time.perf_counter() - t)
+print("RESULT " + json.dumps({{"rows": len(df), "cold_s": round(cold, 3), "warm_s": round(statistics.median(warm), 3),
+                   "warm_max_s": round(max(warm), 3)}}), flush=True)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1]}
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    result = json.loads(line[len("RESULT ") :])
+    print(f"{mode:8} {name:20} {result}", file=sys.stderr, flush=True)
+    return result
 
 
 def measure(root: str) -> dict:
     results: dict = {"files_before": count_files(root)}
     wh = W.Warehouse(root)
-    run, cells, requests = template(3)
+    run, cells, requests = template(3 % len(RECIPES))
     # warm up imports (pandas, pyarrow compute) so the figure is landing, not import time
     wh.build_tables(dict(run, run_id="warmup"), cells, requests)
     timings = []
@@ -277,6 +327,7 @@ def measure(root: str) -> dict:
         wh.land_run(r, cells, requests)
         timings.append(time.perf_counter() - t)
     results["land_new_run_s"] = {"median": statistics.median(timings), "max": max(timings)}
+    print("land_run, new run:", results["land_new_run_s"], file=sys.stderr, flush=True)
     timings = []
     for _ in range(5):
         r = dict(
@@ -293,17 +344,23 @@ def measure(root: str) -> dict:
     results["files_added_per_run"] = {
         t: (after[t] - results["files_before"][t]) / 5 for t in W.TABLES
     }
-    wh.read_run("nightly-bench-hw2-model-12-2024-06-14")  # warm the directory cache
+    recipe = RECIPES[-1]
+    mid = START + dt.timedelta(days=DAYS // 2)
+    wh.read_run(run_id_of(recipe, mid))  # warm the directory cache
     t = time.perf_counter()
-    wh.read_run("nightly-bench-hw2-model-12-2024-06-15")
+    wh.read_run(run_id_of(recipe, mid + dt.timedelta(days=1)))
     results["read_run_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    wh.read_run("nightly-bench-hw2-model-12-2024-06-16", recipe_id="bench/hw2/model-12")
+    wh.read_run(run_id_of(recipe, mid + dt.timedelta(days=2)), recipe_id=recipe)
     results["read_run_with_recipe_s"] = time.perf_counter() - t
     results["load_average"] = os.getloadavg()
     for i in range(5):
         wh.delete_run(f"bench-land-{i}")
-    results["queries"] = {name: _cold_query(root, name) for name in QUERIES}
+    results["queries"] = {
+        mode: {name: _cold_query(root, name, mode) for name in QUERIES}
+        for mode in ("dataset", "glob", "plain", "narrow")
+    }
+    results["load_average_after"] = os.getloadavg()
     return results
 
 

@@ -709,9 +709,11 @@ class Warehouse:
         """A new DuckDB connection with views ``runs``, ``cells``, ``requests`` over this
         warehouse. ``views``: ``"glob"`` (DuckDB's own Parquet reader over a glob with hive
         partitioning: what a plain DuckDB user writes; lists every file at every query) or
-        ``"dataset"`` (pyarrow datasets discovered once and registered; DuckDB pushes filters
-        into them, so the partition columns prune without listing anything again; the only
-        choice for non-local filesystems). Default: this Warehouse's ``views``."""
+        ``"dataset"`` (:meth:`dataset`: the files listed once and registered as pyarrow
+        datasets whose fragments know their recipe_id, run_month, run_date and run_id; DuckDB
+        pushes filters into them, so a filter on any of those opens only the matching files
+        and nothing is listed again until a landing; the only choice for non-local
+        filesystems). Default: this Warehouse's ``views``."""
         import duckdb
 
         con = duckdb.connect()
@@ -730,22 +732,67 @@ class Warehouse:
             for i in self._list(self.table_dir(table))
         )
 
+    def table_files(self, table: str) -> list[tuple[str, str, str, dt.date, str]]:
+        """Every data file of ``table`` as (path, recipe_id, run_month, run_date, run_id),
+        read from the directory and file names alone (no file is opened)."""
+        out = []
+        base = self.table_dir(table)
+        if self.is_local:
+            paths = []
+            with contextlib.suppress(FileNotFoundError):
+                for r in os.scandir(base):
+                    if not r.is_dir():
+                        continue
+                    for m in os.scandir(r.path):
+                        if m.is_dir():
+                            paths += [f.path for f in os.scandir(m.path) if f.is_file()]
+        else:
+            paths = [i.path for i in self._list(base) if i.type == pafs.FileType.File]
+        for path in paths:
+            parts = path[len(base) + 1 :].split("/")
+            if len(parts) != 3 or not parts[2].endswith(".parquet") or len(parts[2]) < 20:
+                continue
+            recipe, month, name = parts
+            if not recipe.startswith("recipe_id=") or not month.startswith("run_month="):
+                continue
+            try:
+                day = dt.date.fromisoformat(name[:10])
+            except ValueError:
+                continue
+            if name[10] != "_":
+                continue
+            out.append(
+                (
+                    path,
+                    urllib.parse.unquote(recipe[len("recipe_id=") :]),
+                    urllib.parse.unquote(month[len("run_month=") :]),
+                    day,
+                    urllib.parse.unquote(name[11 : -len(".parquet")]),
+                )
+            )
+        return out
+
     def dataset(self, table: str):
-        """``table`` as a pyarrow dataset (hive partitioning, the table's full schema)."""
+        """``table`` as a pyarrow dataset of the full schema, one fragment per file, each
+        fragment knowing its recipe_id, run_month, run_date and run_id from its path: a filter
+        on any of them (one run, one date, one recipe's months) skips the other files without
+        opening them. Missing partition columns are filled from the path; columns an older
+        file lacks are null."""
         import pyarrow.dataset as ds
 
-        partitioning = ds.HivePartitioning(
-            pa.schema([pa.field(k, pa.string()) for k in PARTITION_KEYS]),
-            segment_encoding="uri",
-        )
-        return ds.dataset(
-            self.table_dir(table),
-            filesystem=self.fs,
-            format="parquet",
-            partitioning=partitioning,
-            schema=SCHEMAS[table],
-            exclude_invalid_files=False,
-        )
+        fmt = ds.ParquetFileFormat()
+        fragments = []
+        for path, recipe, month, day, run_id in self.table_files(table):
+            known = (
+                (ds.field("recipe_id") == recipe)
+                & (ds.field("run_month") == month)
+                & (ds.field("run_date") == pa.scalar(day, pa.date32()))
+                & (ds.field("run_id") == run_id)
+            )
+            fragments.append(
+                fmt.make_fragment(path, filesystem=self.fs, partition_expression=known)
+            )
+        return ds.FileSystemDataset(fragments, SCHEMAS[table], fmt, self.fs)
 
     def _signature(self) -> float | None:
         """Changes whenever a landing or a delete starts or ends, in any process: both create

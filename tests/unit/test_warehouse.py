@@ -553,3 +553,17 @@ def test_query_connection_sees_a_replaced_run(tmp_path):
     wh.land_run(make_run(), make_cells(3.0)[:2], [])
     got = wh.query("SELECT max(total_tok_s) AS m, count(*) AS n FROM cells")
     assert got.to_dict("records") == [{"m": 18618.0, "n": 2}]
+
+
+def test_older_files_lacking_a_column(tmp_path):
+    """A file written before a column was added reads as null in that column (query with
+    the default dataset views, and read_run). Plain DuckDB globs need union_by_name for it."""
+    wh = Warehouse(tmp_path)
+    wh.land_run(make_run("old"), make_cells(), [])
+    path = wh.find_run_files("old")["cells"][0]
+    pq.write_table(pq.read_table(path, partitioning=None).drop_columns(["loop_lag_p99_ms"]), path)
+    wh.land_run(make_run("new", day=20), [dict(c, loop_lag_p99_ms=1.5) for c in make_cells()], [])
+    got = wh.query("SELECT run_id, max(loop_lag_p99_ms) AS lag FROM cells GROUP BY 1 ORDER BY 1")
+    assert got["lag"].isna().tolist() == [False, True]
+    _, cells, _ = wh.read_run("old")
+    assert all(c["loop_lag_p99_ms"] is None for c in cells)
