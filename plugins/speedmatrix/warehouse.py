@@ -780,15 +780,24 @@ class Warehouse:
         file lacks are null."""
         import pyarrow.dataset as ds
 
-        fmt = ds.ParquetFileFormat()
+        # files are small (one run): read each whole at once instead of pre-buffering column
+        # chunk ranges (measured ~25% faster on the benchmark warehouse)
+        fmt = ds.ParquetFileFormat(
+            default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False)
+        )
         fragments = []
+        partitions: dict[tuple[str, str], Any] = {}
+        run_date, run_id_field = ds.field("run_date"), ds.field("run_id")
+        dates: dict[dt.date, Any] = {}
         for path, recipe, month, day, run_id in self.table_files(table):
-            known = (
-                (ds.field("recipe_id") == recipe)
-                & (ds.field("run_month") == month)
-                & (ds.field("run_date") == pa.scalar(day, pa.date32()))
-                & (ds.field("run_id") == run_id)
-            )
+            part = partitions.get((recipe, month))
+            if part is None:
+                part = (ds.field("recipe_id") == recipe) & (ds.field("run_month") == month)
+                partitions[(recipe, month)] = part
+            on_day = dates.get(day)
+            if on_day is None:
+                on_day = dates[day] = run_date == pa.scalar(day, pa.date32())
+            known = part & on_day & (run_id_field == run_id)
             fragments.append(
                 fmt.make_fragment(path, filesystem=self.fs, partition_expression=known)
             )
