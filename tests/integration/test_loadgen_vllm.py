@@ -59,7 +59,11 @@ def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[n
     cell, rows = run_loop(run_decode(cfg))
     assert cell["status"] == "valid", cell["error"]
     assert cell["context_tokens"] == 512
-    assert {r["prompt_tokens"] for r in rows} == {512}
+    # a request started just before the window's end and cut before its first chunk has no
+    # usage yet (prompt_tokens None); every request the server answered counted exactly 512
+    confirmed = [r["prompt_tokens"] for r in rows if r["prompt_tokens"] is not None]
+    assert confirmed and set(confirmed) == {512}
+    assert all(r["prompt_tokens"] is not None for r in rows if r["output_tokens"])
     assert all(r["output_tokens"] == 32 for r in rows if r["finished"])
     assert cell["active_source"] == "server"
     assert cell["server_generation_tokens"] is not None
