@@ -45,5 +45,7 @@ def airflow_db() -> Path:
         env=os.environ.copy(),
     )
     if out.returncode != 0:
-        raise RuntimeError(f"airflow db migrate failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        raise RuntimeError(
+            f"airflow db migrate failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        )
     return Path(os.environ["AIRFLOW_HOME"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -837,12 +837,27 @@ def _write_charts(warehouse: Any, result: ComparisonResult) -> None:
         warehouse.write_artifact(run_id, f"trend-{name.replace(' ', '-')}.svg", svg)
 
 
-def report_comparison(
-    warehouse: Any, run_id: str
-) -> tuple[tuple[dict[str, Any], list[dict[str, Any]]] | None, str]:
-    """What the report task shows of the comparison: the baseline `(run, cells)` for
-    render_markdown / render_html (their "Change against baseline" section and diff heat map)
-    and this module's verdict section in Markdown; `(None, "")` without a baseline.
+@dataclass
+class ReportComparison:
+    """What the report shows of the comparison with the baseline.
+
+    `baseline` is `(run, cells)` for render_markdown / render_html's "Change against baseline"
+    table; `markdown` is this module's verdict section; `verdicts` the same rows for the HTML
+    (display_rows of the notable cells); `figures` the HTML's diff heat map and the trend of
+    every cell that changed beyond its noise, verdicts marked ({id, title, svg})."""
+
+    baseline: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
+    markdown: str = ""
+    verdicts: list[dict[str, str]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    figures: list[dict[str, str]] = field(default_factory=list)
+
+
+MAX_TREND_FIGURES = 6  # a page for a reader, not every cell: the CLI's `trend` gives the rest
+
+
+def report_comparison(warehouse: Any, run_id: str) -> ReportComparison:
+    """The report's view of the comparison; empty without a baseline.
 
     A comparison that cannot be made is logged, not raised: the report must still be written,
     and the `regressions` task that follows raises the same error where it belongs."""
@@ -851,14 +866,84 @@ def report_comparison(
     try:
         result = compare_in_warehouse(warehouse, run_id)
         if result.baseline is None:
-            return None, ""
+            return ReportComparison()
         _, base_cells, _ = warehouse.read_run(result.baseline["run_id"])
     except Exception as exc:
         logging.getLogger(__name__).warning("no comparison in the report of %s: %s", run_id, exc)
-        return None, ""
-    return (result.baseline, base_cells), comparison_markdown(
-        result.rows, result.run, result.baseline
+        return ReportComparison()
+    try:
+        figures = comparison_figures(warehouse, result)
+    except Exception as exc:  # a chart must never cost the report
+        logging.getLogger(__name__).warning("no comparison charts for %s: %s", run_id, exc)
+        figures = []
+    return ReportComparison(
+        baseline=(result.baseline, base_cells),
+        markdown=comparison_markdown(result.rows, result.run, result.baseline),
+        verdicts=display_rows(notable(result.rows)),
+        counts=verdict_counts(result.rows),
+        figures=figures,
     )
+
+
+def comparison_figures(warehouse: Any, result: ComparisonResult) -> list[dict[str, str]]:
+    """The diff heat map of total tok/s, then one trend per cell that changed beyond its
+    noise (this run's verdicts included: they are not in the warehouse until `regressions`)."""
+    from speedmatrix.trend import diff_heatmap_svg, trend, trend_chart_svg
+
+    out: list[dict[str, str]] = []
+    heat = diff_heatmap_svg(result.rows)
+    if heat:
+        out.append(
+            {
+                "id": "diff-heatmap",
+                "title": "Total tok/s against the baseline",
+                "svg": _inline(heat),
+            }
+        )
+    changed = sorted(
+        {
+            (r["phase"], r["context_label"], r["concurrency"])
+            for r in notable(result.rows)
+            if r.get("phase") in ("prefill", "decode")
+            and r.get("metric") in ("total_tok_s", "prefill_tok_s")
+        }
+    )
+    if not changed:
+        return out
+    runs, cells, stored, noise = read_history(
+        warehouse, result.run.get("recipe_id"), result.run.get("host")
+    )
+    mine = pd.DataFrame(result.rows)
+    if not stored.empty:
+        stored = stored[stored["run_id"] != result.run["run_id"]]
+    history = pd.concat([d for d in (stored, mine) if not d.empty], ignore_index=True)
+    for phase, label, conc in changed[:MAX_TREND_FIGURES]:
+        name = cell_name(phase, label, conc)
+        points = trend(
+            runs,
+            cells,
+            recipe=result.run.get("recipe_id"),
+            cell=name,
+            metric="prefill_tok_s" if phase == "prefill" else "total_tok_s",
+            host=result.run.get("host"),
+            comparisons=history,
+            noise=noise,
+        )
+        svg = trend_chart_svg(points, title=f"{name} over commits", ylabel="tok/s")
+        out.append(
+            {
+                "id": f"trend-{name.replace(' ', '-')}",
+                "title": f"Trend: {name}",
+                "svg": _inline(svg),
+            }
+        )
+    return out
+
+
+def _inline(svg: str) -> str:
+    """An SVG file's text without its XML prolog and doctype, to sit inside an HTML page."""
+    at = svg.find("<svg")
+    return svg[at:] if at >= 0 else svg
 
 
 def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str] | None:

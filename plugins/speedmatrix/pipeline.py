@@ -725,13 +725,12 @@ def report(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> dict[str, 
     wh = warehouse_of(resolved)
     run, cells, _ = wh.read_run(resolved["run_id"])
     # the baseline the `regressions` task judges against, and its noise-aware verdicts
-    baseline, verdicts = report_comparison(wh, resolved["run_id"])
-    md = render_markdown(run, cells, baseline) + ("\n" + verdicts if verdicts else "")
+    cmp = report_comparison(wh, resolved["run_id"])
+    md = render_markdown(run, cells, cmp.baseline) + ("\n" + cmp.markdown if cmp.markdown else "")
+    page = render_html(run, cells, cmp.baseline, verdicts=cmp.verdicts, figures=cmp.figures)
     paths = {
         "md": wh.write_artifact(resolved["run_id"], "report.md", md),
-        "html": wh.write_artifact(
-            resolved["run_id"], "report.html", render_html(run, cells, baseline)
-        ),
+        "html": wh.write_artifact(resolved["run_id"], "report.html", page),
     }
     log.info("report: %s (html: %s)", paths["md"], paths["html"])
     return paths

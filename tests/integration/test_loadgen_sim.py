@@ -246,6 +246,44 @@ def test_engine_dead_mid_cell_fails_the_cell(wide_profile: Path) -> None:
     assert "connection closed by server" in cell["error"]
 
 
+def _replay(url: str, profile: object, cells: list[dict], scale: float) -> list[str]:
+    """Run the published cells against a simulator at `scale`; what differs by over 5%."""
+    from speedmatrix.sim.predict import over_capacity
+
+    problems: list[str] = []
+    for want in cells:
+        ctx, conc = want["context_tokens"], want["concurrency"]
+        label = f"{want['phase']} {want['context_label']} x{conc}"
+        common = {
+            "base_url": url, "model": profile.served_model_name, "context": ctx,  # type: ignore[attr-defined]
+            "time_scale": scale, "run_tag": "replay", "first_token_timeout_s": 120.0,
+        }  # fmt: skip
+        # the saturation guard and the counter cross-check watch wall-clock effects that
+        # the time scale multiplies (a 10 ms stall of this shared box = 50 simulated ms);
+        # here the figures themselves are held to the published ones instead
+        guards = {"max_loop_lag_ms": 50.0, "max_client_cpu_pct": 100.0, "token_tolerance": 0.03}
+        if want["phase"] == "prefill":
+            got, _ = run_loop(run_prefill(PrefillConfig(**common)))
+            keys = ["total_tok_s"]
+        else:
+            if over_capacity(profile, ctx, conc, 4096):
+                if want["status"] != "over_capacity":
+                    problems.append(f"{label}: over capacity here, {want['status']} there")
+                continue
+            got, _ = run_loop(
+                run_decode(DecodeConfig(**common, **guards, concurrency=conc, duration_s=30.0,
+                                        max_output_tokens=4096, prompt_mode="shared"))
+            )  # fmt: skip
+            keys = ["total_tok_s", "per_request_tok_s", "tbt_ms", "output_tokens"]
+        if got["status"] != want["status"]:
+            problems.append(f"{label}: status {got['status']} ({got['error']}) vs {want['status']}")
+            continue
+        for key in keys:
+            if abs(got[key] - want[key]) > 0.05 * abs(want[key]):
+                problems.append(f"{label}: {key} {got[key]:.1f} vs {want[key]:.1f}")
+    return problems
+
+
 def test_replay_of_the_reference_matrix_within_5_percent() -> None:
     """Every runnable cell of the published matrix against its calibrated profile, 5x time.
 
@@ -259,46 +297,22 @@ def test_replay_of_the_reference_matrix_within_5_percent() -> None:
     if not REFERENCE_PROFILE.exists() or not REFERENCE_REPORT.exists():
         pytest.skip("calibrated reference profile or report not present")
     from speedmatrix.report.parse import parse_report
-    from speedmatrix.sim.predict import over_capacity
     from speedmatrix.sim.profile import load_profile
 
     profile = load_profile(str(REFERENCE_PROFILE))
     ref = parse_report(REFERENCE_REPORT.read_text(), source=REFERENCE_REPORT.name)
     # 5x: a 30 s window takes 6 s. Faster amplifies every ms the simulator's HTTP handling
-    # or a busy shared CPU adds (x scale, in simulated time) past the 5% budget.
+    # or a busy shared CPU adds (x scale, in simulated time) past the 5% budget. A prefill
+    # cell is one request: at 5x the 8K prompt's 1.32 s is 264 ms of wall time, in which
+    # 13 ms of tokenising and delivery on a loaded CI box was already 5% (5886 vs 6206 tok/s).
+    # So prefills shorter than 8 s of simulated time run at 1x on a second simulator (~10 s
+    # more in all), so that each cell's fixed wall-clock cost weighs the same few tenths of %.
     scale = 5.0
     problems: list[str] = []
-    with sim(REFERENCE_PROFILE, time_scale=scale) as url:
-        for want in ref.cells:
-            ctx, conc = want["context_tokens"], want["concurrency"]
-            label = f"{want['phase']} {want['context_label']} x{conc}"
-            common = {
-                "base_url": url, "model": profile.served_model_name, "context": ctx,
-                "time_scale": scale, "run_tag": "replay", "first_token_timeout_s": 120.0,
-            }  # fmt: skip
-            # the saturation guard and the counter cross-check watch wall-clock effects that
-            # the time scale multiplies (a 10 ms stall of this shared box = 50 simulated ms);
-            # here the figures themselves are held to the published ones instead
-            guards = {"max_loop_lag_ms": 50.0, "max_client_cpu_pct": 100.0, "token_tolerance": 0.03}
-            if want["phase"] == "prefill":
-                got, _ = run_loop(run_prefill(PrefillConfig(**common)))
-                keys = ["total_tok_s"]
-            else:
-                if over_capacity(profile, ctx, conc, 4096):
-                    if want["status"] != "over_capacity":
-                        problems.append(f"{label}: over capacity here, {want['status']} there")
-                    continue
-                got, _ = run_loop(
-                    run_decode(DecodeConfig(**common, **guards, concurrency=conc, duration_s=30.0,
-                                            max_output_tokens=4096, prompt_mode="shared"))
-                )  # fmt: skip
-                keys = ["total_tok_s", "per_request_tok_s", "tbt_ms", "output_tokens"]
-            if got["status"] != want["status"]:
-                problems.append(
-                    f"{label}: status {got['status']} ({got['error']}) vs {want['status']}"
-                )
-                continue
-            for key in keys:
-                if abs(got[key] - want[key]) > 0.05 * abs(want[key]):
-                    problems.append(f"{label}: {key} {got[key]:.1f} vs {want[key]:.1f}")
+    slow = [c for c in ref.cells if c["phase"] == "prefill" and c["ttft_ms"] < 8000]
+    fast = [c for c in ref.cells if c not in slow]
+    assert slow and fast
+    for cells, cell_scale in ((slow, 1.0), (fast, scale)):
+        with sim(REFERENCE_PROFILE, time_scale=cell_scale) as url:
+            problems += _replay(url, profile, cells, cell_scale)
     assert problems == [], "\n".join(problems)

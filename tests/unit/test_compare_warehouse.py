@@ -189,17 +189,27 @@ def test_trend_command(wh, capsys, tmp_path):
 
 
 def test_report_comparison_gives_the_report_its_baseline_and_verdicts(wh):
-    from speedmatrix.compare import report_comparison
+    from speedmatrix.compare import ReportComparison, report_comparison
     from speedmatrix.report.render import render_html, render_markdown
 
-    baseline, section = report_comparison(wh, "r2")
+    cmp = report_comparison(wh, "r2")
+    baseline, section = cmp.baseline, cmp.markdown
     assert baseline[0]["run_id"] == "r1" and len(baseline[1]) == 4
     assert section.startswith("## Comparison") and "▼ regression" in section and "64Kx2" in section
+    assert cmp.counts["regression"] >= 1
+    assert any(v["Cell"] == "64Kx2" and "regression" in v["Verdict"] for v in cmp.verdicts)
+    # the diff heat map and the regressed cell's trend over commits, inline SVG
+    ids = [f["id"] for f in cmp.figures]
+    assert ids[0] == "diff-heatmap" and "trend-64Kx2" in ids
+    assert all(f["svg"].startswith("<svg") for f in cmp.figures)
     run, cells, _ = wh.read_run("r2")
     assert "Change against baseline r1" in render_markdown(run, cells, baseline)
-    assert "r1" in render_html(run, cells, baseline)
-    assert report_comparison(wh, "r0") == (None, "")
-    assert report_comparison(wh, "missing") == (None, "")  # logged, not raised
+    page = render_html(run, cells, baseline, verdicts=cmp.verdicts, figures=cmp.figures)
+    assert "r1" in page and "Verdicts beyond noise" in page
+    assert 'id="diff-heatmap"' in page and 'id="trend-64Kx2"' in page
+    assert "<?xml" not in page
+    assert report_comparison(wh, "r0") == ReportComparison()
+    assert report_comparison(wh, "missing") == ReportComparison()  # logged, not raised
 
 
 def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):

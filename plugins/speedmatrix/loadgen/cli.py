@@ -109,9 +109,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="extra request fields, e.g. '{\"temperature\": 0}' (default: server defaults)",
     )
     g = p.add_argument_group("timeouts (seconds)")
-    g.add_argument(
-        "--connect-timeout", type=_positive_float, default=10.0, help="TCP connect"
-    )
+    g.add_argument("--connect-timeout", type=_positive_float, default=10.0, help="TCP connect")
     g.add_argument(
         "--first-token-timeout",
         type=_positive_float,

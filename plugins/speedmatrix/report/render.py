@@ -21,7 +21,7 @@ from __future__ import annotations
 import html
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from speedmatrix.records import context_label
@@ -327,8 +327,19 @@ def _change_colour(change: float | None) -> str:
     return _scale_colour(0.5 + max(-0.5, min(0.5, change * 2.5)))
 
 
-def render_html(run: dict, cells: list[dict], baseline: Baseline | None = None) -> str:
-    """The page as one self-contained HTML file (see the module docstring)."""
+def render_html(
+    run: dict,
+    cells: list[dict],
+    baseline: Baseline | None = None,
+    *,
+    verdicts: Sequence[Mapping[str, str]] = (),
+    figures: Sequence[Mapping[str, str]] = (),
+) -> str:
+    """The page as one self-contained HTML file (see the module docstring).
+
+    `verdicts` (compare.display_rows) and `figures` ({id, title, svg}: the diff heat map and
+    trends over commits) come from the noise-aware comparison; the page only lays them out,
+    so that rendering never needs the warehouse."""
     import jinja2
 
     from speedmatrix.report import charts
@@ -426,5 +437,8 @@ def render_html(run: dict, cells: list[dict], baseline: Baseline | None = None) 
         table_status=[c.get("status") for c in cells],
         charts=charts.render_all(cells, baseline[1] if baseline else None),
         comparison=comp,
+        verdicts=list(verdicts),
+        verdict_header=list(verdicts[0]) if verdicts else [],
+        figures=list(figures),
         escape=html.escape,
     )
