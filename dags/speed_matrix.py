@@ -6,6 +6,9 @@ stops the server, releases the lease) ; validate (Great Expectations) -> land (A
 report -> conclude (fails the run if a cell failed, after everything measured has landed);
 report -> regressions (compares with the baseline; fails the run on a regression).
 
+With `repeats` > 1, prefill and decode also map the repeated cells after the matrix, one pass
+after another (map index `8K x 1 #2`); they land in cell_repeats (plan.plan_matrix).
+
 Orchestration only: every task body is a function in `speedmatrix.pipeline`.
 """
 
@@ -93,6 +96,26 @@ PARAMS = {
         type=["null", "string"],
         enum=[None, "distinct", "shared"],
         description="distinct prompts per stream (true KV footprint) or one shared prompt.",
+    ),
+    "repeats": Param(
+        None,
+        type=["null", "integer"],
+        minimum=1,
+        maximum=10,
+        description="Noise passes: measure the chosen cells (repeat_cells) this many times in "
+        "the run, interleaved (pass 2 starts after the whole matrix). The first measurement "
+        "lands in cells, the others in cell_repeats; between-run noise counts them all. "
+        "Default: the recipe's (1: no repeats).",
+    ),
+    "repeat_cells": Param(
+        None,
+        type=["null", "array"],
+        items={"type": "string", "minLength": 1},
+        minItems=1,
+        uniqueItems=True,
+        description="Cells to repeat, named as `speedmatrix trend --cell` names them: 64Kx16 "
+        "(decode), 'prefill 64K'. Each must be in the matrix. Default (null): every cell, "
+        "i.e. whole runs repeated.",
     ),
     "warehouse": Param(
         None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pandas as pd
@@ -593,47 +593,104 @@ def comparison_markdown(
 
 
 # --------------------------------------------------------------------------- warehouse glue
-# The `comparisons` and `noise` tables live next to runs / cells / requests, in the same
-# Hive layout (<root>/<table>/recipe_id=<r>/run_date=<d>/<run_id>.parquet), written through the
-# Warehouse's own filesystem and path helpers; warehouse.py itself is not changed. Each file is
-# written under _staging/ and renamed into place, so a reader sees the old or the new file whole,
-# and landing a run's comparison again replaces it.
+# The `comparisons`, `noise` and `cell_repeats` tables live next to runs / cells / requests, in
+# the same Hive layout (<root>/<table>/recipe_id=<r>/run_month=<YYYY-MM>/<run_date>_<run_id>
+# .parquet: warehouse.partition_dirs and data_file_name, the run's own date), written through
+# the Warehouse's filesystem. Each file is written under _staging/ and renamed into place, so a
+# reader sees the old or the new file whole, and landing a run's file again replaces it. Files
+# of the older layout (…/recipe_id=<r>/run_date=<d>/<run_id>.parquet) are still read, and
+# replaced when their run lands again. Unlike the core tables, these files also hold
+# `recipe_id` as a column (read_extra filters on it without the path).
 
-EXTRA_TABLES = ("comparisons", "noise")
+EXTRA_TABLES = ("comparisons", "noise", "cell_repeats")
 
 
-def _extra_schema(table: str) -> pa.Schema:
+def _cell_repeats_schema() -> pa.Schema:
+    from speedmatrix.records import CELL_FIELDS
+    from speedmatrix.warehouse import CELLS_SCHEMA, SCHEMA_VERSION
+
+    cell = [CELLS_SCHEMA.field(f.name) for f in CELL_FIELDS]
+    repeat = pa.field(
+        "repeat",
+        pa.int64(),
+        nullable=False,
+        metadata={"doc": "which pass of the run measured it: 1, 2… (0, the primary, is in cells)"},
+    )
+    return pa.schema(
+        [
+            CELLS_SCHEMA.field("run_id"),
+            *cell,
+            repeat,
+            CELLS_SCHEMA.field("recipe_id"),
+            CELLS_SCHEMA.field("run_date"),
+            CELLS_SCHEMA.field("schema_version"),
+        ],
+        metadata={"table": "cell_repeats", "schema_version": str(SCHEMA_VERSION)},
+    )
+
+
+CELL_REPEATS_SCHEMA = _cell_repeats_schema()
+"""The `cell_repeats` table: the repeats (pass >= 1) of a run's cells (the speed_matrix
+`repeats` option), full cell records as in `cells` plus `repeat`; the primary (pass 0) is the
+row in `cells`. Key: run_id, phase, context_tokens, concurrency, repeat."""
+
+
+def extra_schema(table: str) -> pa.Schema:
+    """The schema of an extra table's files (the warehouse's views add `run_month`)."""
     from speedmatrix.noise import NOISE_SCHEMA
 
-    schemas = {"comparisons": COMPARISONS_SCHEMA, "noise": NOISE_SCHEMA}
+    schemas = {
+        "comparisons": COMPARISONS_SCHEMA,
+        "noise": NOISE_SCHEMA,
+        "cell_repeats": CELL_REPEATS_SCHEMA,
+    }
     if table not in schemas:
         raise ValueError(f"unknown table {table!r}: one of {', '.join(EXTRA_TABLES)}")
     return schemas[table]
 
 
+_extra_schema = extra_schema
+
+
+def landed_run_date(warehouse: Any, run: Mapping[str, Any]) -> date:
+    """The date under which the run's files are filed: its `run_date` when the row came from
+    the warehouse, else the date of its landed runs file, else its start (finish) date, else
+    today (what land_run does for a run without dates). Extra files go next to the run's."""
+    from speedmatrix.warehouse import run_date_of
+
+    value = run.get("run_date")
+    if isinstance(value, datetime):
+        return value.date()
+    if isinstance(value, date):
+        return value
+    if isinstance(value, str):
+        try:
+            return date.fromisoformat(value[:10])
+        except ValueError:
+            pass
+    import posixpath
+
+    recipe = run.get("recipe_id")
+    found = warehouse.find_run_files(str(run["run_id"]), recipe if recipe else None)["runs"]
+    if found:
+        return date.fromisoformat(posixpath.basename(found[-1])[:10])
+    return run_date_of(dict(run)) or datetime.now(UTC).date()
+
+
 def land_extra(warehouse: Any, table: str, run: Mapping[str, Any], data: pa.Table) -> str:
-    """Land one run's file of `comparisons` or `noise`; returns its path."""
+    """Land one run's file of an extra table (EXTRA_TABLES); returns its path."""
     import posixpath
     import uuid
 
-    from speedmatrix.warehouse import (
-        STAGING,
-        file_name,
-        partition_value,
-        run_date_of,
-        write_parquet,
-    )
+    from speedmatrix.warehouse import STAGING, data_file_name, partition_dirs, write_parquet
 
-    if not data.schema.equals(_extra_schema(table), check_metadata=False):
+    if not data.schema.equals(extra_schema(table), check_metadata=False):
         raise ValueError(f"{table}: rows do not have the table's schema")
     run_id = str(run["run_id"])
+    day = landed_run_date(warehouse, run)
     fs, base = warehouse.fs, warehouse.base
     target = posixpath.join(
-        base,
-        table,
-        f"recipe_id={partition_value(run.get('recipe_id'))}",
-        f"run_date={partition_value(run_date_of(dict(run)))}",
-        file_name(run_id),
+        base, table, partition_dirs(run.get("recipe_id"), day), data_file_name(run_id, day)
     )
     staged = posixpath.join(base, STAGING, f"{table}-{uuid.uuid4().hex[:12]}.parquet")
     fs.create_dir(posixpath.dirname(staged), recursive=True)
@@ -646,42 +703,113 @@ def land_extra(warehouse: Any, table: str, run: Mapping[str, Any], data: pa.Tabl
     return target
 
 
-def _extra_files(warehouse: Any, table: str, run_id: str | None = None) -> list[str]:
+def delete_extra(warehouse: Any, table: str, run_id: str) -> int:
+    """Remove a run's file(s) of an extra table; returns how many there were."""
+    paths = _extra_files(warehouse, table, run_id)
+    for path in paths:
+        warehouse.fs.delete_file(path)
+    return len(paths)
+
+
+def _is_run_file(basename: str, name: str) -> bool:
+    """`<run_id>.parquet` (older layout) or `<YYYY-MM-DD>_<run_id>.parquet`."""
+    if basename == name:
+        return True
+    if len(basename) != 11 + len(name) or basename[10] != "_" or not basename.endswith(name):
+        return False
+    try:
+        date.fromisoformat(basename[:10])
+    except ValueError:
+        return False
+    return True
+
+
+def _extra_files(
+    warehouse: Any, table: str, run_id: str | None = None, recipe_id: str | None = None
+) -> list[str]:
     import posixpath
 
     import pyarrow.fs as pafs
 
-    from speedmatrix.warehouse import file_name
+    from speedmatrix.warehouse import file_name, partition_value
 
-    selector = pafs.FileSelector(
-        posixpath.join(warehouse.base, table), recursive=True, allow_not_found=True
-    )
+    where = posixpath.join(warehouse.base, table)
+    if recipe_id is not None:  # one recipe's directory, not the whole table
+        where = posixpath.join(where, f"recipe_id={partition_value(recipe_id)}")
+    selector = pafs.FileSelector(where, recursive=True, allow_not_found=True)
     want = file_name(run_id) if run_id is not None else None
     return sorted(
         i.path
         for i in warehouse.fs.get_file_info(selector)
         if i.type == pafs.FileType.File
         and i.path.endswith(".parquet")
-        and (want is None or posixpath.basename(i.path) == want)
+        and (want is None or _is_run_file(posixpath.basename(i.path), want))
     )
 
 
 def read_extra(
     warehouse: Any, table: str, *, run_id: str | None = None, recipe_id: str | None = None
 ) -> pd.DataFrame:
-    """The `comparisons` or `noise` rows of one run, one recipe, or all, as a DataFrame."""
+    """The rows of an extra table (EXTRA_TABLES) of one run, one recipe, or all."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    schema = _extra_schema(table)
+    schema = extra_schema(table)
     parts = []
-    for path in _extra_files(warehouse, table, run_id):
+    for path in _extra_files(warehouse, table, run_id, recipe_id):
         t = pq.read_table(path, filesystem=warehouse.fs, partitioning=None, schema=schema)
         if recipe_id is not None:
             t = t.filter(pc.equal(t["recipe_id"], recipe_id))
         parts.append(t)
     data = pa.concat_tables(parts) if parts else schema.empty_table()
     return data.to_pandas(types_mapper=None)
+
+
+def cell_repeats_table(run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], day: date):
+    """Repeat rows (cell records plus `repeat` >= 1) -> a CELL_REPEATS_SCHEMA table.
+
+    Each pass goes through the cells table's own checks (warehouse.build_table: types,
+    phase/status values, one row per cell), so a repeat lands only if it would land as a cell.
+    """
+    from speedmatrix.warehouse import SCHEMA_VERSION, WarehouseError, build_table, run_month_of
+
+    fixed = {
+        "run_id": str(run["run_id"]),
+        "recipe_id": run.get("recipe_id"),
+        "run_date": day,
+        "run_month": run_month_of(day),
+        "schema_version": SCHEMA_VERSION,
+    }
+    passes: dict[int, list[dict[str, Any]]] = {}
+    for i, row in enumerate(rows):
+        repeat = row.get("repeat")
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise WarehouseError(f"cell_repeats row {i}: repeat must be an integer >= 1")
+        passes.setdefault(repeat, []).append({k: v for k, v in row.items() if k != "repeat"})
+    tables = []
+    for repeat, group in sorted(passes.items()):
+        cells = build_table("cells", group, fixed)
+        cols = {n: cells.column(n) for n in cells.column_names}
+        cols["repeat"] = pa.array([repeat] * cells.num_rows, pa.int64())
+        tables.append(
+            pa.Table.from_arrays(
+                [cols[n] for n in CELL_REPEATS_SCHEMA.names], schema=CELL_REPEATS_SCHEMA
+            )
+        )
+    return pa.concat_tables(tables) if tables else CELL_REPEATS_SCHEMA.empty_table()
+
+
+def land_cell_repeats(
+    warehouse: Any, run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """Land a run's repeats in `cell_repeats` (after the run itself: the file goes next to
+    the run's). No rows: the run's older file, if any, is removed (landing again replaces,
+    also with fewer repeats). Returns the file's path, None when there is none."""
+    if not rows:
+        delete_extra(warehouse, "cell_repeats", str(run["run_id"]))
+        return None
+    day = landed_run_date(warehouse, run)
+    return land_extra(warehouse, "cell_repeats", run, cell_repeats_table(run, rows, day))
 
 
 @dataclass
@@ -707,7 +835,9 @@ def recipe_threshold(recipe_id: str | None) -> float:
 def read_history(
     warehouse: Any, recipe_id: str | None, host: str | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, NoiseModel]:
-    """(runs, cells, comparisons, between-run noise model) of one recipe (and host)."""
+    """(runs, cells, comparisons, between-run noise model) of one recipe (and host).
+
+    The noise model counts the runs' repeats (`cell_repeats`) as measurements too."""
     where, params = ["recipe_id IS NOT DISTINCT FROM ?"], [recipe_id]
     if host is not None:
         where.append("host IS NOT DISTINCT FROM ?")
@@ -718,11 +848,15 @@ def read_history(
         f"SELECT c.* FROM cells c WHERE c.run_id IN (SELECT run_id FROM runs WHERE {cond})",
         params,
     )
-    comparisons = read_extra(warehouse, "comparisons", recipe_id=recipe_id) if recipe_id else None
-    if comparisons is None:
-        comparisons = read_extra(warehouse, "comparisons")
-        comparisons = comparisons[comparisons["recipe_id"].isna()]
-    return runs, cells, comparisons, NoiseModel.from_history(runs, cells)
+    extra = {}
+    for table in ("comparisons", "cell_repeats"):
+        if recipe_id:
+            extra[table] = read_extra(warehouse, table, recipe_id=recipe_id)
+        else:
+            rows = read_extra(warehouse, table)
+            extra[table] = rows[rows["recipe_id"].isna()]
+    noise = NoiseModel.from_history(runs, cells, extra["cell_repeats"])
+    return runs, cells, extra["comparisons"], noise
 
 
 def compare_in_warehouse(
@@ -736,7 +870,10 @@ def compare_in_warehouse(
     within-window intervals and the recipe/host history for the between-run noise.
 
     Raises KeyError when the run is not in the warehouse; `baseline` is None (and rows empty)
-    when there is nothing to compare with, or ValueError when a named baseline is not found."""
+    when there is nothing to compare with, or ValueError when a named baseline is not found.
+    The noise rows do not need a baseline: a first run (with repeats) has its noise too."""
+    from speedmatrix.noise import noise_rows
+
     run, cells, requests = warehouse.read_run(run_id)
     runs_all = warehouse.query("SELECT * FROM runs")
     baseline = select_baseline(runs_all, run, baseline_ref)
@@ -744,7 +881,7 @@ def compare_in_warehouse(
     if baseline is None:
         if baseline_ref is not None:
             raise ValueError(f"no baseline {baseline_ref!r} for run {run_id}")
-        return ComparisonResult(run, None, [], [])
+        return ComparisonResult(run, None, [], noise_rows(run, cells, requests, noise))
     b_run, b_cells, b_requests = warehouse.read_run(baseline["run_id"])
     if threshold is None:
         threshold = recipe_threshold(run.get("recipe_id"))
@@ -758,8 +895,6 @@ def compare_in_warehouse(
         noise=noise,
         threshold=threshold,
     )
-    from speedmatrix.noise import noise_rows
-
     return ComparisonResult(run, b_run, rows, noise_rows(run, cells, requests, noise))
 
 

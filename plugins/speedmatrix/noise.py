@@ -10,7 +10,10 @@ Two estimates, because neither alone is enough:
 * **Between runs** (repeated runs, or repeated cells, of an unchanged engine on the same recipe
   and host): the pooled relative standard deviation of each cell figure. This sees what the
   window cannot: server warm-up, clocks, thermal state, placement. Runs count as "unchanged"
-  when recipe, host and engine commit (else engine version) are equal.
+  when recipe, host and engine commit (else engine version) are equal. The repeats a
+  `speed_matrix` run makes of its own cells (`repeats` / `repeat_cells`, the `cell_repeats`
+  table) are measurements of that same unchanged engine, a pass or more after the primary, so
+  they count like runs: one run with repeats already gives a cell its own spread.
 
 Both are expressed relative to the value (a fraction), so compare.py can combine them and
 weigh them against a relative threshold. scipy (a pinned dependency of great-expectations)
@@ -27,7 +30,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from scipy import stats
 
 CELL_KEY: tuple[str, ...] = ("phase", "context_tokens", "concurrency")
 """What identifies a cell within a run (the cells and requests tables share these columns)."""
@@ -114,6 +116,10 @@ def bootstrap_interval(
     estimate = float(stat(data))
     if np.all(data == data[0]):
         return Interval(estimate, estimate, estimate, int(data.size), confidence)
+    # imported here: scipy.stats takes seconds to import, and readers of the noise tables
+    # (`speedmatrix query`, the warehouse views) never bootstrap
+    from scipy import stats
+
     res = stats.bootstrap(
         (data,),
         stat,
@@ -247,18 +253,27 @@ def _engine_identity(runs: pd.DataFrame) -> pd.Series:
 def between_run_noise(
     runs: pd.DataFrame | Iterable[Mapping[str, Any]],
     cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    repeats: pd.DataFrame | Iterable[Mapping[str, Any]] | None = None,
     *,
     columns: Sequence[str] = NOISE_COLUMNS,
 ) -> pd.DataFrame:
     """Pooled relative spread per recipe / host / cell / metric from repeated measurements.
 
-    Only successful runs and valid cells count. Measurements are grouped by (recipe, host,
-    engine identity, cell); each group with n >= 2 contributes n - 1 degrees of freedom of its
-    variance relative to its own mean; the pooled variance is their dof-weighted mean. Groups of
-    one (a commit measured once) contribute nothing, so a history of all-different commits
-    yields no between-run noise rather than a noise that contains the real changes.
+    Only successful runs and valid cells count. `repeats` (rows of `cell_repeats`: a run's
+    own extra measurements of its cells) join the cells as further measurements of their
+    run's engine. Measurements are grouped by (recipe, host, engine identity, cell); each
+    group with n >= 2 contributes n - 1 degrees of freedom of its variance relative to its
+    own mean; the pooled variance is their dof-weighted mean. Groups of one (a commit measured
+    once) contribute nothing, so a history of all-different commits yields no between-run
+    noise rather than a noise that contains the real changes. `runs` in the result counts
+    measurements (a run with two repeats of a cell counts three).
     """
     rdf, cdf = frame(runs), frame(cells)
+    extra = frame(repeats)
+    if not extra.empty:
+        wanted = ["run_id", "status", *CELL_KEY, *columns]
+        parts = [d[[c for c in wanted if c in d]] for d in (cdf, extra) if not d.empty]
+        cdf = pd.concat(parts, ignore_index=True)
     if rdf.empty or cdf.empty:
         return pd.DataFrame(columns=list(BETWEEN_COLUMNS))
     rdf = rdf.copy()
@@ -323,8 +338,9 @@ class NoiseModel:
         cls,
         runs: pd.DataFrame | Iterable[Mapping[str, Any]],
         cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+        repeats: pd.DataFrame | Iterable[Mapping[str, Any]] | None = None,
     ) -> NoiseModel:
-        return cls(between_run_noise(runs, cells))
+        return cls(between_run_noise(runs, cells, repeats))
 
     def lookup(
         self,

@@ -110,6 +110,7 @@ def resolve(
         check_matrix(spec, recipe.model.max_model_len)
     except ValueError as exc:
         raise ResolveError(f"recipe {recipe.id}: {exc}") from exc
+    repeats, repeat_cells = _repeats(conf, m, spec)
     trigger = trigger_of(dag_run_id)
     run_id = make_run_id(recipe.id, ref, trigger, run_after)
     host = str(_override(conf, "ssh_conn_id", recipe.schedule.host or "local"))
@@ -137,7 +138,31 @@ def resolve(
             "window_s": spec.window_s,
             "prompt_mode": spec.prompt_mode,
         },
+        "repeats": repeats,
+        "repeat_cells": repeat_cells,
     }
+
+
+def _repeats(conf: Mapping[str, Any], m: Any, spec: MatrixSpec) -> tuple[int, list[str] | None]:
+    """(repeats, the canonical names of the cells to repeat or None for all), checked against
+    the matrix now so that a typo fails before a host is touched."""
+    from speedmatrix.plan import PlanError, cell_spec, check_repeats, repeat_keys
+
+    named = conf.get("repeat_cells")
+    try:
+        repeats = check_repeats(
+            conf.get("repeats") if conf.get("repeats") is not None else m.repeats
+        )
+        if named is not None and repeats < 2:
+            raise PlanError(
+                "repeat_cells names cells to repeat but repeats is 1: set repeats to 2 or more"
+            )
+        keys = repeat_keys(spec, named if named is not None else m.repeat_cells)
+    except PlanError as exc:
+        raise ResolveError(str(exc)) from exc
+    if repeats < 2:
+        return 1, None
+    return repeats, None if keys is None else [cell_spec(*k) for k in keys]
 
 
 def _recipe(resolved: Mapping[str, Any]):
@@ -312,11 +337,20 @@ def plan(resolved: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, list
     """Prefill cells, runnable decode cells and over-capacity records, from the real KV cache."""
     capacity = KvCapacity(int(info["kv_num_blocks"]), int(info["kv_block_size"]))
     max_len = info.get("max_model_len") or _recipe(resolved).model.max_model_len
-    planned = plan_matrix(_spec(resolved), capacity, max_model_len=max_len).as_dict()
+    planned = plan_matrix(
+        _spec(resolved),
+        capacity,
+        max_model_len=max_len,
+        repeats=int(resolved.get("repeats") or 1),
+        repeat_cells=resolved.get("repeat_cells"),
+    ).as_dict()
+    repeated = sum(1 for c in [*planned["prefill"], *planned["decode"]] if c.get("repeat"))
     log.info(
-        "plan: %d prefill cells, %d decode cells to run, %d over capacity (KV %d blocks x %d)",
+        "plan: %d prefill cells, %d decode cells to run (%d of them repeats), %d over capacity "
+        "(KV %d blocks x %d)",
         len(planned["prefill"]),
         len(planned["decode"]),
+        repeated,
         len(planned["over_capacity"]),
         capacity.num_blocks,
         capacity.block_size,
@@ -389,7 +423,17 @@ def server_health(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> str
 def run_cell(
     resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Measure one planned cell on the run's host. Never raises for a measurement problem."""
+    """Measure one planned cell on the run's host. Never raises for a measurement problem.
+
+    The result says which pass it was (`repeat`, 0 = the primary) beside the cell record,
+    not in it: the record is the contract's, the pass is where it lands (cells or
+    cell_repeats)."""
+    return {**_run_cell(resolved, server, cell), "repeat": int(cell.get("repeat") or 0)}
+
+
+def _run_cell(
+    resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping[str, Any]
+) -> dict[str, Any]:
     started_at = dt.datetime.now(dt.UTC)
     lease = host_lease(resolved)
     try:
@@ -541,7 +585,7 @@ def collect_cells(
     got: dict[tuple, dict] = {}
     requests: list[dict] = []
     for res in results:
-        if not res or not res.get("cell"):
+        if not res or not res.get("cell") or res.get("repeat"):
             continue
         cell = res["cell"]
         key = (cell["phase"], int(cell["context_tokens"]), int(cell["concurrency"]))
@@ -549,6 +593,8 @@ def collect_cells(
         requests += [dict(r) for r in res.get("requests") or []]
     cells = [dict(c) for c in planned["over_capacity"]]
     for p in [*planned["prefill"], *planned["decode"]]:
+        if p.get("repeat"):
+            continue
         key = (p["phase"], int(p["context_tokens"]), int(p["concurrency"]))
         cell = got.pop(key, None)
         if cell is None:
@@ -558,6 +604,38 @@ def collect_cells(
             cell.update(context_tokens=key[1], concurrency=key[2], context_label=_label(key[1]))
         cells.append(cell)
     return ordered_cells(cells), requests
+
+
+def collect_repeats(
+    planned: Mapping[str, Sequence[dict]] | None, results: Sequence[Mapping[str, Any] | None]
+) -> list[dict]:
+    """Every planned repeat (pass >= 1) exactly once, as its cell record plus `repeat`, in pass
+    then report order; `failed` for a repeat whose task left no result. Their requests are
+    not kept: the requests table holds one set per cell, and a repeat is only there to give
+    the between-run spread of the cell's figures."""
+    planned = planned or {"prefill": [], "decode": []}
+    got: dict[tuple, dict] = {}
+    for res in results:
+        if res and res.get("cell") and res.get("repeat"):
+            cell = res["cell"]
+            key = (cell["phase"], int(cell["context_tokens"]), int(cell["concurrency"]))
+            got[(*key, int(res["repeat"]))] = dict(cell)
+    out = []
+    for p in [*planned.get("prefill", []), *planned.get("decode", [])]:
+        if not p.get("repeat"):
+            continue
+        key = (p["phase"], int(p["context_tokens"]), int(p["concurrency"]), int(p["repeat"]))
+        cell = got.pop(key, None)
+        if cell is None:
+            cell = _jsonable(failed_cell(p, "the cell's task ended without a result"))
+        else:
+            cell.update(context_tokens=key[1], concurrency=key[2], context_label=_label(key[1]))
+        out.append({**cell, "repeat": key[3]})
+    rank = {"prefill": 0, "decode": 1}
+    return sorted(
+        out,
+        key=lambda c: (c["repeat"], rank.get(c["phase"], 2), c["context_tokens"], c["concurrency"]),
+    )
 
 
 def run_status(cells: Sequence[Mapping[str, Any]], quarantined: int = 0) -> str:
@@ -648,9 +726,10 @@ def validate(
     if planned is None:
         raise RuntimeError("nothing was planned (the server never became ready): nothing to land")
     cells, requests = collect_cells(planned, results)
+    repeats = collect_repeats(planned, results)
     run = run_row(resolved, info, server, run_status(cells))
     secrets = secrets_of(resolved)
-    checked = validate_run(run, cells, secrets=secrets)
+    checked = validate_run(run, cells, secrets=secrets, repeats=repeats)
     wh = warehouse_of(resolved)
     run_id = resolved["run_id"]
     gx_path = wh.write_artifact(
@@ -667,6 +746,9 @@ def validate(
         if bad_requests:
             wh.quarantine(run_id, "requests", bad_requests, checked.cells.result)
         log.warning("%d cell(s) quarantined at %s", len(checked.bad_cells), where)
+    if checked.bad_repeats:
+        where = wh.quarantine(run_id, "cell_repeats", checked.bad_repeats, checked.repeats.result)
+        log.warning("%d repeat(s) quarantined at %s", len(checked.bad_repeats), where)
     if not checked.run_ok:
         safe = {**run, "launch_command": redact(run.get("launch_command"), secrets)}
         where = wh.quarantine(run_id, "runs", [safe], checked.runs.result)
@@ -674,21 +756,27 @@ def validate(
             f"the run row failed validation ({checked.runs.summary()}); quarantined at {where}; "
             "nothing landed"
         )
-    run["status"] = run_status(checked.good_cells, quarantined=len(checked.bad_cells))
+    # a quarantined repeat makes the run partial like a quarantined cell (something in the
+    # run measured inconsistently); a failed repeat is landed as failed in cell_repeats and
+    # leaves the run's status to its primaries
+    quarantined = len(checked.bad_cells) + len(checked.bad_repeats)
+    run["status"] = run_status(checked.good_cells, quarantined=quarantined)
     if any(c.get("status") == "failed" for c in checked.bad_cells):
         run["status"] = "failed"
     return {
         "run": run,
         "cells": checked.good_cells,
         "requests": good_requests,
+        "repeats": checked.good_repeats,
         "quarantined": [
             {
                 "phase": c["phase"],
                 "context_tokens": c["context_tokens"],
                 "concurrency": c["concurrency"],
                 "reasons": c["quarantine_reasons"],
+                **({"repeat": c["repeat"]} if "repeat" in c else {}),
             }
-            for c in checked.bad_cells
+            for c in [*checked.bad_cells, *checked.bad_repeats]
         ],
         "gx_results": gx_path,
     }
@@ -696,22 +784,38 @@ def validate(
 
 def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str, Any]:
     """Land the run atomically; landing it again replaces it (idempotent, safe to retry)."""
+    from speedmatrix.compare import land_cell_repeats
+
     wh = warehouse_of(resolved)
     wh.land_run(dict(validated["run"]), list(validated["cells"]), list(validated["requests"]))
+    # after the run (the repeats file goes next to the run's files); with no repeats an older
+    # landing's file is removed, so landing again replaces
+    repeats = list(validated.get("repeats") or [])
+    land_cell_repeats(wh, dict(validated["run"]), repeats)
     cells = validated["cells"]
     failed = [
         f"{c['phase']} {c['context_label']} x {c['concurrency']}: {c.get('error')}"
         for c in cells
         if c.get("status") == "failed"
     ]
+    failed_repeats = [
+        f"{c['phase']} {c['context_label']} x {c['concurrency']} #{c['repeat'] + 1}: "
+        f"{c.get('error')}"
+        for c in repeats
+        if c.get("status") == "failed"
+    ]
+    if failed_repeats:
+        log.warning("failed repeats (landed in cell_repeats): %s", "; ".join(failed_repeats))
     out = {
         "run_id": resolved["run_id"],
         "status": validated["run"]["status"],
         "warehouse": wh.root,
         "cells": len(cells),
         "requests": len(validated["requests"]),
+        "repeats": len(repeats),
         "quarantined": validated["quarantined"],
         "failed": failed,
+        "failed_repeats": failed_repeats,
     }
     log.info("landed %s: %s", resolved["run_id"], out)
     return out

@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 from speedmatrix.records import PROMPT_MODES, context_label, empty_cell
 
 _TOKENS_RE = re.compile(r"^\s*(\d+)\s*([kK])?\s*$")
+_CELL_RE = re.compile(
+    r"^\s*(?:(?P<prefill>prefill)[\s@:]*(?P<pctx>\d+K?)|(?P<ctx>\d+K?)\s*[xX×]\s*(?P<conc>\d+))\s*$",
+    re.IGNORECASE,
+)
+MAX_REPEATS = 10
+"""Upper bound of the `repeats` option: each pass costs a whole matrix's worth of windows."""
 
 
 class PlanError(ValueError):
@@ -56,6 +62,19 @@ def parse_tokens(value: int | str) -> int:
 def cell_label(context_tokens: int, concurrency: int) -> str:
     """`64K x 16`: the readable Airflow map index of a decode cell."""
     return f"{context_label(context_tokens)} x {concurrency}"
+
+
+def parse_cell(spec: str) -> tuple[str, str, int]:
+    """`64Kx16` -> (decode, 64K, 16); `prefill 64K` / `prefill@64K` -> (prefill, 64K, 1).
+
+    One syntax for naming a cell everywhere (`trend --cell`, bisection, `repeat_cells`), so a
+    name copied from one place works in the others."""
+    m = _CELL_RE.match(spec) if isinstance(spec, str) else None
+    if not m:
+        raise ValueError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
+    if m.group("prefill"):
+        return "prefill", m.group("pctx").upper(), 1
+    return "decode", m.group("ctx").upper(), int(m.group("conc"))
 
 
 def blocks_needed(context_tokens: int, max_output_tokens: int, block_size: int) -> int:
@@ -173,13 +192,106 @@ def _planned(spec: MatrixSpec, phase: str, context: int, concurrency: int) -> di
         "max_output_tokens": 1 if phase == "prefill" else spec.max_output_tokens,
         "window_s": None if phase == "prefill" else spec.window_s,
         "prompt_mode": None if phase == "prefill" else spec.prompt_mode,
+        "repeat": 0,
     }
 
 
-def plan_matrix(spec: MatrixSpec, capacity: KvCapacity, max_model_len: int | None = None) -> Plan:
+def cell_spec(phase: str, context_tokens: int, concurrency: int) -> str:
+    """The name parse_cell reads back: `64Kx16` (decode) or `prefill 64K`."""
+    label = context_label(context_tokens)
+    return f"prefill {label}" if phase == "prefill" else f"{label}x{concurrency}"
+
+
+def _names(label: str, context_tokens: int) -> bool:
+    """Does a spec's context (`64K`, `65536`) name this context? Labels round (251K), so the
+    label and the exact token count are both accepted."""
+    if label == context_label(context_tokens):
+        return True
+    try:
+        return parse_tokens(label) == context_tokens
+    except PlanError:
+        return False
+
+
+def _key_rank(key: tuple[str, int, int]) -> tuple[int, int, int]:
+    return (0 if key[0] == "prefill" else 1, key[1], key[2])
+
+
+def check_repeats(repeats: object) -> int:
+    """`repeats` as an int in 1..MAX_REPEATS (None -> 1); PlanError otherwise."""
+    if repeats is None:
+        return 1
+    if isinstance(repeats, bool) or not isinstance(repeats, int):
+        raise PlanError(f"repeats must be an integer 1..{MAX_REPEATS}, got {repeats!r}")
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise PlanError(f"repeats must be 1..{MAX_REPEATS}, got {repeats}")
+    return repeats
+
+
+def repeat_keys(
+    spec: MatrixSpec, repeat_cells: Sequence[str] | None
+) -> list[tuple[str, int, int]] | None:
+    """The cells of the matrix that `repeat_cells` names, as (phase, context_tokens,
+    concurrency) in report order, without duplicates; None (every cell) when it is None.
+
+    Checked against the matrix the run asks for, so a typo fails in `resolve` before a host is
+    touched; whether a named cell fits the server's KV cache is only known at plan time."""
+    if repeat_cells is None:
+        return None
+    if isinstance(repeat_cells, str) or not repeat_cells:
+        raise PlanError(
+            "repeat_cells must be a non-empty list of cells such as ['64Kx16', 'prefill 64K'] "
+            "(null repeats every cell)"
+        )
+    keys: set[tuple[str, int, int]] = set()
+    problems: list[str] = []
+    for name in repeat_cells:
+        try:
+            phase, label, conc = parse_cell(name)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if phase == "prefill":
+            hits = [c for c in spec.prefill_contexts if _names(label, c)]
+        else:
+            hits = [c for c in spec.contexts if _names(label, c)]
+            hits = hits if conc in spec.concurrencies else []
+        if hits:
+            keys.add((phase, hits[0], conc))
+        else:
+            problems.append(f"{name!r} names no cell of the matrix")
+    if problems:
+        matrix = (
+            f"decode {[context_label(c) for c in spec.contexts]} x {list(spec.concurrencies)}, "
+            f"prefill {[context_label(c) for c in spec.prefill_contexts]}"
+        )
+        raise PlanError("repeat_cells: " + "; ".join(problems) + f" (the matrix: {matrix})")
+    return sorted(keys, key=_key_rank)
+
+
+def _repeat(cell: dict, repeat: int) -> dict:
+    return {**cell, "repeat": repeat, "label": f"{cell['label']} #{repeat + 1}"}
+
+
+def plan_matrix(
+    spec: MatrixSpec,
+    capacity: KvCapacity,
+    max_model_len: int | None = None,
+    *,
+    repeats: int = 1,
+    repeat_cells: Sequence[str] | None = None,
+) -> Plan:
     """Prefill cells, runnable decode cells (context-major, as the report's table) and the
-    over-capacity decode cells as full records with status `over_capacity` (never sent)."""
+    over-capacity decode cells as full records with status `over_capacity` (never sent).
+
+    With `repeats` > 1 each phase's list continues with passes 1..repeats-1, each the chosen
+    cells (`repeat_cells`, default all runnable ones) again in the same order: a repeat is
+    measured a whole pass after its primary rather than back to back, so the spread between
+    them sees the drift of the run (warm-up, clocks, heat) that a between-run noise is for.
+    Every planned cell carries `repeat` (0 = the primary, the one the `cells` table holds)."""
     check_matrix(spec, max_model_len)
+    repeats = check_repeats(repeats)
+    chosen = repeat_keys(spec, repeat_cells)
     plan = Plan()
     for ctx in sorted(spec.prefill_contexts):
         if fits(ctx, 1, 1, capacity):
@@ -192,7 +304,27 @@ def plan_matrix(spec: MatrixSpec, capacity: KvCapacity, max_model_len: int | Non
                 plan.decode.append(_planned(spec, "decode", ctx, conc))
             else:
                 plan.over_capacity.append(_over_capacity(spec, "decode", ctx, conc, capacity))
+    if repeats > 1:
+        _add_repeats(plan, repeats, chosen)
     return plan
+
+
+def _add_repeats(plan: Plan, repeats: int, chosen: list[tuple[str, int, int]] | None) -> None:
+    def key(c: dict) -> tuple[str, int, int]:
+        return (c["phase"], c["context_tokens"], c["concurrency"])
+
+    if chosen is not None:
+        runnable = {key(c) for c in (*plan.prefill, *plan.decode)}
+        over = [k for k in chosen if k not in runnable]
+        if over:
+            raise PlanError(
+                f"repeat_cells: {', '.join(cell_spec(*k) for k in over)} "
+                f"{'is' if len(over) == 1 else 'are'} over capacity on this server (not run), "
+                "so cannot be repeated"
+            )
+    for cells in (plan.prefill, plan.decode):
+        picked = [c for c in cells if chosen is None or key(c) in chosen]
+        cells.extend(_repeat(c, r) for r in range(1, repeats) for c in picked)
 
 
 def _over_capacity(

@@ -85,10 +85,16 @@ class Validation:
     bad_cells: list[dict]
     cells: SuiteOutcome
     runs: SuiteOutcome
+    good_repeats: list[dict] = field(default_factory=list)
+    bad_repeats: list[dict] = field(default_factory=list)
+    repeats: SuiteOutcome | None = None
 
     @property
     def results_json(self) -> dict[str, Any]:
-        return {"cells": self.cells.result, "runs": self.runs.result}
+        out = {"cells": self.cells.result, "runs": self.runs.result}
+        if self.repeats is not None:
+            out["cell_repeats"] = self.repeats.result
+        return out
 
 
 def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
@@ -117,11 +123,12 @@ def _ratio(num: Any, den: Any) -> float:
     return num / den
 
 
-def cells_frame(cells: Sequence[dict]):
-    """The cells as a DataFrame plus the ratio columns the consistency expectations bound."""
+def cells_frame(cells: Sequence[dict], extra: Sequence[str] = ()):
+    """The cells as a DataFrame plus the ratio columns the consistency expectations bound
+    (and the `extra` columns, e.g. a repeat's `repeat`)."""
     import pandas as pd
 
-    names = [f.name for f in CELL_FIELDS]
+    names = [f.name for f in CELL_FIELDS] + list(extra)
     df = pd.DataFrame.from_records([{k: c.get(k) for k in names} for c in cells], columns=names)
     df.insert(0, "row", range(len(df)))
     rows = df.to_dict("records")
@@ -141,7 +148,8 @@ def cells_frame(cells: Sequence[dict]):
     return df
 
 
-def _cells_expectations() -> list:
+def _cells_expectations(key: Sequence[str] = ("phase", "context_tokens", "concurrency")) -> list:
+    """The cells suite; `key` is what must be unique (a repeat's pass joins the cell key)."""
     import great_expectations.expectations as gxe
     from great_expectations.expectations.row_conditions import Column
 
@@ -153,7 +161,7 @@ def _cells_expectations() -> list:
         gxe.ExpectColumnValuesToNotBeNull(column="context_tokens"),
         gxe.ExpectColumnValuesToBeBetween(column="context_tokens", min_value=1),
         gxe.ExpectColumnValuesToBeBetween(column="concurrency", min_value=1),
-        gxe.ExpectCompoundColumnsToBeUnique(column_list=["phase", "context_tokens", "concurrency"]),
+        gxe.ExpectCompoundColumnsToBeUnique(column_list=list(key)),
         gxe.ExpectColumnValuesToNotBeNull(
             column="error", row_condition=Column("status").is_in(["failed", "invalid"])
         ),
@@ -290,11 +298,16 @@ def _json_safe(obj: Any, secrets: Sequence[str]) -> dict[str, Any]:
     return _clean(json.loads(json.dumps(obj, default=str)), secrets)
 
 
-def validate_run(run: dict, cells: Sequence[dict], secrets: Sequence[str] = ()) -> Validation:
+def validate_run(
+    run: dict, cells: Sequence[dict], secrets: Sequence[str] = (), repeats: Sequence[dict] = ()
+) -> Validation:
     """Apply the runs and cells suites; split cells into those that land and those quarantined.
 
     A quarantined cell carries `quarantine_reasons` (the expectations it failed) in the copy
-    handed to quarantine; cells that land are returned unchanged.
+    handed to quarantine; cells that land are returned unchanged. `repeats` (cell records
+    plus `repeat`, the cell_repeats rows) get the cells suite too, as suite `cell_repeats`
+    with the pass in the unique key: a repeat measures the same thing as its primary, so the
+    same consistency rules decide whether it may land.
     """
     import pandas as pd
 
@@ -307,19 +320,39 @@ def validate_run(run: dict, cells: Sequence[dict], secrets: Sequence[str] = ()) 
     runs_outcome = _run_suite(context, "runs", runs_df, _runs_expectations(secrets))
     cells_outcome.result = _json_safe(cells_outcome.result, secrets)
     runs_outcome.result = _json_safe(runs_outcome.result, secrets)
-    good, bad = [], []
-    for i, cell in enumerate(cells):
-        reasons = cells_outcome.failed_rows.get(i)
-        if reasons:
-            bad.append({**cell, "quarantine_reasons": sorted(set(reasons))})
-        else:
-            good.append(cell)
+    good, bad = _split(cells, cells_outcome)
+    repeats_outcome = None
+    good_repeats: list[dict] = []
+    bad_repeats: list[dict] = []
+    if repeats:
+        key = ("phase", "context_tokens", "concurrency", "repeat")
+        repeats_outcome = _run_suite(
+            context, "cell_repeats", cells_frame(repeats, ["repeat"]), _cells_expectations(key)
+        )
+        repeats_outcome.result = _json_safe(repeats_outcome.result, secrets)
+        good_repeats, bad_repeats = _split(repeats, repeats_outcome)
+        log.info("%s", repeats_outcome.summary())
     outcome = Validation(
         run_ok=runs_outcome.success,
         good_cells=good,
         bad_cells=bad,
         cells=cells_outcome,
         runs=runs_outcome,
+        good_repeats=good_repeats,
+        bad_repeats=bad_repeats,
+        repeats=repeats_outcome,
     )
     log.info("%s; %s", cells_outcome.summary(), runs_outcome.summary())
     return outcome
+
+
+def _split(rows: Sequence[dict], outcome: SuiteOutcome) -> tuple[list[dict], list[dict]]:
+    """(rows that land unchanged, copies of the failing rows with `quarantine_reasons`)."""
+    good, bad = [], []
+    for i, row in enumerate(rows):
+        reasons = outcome.failed_rows.get(i)
+        if reasons:
+            bad.append({**row, "quarantine_reasons": sorted(set(reasons))})
+        else:
+            good.append(row)
+    return good, bad

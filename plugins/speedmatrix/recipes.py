@@ -200,6 +200,10 @@ class Matrix(_Strict):
     window_s: float = Field(default=30.0, gt=0)
     max_output_tokens: int = Field(default=4096, gt=0)
     prompt_mode: Literal["distinct", "shared"] = "distinct"
+    # Noise passes (speed_matrix `repeats` / `repeat_cells`, which override these): measure
+    # the chosen cells (null: all) `repeats` times in one run, interleaved (plan.plan_matrix).
+    repeats: int = Field(default=1, ge=1, le=10)
+    repeat_cells: tuple[str, ...] | None = None
 
     @field_validator("prefill_contexts", "contexts", mode="before")
     @classmethod
@@ -343,6 +347,24 @@ class Recipe(_Strict):
         }
 
     # ---------------------------------------------------------------- semantic checks
+    def _repeat_problems(self) -> Iterator[tuple[str, str]]:
+        from speedmatrix.plan import MatrixSpec, PlanError, repeat_keys
+
+        m = self.matrix
+        if m.repeats < 2:
+            yield "matrix.repeat_cells", "names cells to repeat but repeats is 1"
+        spec = MatrixSpec.build(
+            prefill_contexts=m.prefill_contexts,
+            contexts=m.contexts,
+            concurrencies=m.concurrencies,
+            max_output_tokens=m.max_output_tokens,
+            window_s=m.window_s,
+        )
+        try:
+            repeat_keys(spec, m.repeat_cells)
+        except PlanError as exc:
+            yield "matrix.repeat_cells", str(exc)
+
     def problems(self) -> Iterator[tuple[str, str]]:
         """(field, reason) for every rule the structure alone cannot express."""
         m, mml = self.matrix, self.model.max_model_len
@@ -372,6 +394,8 @@ class Recipe(_Strict):
                     f"matrix.prefill_contexts[{i}]",
                     f"context {ctx} outside 1..max_model_len {mml}",
                 )
+        if m.repeat_cells is not None:
+            yield from self._repeat_problems()
         for field, value in self._placeholder_uses():
             for name in re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", value):
                 if name not in PLACEHOLDERS:

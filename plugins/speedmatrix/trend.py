@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,11 +18,7 @@ import pandas as pd
 
 from speedmatrix.compare import DEFAULT_THRESHOLD, METRIC_BY_NAME, verdict_for
 from speedmatrix.noise import Z_95, NoiseModel, frame
-
-_CELL_RE = re.compile(
-    r"^\s*(?:(?P<prefill>prefill)[\s@:]*(?P<pctx>\d+K?)|(?P<ctx>\d+K?)\s*[xX×]\s*(?P<conc>\d+))\s*$",
-    re.IGNORECASE,
-)
+from speedmatrix.plan import parse_cell
 
 TREND_COLUMNS = (
     "run_id",
@@ -36,16 +31,6 @@ TREND_COLUMNS = (
     "change_pct",
     "verdict",
 )
-
-
-def parse_cell(spec: str) -> tuple[str, str, int]:
-    """`64Kx16` -> (decode, 64K, 16); `prefill 64K` / `prefill@64K` -> (prefill, 64K, 1)."""
-    m = _CELL_RE.match(spec)
-    if not m:
-        raise ValueError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
-    if m.group("prefill"):
-        return "prefill", m.group("pctx").upper(), 1
-    return "decode", m.group("ctx").upper(), int(m.group("conc"))
 
 
 def _column_for(metric: str, phase: str) -> str:

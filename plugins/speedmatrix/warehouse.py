@@ -94,6 +94,8 @@ SCHEMA_VERSION = 1
 """Bumped when a table's columns change; stored in every row (``schema_version``)."""
 
 TABLES = ("runs", "cells", "requests")
+"""The tables land_run writes. Other code lands more beside them, in the same layout
+(speedmatrix.compare.EXTRA_TABLES: comparisons, noise, cell_repeats): :func:`view_tables`."""
 PARTITION_KEYS = ("recipe_id", "run_month")
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 RUN_STATUSES = ("success", "failed", "partial")
@@ -219,6 +221,28 @@ def partition_of(path: str) -> dict[str, Any]:
             continue
         out[key] = None if raw == NULL_PARTITION else urllib.parse.unquote(raw)
     return out
+
+
+def view_tables() -> tuple[str, ...]:
+    """Every table :meth:`Warehouse.connect` defines a view of: the three core tables, then the
+    extra ones other code lands beside them (speedmatrix.compare.EXTRA_TABLES)."""
+    from speedmatrix.compare import EXTRA_TABLES
+
+    return (*TABLES, *EXTRA_TABLES)
+
+
+def view_schema(table: str) -> pa.Schema:
+    """The columns of ``table``'s view: a core table's schema; an extra table's file columns
+    plus ``run_date`` and ``run_month`` (from its path) where its files lack them."""
+    if table in SCHEMAS:
+        return SCHEMAS[table]
+    from speedmatrix.compare import extra_schema
+
+    schema = extra_schema(table)
+    for f in (_RUN_DATE, _RUN_MONTH):
+        if f.name not in schema.names:
+            schema = schema.append(f)
+    return schema
 
 
 def run_month_of(run_date: dt.date) -> str:
@@ -707,7 +731,8 @@ class Warehouse:
 
     def connect(self, views: str | None = None):
         """A new DuckDB connection with views ``runs``, ``cells``, ``requests`` over this
-        warehouse. ``views``: ``"glob"`` (DuckDB's own Parquet reader over a glob with hive
+        warehouse, and ``comparisons``, ``noise``, ``cell_repeats`` (:func:`view_tables`; an
+        empty view of the right columns while a table has no file). ``views``: ``"glob"`` (DuckDB's own Parquet reader over a glob with hive
         partitioning: what a plain DuckDB user writes; lists every file at every query) or
         ``"dataset"`` (:meth:`dataset`: the files listed once and registered as pyarrow
         datasets whose fragments know their recipe_id, run_month, run_date and run_id; DuckDB
@@ -725,7 +750,11 @@ class Warehouse:
 
     def _has_files(self, table: str) -> bool:
         if self.is_local:
-            pattern = posixpath.join(glob.escape(self.table_dir(table)), "*", "*", "*.parquet")
+            # run_month=: an extra table may still hold files of its older run_date= layout,
+            # which the views leave out (speedmatrix.compare reads them)
+            pattern = posixpath.join(
+                glob.escape(self.table_dir(table)), "*", "run_month=*", "*.parquet"
+            )
             return next(iter(glob.iglob(pattern)), None) is not None
         return any(
             i.type == pafs.FileType.File and i.path.endswith(".parquet")
@@ -801,7 +830,7 @@ class Warehouse:
             fragments.append(
                 fmt.make_fragment(path, filesystem=self.fs, partition_expression=known)
             )
-        return ds.FileSystemDataset(fragments, SCHEMAS[table], fmt, self.fs)
+        return ds.FileSystemDataset(fragments, view_schema(table), fmt, self.fs)
 
     def _signature(self) -> float | None:
         """Changes whenever a landing or a delete starts or ends, in any process: both create
@@ -819,19 +848,22 @@ class Warehouse:
         if not self.is_local:
             mode = "dataset"
         state = {"mode": mode, "signature": self._signature(), "at": time.monotonic()}
-        for table in TABLES:
+        for table in view_tables():
             has = self._has_files(table)
             state[table] = has
             if not has:
-                con.register(f"_{table}_empty", SCHEMAS[table].empty_table())
+                con.register(f"_{table}_empty", view_schema(table).empty_table())
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_empty")
             elif mode == "glob":
-                pattern = posixpath.join(self.table_dir(table), "*", "*", "*.parquet").replace(
-                    "'", "''"
+                pattern = posixpath.join(
+                    self.table_dir(table), "*", "run_month=*", "*.parquet"
+                ).replace("'", "''")
+                source = (
+                    f"read_parquet('{pattern}', hive_partitioning = true, "
+                    f"hive_types = {_HIVE_TYPES}, filename = true)"
                 )
                 con.execute(
-                    f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet('{pattern}', "
-                    f"hive_partitioning = true, hive_types = {_HIVE_TYPES})"
+                    f"CREATE OR REPLACE VIEW {table} AS SELECT {_glob_columns(table)} FROM {source}"
                 )
             else:
                 con.register(f"_{table}_dataset", self.dataset(table))
@@ -843,13 +875,18 @@ class Warehouse:
         if not all(state[t] for t in TABLES):
             return True  # a table that had no file may have one now
         if state["mode"] == "glob":
-            return False  # DuckDB lists the files again at every query
+            if all(state[t] for t in view_tables()):
+                return False  # DuckDB lists the files again at every query
+            # an extra table without a file (many warehouses never get one): look again only
+            # after a landing, not at every query
+            return self._signature() != state["signature"]
         if not self.is_local or time.monotonic() - state["at"] > VIEW_MAX_AGE_S:
             return True
         return self._signature() != state["signature"]
 
     def query(self, sql: str, params: Iterable[Any] | None = None):
-        """Run SQL over the views ``runs``, ``cells``, ``requests``; returns a pandas DataFrame.
+        """Run SQL over the views (``runs``, ``cells``, ``requests`` and the extra tables, see
+        :meth:`connect`); returns a pandas DataFrame.
 
         The connection is kept between calls (DuckDB's Parquet metadata cache stays warm).
         Views follow this Warehouse's ``views`` mode (see :meth:`connect`); datasets are
@@ -877,7 +914,7 @@ class Warehouse:
         """Keep rows that failed validation out of the tables: ``_quarantine/<table>/<run_id>/``
         gets ``rows.jsonl`` (the rows as given) and ``result.json`` (the validation result).
         Quarantining the same run and table again replaces both. Returns the directory."""
-        if table not in TABLES:
+        if table not in view_tables():
             raise WarehouseError(f"quarantine: unknown table {table!r}")
         where = self._join(QUARANTINE, table, file_name(run_id)[: -len(".parquet")])
         lines = "".join(
@@ -925,6 +962,23 @@ class Warehouse:
 
     def read_artifact(self, run_id: str, name: str) -> bytes:
         return self._read_bytes(self._artifact(run_id, name))
+
+
+def _glob_columns(table: str) -> str:
+    """The select list of a glob view: the core tables as read (hive columns last); an extra
+    table in view_schema's order, run_date from the file name when its files lack it."""
+    if table in SCHEMAS:
+        return "* EXCLUDE (filename)"
+    from speedmatrix.compare import extra_schema
+
+    stored = set(extra_schema(table).names)
+    cols = []
+    for name in view_schema(table).names:
+        if name == "run_date" and name not in stored:
+            cols.append("CAST(left(parse_filename(filename), 10) AS DATE) AS run_date")
+        else:
+            cols.append(f'"{name}"')
+    return ", ".join(cols)
 
 
 def _clean_json(value: Any) -> Any:
