@@ -756,11 +756,11 @@ def validate(
             f"the run row failed validation ({checked.runs.summary()}); quarantined at {where}; "
             "nothing landed"
         )
-    # a quarantined repeat makes the run partial like a quarantined cell (something in the
-    # run measured inconsistently); a failed repeat is landed as failed in cell_repeats and
-    # leaves the run's status to its primaries
-    quarantined = len(checked.bad_cells) + len(checked.bad_repeats)
-    run["status"] = run_status(checked.good_cells, quarantined=quarantined)
+    # The run's status is its matrix's (the primaries): a quarantined or failed repeat leaves
+    # the cells table whole, and a `partial` run would be dropped from baselines and from the
+    # between-run noise its other repeats are for. Such a repeat is listed in `quarantined`
+    # (with its `repeat`) or landed as failed in cell_repeats, and logged.
+    run["status"] = run_status(checked.good_cells, quarantined=len(checked.bad_cells))
     if any(c.get("status") == "failed" for c in checked.bad_cells):
         run["status"] = "failed"
     return {

@@ -130,6 +130,12 @@ GOOD = {"recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"}
         {**GOOD, "prompt_mode": "weird"},
         {**GOOD, "engine_ref": "banana"},
         {**GOOD, "port": 70000},
+        {**GOOD, "repeats": 0},
+        {**GOOD, "repeats": 11},
+        {**GOOD, "repeats": 2.5},
+        {**GOOD, "repeat_cells": []},
+        {**GOOD, "repeat_cells": "8Kx1"},
+        {**GOOD, "repeat_cells": ["8Kx1", "8Kx1"]},
     ],
     ids=lambda c: json.dumps(c)[:60],
 )
@@ -158,6 +164,8 @@ def test_params_reject_bad_conf(dagbag, conf):
         },
         {**GOOD, "engine_ref": "pr/12345"},
         {**GOOD, "engine_ref": "v0.29.0"},
+        {**GOOD, "repeats": 3, "repeat_cells": ["8Kx1", "prefill 8K"]},
+        {**GOOD, "repeats": 10},
     ],
 )
 def test_params_accept_good_conf(dagbag, conf):
@@ -177,6 +185,8 @@ def test_params_are_documented(dagbag):
         "max_output_tokens",
         "prompt_mode",
         "warehouse",
+        "repeats",
+        "repeat_cells",
     }
     assert expected <= set(params.keys())
     for name in params:
