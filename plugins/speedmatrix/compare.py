@@ -865,13 +865,15 @@ def compare_in_warehouse(
     *,
     baseline_ref: str | None = None,
     threshold: float | Mapping[str, float] | None = None,
+    with_noise: bool = True,
 ) -> ComparisonResult:
     """Compare a landed run with its baseline (see select_baseline), using the requests for
     within-window intervals and the recipe/host history for the between-run noise.
 
     Raises KeyError when the run is not in the warehouse; `baseline` is None (and rows empty)
     when there is nothing to compare with, or ValueError when a named baseline is not found.
-    The noise rows do not need a baseline: a first run (with repeats) has its noise too."""
+    The noise rows do not need a baseline: a first run (with repeats) has its noise too.
+    `with_noise=False` skips them (their bootstraps) for a caller that only shows verdicts."""
     from speedmatrix.noise import noise_rows
 
     run, cells, requests = warehouse.read_run(run_id)
@@ -881,7 +883,8 @@ def compare_in_warehouse(
     if baseline is None:
         if baseline_ref is not None:
             raise ValueError(f"no baseline {baseline_ref!r} for run {run_id}")
-        return ComparisonResult(run, None, [], noise_rows(run, cells, requests, noise))
+        rows = noise_rows(run, cells, requests, noise) if with_noise else []
+        return ComparisonResult(run, None, [], rows)
     b_run, b_cells, b_requests = warehouse.read_run(baseline["run_id"])
     if threshold is None:
         threshold = recipe_threshold(run.get("recipe_id"))
@@ -895,7 +898,8 @@ def compare_in_warehouse(
         noise=noise,
         threshold=threshold,
     )
-    return ComparisonResult(run, b_run, rows, noise_rows(run, cells, requests, noise))
+    noise_table_rows = noise_rows(run, cells, requests, noise) if with_noise else []
+    return ComparisonResult(run, b_run, rows, noise_table_rows)
 
 
 def regressions_check(
@@ -999,7 +1003,7 @@ def report_comparison(warehouse: Any, run_id: str) -> ReportComparison:
     import logging
 
     try:
-        result = compare_in_warehouse(warehouse, run_id)
+        result = compare_in_warehouse(warehouse, run_id, with_noise=False)
         if result.baseline is None:
             return ReportComparison()
         _, base_cells, _ = warehouse.read_run(result.baseline["run_id"])

@@ -82,7 +82,9 @@ def run_compare(args: argparse.Namespace) -> int:
         run_id, ref = args.run_a, args.baseline
     threshold = args.threshold_pct / 100 if args.threshold_pct is not None else None
     try:
-        result = compare_in_warehouse(wh, run_id, baseline_ref=ref, threshold=threshold)
+        result = compare_in_warehouse(
+            wh, run_id, baseline_ref=ref, threshold=threshold, with_noise=False
+        )
     except KeyError as exc:  # read_run: the run is not in the warehouse
         raise ValueError(str(exc.args[0]) if exc.args else str(exc)) from None
     if result.baseline is None:

@@ -747,7 +747,7 @@ def validate(
             wh.quarantine(run_id, "requests", bad_requests, checked.cells.result)
         log.warning("%d cell(s) quarantined at %s", len(checked.bad_cells), where)
     if checked.bad_repeats:
-        where = wh.quarantine(run_id, "cell_repeats", checked.bad_repeats, checked.repeats.result)
+        where = wh.quarantine(run_id, "cell_repeats", checked.bad_repeats, checked.cells.result)
         log.warning("%d repeat(s) quarantined at %s", len(checked.bad_repeats), where)
     if not checked.run_ok:
         safe = {**run, "launch_command": redact(run.get("launch_command"), secrets)}

@@ -87,14 +87,10 @@ class Validation:
     runs: SuiteOutcome
     good_repeats: list[dict] = field(default_factory=list)
     bad_repeats: list[dict] = field(default_factory=list)
-    repeats: SuiteOutcome | None = None
 
     @property
     def results_json(self) -> dict[str, Any]:
-        out = {"cells": self.cells.result, "runs": self.runs.result}
-        if self.repeats is not None:
-            out["cell_repeats"] = self.repeats.result
-        return out
+        return {"cells": self.cells.result, "runs": self.runs.result}
 
 
 def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
@@ -305,33 +301,30 @@ def validate_run(
 
     A quarantined cell carries `quarantine_reasons` (the expectations it failed) in the copy
     handed to quarantine; cells that land are returned unchanged. `repeats` (cell records
-    plus `repeat`, the cell_repeats rows) get the cells suite too, as suite `cell_repeats`
-    with the pass in the unique key: a repeat measures the same thing as its primary, so the
-    same consistency rules decide whether it may land.
+    plus `repeat`, the cell_repeats rows) go through the cells suite with the cells, the
+    pass joining the unique key (rows after the cells; `repeat` 0 for the cells): a repeat
+    measures the same thing as its primary, so the same rules decide whether it may land,
+    and one suite run costs what the cells alone cost (GX's time is per expectation).
     """
     import pandas as pd
 
     context = _context()
-    cells_df = cells_frame(cells)
-    cells_outcome = _run_suite(context, "cells", cells_df, _cells_expectations())
+    if repeats:
+        rows = [*({**c, "repeat": 0} for c in cells), *repeats]
+        key = ("phase", "context_tokens", "concurrency", "repeat")
+        cells_df, exps = cells_frame(rows, ["repeat"]), _cells_expectations(key)
+    else:
+        cells_df, exps = cells_frame(cells), _cells_expectations()
+    cells_outcome = _run_suite(context, "cells", cells_df, exps)
     run_row = {f.name: run.get(f.name) for f in RUN_FIELDS}
     runs_df = pd.DataFrame.from_records([run_row])
     runs_df.insert(0, "row", [0])
     runs_outcome = _run_suite(context, "runs", runs_df, _runs_expectations(secrets))
     cells_outcome.result = _json_safe(cells_outcome.result, secrets)
     runs_outcome.result = _json_safe(runs_outcome.result, secrets)
-    good, bad = _split(cells, cells_outcome)
-    repeats_outcome = None
-    good_repeats: list[dict] = []
-    bad_repeats: list[dict] = []
-    if repeats:
-        key = ("phase", "context_tokens", "concurrency", "repeat")
-        repeats_outcome = _run_suite(
-            context, "cell_repeats", cells_frame(repeats, ["repeat"]), _cells_expectations(key)
-        )
-        repeats_outcome.result = _json_safe(repeats_outcome.result, secrets)
-        good_repeats, bad_repeats = _split(repeats, repeats_outcome)
-        log.info("%s", repeats_outcome.summary())
+    good, bad = _split(cells, cells_outcome.failed_rows)
+    later = {i - len(cells): why for i, why in cells_outcome.failed_rows.items() if i >= len(cells)}
+    good_repeats, bad_repeats = _split(repeats, later)
     outcome = Validation(
         run_ok=runs_outcome.success,
         good_cells=good,
@@ -340,17 +333,18 @@ def validate_run(
         runs=runs_outcome,
         good_repeats=good_repeats,
         bad_repeats=bad_repeats,
-        repeats=repeats_outcome,
     )
     log.info("%s; %s", cells_outcome.summary(), runs_outcome.summary())
     return outcome
 
 
-def _split(rows: Sequence[dict], outcome: SuiteOutcome) -> tuple[list[dict], list[dict]]:
+def _split(
+    rows: Sequence[dict], failed_rows: dict[int, list[str]]
+) -> tuple[list[dict], list[dict]]:
     """(rows that land unchanged, copies of the failing rows with `quarantine_reasons`)."""
     good, bad = [], []
     for i, row in enumerate(rows):
-        reasons = outcome.failed_rows.get(i)
+        reasons = failed_rows.get(i)
         if reasons:
             bad.append({**row, "quarantine_reasons": sorted(set(reasons))})
         else:
