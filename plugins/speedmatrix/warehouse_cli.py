@@ -1,5 +1,6 @@
 """``speedmatrix query "SQL" [--warehouse W] [--format table|csv|json]``: DuckDB over the views
-``runs``, ``cells`` and ``requests`` of the warehouse (see speedmatrix.warehouse)."""
+``runs``, ``cells`` and ``requests`` of the warehouse, and ``comparisons``, ``noise`` and
+``cell_repeats`` beside them (see speedmatrix.warehouse)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import sys
 def register(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
-        help="SQL over the runs / cells / requests tables",
-        description="Run SQL (DuckDB) over the views runs, cells and requests.",
+        help="SQL over the runs / cells / requests tables (and comparisons / noise / cell_repeats)",
+        description="Run SQL (DuckDB) over the views runs, cells and requests, and "
+        "comparisons, noise and cell_repeats.",
         epilog='Example: speedmatrix query "SELECT run_id, engine_version FROM runs ORDER BY '
         'started_at DESC LIMIT 5"',
     )
