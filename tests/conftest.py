@@ -49,3 +49,21 @@ def airflow_db() -> Path:
             f"airflow db migrate failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
         )
     return Path(os.environ["AIRFLOW_HOME"])
+
+
+# Fixtures that start the session's one vLLM server (or provision its env): every test that
+# uses them runs in one xdist worker, so the env is built once and the server started once.
+_VLLM_FIXTURES = {"vllm_cpu_env", "vllm_cpu_server", "vllm_cpu_host"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `pytest -n N --dist loadgroup` (the Makefile's parallel phase): a module's tests
+    stay in one worker (module fixtures such as the Airflow deployment start once), and all
+    tests of real vLLM share one worker. Runs before xdist reads the groups (tryfirst)."""
+    for item in items:
+        if any(True for _ in item.iter_markers("xdist_group")):
+            continue
+        names = set(getattr(item, "fixturenames", ()))
+        group = "vllm" if item.get_closest_marker("vllm") or names & _VLLM_FIXTURES else None
+        item.add_marker(pytest.mark.xdist_group(group or item.module.__name__))

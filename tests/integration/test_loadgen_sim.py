@@ -26,7 +26,7 @@ from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_pre
 from speedmatrix.loadgen.runner import run_loop
 from speedmatrix.records import CELL_FIELDS
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "include" / "sim-profiles"

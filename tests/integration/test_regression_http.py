@@ -29,7 +29,7 @@ from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_pre
 from speedmatrix.sim.server import run_in_thread
 from speedmatrix.warehouse import Warehouse
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.timing]
 
 PROFILE = {
     "name": "planted-http",

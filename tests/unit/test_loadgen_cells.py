@@ -22,6 +22,8 @@ from speedmatrix.loadgen import (
 )
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS
 
+pytestmark = pytest.mark.timing  # run alone: see pyproject's markers
+
 CELL_KEYS = [f.name for f in CELL_FIELDS]
 REQUEST_KEYS = [f.name for f in REQUEST_FIELDS]
 

@@ -18,6 +18,8 @@ from speedmatrix.loadgen.promtext import parse_metrics
 from speedmatrix.loadgen.stats import is_repetition_loop, percentile
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS
 
+pytestmark = pytest.mark.timing  # run alone: see pyproject's markers
+
 CELL_KEYS = sorted(f.name for f in CELL_FIELDS)
 REQUEST_KEYS = sorted(f.name for f in REQUEST_FIELDS)
 
