@@ -6,6 +6,12 @@ in between (those with wheels), running only the regressed cells: each step trig
 the landed cells with the known-good run. Steps are unrolled (MAX_STEPS, enough for 1024
 commits); once the first bad commit is known the remaining steps are skipped.
 
+A step's run takes as long as a matrix does (minutes to hours, waiting for its host included),
+so the measure steps are deferrable: a worker slot is held only to trigger the run and to read
+its end; in between the triggerer polls its state. A failed run counts as finished (the
+judge then says "skip" and the search goes around that commit) rather than failing the
+bisection.
+
 Orchestration only: every task body is a function in `speedmatrix.bisect`.
 """
 
@@ -95,10 +101,15 @@ def speed_matrix_bisect():
             trigger_run_id=f"{{{{ ti.xcom_pull(task_ids='choose_{step}')['trigger_run_id'] }}}}",
             conf=f"{{{{ ti.xcom_pull(task_ids='choose_{step}')['conf'] | tojson }}}}",
             wait_for_completion=True,
+            # The triggerer waits, not a worker. One light state query per poll; 30 s of
+            # latency per step is nothing next to a matrix run.
+            deferrable=True,
             poke_interval=30,
             allowed_states=["success", "failed"],  # a failed run is judged "skip"
             failed_states=[],
-            execution_timeout=timedelta(hours=12),
+            # Bounds the trigger call and the resumed completion only: Airflow 3.3 puts no
+            # timeout on the deferred wait; speed_matrix's own task timeouts end its run.
+            execution_timeout=timedelta(minutes=10),
         )
         chosen >> run
         job = judge.override(task_id=f"judge_{step}")(chosen)

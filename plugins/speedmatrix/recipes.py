@@ -38,9 +38,13 @@ PLACEHOLDERS = (
     "max_model_len",
     "python",
     "include",
+    "ref",
 )
 """{python}: the Python on the host that has speedmatrix (sim recipes); {include}: where the
-project's include/ folder is on the host (shipped there by provisioning)."""
+project's include/ folder is on the host (shipped there by provisioning); {ref}: the engine ref
+being served, exactly as asked for (the run's engine_ref, else the recipe's engine.ref), so a
+simulator recipe can stand in for different commits by picking a profile per commit (how a
+regression is planted at one commit to test a bisection)."""
 
 # Env var names that hold secrets: their values must come from the environment, never the file.
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
@@ -344,6 +348,7 @@ class Recipe(_Strict):
             "host": self.serve.host,
             "port": str(self.serve.port),
             "max_model_len": str(self.model.max_model_len),
+            "ref": ref or self.engine.ref,
         }
 
     # ---------------------------------------------------------------- semantic checks

@@ -162,6 +162,9 @@ def test_the_dag_file_imports_with_unrolled_steps():
         assert {f"choose_{i}", f"measure_{i}", f"judge_{i}"} <= ids
     measure = dag.get_task("measure_3")
     assert measure.trigger_dag_id == "speed_matrix" and measure.wait_for_completion
+    # The triggerer waits out the run; a failed run ends the wait without failing the step.
+    assert measure.deferrable
+    assert set(measure.allowed_states) == {"success", "failed"} and measure.failed_states == []
     assert dag.get_task("judge_3").upstream_task_ids == {"choose_3", "measure_3"}
     assert dag.get_task("choose_4").upstream_task_ids == {"judge_3"}
     assert {"prepare", f"judge_{MAX_STEPS - 1}"} <= dag.get_task("conclude").upstream_task_ids
@@ -200,3 +203,35 @@ def test_commits_between_reads_the_compare_api(monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_sim_recipe_has_every_commit_without_asking_the_network(tmp_path, monkeypatch):
+    """The simulator installs nothing, so no commit is skipped for want of a wheel, and
+    bisecting it needs no wheel index (nor any network)."""
+    import requests
+
+    from speedmatrix.bisect import wheel_check
+    from speedmatrix.recipes import load_recipe
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"network asked: {args}")
+
+    monkeypatch.setattr(requests, "head", no_network)
+    monkeypatch.setattr(requests, "get", no_network)
+    assert load_recipe(RECIPE).engine.install.kind == "sim"
+    has_wheel = wheel_check(load_recipe(RECIPE))
+    assert all(has_wheel(c) for c in COMMITS)
+    wh = Warehouse(str(tmp_path / "wh"))
+    _land(wh, "good", GOOD, T0, slow=False)
+    job = prepare_job(
+        {
+            "recipe": RECIPE,
+            "good": GOOD,
+            "bad": COMMITS[-1],
+            "cells": ["64Kx2"],
+            "commits": COMMITS,
+            "warehouse": wh.root,
+        }
+    )
+    assert job["state"]["no_wheel"] == [] and job["state"]["candidates"] == COMMITS
+    wh.close()

@@ -210,3 +210,18 @@ def test_recipe_id_and_path_both_accepted() -> None:
     by_path = load_recipe(recipes.RECIPES_DIR / f"{CPU}.yaml")
     assert by_id == by_path
     assert by_id.id == CPU
+
+
+def test_ref_placeholder_is_the_engine_ref_being_served(tmp_path: Path) -> None:
+    """A simulator recipe picks its profile per commit with {ref} (how a bisection test plants
+    a regression at one commit); without a run's ref it is the recipe's own engine.ref."""
+    data = yaml.safe_load(
+        (recipes.RECIPES_DIR / "sim/kimi-k2.7-nvfp4-rtxpro6k-x8.yaml").read_text()
+    )
+    data["serve"]["command"][-1] = "/profiles/{ref}.yaml"
+    r = load_recipe(_write(tmp_path, data))
+    commit = "ab" * 20
+    argv = r.launch_argv(commit, python="py", include="inc")
+    assert argv[argv.index("--profile") + 1] == f"/profiles/{commit}.yaml"
+    assert f"/profiles/{data['engine']['ref']}.yaml" in r.render_launch_command()
+    assert "/profiles/pr/61000.yaml" in r.render_launch_command("pr/61000")
