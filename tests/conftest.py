@@ -60,10 +60,24 @@ _VLLM_FIXTURES = {"vllm_cpu_env", "vllm_cpu_server", "vllm_cpu_host"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under `pytest -n N --dist loadgroup` (the Makefile's parallel phase): a module's tests
     stay in one worker (module fixtures such as the Airflow deployment start once), and all
-    tests of real vLLM share one worker. Runs before xdist reads the groups (tryfirst)."""
+    tests of real vLLM share one worker. Runs before xdist reads the groups (tryfirst).
+
+    The longest chains come first, because xdist hands groups out in collection order: the
+    real-vLLM group (a ~8 min vllm-cpu install, then its server) and the Airflow deployment.
+    Started last, they made phase 1 twenty minutes longer."""
     for item in items:
         if any(True for _ in item.iter_markers("xdist_group")):
             continue
         names = set(getattr(item, "fixturenames", ()))
         group = "vllm" if item.get_closest_marker("vllm") or names & _VLLM_FIXTURES else None
         item.add_marker(pytest.mark.xdist_group(group or item.module.__name__))
+
+    def rank(item: pytest.Item) -> int:
+        if (
+            item.get_closest_marker("vllm")
+            or set(getattr(item, "fixturenames", ())) & _VLLM_FIXTURES
+        ):
+            return 0
+        return 1 if item.get_closest_marker("deployment") else 2
+
+    items.sort(key=rank)  # stable: file order within each rank
