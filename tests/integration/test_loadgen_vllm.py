@@ -8,6 +8,7 @@ tokens agreeing with the rise of `vllm:generation_tokens_total` over the window.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -67,9 +68,12 @@ def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[n
     assert all(r["output_tokens"] == 32 for r in rows if r["finished"])
     assert cell["active_source"] == "server"
     assert cell["server_generation_tokens"] is not None
-    # the window opens on the arrival of the counter reading: the counts agree to within
-    # one step per stream at each edge
-    assert abs(cell["server_generation_tokens"] - cell["output_tokens"]) <= 2 * concurrency
+    # The counts agree within one step per stream at each edge plus the 1% the issue allows
+    # (the server reads its counter somewhere inside each /metrics round trip: a loaded CI box
+    # saw 558 vs 552 at C=2, 1.1%, where edges alone allow 4). The cell's own cross-check,
+    # with the round trips' measured spans, already passed: status "valid" above.
+    slack = 2 * concurrency + math.ceil(0.01 * cell["output_tokens"])
+    assert abs(cell["server_generation_tokens"] - cell["output_tokens"]) <= slack
     # completed = requests that finished inside the window (the tiny model's speed on a busy
     # CPU decides how many; on a quiet one 32-token requests restart several times in 5 s)
     inside = [
