@@ -225,3 +225,74 @@ def test_ref_placeholder_is_the_engine_ref_being_served(tmp_path: Path) -> None:
     assert argv[argv.index("--profile") + 1] == f"/profiles/{commit}.yaml"
     assert f"/profiles/{data['engine']['ref']}.yaml" in r.render_launch_command()
     assert "/profiles/pr/61000.yaml" in r.render_launch_command("pr/61000")
+
+
+def _sim_recipes() -> list[recipes.Recipe]:
+    return [load_recipe(i) for i in recipes.list_recipe_ids() if i.startswith("sim/")]
+
+
+def test_every_sim_recipe_profile_loads_and_matches_the_recipe() -> None:
+    from speedmatrix.sim.profile import load_profile
+
+    sims = _sim_recipes()
+    assert len(sims) >= 3
+    for r in sims:
+        assert r.engine.install.kind == "sim" and r.sim_profile, r.id
+        p = load_profile(recipes.REPO_ROOT / r.sim_profile)
+        # the served command points at the same profile the recipe names
+        assert any(t.endswith(r.sim_profile.removeprefix("include/")) for t in r.serve.command)
+        assert p.served_model_name == r.model.served_name, r.id
+        assert p.model == r.model.id and p.version == r.engine.version, r.id
+        # every published prefill must be admitted (a prompt needs len < max_model_len)
+        assert p.max_model_len > max(r.matrix.prefill_contexts), r.id
+
+
+def test_one_sim_recipe_per_published_recipe() -> None:
+    published = [
+        load_recipe(i)
+        for i in recipes.list_recipe_ids()
+        if not i.startswith(("sim/", "cpu/")) and load_recipe(i).engine.install.kind != "sim"
+    ]
+    assert {r.id for r in published} == set(PUBLISHED)
+    sims = _sim_recipes()
+    for pub in published:
+        twins = [
+            s
+            for s in sims
+            if s.model.id == pub.model.id
+            and s.engine.version == pub.engine.version
+            and s.matrix == pub.matrix
+        ]
+        assert len(twins) == 1, f"{pub.id}: {len(twins)} sim recipes with its model/version/matrix"
+        s = twins[0]
+        assert s.engine.ref == pub.engine.ref
+        assert (s.model.served_name, s.model.quantization, s.model.max_model_len) == (
+            pub.model.served_name,
+            pub.model.quantization,
+            pub.model.max_model_len,
+        )
+        hw, sim_hw = pub.hardware.model_dump(), s.hardware.model_dump()
+        assert sim_hw.pop("slug") == "sim-" + hw.pop("slug")
+        assert sim_hw == hw, s.id
+        assert s.schedule.host == "local"
+
+
+def test_uncalibrated_profiles_say_so() -> None:
+    from speedmatrix.sim.profile import PROFILE_DIR, load_profile
+
+    calibrated = []
+    for path in sorted(PROFILE_DIR.glob("*.yaml")):
+        p = load_profile(path)
+        text = path.read_text()
+        if p.calibrated:
+            assert p.source, path  # calibrated means fitted to a named report
+            calibrated.append(path.name)
+            continue
+        assert "calibrated: false" in text, path
+        assert "NOT CALIBRATED" in text.splitlines()[0].upper(), path
+        assert "NOT calibrated" in p.description or "NOT CALIBRATED" in p.description, path
+    assert calibrated == ["kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"]
+    # the sim recipes of configurations without a published report are not scheduled
+    for r in _sim_recipes():
+        if not load_profile(recipes.REPO_ROOT / r.sim_profile).calibrated:
+            assert not r.schedule.nightly and not r.schedule.per_commit, r.id
