@@ -148,7 +148,9 @@ def test_server_killed_mid_run_lands_measured_cells_and_fails_fast(migrated, tmp
     conf = {**CONF, "concurrencies": [1, 2], "port": free_port()}
     proc, log, result = start_run(tmp_path, home, migrated, conf, "killed")
     try:
-        wait_for_line(log, r"cell 8K x 1: valid", proc)
+        # dag.test() runs the mapped decode cells in no fixed order (seen: 8K x 1 last, so a
+        # kill after it hit no cell): kill after the first decode cell that came out valid
+        wait_for_line(log, r"cell \d+K x \d+: valid", proc)
         pid_file = home / ".speedmatrix" / "servers" / str(conf["port"]) / "pid"
         pgid = int(pid_file.read_text().split()[0])
         os.killpg(pgid, signal.SIGKILL)
@@ -163,20 +165,28 @@ def test_server_killed_mid_run_lands_measured_cells_and_fails_fast(migrated, tmp
     tasks = out["tasks"]
     assert tasks["conclude"]["state"] == "failed"
     assert tasks["land"]["state"] == "success" and tasks["stop_server"]["state"] == "success"
-    # the cells after the crash were each refused by the health check in seconds
-    for label in ("16K x 1", "16K x 2"):
-        assert tasks[f"decode[{label}]"]["duration_s"] < 20, tasks[f"decode[{label}]"]
 
     run_id = out["xcom"]["resolve"]["run_id"]
     run, cells, _ = Warehouse(os.environ["SPEEDMATRIX_WAREHOUSE"]).read_run(run_id)
     assert run["status"] == "failed"
     by_cell = {(c["phase"], c["context_label"], c["concurrency"]): c for c in cells}
     assert by_cell[("prefill", "8K", 1)]["status"] == "valid"
-    assert by_cell[("decode", "8K", 1)]["status"] == "valid"
-    for key in (("decode", "16K", 1), ("decode", "16K", 2)):
-        assert by_cell[key]["status"] == "failed"
-        assert "server not healthy before the cell" in by_cell[key]["error"]
-    assert by_cell[("decode", "8K", 2)]["status"] in ("failed", "valid")  # raced the kill
+    decode = {
+        k: c for k, c in by_cell.items() if k[0] == "decode" and c["status"] != "over_capacity"
+    }
+    assert len(decode) == 4
+    valid = [k for k, c in decode.items() if c["status"] == "valid"]
+    refused = [k for k, c in decode.items() if c["status"] == "failed"]
+    assert valid, decode  # the one measured before the kill (and any that raced it)
+    assert len(valid) + len(refused) == 4
+    # one cell at most raced the kill (it was running when the server died); every cell that
+    # started after it was refused by the health check, in seconds, and says why
+    healthy_refusals = [
+        k for k in refused if "server not healthy before the cell" in decode[k]["error"]
+    ]
+    assert len(healthy_refusals) >= len(refused) - 1 and healthy_refusals, decode
+    for _phase, label, conc in healthy_refusals:
+        assert tasks[f"decode[{label} x {conc}]"]["duration_s"] < 20, tasks
     assert after_kill_s < 300
     no_server_left(home)
 
