@@ -944,7 +944,7 @@ def regressions_check(
 def _write_charts(warehouse: Any, result: ComparisonResult) -> None:
     """comparison.svg (the diff heat map of total tok/s) and one trend-<cell>.svg per
     regressed cell, next to the run's report, for the HTML report and for the alert's reader."""
-    from speedmatrix.trend import diff_heatmap_svg, trend, trend_chart_svg
+    from speedmatrix.trend import diff_heatmap_svg
 
     run_id = result.run["run_id"]
     heat = diff_heatmap_svg(result.rows)
@@ -957,10 +957,27 @@ def _write_charts(warehouse: Any, result: ComparisonResult) -> None:
     }
     if not bad:
         return
-    runs, cells, comparisons, noise = read_history(
+    title = "{name}: " + run_id.replace("{", "{{").replace("}", "}}")
+    for name, svg in _trend_svgs(warehouse, result, sorted(bad), title=title):
+        warehouse.write_artifact(run_id, f"trend-{name.replace(' ', '-')}.svg", svg)
+
+
+def _trend_svgs(
+    warehouse: Any, result: ComparisonResult, keys: Sequence[tuple[str, str, int]], *, title: str
+) -> list[tuple[str, str]]:
+    """(cell name, SVG) of each cell's tok/s over the recipe's runs, verdicts marked; this
+    run's verdicts included, since the report draws them before `regressions` lands them."""
+    from speedmatrix.trend import trend, trend_chart_svg
+
+    runs, cells, stored, noise = read_history(
         warehouse, result.run.get("recipe_id"), result.run.get("host")
     )
-    for phase, label, conc in sorted(bad):
+    mine = pd.DataFrame(result.rows)
+    if not stored.empty:
+        stored = stored[stored["run_id"] != result.run["run_id"]]
+    history = pd.concat([d for d in (stored, mine) if not d.empty], ignore_index=True)
+    out = []
+    for phase, label, conc in keys:
         name = cell_name(phase, label, conc)
         points = trend(
             runs,
@@ -969,11 +986,11 @@ def _write_charts(warehouse: Any, result: ComparisonResult) -> None:
             cell=name,
             metric="prefill_tok_s" if phase == "prefill" else "total_tok_s",
             host=result.run.get("host"),
-            comparisons=comparisons,
+            comparisons=history,
             noise=noise,
         )
-        svg = trend_chart_svg(points, title=f"{name}: {run_id}", ylabel="tok/s")
-        warehouse.write_artifact(run_id, f"trend-{name.replace(' ', '-')}.svg", svg)
+        out.append((name, trend_chart_svg(points, title=title.format(name=name), ylabel="tok/s")))
+    return out
 
 
 @dataclass
@@ -1027,7 +1044,7 @@ def report_comparison(warehouse: Any, run_id: str) -> ReportComparison:
 def comparison_figures(warehouse: Any, result: ComparisonResult) -> list[dict[str, str]]:
     """The diff heat map of total tok/s, then one trend per cell that changed beyond its
     noise (this run's verdicts included: they are not in the warehouse until `regressions`)."""
-    from speedmatrix.trend import diff_heatmap_svg, trend, trend_chart_svg
+    from speedmatrix.trend import diff_heatmap_svg
 
     out: list[dict[str, str]] = []
     heat = diff_heatmap_svg(result.rows)
@@ -1049,26 +1066,9 @@ def comparison_figures(warehouse: Any, result: ComparisonResult) -> list[dict[st
     )
     if not changed:
         return out
-    runs, cells, stored, noise = read_history(
-        warehouse, result.run.get("recipe_id"), result.run.get("host")
-    )
-    mine = pd.DataFrame(result.rows)
-    if not stored.empty:
-        stored = stored[stored["run_id"] != result.run["run_id"]]
-    history = pd.concat([d for d in (stored, mine) if not d.empty], ignore_index=True)
-    for phase, label, conc in changed[:MAX_TREND_FIGURES]:
-        name = cell_name(phase, label, conc)
-        points = trend(
-            runs,
-            cells,
-            recipe=result.run.get("recipe_id"),
-            cell=name,
-            metric="prefill_tok_s" if phase == "prefill" else "total_tok_s",
-            host=result.run.get("host"),
-            comparisons=history,
-            noise=noise,
-        )
-        svg = trend_chart_svg(points, title=f"{name} over commits", ylabel="tok/s")
+    for name, svg in _trend_svgs(
+        warehouse, result, changed[:MAX_TREND_FIGURES], title="{name} over commits"
+    ):
         out.append(
             {
                 "id": f"trend-{name.replace(' ', '-')}",
