@@ -281,7 +281,8 @@ def choose_step(job: dict, step: int, salt: str = "") -> dict | None:
     import hashlib
 
     tag = hashlib.sha1(salt.encode()).hexdigest()[:8]
-    run_id = f"bisect__{job['good'][:12]}..{job['bad'][:12]}__{tag}__{step:02d}__{commit[:12]}"
+    # good-bad, not git's good..bad: Airflow refuses a run id holding ".." (path traversal).
+    run_id = f"bisect__{job['good'][:12]}-{job['bad'][:12]}__{tag}__{step:02d}__{commit[:12]}"
     return {"job": job, "commit": commit, "conf": conf, "trigger_run_id": run_id}
 
 

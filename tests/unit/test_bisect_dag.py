@@ -60,6 +60,8 @@ def _land(wh, run_id, commit, when, slow):
 
 @pytest.mark.parametrize("planted", [0, 17, 32])
 def test_bisection_job_finds_the_planted_commit_step_by_step(tmp_path, planted):
+    from airflow.models.dagrun import DagRun
+
     wh = Warehouse(str(tmp_path / "wh"))
     _land(wh, "good", GOOD, T0, slow=False)
     no_wheel = {COMMITS[5]}
@@ -89,6 +91,8 @@ def test_bisection_job_finds_the_planted_commit_step_by_step(tmp_path, planted):
             chosen["trigger_run_id"].startswith("bisect__")
             and commit[:12] in chosen["trigger_run_id"]
         )
+        # The id Airflow will be asked to create: its own check (no "..", allowed characters).
+        assert DagRun(dag_id="speed_matrix", run_id=chosen["trigger_run_id"]).run_id
         _land(
             wh,
             f"step-{steps}",
