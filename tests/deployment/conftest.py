@@ -4,10 +4,12 @@ Started once (about 1.5 min on 2 cores) and shared by the tests of test_deployme
 run in a fixed order and leave it as they found it (both workers up, speed_matrix unpaused).
 
 What the deployment is given, as a user's env file would give it:
-- a dags folder in a temp dir: the repo's three DAGs plus a probe DAG of the tests;
+- a dags folder in a temp dir: the repo's four DAGs plus a probe DAG of the tests;
 - a private recipe set (SPEEDMATRIX_RECIPES): two simulator recipes with a one-cell matrix and
   2 s windows (so runs take a minute, not an hour) and a schedule whose nightly cron fires
-  every minute; the GitHub API points at a fake on loopback (tests/github_fake.py);
+  every minute; a third one on no schedule for the bisection, whose simulator profile is
+  picked by the engine ref from bisect-profiles/ (the test writes them); the GitHub API points
+  at a fake on loopback (tests/github_fake.py);
 - HOME in a temp dir for the `local` host (its host lease and engine envs live there), and a
   second "host": an OpenSSH server on 127.0.0.1 whose sessions get another HOME (so another
   lease), reached through an Airflow SSH connection;
@@ -37,10 +39,11 @@ from deploy_env import (
     SCHEDULE,
     SSH_CONN_ID,
     Env,
+    bisect_recipe,
     start_sshd,
     tiny_recipe,
 )
-from deploy_harness import REPO, Deployment
+from deploy_harness import REPO, Deployment, free_port
 from github_fake import FakeGitHub
 
 
@@ -60,7 +63,12 @@ def env() -> Iterator[Env]:
     os.chmod(root, 0o755)
     dags = root / "dags"
     dags.mkdir()
-    for name in ("speed_matrix.py", "speed_matrix_nightly.py", "vllm_commit_watch.py"):
+    for name in (
+        "speed_matrix.py",
+        "speed_matrix_nightly.py",
+        "vllm_commit_watch.py",
+        "speed_matrix_bisect.py",
+    ):
         shutil.copy(REPO / "dags" / name, dags / name)
     (dags / "deploy_probe.py").write_text(PROBE_DAG)
     recipes = root / "recipes"
@@ -68,6 +76,10 @@ def env() -> Iterator[Env]:
     (recipes / "_schedule.yaml").write_text(SCHEDULE)
     (recipes / "sim" / "deploy-tiny.yaml").write_text(tiny_recipe(nightly=True, per_commit=True))
     (recipes / "sim" / "deploy-tiny-b.yaml").write_text(tiny_recipe(nightly=False, per_commit=True))
+    (root / "bisect-profiles").mkdir()
+    (recipes / "sim" / "deploy-bisect.yaml").write_text(
+        bisect_recipe(root / "bisect-profiles", free_port())
+    )
     homes = {n: root / f"home-{n}" for n in ("local", "b")}
     for h in homes.values():
         h.mkdir()

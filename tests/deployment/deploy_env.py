@@ -100,6 +100,17 @@ def tiny_recipe(nightly: bool, per_commit: bool, window_s: int = 2) -> str:
     return "\n".join(out) + "\n"
 
 
+def bisect_recipe(profiles: Path, port: int) -> str:
+    """tiny_recipe on no schedule whose simulator serves `<profiles>/<engine ref>.yaml`: a test
+    writes one profile per "commit" and so plants a regression at the commit it chooses. Its
+    own port: the bisection's runs cannot pass one (its conf has no port)."""
+    text = tiny_recipe(nightly=False, per_commit=False)
+    profile = '"{include}/sim-profiles/kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"'
+    assert profile in text and "  port: 8000\n" in text
+    text = text.replace(profile, f'"{profiles}/{{ref}}.yaml"')
+    return text.replace("  port: 8000\n", f"  port: {port}\n")
+
+
 @dataclass
 class SshHost:
     conn_id: str
