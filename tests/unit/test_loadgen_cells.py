@@ -148,7 +148,10 @@ def test_prefill_is_exact_and_prompt_tok_s_is_tokens_over_ttft() -> None:
     assert cell["context_tokens"] == 131072
     assert cell["context_label"] == "128K"
     true_ttft = 10.0 + 1000 * 131072 / 200_000
-    assert ttft_truth == pytest.approx(true_ttft, rel=0.01)  # the server kept its schedule
+    # The server kept its schedule: never early; late only by its own sleep's overshoot (6.7 ms
+    # on the loaded CI box), while a schedule mistake (a missing or doubled term) is >= 10 ms
+    # early or 600 ms late.
+    assert true_ttft - 1.0 <= ttft_truth <= true_ttft + 25.0
     # The client's TTFT also holds the upload of the ~650 KB body, which the server's truth
     # (from the body received) does not: 7.7 ms (1.15%) of it on a loaded CI machine. 3% is
     # 20 ms; what the figure must not be is the configured schedule's double or a decode step.
