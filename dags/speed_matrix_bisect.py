@@ -102,9 +102,10 @@ def speed_matrix_bisect():
             conf=f"{{{{ ti.xcom_pull(task_ids='choose_{step}')['conf'] | tojson }}}}",
             wait_for_completion=True,
             # The triggerer waits, not a worker. One light state query per poll; 30 s of
-            # latency per step is nothing next to a matrix run.
+            # latency per step is nothing next to a matrix run (SPEEDMATRIX_BISECT_POLL_S in
+            # the DAG processor's environment changes it; the deployment test uses 5 s).
             deferrable=True,
-            poke_interval=30,
+            poke_interval=bisection.POLL_S,
             allowed_states=["success", "failed"],  # a failed run is judged "skip"
             failed_states=[],
             # Bounds the trigger call and the resumed completion only: Airflow 3.3 puts no

@@ -14,6 +14,7 @@ is found in at most ceil(log2(N)) measurements, as long as no measurement says "
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,6 +163,9 @@ def bisect(
 # judge compares the landed cells with the good run (compare.py's rule) to get the verdict.
 
 MAX_STEPS = 10
+# How often the triggerer polls a step's speed_matrix run (seconds). Read when the DAG file is
+# parsed, so it is set in the DAG processor's environment; a bad value fails the parse loudly.
+POLL_S = float(os.environ.get("SPEEDMATRIX_BISECT_POLL_S", "30"))
 """Unrolled steps of the DAG: 2**10 = 1024 commits with wheels between good and bad."""
 
 

@@ -5,7 +5,9 @@ threshold (recipe-configurable, default 3%) AND the combined noise of the two ce
 it is `noise`. Each cell's noise is the larger of its within-window bootstrap half-width and
 1.96 x the between-run relative spread (noise.py), and for decode total tok/s at least the
 counting resolution (one token per stream at the window's edges); the combined noise of a difference is the
-root-sum-square of the two sides (the half-width of the difference's interval). Verdicts are
+root-sum-square of the two sides (the half-width of the difference's interval). Where
+within-window intervals exist, neither value may lie inside the other's interval either (a
+skewed spread, e.g. a median TTFT over a few requests, fools the symmetric half-width). Verdicts are
 direction-aware: lower TTFT / time-between-tokens is better, higher tok/s, acceptance and KV
 capacity are better. A KV-capacity change shows twice: as a run-level `kv_cache_tokens` row and
 as `status` rows for the cells it turned over capacity (a regression) or back (an improvement).
@@ -282,6 +284,12 @@ def compare_runs(
             h_b = max(_half_width(ci_b, rel_sd), q_b)
             combined = math.hypot(h_a, h_b)
             verdict, change = verdict_for(va, vb, metric.higher_is_better, t, combined)
+            reason = None
+            if verdict in ("regression", "improvement") and _inside_other(va, vb, ci_a, ci_b):
+                # A skewed or bimodal spread (a median TTFT over a few restarts: some requests
+                # at one step, some at 40 ms) makes the symmetric half-width too small; the
+                # issue's own test, outside both intervals, is the one that must also hold.
+                verdict, reason = "noise", "each value inside the other's confidence interval"
             sources = [
                 s
                 for s, on in (
@@ -308,8 +316,18 @@ def compare_runs(
                 between_rel_sd=rel_sd,
                 noise_source="+".join(sources) or "none",
                 verdict=verdict,
+                reason=reason,
             )
     return rows
+
+
+def _inside_other(
+    va: float, vb: float, ci_a: Interval | None, ci_b: Interval | None
+) -> bool:
+    """True when either value lies inside the other side's within-window interval."""
+    return (ci_a is not None and ci_a.low <= vb <= ci_a.high) or (
+        ci_b is not None and ci_b.low <= va <= ci_b.high
+    )
 
 
 def _sort_key(key: tuple[Any, ...]) -> tuple[int, int, int]:

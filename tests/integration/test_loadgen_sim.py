@@ -107,7 +107,9 @@ def wide_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data["max_num_seqs"] = 256
     data["max_num_batched_tokens"] = 8192
     data["kv"]["num_gpu_blocks"] = 80_000
-    data["prefill"]["points"] = [[1024, 0.02], [8192, 0.2], [65536, 2.0], [524288, 20.0]]
+    # 26K prompt tok/s (a 512K warm-up in 20 s) made the two long-context cells most of this
+    # file's time; the decode figures checked here do not depend on it
+    data["prefill"]["points"] = [[1024, 0.005], [8192, 0.04], [65536, 0.3], [524288, 2.5]]
     path = tmp_path_factory.mktemp("profiles") / "wide.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -271,9 +273,15 @@ def _replay(url: str, profile: object, cells: list[dict], scale: float) -> list[
                     problems.append(f"{label}: over capacity here, {want['status']} there")
                 continue
             got, _ = run_loop(
-                run_decode(DecodeConfig(**common, **guards, concurrency=conc, duration_s=30.0,
-                                        max_output_tokens=4096, prompt_mode="shared"))
+                run_decode(DecodeConfig(**common, **guards, concurrency=conc,
+                                        duration_s=REPLAY_WINDOW_S, max_output_tokens=4096,
+                                        prompt_mode="shared"))
             )  # fmt: skip
+            # the published count is over its own 30 s window: compared per second of window
+            want = {
+                **want,
+                "output_tokens": want["output_tokens"] * REPLAY_WINDOW_S / want["measured_s"],
+            }
             keys = ["total_tok_s", "per_request_tok_s", "tbt_ms", "output_tokens"]
         if got["status"] != want["status"]:
             problems.append(f"{label}: status {got['status']} ({got['error']}) vs {want['status']}")
@@ -282,6 +290,11 @@ def _replay(url: str, profile: object, cells: list[dict], scale: float) -> list[
             if abs(got[key] - want[key]) > 0.05 * abs(want[key]):
                 problems.append(f"{label}: {key} {got[key]:.1f} vs {want[key]:.1f}")
     return problems
+
+
+# Simulated seconds per decode window (the published 30 s took 16 x 6 s of wall time at 5x;
+# 12 s holds the slowest cell's count, 8Kx1 at 55 tok/s, to 660 tokens, 0.3% per edge token).
+REPLAY_WINDOW_S = 12.0
 
 
 def test_replay_of_the_reference_matrix_within_5_percent() -> None:

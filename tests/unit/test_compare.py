@@ -324,3 +324,55 @@ def test_counting_resolution_is_a_floor_on_total_tok_s_noise():
     assert r["noise_source"] == "resolution"
     assert r["noise_pct"] == pytest.approx(100 * ((16 / 436) ** 2 + (16 / 440) ** 2) ** 0.5)
     assert _by(rows, "tbt_ms", 16, 8192)[0]["noise_source"] == "none"
+
+
+def test_a_value_inside_the_other_sides_interval_is_noise():
+    """Seen over HTTP against the simulator: a 2Kx4 cell's median TTFT over 8 restarted
+    requests, some served in one step (~1.4 ms) and some after a 40 ms wait. Baseline 23.3 ms
+    [1.41, 23.30], new 42.9 ms [1.35, 42.91]: +84% against a symmetric combined half-width of
+    67% would be a regression, but the baseline's value lies inside the new interval."""
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+
+    def reqs(ttfts):
+        return [
+            {
+                "phase": "decode",
+                "context_tokens": 8192,
+                "concurrency": 16,
+                "request_index": i,
+                "stream": i,
+                "window_tokens": 680,
+                "tbt_ms": 44.0,
+                "ttft_ms": t,
+            }
+            for i, t in enumerate(ttfts)
+        ]
+
+    fast = [1.35, 1.4, 1.45]
+    old_cells, new_cells = _matrix(), _matrix()
+    for cells, ttft in ((old_cells, 23.3), (new_cells, 42.9)):
+        next(c for c in cells if c["concurrency"] == 16)["ttft_ms"] = ttft
+    rows = compare_runs(
+        new,
+        new_cells,
+        base,
+        old_cells,
+        requests=reqs(fast + [42.9] * 5),
+        baseline_requests=reqs(fast + [23.3] * 5),
+    )
+    r = _by(rows, "ttft_ms", 16, 8192)[0]
+    assert r["change_pct"] > r["noise_pct"] > r["threshold_pct"]  # the half-width alone says so
+    assert r["ci_low"] <= r["baseline_value"] <= r["ci_high"]
+    assert r["verdict"] == "noise"
+    assert "inside the other's confidence interval" in r["reason"]
+
+    # Disjoint intervals still make a regression.
+    rows = compare_runs(
+        new,
+        new_cells,
+        base,
+        old_cells,
+        requests=reqs([42.9] * 8),
+        baseline_requests=reqs([23.3] * 8),
+    )
+    assert _by(rows, "ttft_ms", 16, 8192)[0]["verdict"] == "regression"

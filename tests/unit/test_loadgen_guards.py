@@ -89,3 +89,32 @@ def test_failure_wins_over_everything() -> None:
     c.failed_requests = 3
     c._fail("HTTP 500: boom")
     assert c._judge(True) == ("failed", "HTTP 500: boom (3 failed requests)")
+
+
+def test_a_long_client_stall_makes_it_invalid_even_with_a_fine_p90() -> None:
+    """Real vLLM spinning on both cores froze the client's loop for 4.5 s of an 8 s window;
+    its p90 lag was fine, and the cell passed as valid with tokens stamped in bursts."""
+    c = cell()
+    c.window.ws, c.window.we = 100.0, 108.0
+    c.monitor.lags = [0.001] * 400 + [4.5]
+    status, reason = c._judge(True)
+    assert status == "invalid" and "client stalled for 4500 ms in a 8.0 s window" in reason
+    c.monitor.lags = [0.001] * 400 + [0.6]  # one OS hiccup: 7.5% of the window
+    assert c._judge(True) == ("valid", None)
+
+
+def test_counters_read_too_late_make_the_cross_check_impossible() -> None:
+    """The same run: /metrics answered seconds late, so the slack (rate x round trips)
+    forgave 11,515 client tokens against 23,035 on the server."""
+    c = cell()
+    c.window.ws, c.window.we = 100.0, 108.0
+    c.cell.update(output_tokens=11_515, server_generation_tokens=23_035)
+    c.snap_start = Snapshot(at=100.0, values={}, sent=98.0)
+    c.snap_end = Snapshot(at=112.0, values={}, sent=108.0)
+    status, reason = c._judge(True)
+    assert status == "invalid"
+    assert "server counters answered 6000 ms late in a 8.0 s window" in reason
+    c.cell.update(output_tokens=10_000, server_generation_tokens=10_000)
+    c.snap_start = Snapshot(at=100.0, values={}, sent=99.85)  # 150 + 200 ms: 4.4%, allowed
+    c.snap_end = Snapshot(at=108.2, values={}, sent=108.0)
+    assert c._judge(True) == ("valid", None)

@@ -82,6 +82,9 @@ class DecodeConfig(CellConfig):
     token_tolerance: float = 0.01
     max_loop_lag_ms: float = 10.0
     max_client_cpu_pct: float = 90.0
+    # a single client stall, or the two /metrics readings' round trips, longer than this share
+    # of the window make the cell invalid (the stamps, or the cross-check, cannot be trusted)
+    max_blind_fraction: float = 0.10
     repetition_check: bool = True
     max_loop_fraction: float = 0.25
     keep_requests: bool = True

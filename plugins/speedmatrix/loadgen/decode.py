@@ -27,7 +27,7 @@ from .monitor import ClientMonitor
 from .prompts import BodyBuilder, build_prompts
 from .promtext import Snapshot, rise
 from .stats import is_repetition_loop, median, ms, percentile, scale_times
-from .stream import Endpoint, Request, StreamConnection, Window, connect
+from .stream import INF, Endpoint, Request, StreamConnection, Window, connect
 
 
 async def run_decode(cfg: DecodeConfig) -> tuple[dict[str, object], list[dict[str, object]]]:
@@ -420,15 +420,49 @@ class _DecodeCell:
         cell, w = self.cell, self.window
         per_chunk = cell["tokens_per_chunk"] if isinstance(cell["tokens_per_chunk"], float) else 1.0
         edges = 2.0 * self.C * per_chunk
-        a, b = self.snap_start, self.snap_end
         span = w.we - w.ws
         rate = out / span if span > 0 else 0.0
-        ambiguous_s = 0.0
+        return max(
+            self.cfg.token_tolerance * max(gen, out), edges + rate * self._readings_ambiguity_s()
+        )
+
+    def _readings_ambiguity_s(self) -> float:
+        """The spans in which the server may have read its counter but the client cannot know
+        where: the start reading's round trip, and the end reading's arrival after the window."""
+        a, b, ambiguous_s = self.snap_start, self.snap_end, 0.0
         if a is not None and a.sent is not None:
             ambiguous_s += max(0.0, a.at - a.sent)
         if b is not None:
-            ambiguous_s += max(0.0, b.at - w.we)
-        return max(self.cfg.token_tolerance * max(gen, out), edges + rate * ambiguous_s)
+            ambiguous_s += max(0.0, b.at - self.window.we)
+        return ambiguous_s
+
+    def _blind_spots(self) -> list[str]:
+        """Reasons the cell's own checks were blind for too long a share of the window.
+
+        Seen on real vLLM sharing 2 cores with the client: a 4.5 s stall of the client's loop
+        in an 8 s window (tokens stamped in bursts: 0.02 ms between tokens) and /metrics
+        answers so late that the counter cross-check forgave a 2x disagreement; p90 lag and
+        the slack alone called that cell valid.
+        """
+        span = self.window.we - self.window.ws
+        if not (0 < span < INF):
+            return []
+        limit = self.cfg.max_blind_fraction * span
+        out = []
+        stall = max(self.monitor.lags, default=0.0)
+        if stall > limit:
+            out.append(
+                f"client stalled for {stall * 1000:.0f} ms in a {span:.1f} s window "
+                f"(over {self.cfg.max_blind_fraction:.0%})"
+            )
+        if isinstance(self.cell["server_generation_tokens"], int):
+            ambiguous = self._readings_ambiguity_s()
+            if ambiguous > limit:
+                out.append(
+                    f"server counters answered {ambiguous * 1000:.0f} ms late in a {span:.1f} s "
+                    f"window: the token cross-check cannot be made"
+                )
+        return out
 
     def _judge(self, prompt_counts_ok: bool) -> tuple[str, str | None]:
         """failed: something broke; invalid: it ran, but the numbers cannot be trusted."""
@@ -460,6 +494,7 @@ class _DecodeCell:
         lag = self.monitor.lag_ms(90.0)
         if lag is not None and lag > cfg.max_loop_lag_ms:
             reasons.append(f"client saturated: event-loop lag p90 {lag:.1f} ms")
+        reasons += self._blind_spots()
         cpu = cell["client_cpu_pct"]
         if isinstance(cpu, float) and cpu > cfg.max_client_cpu_pct:
             reasons.append(f"client saturated: {cpu:.0f}% CPU")
