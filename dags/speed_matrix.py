@@ -267,12 +267,19 @@ def speed_matrix():
     @task(retries=1)
     def regressions(resolved: dict, landed: dict) -> dict:
         """Compare with the baseline, land the verdicts; fails (so alerting fires) on a
-        regression, naming the cells, the baseline and the commits between them."""
-        from speedmatrix.compare import regressions_check
+        regression, naming the cells, the baseline and the commits between them. The retry
+        is for a failed GitHub or warehouse read; a regression found fails at once (a retry
+        would only say it again 30 s later)."""
+        from airflow.sdk.exceptions import AirflowFailException
 
-        return regressions_check(
-            pipeline.warehouse_of(resolved), landed["run_id"], fetch_commits=True
-        )
+        from speedmatrix.compare import RegressionError, regressions_check
+
+        try:
+            return regressions_check(
+                pipeline.warehouse_of(resolved), landed["run_id"], fetch_commits=True
+            )
+        except RegressionError as err:
+            raise AirflowFailException(str(err)) from err
 
     resolved = resolve()
     lease = wait_for_host(resolved)

@@ -321,9 +321,7 @@ def compare_runs(
     return rows
 
 
-def _inside_other(
-    va: float, vb: float, ci_a: Interval | None, ci_b: Interval | None
-) -> bool:
+def _inside_other(va: float, vb: float, ci_a: Interval | None, ci_b: Interval | None) -> bool:
     """True when either value lies inside the other side's within-window interval."""
     return (ci_a is not None and ci_a.low <= vb <= ci_a.high) or (
         ci_b is not None and ci_b.low <= va <= ci_b.high

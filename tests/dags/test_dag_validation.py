@@ -191,3 +191,27 @@ def test_params_are_documented(dagbag):
     assert expected <= set(params.keys())
     for name in params:
         assert params.get_param(name).description, name
+
+
+def test_a_regression_fails_its_task_without_a_retry(dagbag, monkeypatch):
+    """regressions retries once for a failed GitHub or warehouse read; a regression found
+    must fail at once (seen in the deployment: the alert came again 30 s later, by retry)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    import speedmatrix.compare as compare
+
+    def found(*args, **kwargs):
+        raise compare.RegressionError("8Kx1 total_tok_s -30% vs baseline run-a")
+
+    monkeypatch.setattr(compare, "regressions_check", found)
+    task = dagbag.dags["speed_matrix"].get_task("regressions")
+    assert task.retries == 1
+    with pytest.raises(AirflowFailException, match="8Kx1 total_tok_s"):
+        task.python_callable({"warehouse": "/nonexistent"}, {"run_id": "run-b"})
+
+    def transient(*args, **kwargs):
+        raise ConnectionError("GitHub unreachable")
+
+    monkeypatch.setattr(compare, "regressions_check", transient)
+    with pytest.raises(ConnectionError):  # left to the retry
+        task.python_callable({"warehouse": "/nonexistent"}, {"run_id": "run-b"})
