@@ -163,10 +163,10 @@ def bisect(
 # judge compares the landed cells with the good run (compare.py's rule) to get the verdict.
 
 MAX_STEPS = 10
-# How often the triggerer polls a step's speed_matrix run (seconds). Read when the DAG file is
-# parsed, so it is set in the DAG processor's environment; a bad value fails the parse loudly.
-POLL_S = float(os.environ.get("SPEEDMATRIX_BISECT_POLL_S", "30"))
 """Unrolled steps of the DAG: 2**10 = 1024 commits with wheels between good and bad."""
+POLL_S = float(os.environ.get("SPEEDMATRIX_BISECT_POLL_S", "30"))
+"""How often the triggerer polls a step's speed_matrix run, in seconds. Read when the DAG file
+is parsed, so it is set in the DAG processor's environment; a bad value fails the parse."""
 
 
 def _decode_and_prefill(cells: Sequence[str]) -> tuple[list[tuple[str, str, int]], dict]:
