@@ -80,6 +80,12 @@ def _matrix(scale=None):
     return cells
 
 
+def _request_8k_x16(i, **figures):
+    """One request row of the 8K x 16 decode cell (the within-window interval tests)."""
+    key = {"phase": "decode", "context_tokens": 8192, "concurrency": 16}
+    return {**key, "request_index": i, "stream": i, **figures}
+
+
 def _by(rows, metric=None, conc=None, ctx=None, phase=None):
     return [
         r
@@ -158,16 +164,12 @@ def test_within_window_intervals_from_requests_are_used():
     def reqs(scale, seed):
         rng = np.random.default_rng(seed)
         return [
-            {
-                "phase": "decode",
-                "context_tokens": 8192,
-                "concurrency": 16,
-                "request_index": i,
-                "stream": i,
-                "window_tokens": int(rng.normal(680 * scale, 120)),
-                "tbt_ms": float(rng.normal(44, 8)),
-                "ttft_ms": float(rng.normal(400, 80)),
-            }
+            _request_8k_x16(
+                i,
+                window_tokens=int(rng.normal(680 * scale, 120)),
+                tbt_ms=float(rng.normal(44, 8)),
+                ttft_ms=float(rng.normal(400, 80)),
+            )
             for i in range(16)
         ]
 
@@ -335,16 +337,7 @@ def test_a_value_inside_the_other_sides_interval_is_noise():
 
     def reqs(ttfts):
         return [
-            {
-                "phase": "decode",
-                "context_tokens": 8192,
-                "concurrency": 16,
-                "request_index": i,
-                "stream": i,
-                "window_tokens": 680,
-                "tbt_ms": 44.0,
-                "ttft_ms": t,
-            }
+            _request_8k_x16(i, window_tokens=680, tbt_ms=44.0, ttft_ms=t)
             for i, t in enumerate(ttfts)
         ]
 
