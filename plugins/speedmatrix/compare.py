@@ -4,13 +4,14 @@ A change is a `regression` or an `improvement` only when it exceeds BOTH the rel
 threshold (recipe-configurable, default 3%) AND the combined noise of the two cells; otherwise
 it is `noise`. Each cell's noise is the larger of its within-window bootstrap half-width and
 1.96 x the between-run relative spread (noise.py), and for decode total tok/s at least the
-counting resolution (one token per stream at the window's edges); the combined noise of a difference is the
-root-sum-square of the two sides (the half-width of the difference's interval). Where
-within-window intervals exist, neither value may lie inside the other's interval either (a
-skewed spread, e.g. a median TTFT over a few requests, fools the symmetric half-width). Verdicts are
-direction-aware: lower TTFT / time-between-tokens is better, higher tok/s, acceptance and KV
-capacity are better. A KV-capacity change shows twice: as a run-level `kv_cache_tokens` row and
-as `status` rows for the cells it turned over capacity (a regression) or back (an improvement).
+counting resolution (one token per stream at the window's edges); the combined noise of a
+difference is the root-sum-square of the two sides (the half-width of the difference's
+interval). Where within-window intervals exist, neither value may lie inside the other's
+interval either (a skewed spread, e.g. a median TTFT over a few requests, fools the symmetric
+half-width). Verdicts are direction-aware: lower TTFT / time-between-tokens is better, higher
+tok/s, acceptance and KV capacity are better. A KV-capacity change shows twice: as a run-level
+`kv_cache_tokens` row and as `status` rows for the cells it turned over capacity (a
+regression) or back (an improvement).
 
 Everything here works on plain rows (dicts or DataFrames with records.py names), so it is
 testable without a warehouse; `comparisons_table` turns rows into the Parquet table.
@@ -124,13 +125,28 @@ def _threshold_for(threshold: float | Mapping[str, float], metric: str) -> float
 
 
 def verdict_for(
-    value: float, baseline: float, higher_is_better: bool, threshold: float, noise: float
+    value: float,
+    baseline: float,
+    higher_is_better: bool,
+    threshold: float,
+    noise: float,
+    intervals: tuple[Interval | None, Interval | None] = (None, None),
 ) -> tuple[str, float]:
-    """(verdict, relative change): the rule of the module docstring, in one place."""
+    """(verdict, relative change): the rule of the module docstring, in one place.
+
+    `intervals` are the within-window intervals of (value, baseline) where known: a change
+    with either value inside the other's interval is noise whatever its size (a skewed
+    spread, e.g. a median TTFT over a few restarts, fools the symmetric half-width `noise`).
+    """
     if baseline == 0:
         return ("noise" if value == 0 else "not_comparable"), (0.0 if value == 0 else math.inf)
     change = (value - baseline) / abs(baseline)
     if abs(change) <= threshold or abs(change) <= noise:
+        return "noise", change
+    ci_value, ci_baseline = intervals
+    if (ci_value is not None and ci_value.low <= baseline <= ci_value.high) or (
+        ci_baseline is not None and ci_baseline.low <= value <= ci_baseline.high
+    ):
         return "noise", change
     better = change > 0 if higher_is_better else change < 0
     return ("improvement" if better else "regression"), change
@@ -283,13 +299,12 @@ def compare_runs(
             h_a = max(_half_width(ci_a, rel_sd), q_a)
             h_b = max(_half_width(ci_b, rel_sd), q_b)
             combined = math.hypot(h_a, h_b)
-            verdict, change = verdict_for(va, vb, metric.higher_is_better, t, combined)
+            verdict, change = verdict_for(
+                va, vb, metric.higher_is_better, t, combined, intervals=(ci_a, ci_b)
+            )
             reason = None
-            if verdict in ("regression", "improvement") and _inside_other(va, vb, ci_a, ci_b):
-                # A skewed or bimodal spread (a median TTFT over a few restarts: some requests
-                # at one step, some at 40 ms) makes the symmetric half-width too small; the
-                # issue's own test, outside both intervals, is the one that must also hold.
-                verdict, reason = "noise", "each value inside the other's confidence interval"
+            if verdict == "noise" and abs(change) > max(t, combined):
+                reason = "each value inside the other's confidence interval"
             sources = [
                 s
                 for s, on in (
@@ -319,13 +334,6 @@ def compare_runs(
                 reason=reason,
             )
     return rows
-
-
-def _inside_other(va: float, vb: float, ci_a: Interval | None, ci_b: Interval | None) -> bool:
-    """True when either value lies inside the other side's within-window interval."""
-    return (ci_a is not None and ci_a.low <= vb <= ci_a.high) or (
-        ci_b is not None and ci_b.low <= va <= ci_b.high
-    )
 
 
 def _sort_key(key: tuple[Any, ...]) -> tuple[int, int, int]:

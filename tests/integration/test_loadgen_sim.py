@@ -248,6 +248,11 @@ def test_engine_dead_mid_cell_fails_the_cell(wide_profile: Path) -> None:
     assert "connection closed by server" in cell["error"]
 
 
+# Simulated seconds per decode window (the published 30 s took 16 x 6 s of wall time at 5x;
+# 12 s holds the slowest cell's count, 8Kx1 at 55 tok/s, to 660 tokens, 0.3% per edge token).
+REPLAY_WINDOW_S = 12.0
+
+
 def _replay(url: str, profile: object, cells: list[dict], scale: float) -> list[str]:
     """Run the published cells against a simulator at `scale`; what differs by over 5%."""
     from speedmatrix.sim.predict import over_capacity
@@ -290,11 +295,6 @@ def _replay(url: str, profile: object, cells: list[dict], scale: float) -> list[
             if abs(got[key] - want[key]) > 0.05 * abs(want[key]):
                 problems.append(f"{label}: {key} {got[key]:.1f} vs {want[key]:.1f}")
     return problems
-
-
-# Simulated seconds per decode window (the published 30 s took 16 x 6 s of wall time at 5x;
-# 12 s holds the slowest cell's count, 8Kx1 at 55 tok/s, to 660 tokens, 0.3% per edge token).
-REPLAY_WINDOW_S = 12.0
 
 
 def test_replay_of_the_reference_matrix_within_5_percent() -> None:

@@ -449,7 +449,7 @@ class _DecodeCell:
             return []
         limit = self.cfg.max_blind_fraction * span
         out = []
-        stall = max(self.monitor.lags, default=0.0)
+        stall = self.monitor.longest_stall_s
         if stall > limit:
             out.append(
                 f"client stalled for {stall * 1000:.0f} ms in a {span:.1f} s window "

@@ -67,5 +67,10 @@ class ClientMonitor:
         return None if p is None else max(0.0, p) * 1000.0
 
     @property
+    def longest_stall_s(self) -> float:
+        """The longest single stall in the window: one late wake-up of the sampling sleep."""
+        return max(self.lags, default=0.0)
+
+    @property
     def lag_p99_ms(self) -> float | None:
         return self.lag_ms(99.0)
