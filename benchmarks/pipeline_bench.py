@@ -1,10 +1,14 @@
 """Overhead of the pipeline itself: a whole speed_matrix run against the simulator.
 
-    uv run python benchmarks/pipeline_bench.py [--duration 30] [--short]
+    uv run python benchmarks/pipeline_bench.py [--duration 30] [--short] [--runner local]
 
-Runs the DAG once through `python -m speedmatrix.demo` (dag.test: every task through Airflow's
-task runner and execution API, one at a time, in one process; no scheduler heartbeat), with a
-private HOME, Airflow home and warehouse, then reports
+Runs the DAG once, with a private HOME, Airflow home and warehouse, either through
+`python -m speedmatrix.demo` (`--runner dag-test`, the default: every task through Airflow's
+task runner and execution API, one at a time, in one process; no scheduler; mapped cells in no
+fixed order) or (`--runner local`) on a real deployment with the LocalExecutor: PostgreSQL,
+api-server, scheduler, dag-processor and triggerer as separate processes (the deployment
+tests' harness, tests/deployment/deploy_harness.py, with no Celery worker), the run triggered
+through the REST API; cells then run in map index order, the plan's run order. Then reports
 
     overhead = (wall - sum of cell windows - server start) / wall          (the issue's figure)
 
@@ -19,6 +23,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -65,6 +70,76 @@ def run(conf: dict) -> dict:
     out["outer_wall_s"] = outer_wall
     out["work"] = str(work)
     return out
+
+
+def run_local_executor(conf: dict) -> dict:
+    """One speed_matrix run on a LocalExecutor deployment; the same result shape as `run`."""
+    sys.path.insert(0, str(REPO / "tests" / "deployment"))
+    from deploy_harness import Deployment
+
+    work = Path(tempfile.mkdtemp(prefix="speedmatrix-bench-"))
+    os.chmod(work, 0o755)
+    dags = work / "dags"
+    dags.mkdir()
+    shutil.copy(REPO / "dags" / "speed_matrix.py", dags / "speed_matrix.py")
+    home = work / "home"
+    home.mkdir()
+    dep = Deployment(
+        work,
+        dags,
+        workers=0,
+        extra_env={
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "HOME": str(home),
+            "SPEEDMATRIX_WAREHOUSE": str(work / "warehouse"),
+            "SPEEDMATRIX_API_KEY": "sk-bench-" + secrets.token_hex(8),
+        },
+    )
+    dep.start()
+    try:
+        dep.wait_dag("speed_matrix")
+        t0 = time.monotonic()
+        run_id = dep.trigger("speed_matrix", conf, "manual__pipeline-bench")
+        state = dep.wait_runs("speed_matrix", [run_id], timeout_s=4 * 3600)[run_id]
+        outer_wall = time.monotonic() - t0
+        tasks = {}
+        for ti in dep.task_instances("speed_matrix", run_id):
+            key = (
+                ti["task_id"]
+                if ti.get("map_index", -1) < 0
+                else f"{ti['task_id']}[{ti['map_index']}]"
+            )
+            tasks[key] = {
+                "start": ti.get("start_date"),
+                "end": ti.get("end_date"),
+                "duration_s": ti.get("duration"),
+                "state": ti.get("state"),
+                "label": ti.get("rendered_map_index"),
+            }
+        if state != "success":
+            raise SystemExit(
+                f"run {state}: {[(k, t['state']) for k, t in tasks.items()]}; logs under {work}"
+            )
+        xcom = {}
+        for task_id in ("resolve", "setup_server"):
+            entry = dep.api(
+                "GET",
+                f"/dags/speed_matrix/dagRuns/{run_id}/taskInstances/{task_id}"
+                "/xcomEntries/return_value",
+            )
+            xcom[task_id] = entry["value"]
+    finally:
+        left = dep.stop()
+        if left:
+            print(f"processes left after the deployment stopped: {left}", file=sys.stderr)
+    return {
+        "state": state,
+        "tasks": tasks,
+        "xcom": xcom,
+        "wall_s": outer_wall,
+        "outer_wall_s": outer_wall,
+        "work": str(work),
+    }
 
 
 def analyse(out: dict) -> dict:
@@ -121,6 +196,12 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--short", action="store_true", help="8K/16K only (a quick look)")
     p.add_argument("--keep", action="store_true", help="keep the temporary work directory")
+    p.add_argument(
+        "--runner",
+        choices=("dag-test", "local"),
+        default="dag-test",
+        help="dag.test in one process, or a scheduler with the LocalExecutor",
+    )
     args = p.parse_args()
     conf = {**FULL, "duration_s": args.duration}
     if args.short:
@@ -128,9 +209,10 @@ def main() -> int:
     from speedmatrix.demo import free_port
 
     conf["port"] = free_port()
-    out = run(conf)
+    out = run(conf) if args.runner == "dag-test" else run_local_executor(conf)
     figures = analyse(out)
-    figures.update(conf=conf, runner="dag.test in-process")
+    runner = "dag.test in-process" if args.runner == "dag-test" else "scheduler, LocalExecutor"
+    figures.update(conf=conf, runner=runner)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     dest = REPO / "benchmarks" / "out" / f"pipeline_bench-{stamp}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,24 @@ def test_reference_report_over_capacity_pattern(num_blocks):
     assert runnable == expected
     assert len(plan.decode) == 16
     assert len(plan.over_capacity) == 6 * 8 - 16
-    assert [c["context_tokens"] for c in plan.prefill] == REF_CONTEXTS
+    assert sorted(c["context_tokens"] for c in plan.prefill) == REF_CONTEXTS
+
+
+def test_run_order_spares_prefix_cache_warm_up():
+    """Decode by context, largest first, C ascending (a cell's prompts include the smaller
+    cells' ones); the largest decode context's prefill last (its stream-0 prompt is still
+    cached when that context's first decode cell starts)."""
+    plan = plan_matrix(ref_spec(), KvCapacity(4150, 64))  # prefill 8K..251K and 256K
+    prefill = [c["label"] for c in plan.prefill]
+    assert prefill == ["8K", "16K", "32K", "64K", "128K", "256K", "251K"]
+    decode = [c["label"] for c in plan.decode]
+    assert decode[:4] == ["251K x 1", "128K x 1", "64K x 1", "64K x 2"]
+    assert decode[-5:] == ["8K x 1", "8K x 2", "8K x 4", "8K x 8", "8K x 16"]
+    assert plan.prefill[-1]["context_tokens"] == plan.decode[0]["context_tokens"]
+    # the report still reads prefill by context, then decode by context and C
+    report = [c["label"] for c in ordered_cells([*plan.decode, *plan.prefill])]
+    assert report[:7] == ["8K", "16K", "32K", "64K", "128K", "251K", "256K"]
+    assert report[7:9] == ["8K x 1", "8K x 2"]
 
 
 def test_prefill_that_does_not_fit_is_over_capacity():
@@ -89,7 +106,7 @@ def test_labels_and_order():
         ref_spec(contexts=[64 * K, 8 * K], concurrencies=[2, 1], prefill_contexts=[16 * K, 8 * K]),
         KvCapacity(4150, 64),
     )
-    assert [c["label"] for c in plan.decode] == ["8K x 1", "8K x 2", "64K x 1", "64K x 2"]
+    assert [c["label"] for c in plan.decode] == ["64K x 1", "64K x 2", "8K x 1", "8K x 2"]
     assert [c["label"] for c in plan.prefill] == ["8K", "16K"]
     assert plan.prefill[0]["max_output_tokens"] == 1
     assert plan.decode[0]["window_s"] == 30.0
