@@ -55,6 +55,10 @@ def body(**kw) -> dict:
     return base
 
 
+def chat_body(**kw) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **kw}
+
+
 def sse(resp: requests.Response) -> list:
     """The data payloads of an SSE stream: dicts, and the literal "[DONE]"."""
     out = []
@@ -109,8 +113,6 @@ def test_tokenize_is_deterministic_and_open(sim):
         (body(prompt=list(range(1000, 3048))), 400, "input_tokens"),  # 2048 >= max-model-len
         (body(model="other"), 404, "model"),
         (body(stream_options={"include_usage": True}), 400, "stream_options"),
-        (body(min_tokens=9), 400, "min_tokens"),
-        (body(max_tokens=0), 400, "max_tokens"),
         (body(prompt=[]), 400, "prompt"),
     ],
 )
@@ -121,6 +123,65 @@ def test_errors_are_shaped_like_vllm(sim, payload, status, param):
     assert set(err) == {"message", "type", "param", "code"}
     assert err["code"] == status and err["param"] == param and err["message"]
     assert err["type"] == ("BadRequestError" if status == 400 else "NotFoundError")
+
+
+MAX_0 = "max_tokens must be at least 1, got 0."
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "status", "param", "message"),
+    [
+        ("/v1/completions", body(max_tokens=0), 400, "max_tokens", MAX_0),
+        ("/v1/chat/completions", chat_body(max_tokens=0), 400, "max_tokens", MAX_0),
+        (
+            "/v1/chat/completions",
+            chat_body(model="other"),
+            404,
+            "model",
+            "The model `other` does not exist.",
+        ),
+        (
+            "/v1/completions",
+            body(min_tokens=-1),
+            400,
+            None,
+            "min_tokens must be greater than or equal to 0, got -1.",
+        ),
+        (
+            "/v1/completions",
+            body(min_tokens=9),
+            400,
+            None,
+            "min_tokens must be less than or equal to max_tokens=8, got 9.",
+        ),
+    ],
+)
+def test_error_messages_are_vllms(sim, path, payload, status, param, message):
+    r = post(sim, path, payload)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == status and err["param"] == param
+    assert err["type"] == ("BadRequestError" if status == 400 else "NotFoundError")
+    # Newer vLLM may append " (parameter=..., value=...)" to the text: the start is the contract.
+    assert err["message"].startswith(message)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("stream", "maybe"), ("stream", 2), ("ignore_eos", "nope"), ("ignore_eos", None)],
+)
+def test_non_boolean_flags_are_a_400_from_request_validation(sim, path, field, value):
+    payload = (body if path == "/v1/completions" else chat_body)(**{field: value})
+    r = post(sim, path, payload)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    # vLLM's RequestValidationError handler: the HTTP phrase as type, no param.
+    assert err["type"] == "Bad Request" and err["code"] == 400 and err["param"] is None
+    assert f"'loc': ('body', '{field}')" in err["message"]
+    assert "Input should be a valid boolean" in err["message"]
 
 
 def test_stream_chunks_usage_and_ground_truth(sim):
@@ -201,11 +262,12 @@ def test_output_past_max_model_len_is_silently_shortened(sim):
     assert out["choices"][0]["finish_reason"] == "length"
 
 
-def metric(url: str, name: str) -> float:
+def metric(url: str, name: str, label: str = "") -> float:
+    """The first sample of `name` whose line holds `label` (e.g. 'finished_reason="stop"')."""
     for line in requests.get(url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line:
             return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in /metrics")
+    raise AssertionError(f"{name} {label} not in /metrics")
 
 
 def test_metrics_names_and_counters(sim):
@@ -228,6 +290,112 @@ def test_metrics_names_and_counters(sim):
     before = metric(sim, "vllm:generation_tokens_total")
     post(sim, "/v1/completions", body(max_tokens=7))
     assert metric(sim, "vllm:generation_tokens_total") == before + 7
+
+
+def test_string_prompt_counts_what_tokenize_counts(sim):
+    text = "A string prompt is tokenized by the server, as vLLM does: count it once. " * 3
+    count = requests.post(sim + "/tokenize", json={"prompt": text}, timeout=5).json()["count"]
+    before = metric(sim, "vllm:prompt_tokens_total")
+    out = post(sim, "/v1/completions", body(prompt=text, max_tokens=2)).json()
+    assert out["usage"] == {
+        "prompt_tokens": count,
+        "total_tokens": count + 2,
+        "completion_tokens": 2,
+        "prompt_tokens_details": None,
+    }
+    assert metric(sim, "vllm:prompt_tokens_total") == before + count
+    listed = post(sim, "/v1/completions", body(prompt=[text], max_tokens=2)).json()
+    assert listed["usage"]["prompt_tokens"] == count  # a one-element list is the same prompt
+
+
+def test_metric_values_follow_vllm_semantics():
+    prompt = list(range(1000, 2000))
+    with run_in_thread(PROFILE) as url:
+        assert metric(url, "vllm:kv_cache_usage_perc") == 0.0
+        payload = body(prompt=prompt, max_tokens=1000, min_tokens=1000, ignore_eos=True, **STREAM)
+        r = post(url, "/v1/completions", payload, stream=True, headers={"X-Request-Id": "kv"})
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith(b"data: {"))  # running: ~4 s to go
+        # A fraction (not percent) of the 1,024 usable blocks, in whole blocks: between what
+        # the prompt and its first token hold (ceil(1001 / 16)) and prompt + all output.
+        blocks = metric(url, "vllm:kv_cache_usage_perc") * 1024
+        assert blocks == int(blocks) and 63 <= blocks <= 125
+        r.close()  # the disconnect aborts the request and frees its blocks
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if requests.get(url + "/sim/requests/cmpl-kv", timeout=5).json()["state"] == "finished":
+                break
+            time.sleep(0.02)
+        assert metric(url, "vllm:kv_cache_usage_perc") == 0.0
+        post(url, "/v1/completions", body(prompt=prompt, max_tokens=1))  # the same prompt again
+        # vLLM counts every prompt token, cached or not, in both; hits are whole blocks < 1000.
+        assert metric(url, "vllm:prompt_tokens_total") == 2000
+        assert metric(url, "vllm:prefix_cache_queries_total") == 2000
+        assert metric(url, "vllm:prefix_cache_hits_total") == (999 // 16) * 16
+
+
+def test_preemptions_when_the_kv_cache_is_too_small_for_the_load():
+    # 32 usable blocks (512 tokens); two requests growing to 64 + 300 tokens (23 blocks) each:
+    # the one admitted last is preempted, waits, is recomputed and still delivers every token.
+    small = {**PROFILE, "kv": {"block_size": 16, "num_gpu_blocks": 33}}
+    payloads = [
+        body(prompt=list(range(1000 + 64 * i, 1064 + 64 * i)), max_tokens=300, ignore_eos=True)
+        for i in range(2)
+    ]
+    with run_in_thread(small) as url:
+        assert metric(url, "vllm:num_preemptions_total") == 0
+        with ThreadPoolExecutor(2) as pool:
+            outs = list(pool.map(lambda p: post(url, "/v1/completions", p).json(), payloads))
+        truth = requests.get(url + "/sim/requests", timeout=5).json()
+        preemptions = metric(url, "vllm:num_preemptions_total")
+        assert [o["usage"]["completion_tokens"] for o in outs] == [300, 300]
+        assert preemptions >= 1 and preemptions == sum(r["preemptions"] for r in truth)
+        assert metric(url, "vllm:prompt_tokens_total") == 128  # once a request, not per recompute
+        assert metric(url, "vllm:kv_cache_usage_perc") == 0.0
+
+
+EOS_PROFILE = {**PROFILE, "name": "http-test-eos", "natural_stop_tokens": 5}
+
+
+@pytest.fixture(scope="module")
+def eos_sim():
+    with run_in_thread(EOS_PROFILE, api_key=KEY) as url:
+        yield url
+
+
+@pytest.mark.parametrize(
+    ("fields", "tokens", "reason"),
+    [
+        ({}, 5, "stop"),  # the model's own EOS
+        ({"min_tokens": 3}, 5, "stop"),  # already past min_tokens: no effect
+        ({"min_tokens": 8}, 9, "stop"),  # EOS masked while < 8 are out: the 9th may be EOS
+        ({"min_tokens": 19}, 20, "length"),  # the first EOS allowed is the 20th: max_tokens wins
+        ({"ignore_eos": True}, 20, "length"),
+        ({"ignore_eos": True, "min_tokens": 3}, 20, "length"),
+        ({"ignore_eos": "true"}, 20, "length"),  # pydantic's lax boolean, as vLLM parses it
+        ({"ignore_eos": 0}, 5, "stop"),
+    ],
+)
+def test_natural_stop_min_tokens_and_ignore_eos(eos_sim, fields, tokens, reason):
+    out = post(eos_sim, "/v1/completions", body(max_tokens=20, **fields)).json()
+    assert out["usage"]["completion_tokens"] == tokens
+    assert out["choices"][0]["finish_reason"] == reason
+
+
+def test_natural_stop_in_a_stream_and_in_the_metrics(eos_sim):
+    stops = metric(eos_sim, "vllm:request_success_total", 'finished_reason="stop"')
+    payload = body(max_tokens=20, min_tokens=2, **STREAM)
+    r = post(eos_sim, "/v1/completions", payload, stream=True, headers={"X-Request-Id": "eos"})
+    events = sse(r)
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [
+        "stop"
+    ]
+    assert chunks[-1]["usage"]["completion_tokens"] == events[-2]["usage"]["completion_tokens"] == 5
+    gt = requests.get(eos_sim + "/sim/requests/cmpl-eos", timeout=5).json()
+    assert gt["finish_reason"] == "stop" and gt["output_tokens"] == 5
+    after = metric(eos_sim, "vllm:request_success_total", 'finished_reason="stop"')
+    assert after == stops + 1
 
 
 def test_prefix_cache_over_http_and_cache_salt(sim):
@@ -330,6 +498,7 @@ def test_spec_decode_chunks_carry_several_tokens():
 
 def test_time_scale_wall_times_are_simulated_times_divided_by_the_scale():
     scale = 10.0
+    t_before = time.time()
     with run_in_thread(PROFILE, time_scale=scale) as url:
         # 1,900 tokens x 4 ms = 7.6 s simulated = 0.76 s wall: long against client jitter
         # (this shared 2-core machine is often saturated by other work).
@@ -343,8 +512,12 @@ def test_time_scale_wall_times_are_simulated_times_divided_by_the_scale():
         gt = requests.get(url + "/sim/requests/cmpl-ts", timeout=5).json()
         assert r.headers["X-Sim-Time-Scale"] == "10"
         created = requests.post(url + "/v1/completions", json=body(max_tokens=1), timeout=5)
-        # `created` is on the simulated clock: start time + simulated seconds (10x wall).
-        assert created.json()["created"] >= int(time.time())
+        t_after = time.time()
+    # `created` is on the simulated clock: the start's Unix time + simulated seconds, which ran
+    # 10x the wall clock. It is past the last token's simulated time (>= 7.6 s after the start;
+    # an unscaled clock would read ~1 s), and no further than the scaled wall time allows.
+    stamp = created.json()["created"]
+    assert int(t_before + gt["token_times"][-1]) <= stamp <= t_after + (t_after - t_before) * scale
     sim_span = gt["token_times"][-1] - gt["token_times"][0]
     wall_span = stamps[-1] - stamps[0]
     assert wall_span * scale == pytest.approx(sim_span, rel=0.15)
@@ -409,3 +582,28 @@ def test_a_server_that_fell_behind_coalesces_tokens_into_chunks():
     assert counts[-1] == 400 and sum(n for _, n in gt["chunks"]) == 400
     steps = gt["token_times"]
     assert len(set(steps)) == 400  # ...while every token kept its own step time
+
+
+def test_io_lag_probe_times_stamped_datagrams_from_loopback():
+    """The benchmark's outside-event lag: each 8-byte CLOCK_MONOTONIC stamp sent to UDP
+    <host>:<port> becomes one sample (sent-to-read), anything else is not a sample."""
+    from urllib.parse import urlparse
+
+    with run_in_thread(PROFILE) as url:
+        port = urlparse(url).port
+        requests.get(url + "/sim/state?reset_lag=1", timeout=10)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _ in range(5):
+                s.sendto(time.monotonic_ns().to_bytes(8, "big"), ("127.0.0.1", port))
+            s.sendto(b"not a stamp", ("127.0.0.1", port))
+            old = time.monotonic_ns() - 2_000_000_000  # stamped two seconds ago
+            s.sendto(old.to_bytes(8, "big"), ("127.0.0.1", port))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            lag = requests.get(url + "/sim/state", timeout=10).json()["loop_io_lag"]
+            if lag["samples"] >= 6:
+                break
+            time.sleep(0.05)
+        assert lag["samples"] == 6  # the malformed datagram is no sample
+        assert lag["max_ms"] >= 2000.0  # the old stamp reads as (at least) two seconds late
+        assert 0.0 <= lag["p50_ms"] < lag["max_ms"]

@@ -29,7 +29,8 @@ Keys (all optional except where noted; defaults in ``Profile``):
   conditional acceptance probabilities, length k), ``cost_factor`` (step time multiplier),
   ``seed``.
 - ``natural_stop_tokens``: null, or after how many output tokens a request without
-  ``ignore_eos`` emits EOS (finish_reason "stop"); null means it always runs to max_tokens.
+  ``ignore_eos`` emits EOS (finish_reason "stop"), at the earliest token ``min_tokens + 1``
+  (vLLM masks EOS until min_tokens are out); null means it always runs to max_tokens.
 """
 
 from __future__ import annotations

@@ -11,10 +11,15 @@ Endpoints, as vLLM 0.32 answers them:
   ``max_tokens`` (default 16), ``min_tokens``, ``ignore_eos``, ``stream``, ``stream_options``
   (``include_usage``, ``continuous_usage_stats``), ``cache_salt``. A prompt of max-model-len
   tokens or more, ids outside the vocabulary, or bad fields are a 400 with vLLM's error body
-  ``{"error": {"message", "type", "param", "code"}}``. Output that would pass max-model-len is
-  silently shortened (finish_reason "length"), as vLLM does. An ``X-Request-Id`` header becomes
-  the request id (``cmpl-<id>``) and is echoed. A request "arrives" when its handler starts:
-  reading and parsing its body is part of the front end's calibrated delay, not added to it.
+  ``{"error": {"message", "type", "param", "code"}}`` (type "Bad Request" and param null for a
+  ``stream`` or ``ignore_eos`` that is no boolean: vLLM's request model rejects those before its
+  handler runs). Output that would pass max-model-len is silently shortened (finish_reason
+  "length"), as vLLM does. With a profile's ``natural_stop_tokens``, a request without
+  ``ignore_eos`` ends "stop" there, or at token ``min_tokens + 1`` if later (vLLM masks EOS
+  while fewer than min_tokens are out), unless max_tokens comes first. An ``X-Request-Id``
+  header becomes the request id (``cmpl-<id>``) and is echoed. A request "arrives" when its
+  handler starts: reading and parsing its body is part of the front end's calibrated delay, not
+  added to it.
 - A client that disconnects has its request aborted (blocks freed), as vLLM does.
 
 Simulated time. The engine runs on a simulated clock that starts at 0 when the server starts
@@ -31,9 +36,10 @@ Ground truth (open, not in vLLM):
 
 - ``GET /sim/state``: clock, time scale, running / waiting / front-end counts, KV usage, engine
   counters, the server's own event-loop lag (``loop_lag``: timer lateness; ``loop_queue_lag``:
-  how long a ready callback waits; p50 / p99 / max, ms), the CPU time one engine
+  how long a ready callback waits; ``loop_io_lag``: how long a stamped datagram sent to UDP
+  ``<host>:<port>`` waits for its read callback; p50 / p99 / max, ms), the CPU time one engine
   step holds the loop for (``engine_step_cpu_ms``; unlike wall-clock lag it does not count time
-  the process waited for a CPU) and the chunk count. ``?reset_lag=1`` restarts both windows.
+  the process waited for a CPU) and the chunk count. ``?reset_lag=1`` restarts the windows.
 - ``GET /sim/requests`` (summaries; ``?detail=1`` adds per-token times; every live request and
   the last 2,000 finished ones: ``keep_finished``) and
   ``GET /sim/requests/{id}``: per request, arrival, front-end exit, first scheduling, every
@@ -109,25 +115,73 @@ def error_response(status: int, message: str, etype: str, param: str | None = No
     return web.Response(status=status, body=_dumps(body), content_type="application/json")
 
 
-class LagMonitor:
-    """Event-loop lag, two ways, every 5 ms; keeps the last 20,000 samples of each.
+def _flag(data: dict[str, Any], name: str, *, nullable: bool) -> bool:
+    """A boolean field read as vLLM's pydantic request model reads it.
 
-    - timer lag: how late a 5 ms sleep wakes. Includes uvloop's timer granularity (libuv
-      timers count whole milliseconds), so it reads up to ~1 ms even on an idle loop.
+    pydantic's lax mode lets "true", "no", 1 or 0 through, so a client that sends them works
+    against vLLM and must work here; anything else is the 400 vLLM's validation handler writes.
+    """
+    value = data.get(name, False)
+    if value is True or value is False or (value is None and nullable):
+        return bool(value)
+    from pydantic import TypeAdapter, ValidationError  # rare path: keep it off the import
+
+    try:
+        return TypeAdapter(bool).validate_python(value)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        err = {"type": e["type"], "loc": ("body", name), "msg": e["msg"], "input": value}
+        raise ApiError(400, f"1 validation error:\n  {err} {[err]}", "Bad Request") from exc
+
+
+class _LagProbe(asyncio.DatagramProtocol):
+    """Receives stamped datagrams: 8 bytes, the sender's CLOCK_MONOTONIC in ns, big-endian."""
+
+    def __init__(self, sink: deque[float]):
+        self.sink = sink
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        if len(data) == 8 and addr[0] in ("127.0.0.1", "::1"):
+            sent = int.from_bytes(data, "big")
+            self.sink.append(max(0, time.monotonic_ns() - sent) / 1e9)
+
+
+class LagMonitor:
+    """Event-loop lag, three ways; keeps the last 20,000 samples of each.
+
+    - timer lag: how late a 5 ms sleep wakes. libuv keeps its clock and its timeouts in whole
+      milliseconds, so a timer fires up to ~1 ms early or late of the time asked for even on
+      an idle loop (an idle uvloop's 5 ms sleeps here: -0.9 to +1.6 ms): this figure has a
+      floor near 1 ms at p99 that no work of the simulator's is in.
     - queue lag: how long a callback made ready now waits to run (``sleep(0)`` round trip):
       the work already queued ahead of it, i.e. how long the loop is blocked.
-    Both are wall clock: on a machine whose CPUs are busy with other processes they include
-    the time the process waited to be scheduled.
+    - I/O lag: how long an event from outside waits for the loop, which is what a client
+      sees: another process sends a datagram stamped with CLOCK_MONOTONIC to UDP
+      ``<host>:<port>`` (the HTTP port's number; benchmarks/sim_bench.py does, every 5 ms) and
+      the loop's read callback takes the difference (same clock, nanoseconds). No samples
+      when nobody sends.
+    All are wall clock: on a machine whose CPUs are busy with other processes they include the
+    time the process waited to be scheduled.
     """
 
     def __init__(self, period_s: float = 0.005):
         self.period = period_s
         self.samples: deque[float] = deque(maxlen=20_000)
         self.queue: deque[float] = deque(maxlen=20_000)
+        self.io: deque[float] = deque(maxlen=20_000)
         self._task: asyncio.Task | None = None
+        self._probe: asyncio.DatagramTransport | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def listen(self, host: str, port: int) -> None:
+        """Open the I/O-lag probe's UDP socket; a port that cannot be bound means no probe."""
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(OSError):
+            self._probe, _ = await loop.create_datagram_endpoint(
+                lambda: _LagProbe(self.io), local_addr=(host, port)
+            )
 
     async def _run(self) -> None:
         clock = time.perf_counter  # uvloop's loop.time() only has millisecond resolution
@@ -142,10 +196,13 @@ class LagMonitor:
     def stop(self) -> None:
         if self._task:
             self._task.cancel()
+        if self._probe is not None:
+            self._probe.close()
 
     def reset(self) -> None:
         self.samples.clear()
         self.queue.clear()
+        self.io.clear()
 
     @staticmethod
     def _summary(values: deque[float]) -> dict[str, float | int | None]:
@@ -163,6 +220,9 @@ class LagMonitor:
 
     def queue_summary(self) -> dict[str, float | int | None]:
         return self._summary(self.queue)
+
+    def io_summary(self) -> dict[str, float | int | None]:
+        return self._summary(self.io)
 
 
 class SimServer:
@@ -414,6 +474,7 @@ class SimServer:
             "tokens_out": self.tokens_out,
             "loop_lag": self.lag.summary(),
             "loop_queue_lag": self.lag.queue_summary(),
+            "loop_io_lag": self.lag.io_summary(),
             "profile": self.profile.name,
         }
         steps = sorted(self.step_cpu)
@@ -507,17 +568,20 @@ class SimServer:
             max_tokens = p.max_model_len - len(ids)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ApiError(
-                400, "max_tokens must be at least 1, got {max_tokens}.", param="max_tokens"
+                400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens"
             )
+        # vLLM raises these two without naming a parameter: param is null.
         min_tokens = data.get("min_tokens", 0)
-        if not isinstance(min_tokens, int) or min_tokens < 0 or min_tokens > max_tokens:
+        if not isinstance(min_tokens, int) or min_tokens < 0:
+            raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
+        if min_tokens > max_tokens:
             raise ApiError(
                 400,
                 f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
                 f"got {min_tokens}.",
-                param="min_tokens",
             )
-        stream = data.get("stream", False)
+        stream = _flag(data, "stream", nullable=True)
+        ignore_eos = _flag(data, "ignore_eos", nullable=False)
         opts = data.get("stream_options")
         if opts is not None and not stream:
             raise ApiError(
@@ -530,9 +594,11 @@ class SimServer:
         salt = data.get("cache_salt")
         if salt is not None and (not isinstance(salt, str) or not salt):
             raise ApiError(400, "cache_salt must be a non-empty string", param="cache_salt")
-        return max_tokens, min_tokens, bool(stream), opts or {}, salt
+        return max_tokens, min_tokens, ignore_eos, stream, opts or {}, salt
 
-    def _new_request(self, request: web.Request, ids, max_tokens, min_tokens, data, salt, prefix):
+    def _new_request(
+        self, request: web.Request, ids, max_tokens, min_tokens, ignore_eos, salt, prefix
+    ):
         p = self.profile
         n = next(self._counter)
         f = self.faults
@@ -548,12 +614,12 @@ class SimServer:
         room = p.max_model_len - len(ids)
         if target > room:  # vLLM shortens silently what would pass max-model-len
             target = room
-        if (
-            p.natural_stop_tokens
-            and not data.get("ignore_eos", False)
-            and max(min_tokens, p.natural_stop_tokens) < target
-        ):
-            target, reason = max(min_tokens, p.natural_stop_tokens), "stop"
+        if p.natural_stop_tokens and not ignore_eos:
+            # EOS is masked while fewer than min_tokens are out, so the earliest it can come is
+            # token min_tokens + 1; at max_tokens (or max-model-len) vLLM reports "length".
+            stop_at = max(p.natural_stop_tokens, min_tokens + 1)
+            if stop_at < target:
+                target, reason = stop_at, "stop"
         if f.hits(f.short_output_every, n):
             target, reason = min(target, f.short_output_tokens), "length"
         req = Request(rid, ids, max_tokens, salt=salt, target=max(target, 1))
@@ -577,9 +643,11 @@ class SimServer:
         return await self._serve(request, data, ids, chat=True, default_max=None, arrived=arrived)
 
     async def _serve(self, request, data, ids, *, chat: bool, default_max, arrived: float):
-        max_tokens, min_tokens, stream, opts, salt = self._common(data, ids, default_max)
+        max_tokens, min_tokens, ignore_eos, stream, opts, salt = self._common(
+            data, ids, default_max
+        )
         prefix = "chatcmpl" if chat else "cmpl"
-        req = self._new_request(request, ids, max_tokens, min_tokens, data, salt, prefix)
+        req = self._new_request(request, ids, max_tokens, min_tokens, ignore_eos, salt, prefix)
         self.sync()
         self.engine.add(req, max(self.sim_now(), self.engine.now), arrived=arrived)
         self._arm()
@@ -759,6 +827,7 @@ async def _start(server: SimServer, host: str, port: int) -> tuple[web.AppRunner
     await site.start()
     sockets = site._server.sockets if site._server else []
     bound = sockets[0].getsockname()[1] if sockets else port
+    await server.lag.listen(host, bound)
     return runner, bound
 
 
