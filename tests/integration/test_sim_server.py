@@ -538,9 +538,10 @@ def test_sim_serve_subprocess_starts_answers_health_and_stops_on_sigterm():
     port = _free_port()
     profile = REPO / "include" / "sim-profiles" / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
     cmd = [sys.executable, "-m", "speedmatrix", "sim", "serve", "--profile", str(profile)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--api-key", KEY]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ)
+    env = {**os.environ, "VLLM_API_KEY": KEY}  # read as vLLM reads it: not in the process list
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
         up = None
         while time.perf_counter() - t0 < 20 and proc.poll() is None:
@@ -554,6 +555,8 @@ def test_sim_serve_subprocess_starts_answers_health_and_stops_on_sigterm():
         print(f"sim serve answered /health after {up:.2f} s")
         models = requests.get(f"http://127.0.0.1:{port}/v1/models", headers=auth(), timeout=5)
         assert models.json()["data"][0]["id"] == "Kimi-K2.7-Code-NVFP4"
+        assert requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 401
+        assert KEY.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         err = proc.stderr.read().decode()

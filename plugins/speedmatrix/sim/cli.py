@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     serve.add_argument(
         "--api-key",
         default=None,
-        help="require this bearer key under /v1 (the simulator may take it as a flag)",
+        help="require this bearer key under /v1 (visible in the process list: prefer "
+        "VLLM_API_KEY in the environment, read when neither key option is given, as vLLM does)",
     )
     serve.add_argument(
         "--api-key-env", default=None, help="read the key from this environment variable instead"
@@ -67,7 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.time_scale <= 0:
         raise ValueError("--time-scale must be positive")
-    key = args.api_key
+    key = args.api_key if args.api_key is not None else os.environ.get("VLLM_API_KEY") or None
     if args.api_key_env:
         key = os.environ.get(args.api_key_env) or None
         if key is None:
