@@ -269,6 +269,8 @@ class SimServer:
         self._epoch0 = time.time()
         self._streams: set[Request] = set()
         self._model_json = json.dumps(profile.served_model_name)
+        # vLLM's completions carry "vllm-<version>-<build hash>"; the simulator says it is one
+        self._fingerprint = f"vllm-{profile.version}-sim"
         self._scale_header = f"{self.time_scale:g}"
 
     # --- clock and driver ---------------------------------------------------------------------
@@ -412,6 +414,22 @@ class SimServer:
             "root": p.model,
             "parent": None,
             "max_model_len": p.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                    "object": "model_permission",
+                    "created": self.created(),
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
         return web.json_response({"object": "list", "data": [card]})
 
@@ -547,7 +565,7 @@ class SimServer:
                 400, "prompt must be a string or a list of token ids (one prompt)", param="prompt"
             )
         if not ids:
-            raise ApiError(400, "The prompt cannot be empty", param="prompt")
+            raise ApiError(400, "You must pass at least one prompt")
         return ids
 
     def _common(self, data: dict[str, Any], ids: list[int], default_max: int | None):
@@ -559,8 +577,9 @@ class SimServer:
             raise ApiError(
                 400,
                 f"This model's maximum context length is {p.max_model_len} tokens. However, "
-                f"your request has {len(ids)} input tokens. Please reduce the length of the "
-                "input messages.",
+                f"your prompt contains {len(ids)} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={len(ids)})",
                 param="input_tokens",
             )
         max_tokens = data.get("max_tokens", data.get("max_completion_tokens", default_max))
@@ -568,7 +587,10 @@ class SimServer:
             max_tokens = p.max_model_len - len(ids)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ApiError(
-                400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens"
+                400,
+                f"max_tokens must be at least 1, got {max_tokens}. "
+                f"(parameter=max_tokens, value={max_tokens})",
+                param="max_tokens",
             )
         # vLLM raises these two without naming a parameter: param is null.
         min_tokens = data.get("min_tokens", 0)
@@ -695,12 +717,17 @@ class SimServer:
             "prompt_tokens_details": None,
         }
         if chat:
+            message = {"role": "assistant", "content": text}
+            message.update(dict.fromkeys(("refusal", "annotations", "audio", "function_call")))
+            message["reasoning"] = None
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": req.finish_reason,
                 "stop_reason": None,
+                "token_ids": None,
+                "routed_experts": None,
             }
             obj = "chat.completion"
         else:
@@ -710,7 +737,10 @@ class SimServer:
                 "logprobs": None,
                 "finish_reason": req.finish_reason,
                 "stop_reason": None,
+                "token_ids": None,
                 "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "routed_experts": None,
             }
             obj = "text_completion"
         body = {
@@ -721,6 +751,13 @@ class SimServer:
             "choices": [choice],
             "usage": usage,
         }
+        # the rest of vLLM 0.32's response, all null but the build (tests/integration/
+        # test_sim_matches_vllm.py holds these shapes to a real vLLM server's)
+        usage["completion_tokens_details"] = None
+        body.update(service_tier=None, system_fingerprint=self._fingerprint)
+        if chat:
+            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
         return web.Response(body=_dumps(body), content_type="application/json", headers=headers)
 
     async def _stream(self, request, req: Request, chat: bool, opts, headers):
@@ -745,15 +782,20 @@ class SimServer:
         repeat = req.fault_repeat
         cut = req.fault_disconnect
 
-        def usage(n: int) -> str:
-            return f'"usage":{{"prompt_tokens":{plen},"total_tokens":{plen + n},"completion_tokens":{n}}}'
+        # vLLM's chat chunks carry completion_tokens_details in their running usage
+        details = ',"completion_tokens_details":null' if chat else ""
+
+        def usage(n: int, running: bool = True) -> str:
+            more = details if running else ""
+            return f'"usage":{{"prompt_tokens":{plen},"total_tokens":{plen + n},"completion_tokens":{n}{more}}}'
 
         if chat:
             role = (
                 head
                 + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
             )
-            role += ("," + usage(0) if continuous else "") + "}\n\n"
+            role += ("," + usage(0) if continuous else "") + ',"prompt_token_ids":null'
+            role += ',"prompt_text":null}\n\n'
             try:
                 await resp.write(role.encode())
             except ConnectionResetError:
@@ -770,11 +812,15 @@ class SimServer:
                     text = '"' + output_words(req.index, sent, n - sent, repeat) + '"'
                     done = req.state == FINISHED and n == req.out
                     fr = f'"{req.finish_reason}"' if done else "null"
-                    if chat:
-                        choice = f'{{"index":0,"delta":{{"content":{text}}},"logprobs":null,"finish_reason":{fr}}}]'
+                    if chat:  # vLLM names stop_reason in the last chunk only
+                        last = ',"stop_reason":null' if done else ""
+                        choice = f'{{"index":0,"delta":{{"content":{text}}},"logprobs":null,"finish_reason":{fr}{last},"token_ids":null}}]'
                     else:
-                        choice = f'{{"index":0,"text":{text},"logprobs":null,"finish_reason":{fr},"stop_reason":null}}]'
-                    line = head + choice + ("," + usage(n) if continuous else "") + "}\n\n"
+                        choice = f'{{"index":0,"text":{text},"logprobs":null,"finish_reason":{fr},"stop_reason":null,"prompt_token_ids":null,"token_ids":null}}]'
+                    line = head + choice + ("," + usage(n) if continuous else "")
+                    if done and not include_usage:  # the stream's last chunk names the build
+                        line += f',"system_fingerprint":"{self._fingerprint}"'
+                    line += "}\n\n"
                     self.tokens_out += n - sent
                     await resp.write(line.encode())
                     self.chunks_sent += 1
@@ -798,7 +844,8 @@ class SimServer:
             return resp
         tail = ""
         if include_usage:
-            tail = head + "]," + usage(sent) + "}\n\n"
+            build = f',"system_fingerprint":"{self._fingerprint}"'
+            tail = head + "]," + usage(sent, running=False) + build + "}\n\n"
         try:
             await resp.write((tail + "data: [DONE]\n\n").encode())
             await resp.write_eof()
