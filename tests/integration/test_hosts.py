@@ -165,3 +165,86 @@ def test_dropped_connection_is_retried_for_an_idempotent_step(sshd, tmp_path):
     assert res.stdout.strip().endswith("done")
     assert counter.read_text().count("x") == 2
     h.close()
+
+
+def _drop_connections_when(sshd, ready) -> threading.Thread:
+    """Kill the per-connection sshd processes once ``ready()`` is true (polled), once."""
+
+    def go():
+        deadline = time.monotonic() + 60
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        for pid in _sshd_children(sshd):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def _size(path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+_MIB = 1024 * 1024
+
+
+# Sizes large enough that the copy is still running well after the watcher saw its first
+# quarter MiB land: on loopback paramiko's get moves ~50 MB/s, put ~10 MB/s, and put_text
+# (an unpipelined file write) ~1 MB/s.
+@pytest.mark.parametrize(
+    ("op", "size"),
+    [
+        pytest.param("put", 16 * _MIB, id="put"),
+        pytest.param("get", 32 * _MIB, id="get"),
+        pytest.param("put_text", 4 * _MIB, id="put_text"),
+    ],
+)
+def test_connection_dropped_during_a_copy_is_retried(sshd, tmp_path, log_messages, op, size):
+    """The sshd session is killed while the bytes are moving (the target file has started to
+    grow), not before the copy: the copy reconnects, starts over and lands complete."""
+    h = get_host(sshd.conn_id, env={"HOME": str(tmp_path)})
+    h.run("true", check=True)  # connected before the copy starts
+    payload = os.urandom(size)
+    src = tmp_path / "src.bin"
+    target = tmp_path / "target.bin"
+    if op in ("put", "get"):
+        src.write_bytes(payload)
+    t = _drop_connections_when(sshd, lambda: _size(target) > _MIB // 4)
+    with log_messages("speedmatrix.hosts") as warnings:
+        if op == "put":
+            h.put(src, "$HOME/target.bin")
+        elif op == "get":
+            h.get("$HOME/src.bin", target)
+        else:
+            text = payload.hex()[:size]
+            h.put_text(text, "$HOME/target.bin", mode=0o640)
+    t.join()
+    # The drop happened during this copy, and the copy was retried after it...
+    text_of_log = "\n".join(warnings)
+    assert "connection problem" in text_of_log and "retry 1" in text_of_log, text_of_log
+    assert f"sftp {op}" in text_of_log
+    # ...and what landed is whole.
+    if op == "put_text":
+        assert target.read_text() == text
+        assert oct(target.stat().st_mode & 0o777) == oct(0o640)
+    else:
+        assert target.read_bytes() == payload
+    h.close()
+
+
+def test_output_that_arrives_after_the_exit_status_is_kept(host, tmp_path):
+    """The command exits at once while a child it leaves writes the rest of the output a
+    moment later, so the exit status reaches us before the last output does, as it sometimes
+    does when sshd is busy. All the output is returned, not what had arrived by then."""
+    data = tmp_path / "data.txt"
+    data.write_text("".join(f"line {i:05d} {'x' * 100}\n" for i in range(400)))
+    res = host.run(
+        f"head -c 8000 {data}; (sleep 0.5; tail -c +8001 {data}) &", timeout_s=60, stream=False
+    )
+    assert res.rc == 0
+    assert res.stdout == data.read_text()

@@ -1,13 +1,22 @@
-"""Provisioning failures and the simulator through the local transport (no vLLM install)."""
+"""Provisioning failures, the env's lock and the simulator through the local transport (no
+vLLM install: the lock tests install a stand-in `vllm` wheel of a few kB, without the network)."""
 
 from __future__ import annotations
 
+import base64
+import fcntl
+import hashlib
+import json
 import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
 
 import pytest
 
 from speedmatrix.hosts import get_host
-from speedmatrix.provision import MARKER, ProvisionError, provision
+from speedmatrix.provision import MARKER, ProvisionError, install_hash, provision, ship_loadgen
 from speedmatrix.recipes import load_recipe
 
 pytestmark = pytest.mark.integration
@@ -56,3 +65,129 @@ def test_sim_provision_on_local_uses_this_python():
     assert res.env_dir is None
     assert res.python == sys.executable
     assert res.include_dir and res.include_dir.endswith("/include")
+
+
+def _standin_wheel(out: Path, version: str = "0.32.0") -> Path:
+    """A minimal, valid wheel of a distribution named `vllm` (what the marker step reads)."""
+    files = {
+        "vllm/__init__.py": f'__version__ = "{version}"\n',
+        "vllm/_version.py": '__commit_id__ = "0123456789abcdef0123456789abcdef01234567"\n',
+        f"vllm-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
+        f"vllm-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: speedmatrix-tests\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"vllm-{version}.dist-info/RECORD,,")
+    files[f"vllm-{version}.dist-info/RECORD"] = "\n".join(record) + "\n"
+    path = out / f"vllm-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return path
+
+
+@pytest.fixture
+def standin(tmp_path):
+    """The CPU recipe installing a stand-in wheel, no model setup; every install appends a
+    line to ``$HOME/installs.log`` (outside the env, so a rebuild does not erase the count)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    base = load_recipe("cpu/tiny/llama-tiny")
+    recipe = _with_install(
+        base,
+        pip_spec=str(_standin_wheel(tmp_path)),
+        post_install=('echo "installed by $$" >> "$HOME/installs.log"',),
+    )
+    recipe = recipe.model_copy(update={"model": recipe.model.model_copy(update={"setup": ()})})
+    host = get_host("local", env={"HOME": str(home), "PIP_NO_INDEX": "1"})
+    return recipe, host, home
+
+
+def _installs(home: Path) -> list[str]:
+    log = home / "installs.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_two_concurrent_provisionings_of_one_env_install_once(standin):
+    """Both calls start together: one installs, the other waits for its lock and reuses the
+    env; neither fails, and nothing of the winner's env is moved away by the loser."""
+    recipe, host, home = standin
+    barrier = threading.Barrier(2)
+    results: list = [None, None]
+
+    def go(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = provision(recipe, host=host, poll_s=0.2, timeout_s=300)
+        except Exception as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(360)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    assert sorted(r.reused for r in results) == [False, True]
+    assert len(_installs(home)) == 1, _installs(home)
+    env_dir = results[0].env_dir
+    assert results[1].env_dir == env_dir
+    marker = json.loads(Path(env_dir, MARKER).read_text())
+    assert marker["install_hash"] == install_hash(recipe, "v0.32.0", None)
+    assert host.run(f"{env_dir}/bin/python -c 'import vllm'").rc == 0
+    assert provision(recipe, host=host).reused is True
+    assert len(_installs(home)) == 1
+
+
+def test_provisioning_waits_for_the_lock_before_touching_the_env(standin, log_messages):
+    """A half-done env (no marker) whose lock another provisioning holds: provision() waits,
+    leaving the env where it is, and rebuilds it once the lock is free."""
+    recipe, host, home = standin
+    env_dir = Path(host.resolve(recipe.env_dir()))
+    state_dir = Path(f"{env_dir}.speedmatrix")
+    env_dir.mkdir(parents=True)
+    state_dir.mkdir(parents=True)
+    left_over = env_dir / "half-done-by-the-holder"
+    left_over.write_text("x")
+    result: list = []
+    with open(state_dir / "lock", "w") as lock, log_messages("speedmatrix.provision") as msgs:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other provisioning, mid-install
+        t = threading.Thread(
+            target=lambda: result.append(provision(recipe, host=host, poll_s=0.2, timeout_s=300))
+        )
+        t.start()
+        for _ in range(300):
+            if any("is running: waiting for it" in m for m in msgs) or not t.is_alive():
+                break
+            time.sleep(0.1)
+        assert any("is running: waiting for it" in m for m in msgs), msgs
+        # Waiting: the holder's env, state and include/ are untouched, nothing installed.
+        assert left_over.exists() and not (env_dir / MARKER).exists()
+        assert not (state_dir / "include").exists() and _installs(home) == []
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    t.join(300)
+    assert result and result[0].reused is False
+    assert not left_over.exists()  # the half-done env was moved away, then rebuilt
+    assert json.loads((env_dir / MARKER).read_text())["ref"] == "v0.32.0"
+    assert len(_installs(home)) == 1
+
+
+def test_a_load_generator_that_cannot_be_shipped_is_an_error(tmp_path):
+    """No silent "provisioned without a load generator": the host could not measure anything."""
+    host = get_host("local", env={"HOME": str(tmp_path)})
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the state directory should be")
+    with pytest.raises(ProvisionError, match="cannot build or ship the load generator zipapp"):
+        ship_loadgen(host, str(blocker))
+    assert blocker.read_text().startswith("a file")
+
+
+def test_the_shipped_load_generator_runs(tmp_path):
+    host = get_host("local", env={"HOME": str(tmp_path)})
+    path = ship_loadgen(host, f"{tmp_path}/state")
+    assert path == f"{tmp_path}/state/loadgen.pyz"
+    res = host.run(f"{sys.executable} {path} --help", timeout_s=120, stream=False)
+    assert res.rc == 0 and "decode" in res.stdout, res.tail()

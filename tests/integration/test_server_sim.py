@@ -1,17 +1,25 @@
-"""Server lifecycle against the simulated engine through the local transport."""
+"""Server lifecycle against the simulated engine through the local transport, and the parts
+of start/stop that need a misbehaving server (one that ignores SIGTERM, one whose /version is
+not vLLM's, GPUs that a fake nvidia-smi reports): small stand-ins launched as the recipe's
+command, exactly as a real engine is launched."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from speedmatrix.hosts import get_host
-from speedmatrix.provision import provision
+from speedmatrix.provision import ProvisionResult, provision
 from speedmatrix.recipes import REPO_ROOT, load_recipe
 from speedmatrix.server import (
+    NO_TELEMETRY_ENV,
     PortInUse,
     ServerAlreadyRunning,
     ServerError,
@@ -53,6 +61,12 @@ def _alive(pids: list[int]) -> list[int]:
     return [p for p in pids if str(p) in out]
 
 
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        items = fh.read().decode("utf-8", "replace").split("\0")
+    return dict(item.split("=", 1) for item in items if "=" in item)
+
+
 def test_start_inspect_stop_leaves_nothing(local, sim):
     recipe, prov = sim
     handle = start_server(recipe, prov, local, port=_free_port(), api_key="k1")
@@ -67,6 +81,11 @@ def test_start_inspect_stop_leaves_nothing(local, sim):
         # what /v1/models reports (the sim profile's value; 262145 vs the recipe's 262144)
         assert isinstance(facts["max_model_len"], int) and facts["max_model_len"] > 0
         assert facts["hardware"]["cpu_count"] >= 1
+        # Usage stats off: the server's own environment carries vLLM's opt-outs.
+        env = _environ(handle.pid)
+        assert "speedmatrix" in Path(f"/proc/{handle.pid}/cmdline").read_text()  # the sim
+        assert env.get("VLLM_NO_USAGE_STATS") == "1" and env.get("DO_NOT_TRACK") == "1"
+        assert {k: env.get(k) for k in NO_TELEMETRY_ENV} == NO_TELEMETRY_ENV
         cmd = local.run(f"cat {handle.run_dir}/command.txt", check=True).stdout.strip()
         assert cmd == handle.command and "<redacted>" in cmd and "k1" not in cmd
         with pytest.raises(ServerAlreadyRunning, match=f"PID {handle.pid}"):
@@ -127,3 +146,224 @@ def test_port_taken_is_refused_or_diagnosed(local, sim):
             start_server(recipe, prov, local, port=port, api_key="k", check_port=False)
     assert exc.value.diagnosis.code == "address_in_use"
     assert exc.value.log_tail
+
+
+def test_a_recipe_cannot_switch_the_usage_stats_opt_out_back_on(local, sim, tmp_path):
+    recipe, prov = sim
+    noisy = _with_serve(recipe, env={"VLLM_NO_USAGE_STATS": "0"})
+    servers = f"{tmp_path}/servers"
+    with pytest.raises(ServerError, match=r"VLLM_NO_USAGE_STATS.*opt-outs"):
+        start_server(noisy, prov, local, port=_free_port(), api_key="k", servers_dir=servers)
+    assert not os.path.exists(servers)  # nothing launched
+
+
+# ---------------------------------------------------------------- stand-in servers
+def _standin_prov() -> ProvisionResult:
+    """No env: the stand-ins are bash or this interpreter."""
+    return ProvisionResult(
+        env_dir=None, python=sys.executable, version=None, commit=None, reused=True
+    )
+
+
+def _launched(host, handle, text: str) -> None:
+    """Wait until the server's log shows ``text`` (the stand-in is set up)."""
+    for _ in range(300):
+        if text in host.run(f"cat {handle.log_path}", stream=False).stdout:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} never appeared in {handle.log_path}")
+
+
+# Ignores SIGTERM: bash with TERM ignored, and its `sleep` children inherit that.
+_STUBBORN = ("bash", "-c", "trap '' TERM; echo trapped; while :; do sleep 1; done")
+_OBEDIENT = ("bash", "-c", "echo started; while :; do sleep 1; done")
+
+
+@pytest.fixture(params=["local", "ssh"])
+def any_host(request, tmp_path):
+    """The local transport and the test sshd, HOME in a temporary directory."""
+    if request.param == "local":
+        h = get_host("local", env={"HOME": str(tmp_path)})
+    else:
+        h = get_host(request.getfixturevalue("ssh_conn_id"), env={"HOME": str(tmp_path)})
+    yield h
+    h.close()
+
+
+def test_a_server_that_ignores_sigterm_is_killed_and_nothing_is_left(any_host, log_messages):
+    recipe = _with_serve(load_recipe(SIM), command=_STUBBORN)
+    handle = start_server(
+        recipe, _standin_prov(), any_host, port=_free_port(), api_key="k", wait=False
+    )
+    try:
+        _launched(any_host, handle, "trapped")
+        pids = group_pids(any_host, handle.pid)
+        assert handle.pid in pids and len(pids) >= 2  # bash and its sleep
+        with log_messages("speedmatrix.server") as msgs:
+            out = stop_server(handle, host=any_host, grace_s=1)
+    finally:
+        stop_server(handle, host=any_host, grace_s=1)
+    # It said it had to SIGKILL, and what it killed is gone.
+    assert out["was_running"] and out["killed"] is True
+    assert handle.pid in out["term_survivors"]
+    assert any("SIGKILL" in m and str(handle.pid) in m for m in msgs), msgs
+    assert out["left"] == [] and group_pids(any_host, handle.pid) == []
+    assert _alive(pids) == []
+    assert out["gpu_check"] == "skipped: no nvidia-smi on the host"
+
+
+def test_a_server_that_obeys_sigterm_is_not_killed(local):
+    recipe = _with_serve(load_recipe(SIM), command=_OBEDIENT)
+    handle = start_server(
+        recipe, _standin_prov(), local, port=_free_port(), api_key="k", wait=False
+    )
+    _launched(local, handle, "started")
+    out = stop_server(handle, host=local)
+    assert out["was_running"] and out["killed"] is False and out["term_survivors"] == []
+    assert out["left"] == []
+
+
+_FAKE_NVIDIA_SMI = r"""#!/bin/bash
+# Stand-in for nvidia-smi: answers the compute-apps query from apps.csv, or fails like a
+# driver that is gone when the file `fail` exists. Every call is recorded in `calls`.
+d="$(dirname "$0")"
+echo "$*" >> "$d/calls"
+case " $* " in
+  *" --query-compute-apps="*)
+    if [ -e "$d/fail" ]; then
+      echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+      exit 9
+    fi
+    cat "$d/apps.csv" ;;
+  *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("mode", ["ours", "others", "fails", "absent"])
+def test_gpu_check_after_stop(tmp_path, log_messages, mode):
+    """After the group is gone, stop asks nvidia-smi for GPU compute processes: one of ours
+    left is an error naming it; others' are fine; nvidia-smi failing is reported, not taken
+    for "no process"; no nvidia-smi (a CPU host) skips the check."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    path = os.environ["PATH"]
+    if mode == "absent":
+        if shutil.which("nvidia-smi"):
+            pytest.skip("this machine has a real nvidia-smi")
+    else:
+        (fake / "nvidia-smi").write_text(_FAKE_NVIDIA_SMI)
+        (fake / "nvidia-smi").chmod(0o755)
+        path = f"{fake}:{path}"
+        if mode == "fails":
+            (fake / "fail").touch()
+    host = get_host("local", env={"HOME": str(tmp_path), "PATH": path})
+    recipe = _with_serve(load_recipe(SIM), command=_OBEDIENT)
+    handle = start_server(recipe, _standin_prov(), host, port=_free_port(), api_key="k", wait=False)
+    _launched(host, handle, "started")
+    pids = group_pids(host, handle.pid)
+    apps = ["1, /usr/lib/xorg/Xorg, 12 MiB"]  # never ours
+    if mode == "ours":
+        apps.append(f"{handle.pid}, python3, 4000 MiB")
+    (fake / "apps.csv").write_text("\n".join(apps) + "\n")
+
+    with log_messages("speedmatrix.server") as msgs:
+        if mode == "ours":
+            with pytest.raises(ServerError) as exc:
+                stop_server(handle, host=host, gpu_wait_s=0)
+        else:
+            out = stop_server(handle, host=host, gpu_wait_s=0)
+    assert group_pids(host, handle.pid) == [] and _alive(pids) == []  # stopped in every case
+    if mode != "absent":
+        assert "--query-compute-apps=pid" in (fake / "calls").read_text()
+    if mode == "ours":
+        text = str(exc.value)
+        assert "nvidia-smi still lists GPU compute processes of ours" in text
+        assert f"PID {handle.pid} (python3, 4000 MiB)" in text and "Xorg" not in text
+    elif mode == "others":
+        assert out["gpu_check"] == "ok" and out["gpu_left"] == []
+    elif mode == "fails":
+        assert out["gpu_check"].startswith("failed: nvidia-smi exited with code 9")
+        assert "couldn't communicate with the NVIDIA driver" in out["gpu_check"]
+        assert any("could not check the GPUs" in m for m in msgs), msgs
+    else:
+        assert out["gpu_check"] == "skipped: no nvidia-smi on the host"
+
+
+# A stand-in engine: /health, /v1/models and a completion as vLLM answers them, /version with
+# whatever the test puts in a file (status and body), so only the /version check differs.
+_STANDIN_SERVER = r"""
+import argparse, json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--served"); ap.add_argument("--version-file"); ap.add_argument("--version-status", type=int)
+ap.add_argument("--host"); ap.add_argument("--port", type=int); ap.add_argument("--api-key")
+a = ap.parse_args()
+
+
+class H(BaseHTTPRequestHandler):
+    def _send(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._send(200, b"")
+        elif self.path == "/version":
+            self._send(a.version_status, open(a.version_file, "rb").read())
+        elif self.path == "/v1/models":
+            self._send(200, json.dumps({"data": [{"id": a.served}]}).encode())
+        else:
+            self._send(404, b'{"detail": "Not Found"}')
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send(200, json.dumps({"choices": [{"text": "x"}]}).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+print("stand-in listening", flush=True)
+ThreadingHTTPServer((a.host, a.port), H).serve_forever()
+"""
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "shown"),
+    [
+        pytest.param(200, b'{"version": "0.32.0"}', None, id="vllm-like"),
+        pytest.param(200, b"hello, I am not vLLM", "HTTP 200: hello, I am not vLLM", id="text"),
+        pytest.param(200, b'["0.32.0"]', 'HTTP 200: ["0.32.0"]', id="list"),
+        pytest.param(200, b'{"name": "x"}', 'HTTP 200: {"name": "x"}', id="no-version"),
+        pytest.param(200, b'{"version": 3}', 'HTTP 200: {"version": 3}', id="number"),
+        pytest.param(200, b'{"version": ""}', 'HTTP 200: {"version": ""}', id="empty"),
+        pytest.param(404, b'{"detail": "Not Found"}', "HTTP 404", id="404"),
+    ],
+)
+def test_readiness_requires_version_answered_as_vllm_does(local, tmp_path, status, body, shown):
+    script = tmp_path / "standin_server.py"
+    script.write_text(_STANDIN_SERVER)
+    version_file = tmp_path / "version.body"
+    version_file.write_bytes(body)
+    recipe = load_recipe(SIM)
+    command = (
+        "{python}", str(script), "--served", recipe.model.served_name,
+        "--version-file", str(version_file), "--version-status", str(status),
+    )  # fmt: skip
+    standin = _with_serve(recipe, command=command, ready_timeout_s=60)
+    if shown is None:  # the control: everything as vLLM answers it -> ready
+        handle = start_server(standin, _standin_prov(), local, port=_free_port(), api_key="k")
+        assert handle.facts["version"] == "0.32.0"
+        stop_server(handle, host=local)
+        return
+    with pytest.raises(ServerError) as exc:
+        start_server(standin, _standin_prov(), local, port=_free_port(), api_key="k")
+    text = str(exc.value)
+    assert "answers /health but not /version as vLLM does" in text, text
+    assert f"it answered {shown}" in text
+    assert "not ready within" not in text  # failed at once, not by running out of time

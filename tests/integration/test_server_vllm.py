@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from speedmatrix.server import (
+    NO_TELEMETRY_ENV,
     PortInUse,
     ServerError,
     group_pids,
@@ -54,6 +56,34 @@ def test_session_server_kv_capacity_metrics_match_the_log(vllm_cpu_server, vllm_
     assert facts["max_model_len"] == 2048
     assert facts["hardware"]["cpu_count"] >= 1 and facts["hardware"]["mem_total_gb"] > 0
     assert "gpus" not in facts["hardware"]
+
+
+def test_session_server_runs_with_usage_stats_off(vllm_cpu_server, vllm_cpu_host, vllm_home):
+    """The server's processes start with vLLM's opt-outs in their environment, and vLLM did
+    not write the usage report it writes next to each one it sends (``usage_stats.json``)."""
+    handle = vllm_cpu_server.handle
+    pids = group_pids(vllm_cpu_host, handle.pid)
+    assert handle.pid in pids
+    checked = []
+    for pid in pids:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if fh.read().startswith(b"VLLM::"):
+                # EngineCore / Worker: setproctitle reuses the memory /proc/<pid>/environ
+                # shows, so it no longer tells their environment (inherited from the API
+                # server's, checked here).
+                continue
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = dict(
+                item.split("=", 1)
+                for item in fh.read().decode("utf-8", "replace").split("\0")
+                if "=" in item
+            )
+        assert {k: env.get(k) for k in NO_TELEMETRY_ENV} == NO_TELEMETRY_ENV, pid
+        assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1"
+        checked.append(pid)
+    assert handle.pid in checked  # the API server itself: vLLM reports usage from there
+    report = Path(vllm_home) / ".config/vllm/usage_stats.json"
+    assert not report.exists() or report.stat().st_mtime < handle.started_at
 
 
 def test_session_server_key_is_required_and_never_on_a_command_line(vllm_cpu_server):
