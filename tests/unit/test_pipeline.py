@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +161,57 @@ def test_conclude_fails_a_failed_run_after_landing():
         )
     assert pipeline.conclude({"run_id": "r", "status": "success"}) == "success"
     assert pipeline.conclude({"run_id": "r", "status": "partial", "quarantined": [{}]}) == "partial"
+
+
+def _request(c: int, i: int) -> dict:
+    return {"phase": "decode", "context_tokens": 8192, "concurrency": c, "request_index": i,
+            "stream": i, "prompt_tokens": 8192, "output_tokens": 100, "window_tokens": 100,
+            "ttft_ms": 87.0, "tbt_ms": 18.2, "chunks": 100, "finished": False}  # fmt: skip
+
+
+def test_a_cell_failing_validation_is_quarantined_with_its_requests_and_the_rest_lands(tmp_path):
+    """validate -> land over a real warehouse (no Airflow, no server): the 8K x 2 cell whose
+    server ran 0.4 requests of 2 goes to _quarantine/ with its requests and the GX result; the
+    other cells and their requests land; the run says partial."""
+    from test_repeats import decode, prefill, result
+
+    r = resolve(
+        {
+            "recipe": SIM,
+            "contexts": ["8K"],
+            "concurrencies": [1, 2],
+            "prefill_contexts": ["8K"],
+            "warehouse": str(tmp_path / "wh"),
+        }
+    )
+    info = {"kv_num_blocks": 16640, "kv_block_size": 16, "kv_cache_tokens": 266240}
+    planned = pipeline.plan(r, info)
+    results = [
+        result(prefill()),
+        result(decode(c=1), requests=[_request(1, 0)]),
+        result(decode(c=2, avg_active_requests=0.4), requests=[_request(2, 0), _request(2, 1)]),
+    ]
+    validated = pipeline.validate(r, info, None, planned, results)
+    assert validated["run"]["status"] == "partial"
+    [q] = validated["quarantined"]
+    assert (q["phase"], q["concurrency"]) == ("decode", 2)
+    assert q["reasons"] == ["expect_column_values_to_be_between(active_ratio)"]
+    landed = pipeline.land(r, validated)
+    assert (landed["status"], landed["cells"], landed["requests"]) == ("partial", 2, 1)
+
+    wh = pipeline.warehouse_of(r)
+    run, cells, requests = wh.read_run(r["run_id"])
+    assert run["status"] == "partial"
+    assert [(c["phase"], c["concurrency"]) for c in cells] == [("prefill", 1), ("decode", 1)]
+    assert [(q["concurrency"], q["request_index"]) for q in requests] == [(1, 0)]
+    rows, doc = wh.read_quarantine(r["run_id"], "cells")
+    assert [(c["phase"], c["concurrency"], c["avg_active_requests"]) for c in rows] == [
+        ("decode", 2, 0.4)
+    ]
+    assert doc["result"]["expectations"] and doc["run_id"] == r["run_id"]
+    rows, _ = wh.read_quarantine(r["run_id"], "requests")
+    assert sorted(q["request_index"] for q in rows) == [0, 1]
+    gx = Path(validated["gx_results"]).read_text()  # kept next to the run
+    assert json.loads(gx) and "active_ratio" in gx
+    assert pipeline.conclude(landed) == "partial"
+    wh.close()
