@@ -212,7 +212,9 @@ def wheel_check(recipe: Any) -> Callable[[str], bool]:
         return lambda _c: True
     import requests
 
-    index = str(install.wheel_index).rstrip("/")
+    from speedmatrix.recipes import wheel_index_for
+
+    index = wheel_index_for(recipe).rstrip("/")
 
     def has(commit: str) -> bool:
         try:

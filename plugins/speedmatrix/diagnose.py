@@ -7,6 +7,12 @@ line; the log's tail still comes along for the rest.
 
 Signatures are ordered from specific to generic: "engine initialisation failed" is vLLM's
 wrapper around most start-up errors, so it only wins when nothing more precise matched.
+
+Fatal or not: while a server starts, :func:`speedmatrix.server.wait_ready` stops waiting at
+once on a line that is fatal by itself (``fatal_only=True``): the engine has failed and will
+not come up. A hang is not such a line: "NCCL hang" is the diagnosis of a server that did not
+get ready in time, given when the ready timeout hits, never on sight (a slow collective that
+logs a timeout warning may still finish, and a healthy start must not be stopped by it).
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ class Signature:
     code: str  # stable short name, e.g. for tests and the run record
     pattern: re.Pattern[str]
     message: str  # may use {0}, {1}… for the pattern's groups
+    fatal: bool = True  # the line alone means the start failed (ends wait_ready at once)
 
 
-def _sig(code: str, pattern: str, message: str) -> Signature:
-    return Signature(code, re.compile(pattern, re.IGNORECASE | re.MULTILINE), message)
+def _sig(code: str, pattern: str, message: str, *, fatal: bool = True) -> Signature:
+    return Signature(code, re.compile(pattern, re.IGNORECASE | re.MULTILINE), message, fatal)
 
 
 SIGNATURES: tuple[Signature, ...] = (
@@ -54,10 +61,14 @@ SIGNATURES: tuple[Signature, ...] = (
         r"(CUDA out of memory[^\n]*|torch\.OutOfMemoryError[^\n]*)",
         "CUDA out of memory: {0}",
     ),
+    # Not fatal on sight (see the module docstring). Only lines that say a collective did time
+    # out: torch logs "ProcessGroupNCCL initialization options: ... TIMEOUT(ms): 600000" on
+    # every healthy multi-GPU start, and env dumps show NCCL_TIMEOUT=...; neither is a hang.
     _sig(
         "nccl_hang",
-        r"(Watchdog caught collective operation timeout[^\n]*|NCCL[^\n]*(timed out|timeout)[^\n]*)",
+        r"(Watchdog caught collective operation timeout[^\n]*|NCCL[^\n]*\btimed out\b[^\n]*)",
         "NCCL hang: a collective operation timed out ({0})",
+        fatal=False,
     ),
     _sig(
         "undefined_symbol",
@@ -86,9 +97,15 @@ def _clip(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def diagnose(log_text: str) -> Diagnosis:
-    """The first known signature found in the log, as one line; ``unknown`` when none."""
+def diagnose(log_text: str, *, fatal_only: bool = False) -> Diagnosis:
+    """The first known signature found in the log, as one line; ``unknown`` when none.
+
+    ``fatal_only=True`` looks only for lines that are fatal by themselves: what a start that is
+    still under way may be stopped for (a hang is diagnosed at the timeout, not before).
+    """
     for sig in SIGNATURES:
+        if fatal_only and not sig.fatal:
+            continue
         m = sig.pattern.search(log_text)
         if m:
             groups = [_clip(g or "") for g in m.groups()] or [_clip(m.group(0))]

@@ -6,7 +6,11 @@ the demo's default). Both transports:
 
 - run a command with bash, with a *total* timeout (enforced on the host by coreutils
   ``timeout``, so nothing keeps running on the host when it fires) separate from an *idle*
-  timeout (no output for that long);
+  timeout (no output for that long; the command's whole session is killed on the host then,
+  over SSH too: the wrapper runs it in a session of its own and reports that session's id);
+- tell a total timeout from a command that exited 124 or was SIGKILLed for another reason
+  (an OOM kill reads 137): ``timeout --verbose`` writes to a stream of its own, and only when
+  it did send a signal does the wrapper add a once-only marker line;
 - capture stdout/stderr and the exit code, and stream lines to the ``speedmatrix.hosts`` logger
   (which an Airflow task log shows);
 - copy files both ways (``put``/``get``), and write small text files with a mode (``put_text``,
@@ -37,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,9 +56,36 @@ _SSH_QUIET_LOG = logging.getLogger("speedmatrix.hosts.ssh.quiet")
 _SSH_QUIET_LOG.setLevel(logging.WARNING)
 
 LOCAL = "local"
-# Exit code of coreutils `timeout` when the time limit hit (124; 137 when KILLed after -k).
-_TIMEOUT_RCS = (124, 137)
 _RETRIES = 3
+# Seconds between timeout's TERM and its KILL when the total timeout fires (`timeout -k`).
+_KILL_AFTER_S = 10
+# First stderr line of every SSH command: the id of the session (and process group) the
+# wrapper made for it, so an idle timeout can kill it on the host. Stripped from the output.
+_SID_TAG = "speedmatrix-hosts-sid="
+
+# Every command runs as `bash -c _WRAPPER speedmatrix SCRIPT TOTAL MARKER SID_TAG KILL_AFTER`.
+# Why a wrapper: the exit code alone cannot say "the total timeout fired". coreutils `timeout`
+# exits 124 then, or dies by its own SIGKILL (137) when the command outlived TERM by
+# KILL_AFTER s; but a command can exit 124 itself, and one killed by the OOM killer reads 137
+# too. `timeout --verbose` says "sending signal ..." on its own stderr exactly when it fires: the
+# wrapper gives that stderr a pipe of its own (the command gets the real stderr back via fd 3),
+# and only when timeout said something and exited 124/137 does it print MARKER, a line unique
+# to this call. The command is never exec'd by the wrapper, so a command killed by a signal is
+# reported as 128+N on both transports (bash's own "Killed" notice about it goes to /dev/null).
+_WRAPPER = r"""
+[ -n "$4" ] && printf '%s%s\n' "$4" "$$" >&2
+if [ -z "$2" ]; then
+  { bash -c "$1" 2>&3 3>&-; } 3>&2 2>/dev/null
+  exit $?
+fi
+exec 3>&2
+{ m=$(timeout --verbose -k "$5" "$2" bash -c 'exec 2>&3 3>&-; exec bash -c "$1"' sm "$1" 2>&1 >&4 4>&-); } 4>&1
+rc=$?
+exec 3>&-
+[ -n "$m" ] && printf '%s\n' "$m" >&2
+case $rc in 124|137) [ -n "$m" ] && printf '\n%s\n' "$3" >&2 ;; esac
+exit $rc
+"""
 
 
 @dataclass(frozen=True)
@@ -126,14 +158,16 @@ class Host(ABC):
     ) -> CommandResult:
         """Run ``cmd`` with bash on the host and return its exit code and output.
 
-        ``timeout_s`` bounds the total time (the host kills the command), ``idle_timeout_s``
-        the time without any output. ``idempotent=True`` allows a retry after a dropped
-        connection. ``check=True`` raises :class:`CommandError` on a non-zero exit.
+        ``timeout_s`` bounds the total time (the host kills the command: TERM, then KILL
+        ``_KILL_AFTER_S`` later), ``idle_timeout_s`` the time without any output (the command's
+        session is killed on the host). Either raises :class:`CommandTimeout` with the output so
+        far; any other exit, 124 and 137 included, is returned as the command's own.
+        ``idempotent=True`` allows a retry after a dropped connection. ``check=True`` raises
+        :class:`CommandError` on a non-zero exit.
         """
         script = self._script(cmd, env)
-        wrapped = f"bash -c {shlex.quote(script)}"
-        if timeout_s is not None:
-            wrapped = f"timeout -k 10 {max(1, int(timeout_s + 0.999))} {wrapped}"
+        marker = f"speedmatrix-hosts: total timeout fired {uuid.uuid4().hex}"
+        wrapped = self._wrap(script, timeout_s, marker)
         attempts = _RETRIES if idempotent else 1
         for attempt in range(1, attempts + 1):
             try:
@@ -150,13 +184,21 @@ class Host(ABC):
                 log.warning("%s: connection problem (%s); retry %d", self.name, exc, attempt)
                 self._reset()
                 time.sleep(min(2 * attempt, 5))
-        if timeout_s is not None and result.rc in _TIMEOUT_RCS:
+        if marker in result.stderr:
+            stderr = result.stderr.replace(f"\n{marker}\n", "").replace(marker, "")
+            result = CommandResult(result.rc, result.stdout, stderr)
             raise CommandTimeout(
                 self.name, cmd, f"no exit within the total timeout of {timeout_s:g} s", result
             )
         if check and result.rc != 0:
             raise CommandError(self.name, cmd, result)
         return result
+
+    def _wrap(self, script: str, timeout_s: float | None, marker: str, sid_tag: str = "") -> str:
+        """The command line the transport runs: ``script`` under :data:`_WRAPPER`."""
+        total = "" if timeout_s is None else str(max(1, int(timeout_s + 0.999)))
+        args = (_WRAPPER, "speedmatrix", script, total, marker, sid_tag, str(_KILL_AFTER_S))
+        return "bash -c " + " ".join(shlex.quote(a) for a in args)
 
     def _script(self, cmd: str, env: dict[str, str] | None) -> str:
         merged = {**self.env, **(env or {})}
@@ -277,7 +319,7 @@ class LocalHost(Host):
                 events = sel.select(wait)
                 if not events:
                     if idle_timeout_s is not None and time.monotonic() - last_output >= wait:
-                        _kill_group(proc)
+                        _kill_session(proc)
                         partial = CommandResult(-9, _txt(out), _txt(err))
                         raise CommandTimeout(
                             self.name, cmd, f"no output for {idle_timeout_s:g} s", partial
@@ -299,7 +341,7 @@ class LocalHost(Host):
         finally:
             sel.close()
             if proc.poll() is None:
-                _kill_group(proc)
+                _kill_session(proc)
         return CommandResult(rc, _txt(out), _txt(err))
 
     def home(self) -> str:
@@ -345,6 +387,12 @@ class SSHHost(Host):
                 f"cannot connect to {self.name}: {type(exc).__name__}: {exc}"
             ) from exc
 
+    def _wrap(self, script: str, timeout_s: float | None, marker: str, sid_tag: str = "") -> str:
+        """Under ``setsid -w``: the command gets a session (and process group) of its own on the
+        host, whose id the wrapper reports first, so an idle timeout can kill all of it (closing
+        the channel does not: without a pty, sshd leaves the command running)."""
+        return "setsid -w " + super()._wrap(script, timeout_s, marker, _SID_TAG)
+
     def _exec(self, wrapped, cmd, timeout_s, idle_timeout_s, stream) -> CommandResult:
         """Run ``wrapped`` on a fresh channel and read until the server's EOF.
 
@@ -354,11 +402,12 @@ class SSHHost(Host):
         back as 8 kB once in ~120 reads while vLLM loaded the CPU), and a truncated answer is
         read as a wrong one (a marker "unreadable", a log without its KV-cache line). EOF
         comes after all output, so this reads until EOF on both streams; the exit status
-        follows. ``idle_timeout_s`` bounds the time without any output, as before.
+        follows. ``idle_timeout_s`` bounds the time without any output; when it hits, the
+        command's session on the host is killed over a fresh channel before this raises.
         """
         client = self._client()
         logger = _SSH_LOG if stream else _SSH_QUIET_LOG
-        logger.info("Running command: %s", wrapped)
+        logger.info("Running command: %s", cmd)
         try:
             transport = client.get_transport()
             if transport is None or not transport.is_active():
@@ -370,13 +419,17 @@ class SSHHost(Host):
             raise HostConnectionError(
                 f"{self.name}: cannot open a channel: {type(exc).__name__}: {exc}"
             ) from exc
+        sid: list[int] = []
         try:
             chan.exec_command(wrapped)
             chan.shutdown_write()
-            out, err = _read_channel(chan, self.name, cmd, idle_timeout_s, logger)
+            out, err = _read_channel(chan, self.name, cmd, idle_timeout_s, logger, sid)
             # Set by the exit-status message, or -1 once the channel closed without one.
             rc = chan.recv_exit_status()
-        except (CommandTimeout, HostConnectionError):
+        except CommandTimeout:
+            self._kill_remote_session(sid[0] if sid else None, cmd)
+            raise
+        except HostConnectionError:
             raise
         except Exception as exc:
             raise HostConnectionError(
@@ -389,6 +442,38 @@ class SSHHost(Host):
             # paramiko reports -1 when the channel closed without an exit status.
             raise HostConnectionError(f"{self.name}: the channel closed without an exit status")
         return CommandResult(rc, _txt(out), _txt(err))
+
+    def _kill_remote_session(self, sid: int | None, cmd: str) -> None:
+        """SIGKILL every process of session ``sid`` on the host (the command of an idle
+        timeout), until none is left; a failure is logged, as the command may still run."""
+        if sid is None:
+            log.warning(
+                "%s: idle timeout, but the command never reported its session id: it may "
+                "still be running on the host: %s",
+                self.name,
+                cmd[:200],
+            )
+            return
+        kill = (
+            f"s={int(sid)}; kill -KILL -- -$s 2>/dev/null; for i in $(seq 20); do "
+            "p=$(ps -eo pid=,sid= | awk -v s=$s '$2 == s {print $1}'); "
+            '[ -z "$p" ] && exit 0; kill -KILL $p 2>/dev/null; sleep 0.1; done; '
+            'echo "still there: $p"; exit 1'
+        )
+        try:
+            res = self.run(kill, timeout_s=30, idempotent=True, stream=False)
+        except HostError as exc:
+            res = CommandResult(-1, "", str(exc))
+        if res.rc == 0:
+            log.info("%s: killed session %d of the command that timed out", self.name, sid)
+        else:
+            log.warning(
+                "%s: could not kill session %d of the command that timed out (%s): it may "
+                "still be running on the host",
+                self.name,
+                sid,
+                res.tail(3) or f"exit code {res.rc}",
+            )
 
     def _sftp_op(self, what: str, op: Callable[[Any], None]) -> None:
         """Run one SFTP operation on a fresh SFTP channel, sorting its failures.
@@ -466,13 +551,51 @@ _EOF_GRACE_S = 10.0
 
 
 def _read_channel(
-    chan: Any, host: str, cmd: str, idle_timeout_s: float | None, logger: logging.Logger
+    chan: Any,
+    host: str,
+    cmd: str,
+    idle_timeout_s: float | None,
+    logger: logging.Logger,
+    sid: list[int] | None = None,
 ) -> tuple[list[bytes], list[bytes]]:
-    """Read stdout and stderr of an exec channel until the server's EOF (all output sent)."""
+    """Read stdout and stderr of an exec channel until the server's EOF (all output sent).
+
+    With ``sid`` given, the first stderr line is the wrapper's ``_SID_TAG<sid>`` line: it is
+    taken out of the output and its number appended to ``sid`` (for the idle-timeout kill).
+    """
     out: list[bytes] = []
     err: list[bytes] = []
+    tag = _SID_TAG.encode()
+    head: bytes | None = b"" if sid is not None else None  # stderr before the tag line ended
     last_output = time.monotonic()
     exit_seen: float | None = None
+
+    def stderr_chunk(chunk: bytes) -> None:
+        nonlocal head
+        if head is not None:
+            head += chunk
+            if b"\n" not in head and len(head) < 200:
+                return
+            line, nl, rest = head.partition(b"\n")
+            head = None
+            if line.startswith(tag) and line[len(tag) :].isdigit() and sid is not None:
+                sid.append(int(line[len(tag) :]))
+                chunk = rest
+            else:
+                chunk = line + nl + rest
+            if not chunk:
+                return
+        err.append(chunk)
+        for line in chunk.decode("utf-8", "replace").splitlines():
+            logger.warning(line)
+
+    def flush_head() -> None:
+        """Output ends before the tag line did: what came is ordinary stderr."""
+        nonlocal head
+        if head:
+            err.append(head)
+        head = None
+
     with selectors.DefaultSelector() as sel:
         sel.register(chan, selectors.EVENT_READ)
         while True:
@@ -489,15 +612,14 @@ def _read_channel(
                 chunk = chan.recv_stderr(65536)
                 if not chunk:
                     break
-                err.append(chunk)
+                stderr_chunk(chunk)
                 got = True
-                for line in chunk.decode("utf-8", "replace").splitlines():
-                    logger.warning(line)
             now = time.monotonic()
             if got:
                 last_output = now
             if chan.eof_received or chan.closed:
                 if not chan.recv_ready() and not chan.recv_stderr_ready():
+                    flush_head()
                     return out, err
                 continue
             if chan.exit_status_ready():
@@ -510,13 +632,16 @@ def _read_channel(
                         _EOF_GRACE_S,
                         cmd[:200],
                     )
+                    flush_head()
                     return out, err
             wait = 1.0
             if idle_timeout_s is not None:
                 left = idle_timeout_s - (now - last_output)
                 if left <= 0:
+                    flush_head()
+                    partial = CommandResult(-9, _txt(out), _txt(err))
                     raise CommandTimeout(
-                        host, cmd, f"no output for {idle_timeout_s:g} s (idle timeout)"
+                        host, cmd, f"no output for {idle_timeout_s:g} s (idle timeout)", partial
                     )
                 wait = min(wait, left)
             sel.select(wait)
@@ -534,7 +659,36 @@ def _connection_gone(client: Any, exc: BaseException) -> bool:
     return transport is None or not transport.is_active()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _session_pids(sid: int) -> list[int]:
+    """PIDs of the processes in session ``sid`` on this machine (from /proc/<pid>/stat)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        # After "pid (comm)": state ppid pgrp session ...
+        if len(fields) > 3 and fields[3] == str(sid):
+            pids.append(int(entry))
+    return pids
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL every process of the command's session (``start_new_session``), not just its
+    first process group: coreutils ``timeout`` moves itself and the command into a group of
+    its own inside that session. A process that left the session (a server started with
+    ``setsid``) is not touched, on purpose."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for _ in range(10):
+        pids = [p for p in _session_pids(proc.pid) if p != os.getpid()]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
     proc.wait()

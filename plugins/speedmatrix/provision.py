@@ -18,9 +18,31 @@ Why this shape:
   brings back the log's tail on failure. ``<state>`` is ``<env>.speedmatrix/`` (next to the env):
   it also holds the shipped ``include/`` folder (model-setup scripts, sim profiles) and the load
   generator zipapp (``loadgen.pyz``; failing to build or ship it fails the provisioning).
+- **What is shipped stays current.** ``<state>/shipped.json`` records a digest of the content
+  (file names and bytes, never timestamps) of the zipapp and of include/ as last shipped. A
+  reused env whose digests differ from what this speedmatrix would ship gets them again, each
+  by rename under the env's lock: upgrading speedmatrix never leaves an old load generator on
+  the host. Not part of the install hash: a new load generator is no reason to reinstall vLLM.
 - **Only the package registries are reached here.** The wheel index, GitHub and the vLLM git
   repository are used by the wheel / PR / main paths, which run on real GPU hosts only; every URL
-  is a parameter (``wheel_index``, ``repo_url``, ``resolver``), so tests point them at loopback.
+  is configurable, so tests point them at loopback and a deployment at its mirrors. uv is never
+  allowed to download a Python (``UV_PYTHON_DOWNLOADS=never``): the host's own must do.
+
+Configuration, read at call time (so a deployment sets it in the workers' env file, no code):
+
+==============================  ==============================================================
+vLLM git repository (PR paths)  ``repo_url`` argument > ``$SPEEDMATRIX_VLLM_REPO_URL`` >
+                                ``https://github.com/vllm-project/vllm.git``
+per-commit wheel index          ``wheel_index`` argument > ``$SPEEDMATRIX_WHEEL_INDEX`` > the
+                                recipe's ``engine.install.wheel_index`` (default
+                                ``https://wheels.vllm.ai``). The env var beats the recipe so
+                                that one setting redirects every recipe (a mirror, a closed site)
+commit / PR resolution          ``resolver`` argument (given the ref: a short sha, ``main`` or
+                                ``pr/<N>``); else GitHub's API for commits and ``main``, and
+                                ``git ls-remote <repo_url> refs/pull/<N>/head`` for a PR (the
+                                repository the host fetches from, so the head planned is the
+                                head the host gets)
+==============================  ==============================================================
 
 Ref -> install path (the recipe's ``engine.install.kind`` picks the family):
 
@@ -31,10 +53,13 @@ kind sim      nothing to install: the simulator runs from the host's own speedma
 vX.Y.Z        ``uv pip install vllm==X.Y.Z --torch-backend=auto`` from the package index
 commit/main   resolved to 40 hex; the wheel index is checked for that commit (and variant), then
               ``uv pip install vllm --torch-backend=auto --extra-index-url <index>/<commit>[/<v>]``
-pr/<N>        fetch the PR head, find the merge base with main; Python-only install on the merge
-              base's precompiled binaries (``VLLM_USE_PRECOMPILED=1``,
-              ``VLLM_PRECOMPILED_WHEEL_COMMIT=<merge base>``), or a full build when the PR
-              touches compiled code
+pr/<N>        the PR's head resolved to 40 hex when planning (it is in the install hash and the
+              marker: a PR with new commits is rebuilt, never reused); the host fetches the PR
+              head, fails if it is no longer that commit, finds the merge base with main;
+              Python-only install on the merge base's precompiled binaries
+              (``VLLM_USE_PRECOMPILED=1``, ``VLLM_PRECOMPILED_WHEEL_COMMIT=<merge base>``), or a
+              full build when the PR touches compiled code (an error when the recipe turns full
+              builds off)
 ============  ================================================================================
 """
 
@@ -49,24 +74,35 @@ import os
 import re
 import secrets
 import shlex
+import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field
 
 import requests
 
 from speedmatrix.hosts import Host, HostError, get_host
-from speedmatrix.recipes import REPO_ROOT, Recipe, classify_ref
+from speedmatrix.recipes import (  # noqa: F401 (wheel_index_for: part of this API too)
+    DEFAULT_WHEEL_INDEX,
+    ENV_WHEEL_INDEX,
+    REPO_ROOT,
+    Recipe,
+    classify_ref,
+    wheel_index_for,
+)
 
 log = logging.getLogger("speedmatrix.provision")
 
 MARKER = ".speedmatrix-provisioned.json"
 MARKER_FORMAT = 1
+SHIPPED = "shipped.json"  # in <state>: digests of the zipapp and include/ as last shipped
 DEFAULT_REPO_URL = "https://github.com/vllm-project/vllm.git"
 DEFAULT_GITHUB_REPO = "vllm-project/vllm"
+ENV_REPO_URL = "SPEEDMATRIX_VLLM_REPO_URL"
 # Paths whose change in a PR means the precompiled binaries of the merge base do not fit.
 COMPILED_PATHS_RE = r"^(csrc/|cmake/|CMakeLists\.txt$|setup\.py$)|\.(cu|cuh|cpp|cc|c|h|hpp)$"
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -75,6 +111,16 @@ _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 # turned out valid (the provisioning we waited for built it).
 RC_LOCKED = 75
 RC_ALREADY = 76
+# Exit codes of the PR path's own refusals (rare values, so a failing pip or post-install step
+# is never taken for one of them).
+RC_NO_FULL_BUILD = 77
+RC_PR_MOVED = 78
+_RC_REASONS = {
+    RC_NO_FULL_BUILD: "the PR changes compiled code and the recipe turns full builds off "
+    "(engine.install.full_build_when_compiled_changes)",
+    RC_PR_MOVED: "the PR got new commits between planning and install; provision again to "
+    "build its new head",
+}
 
 
 class ProvisionError(RuntimeError):
@@ -118,7 +164,7 @@ class InstallPlan:
 
     kind: str  # pip | release | commit | pr | sim
     ref: str
-    commit: str | None  # resolved 40-hex commit (commit/main refs)
+    commit: str | None  # resolved 40-hex commit (commit / main refs; a PR's head)
     script: str  # the body run with bash on the host (ENV, STATE, INCLUDE exported)
     check_url: str | None = None  # wheel index page checked before installing
 
@@ -140,6 +186,53 @@ def resolve_commit(
     if not _HEX40.match(sha):
         raise ProvisionError(f"cannot resolve {ref!r} to a 40-hex commit (got {sha!r})")
     return sha
+
+
+def resolve_pr_head(
+    number: str, repo_url: str, resolver: Callable[[str], str] | None = None, timeout_s: float = 60
+) -> str:
+    """The 40-hex commit pull request ``number`` points at now.
+
+    Planned, not left to the host: the head goes into the install hash (a PR that got new
+    commits is rebuilt, not reused) and the host checks it fetched exactly that commit. By
+    default it is asked of ``repo_url`` itself (``git ls-remote``), the repository the host
+    fetches from; ``resolver`` (given ``"pr/<N>"``) replaces that, as for commits.
+    """
+    if resolver is not None:
+        sha = resolver(f"pr/{number}").strip().lower()
+    else:
+        sha = _ls_remote(repo_url, f"refs/pull/{number}/head", timeout_s)
+    if not _HEX40.match(sha):
+        raise ProvisionError(f"cannot resolve pr/{number} to a 40-hex head commit (got {sha!r})")
+    return sha
+
+
+def _ls_remote(repo_url: str, ref: str, timeout_s: float) -> str:
+    """The commit ``ref`` names in ``repo_url`` (never prompting for credentials)."""
+    try:
+        res = subprocess.run(
+            ["git", "ls-remote", "--", repo_url, ref],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProvisionError(f"cannot ask {repo_url} for {ref}: {exc}") from exc
+    if res.returncode != 0:
+        raise ProvisionError(f"git ls-remote {repo_url} {ref} failed: {res.stderr.strip()[-500:]}")
+    for line in res.stdout.splitlines():
+        sha, _, name = line.partition("\t")
+        if name.strip() == ref:
+            return sha.strip().lower()
+    raise ProvisionError(f"{repo_url} has no {ref}: is there such a pull request?")
+
+
+def repo_url_for(repo_url: str | None = None) -> str:
+    """The vLLM git repository: the argument, else ``$SPEEDMATRIX_VLLM_REPO_URL``, else
+    GitHub's. Read at call time, so a deployment points its hosts at a mirror without code."""
+    return repo_url or os.environ.get(ENV_REPO_URL) or DEFAULT_REPO_URL
 
 
 def wheel_base_url(wheel_index: str, commit: str, variant: str | None) -> str:
@@ -201,11 +294,26 @@ def _venv_python_lines(python: str) -> list[str]:
 
 
 def _uv_lines(python: str) -> list[str]:
-    """Find or install uv, then create "$ENV" with it."""
+    """Find or install uv, then create "$ENV" with it.
+
+    uv may not download a Python (only the package registries are to be reached; the host's
+    python<X.Y> must exist). Where pip refuses ``--user`` installs (PEP 668: Debian 12,
+    Ubuntu 24.04), uv goes into a small venv of its own, ``<state>/uv-venv``, which outlives
+    rebuilds of the env.
+    """
     return [
+        "export UV_PYTHON_DOWNLOADS=never",
         'UV="$(command -v uv || echo "$HOME/.local/bin/uv")"',
-        '[ -x "$UV" ] || python3 -m pip install --user --quiet uv',
-        f'"$UV" venv --quiet --python {shlex.quote(python)} "$ENV"',
+        '[ -x "$UV" ] || UV="$STATE/uv-venv/bin/uv"',
+        'if [ ! -x "$UV" ]; then',
+        '  if python3 -m pip install --user --quiet uv; then UV="$HOME/.local/bin/uv"; else',
+        '    echo "speedmatrix: pip refused a --user install of uv: installing it in $STATE/uv-venv"',
+        '    python3 -m venv "$STATE/uv-venv"',
+        '    "$STATE/uv-venv/bin/pip" install --quiet uv',
+        '    UV="$STATE/uv-venv/bin/uv"',
+        "  fi",
+        "fi",
+        f'"$UV" venv --quiet --no-python-downloads --python {shlex.quote(python)} "$ENV"',
     ]
 
 
@@ -229,13 +337,15 @@ def plan_install(
     ref: str | None = None,
     *,
     wheel_index: str | None = None,
-    repo_url: str = DEFAULT_REPO_URL,
+    repo_url: str | None = None,
     resolver: Callable[[str], str] | None = None,
     check: bool = True,
 ) -> InstallPlan:
-    """The exact install script for ``recipe`` at ``ref`` (pure apart from the checks).
+    """The exact install script for ``recipe`` at ``ref`` (pure apart from the look-ups).
 
-    ``check=False`` skips the wheel-index request (to show a command without network).
+    ``check=False`` skips the wheel-index request (to show a command without network); a
+    short commit, ``main`` or a PR is still resolved to its commit. ``wheel_index`` and
+    ``repo_url`` default as :func:`wheel_index_for` and :func:`repo_url_for` say.
     """
     ref = ref or recipe.engine.ref
     inst = recipe.engine.install
@@ -258,7 +368,7 @@ def plan_install(
         return InstallPlan("pip", ref, None, "\n".join([*head, *body, *tail]) + "\n")
 
     kind, value = classify_ref(ref)
-    index = wheel_index or inst.wheel_index
+    index = wheel_index_for(recipe, wheel_index)
     if kind == "release":
         body = [
             *_uv_lines(recipe.engine.python),
@@ -277,24 +387,29 @@ def plan_install(
         ]
         return InstallPlan("commit", ref, commit, "\n".join([*head, *body, *tail]) + "\n", url)
     # a pull request, or a commit built from source (install kind pr)
+    repo = repo_url_for(repo_url)
     if kind == "pr":
+        commit = resolve_pr_head(value, repo, resolver)
         fetch_spec = f"+refs/pull/{value}/head:refs/speedmatrix/target"
-        commit = None
     else:
         commit = resolve_commit(value, resolver)
         fetch_spec = f"+{commit}:refs/speedmatrix/target"
-    return InstallPlan(
-        "pr",
-        ref,
-        commit,
-        "\n".join([*head, *_source_lines(recipe, repo_url, fetch_spec), *tail]) + "\n",
-    )
+    source = _source_lines(recipe, repo, fetch_spec, ref, commit)
+    return InstallPlan("pr", ref, commit, "\n".join([*head, *source, *tail]) + "\n")
 
 
-def _source_lines(recipe: Recipe, repo_url: str, fetch_spec: str) -> list[str]:
-    """Fetch a PR head (or a commit) and main; install Python-only on the merge base's
-    precompiled binaries, or build fully when compiled code changed."""
+def _source_lines(
+    recipe: Recipe, repo_url: str, fetch_spec: str, ref: str, commit: str
+) -> list[str]:
+    """Fetch a PR head (or a commit) and main; refuse a head that is not the planned
+    ``commit`` (the PR moved since: the install hash would name another commit); install
+    Python-only on the merge base's precompiled binaries, or build fully when compiled code
+    changed."""
     full_build = recipe.engine.install.full_build_when_compiled_changes
+    moved = (
+        f"speedmatrix: {ref} moved: its head is now $HEAD_COMMIT, not the planned {commit}; "
+        "provision again to build the new head"
+    )
     return [
         *_uv_lines(recipe.engine.python),
         'SRC="$STATE/src"',
@@ -303,6 +418,9 @@ def _source_lines(recipe: Recipe, repo_url: str, fetch_spec: str) -> list[str]:
         f"git fetch --quiet --filter=blob:none {shlex.quote(repo_url)} "
         f"+refs/heads/main:refs/speedmatrix/main {shlex.quote(fetch_spec)}",
         "HEAD_COMMIT=$(git rev-parse refs/speedmatrix/target)",
+        f'if [ "$HEAD_COMMIT" != {commit} ]; then',
+        f'  echo "{moved}" >&2; exit {RC_PR_MOVED}',
+        "fi",
         "MERGE_BASE=$(git merge-base refs/speedmatrix/main refs/speedmatrix/target)",
         'echo "speedmatrix: head $HEAD_COMMIT merge base $MERGE_BASE"',
         'echo "$HEAD_COMMIT" > "$STATE/resolved_commit"',
@@ -312,7 +430,8 @@ def _source_lines(recipe: Recipe, repo_url: str, fetch_spec: str) -> list[str]:
         (
             '  echo "speedmatrix: compiled code changed since the merge base: full build"'
             if full_build
-            else '  echo "speedmatrix: compiled code changed and full builds are off" >&2; exit 3'
+            else '  echo "speedmatrix: compiled code changed and full builds are off '
+            f'(engine.install.full_build_when_compiled_changes)" >&2; exit {RC_NO_FULL_BUILD}'
         ),
         '  "$UV" pip install --python "$ENV/bin/python" --torch-backend=auto -e .',
         "else",
@@ -331,9 +450,12 @@ def _q(path: str) -> str:
 
 def read_marker(host: Host, env_dir: str) -> dict | None:
     """The marker's content, or None when it is missing or unreadable."""
-    res = host.run(
-        f"cat {_q(env_dir + '/' + MARKER)} 2>/dev/null", timeout_s=60, idempotent=True, stream=False
-    )
+    return _read_json(host, f"cat {_q(env_dir + '/' + MARKER)} 2>/dev/null")
+
+
+def _read_json(host: Host, cmd: str) -> dict | None:
+    """The JSON object ``cmd`` prints on the host, or None (failed, not JSON, not an object)."""
+    res = host.run(cmd, timeout_s=60, idempotent=True, stream=False)
     if res.rc != 0:
         return None
     try:
@@ -343,14 +465,80 @@ def read_marker(host: Host, env_dir: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+@dataclass(frozen=True)
+class Shipment:
+    """What provisioning puts next to the env, with a digest of each part's content."""
+
+    loadgen: bytes  # the load generator zipapp
+    include: bytes  # the include/ parts a host needs, tar.gz
+    digests: dict[str, str]  # {"loadgen": …, "include": …}: names and bytes, no timestamps
+
+
+def build_shipment() -> Shipment:
+    """Build the zipapp and the include/ tarball and digest their content.
+
+    The digests hash each file's name and bytes (and, for include/, whether it is executable)
+    and nothing else: the zip and tar bytes carry timestamps, so two builds of the same sources
+    differ in bytes but not in digest.
+    """
+    try:
+        loadgen = _loadgen_zipapp()
+    except Exception as exc:
+        raise ProvisionError(
+            f"cannot build the load generator zipapp: {type(exc).__name__}: {exc}"
+        ) from exc
+    include = _include_tarball()
+    digests = {"loadgen": _digest(_zip_entries(loadgen)), "include": _digest(_tar_entries(include))}
+    return Shipment(loadgen, include, digests)
+
+
+def _loadgen_zipapp() -> bytes:
+    from speedmatrix.loadgen.zipapp import build
+
+    with tempfile.TemporaryDirectory(prefix="speedmatrix-loadgen-") as tmp:
+        return build(os.path.join(tmp, "loadgen.pyz")).read_bytes()
+
+
+def _digest(entries: Iterable[tuple[str, bytes]]) -> str:
+    h = hashlib.sha256()
+    for name, data in sorted(entries):
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def _zip_entries(data: bytes) -> list[tuple[str, bytes]]:
+    """A zipapp's files, and its shebang line (what runs it)."""
+    shebang = data[: data.find(b"\n") + 1] if data.startswith(b"#!") else b""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        files = [(i.filename, zf.read(i)) for i in zf.infolist() if not i.is_dir()]
+    return [("#!", shebang), *files]
+
+
+def _tar_entries(data: bytes) -> list[tuple[str, bytes]]:
+    """A tarball's regular files, each named with its executable bits."""
+    out = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for m in tar.getmembers():
+            fh = tar.extractfile(m) if m.isfile() else None
+            if fh is not None:
+                out.append((f"{m.name}:{m.mode & 0o111:o}", fh.read()))
+    return out
+
+
 def _include_tarball() -> bytes:
-    """The project's include/ parts a host needs (model-setup scripts, sim profiles), gzipped."""
+    """The project's include/ parts a host needs (model-setup scripts, sim profiles), gzipped
+    (without Python caches: they come and go locally and would change the digest)."""
+
+    def no_cache(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = info.name.split("/")
+        return None if "__pycache__" in parts or info.name.endswith(".pyc") else info
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for sub in ("model-setup", "sim-profiles"):
             p = REPO_ROOT / "include" / sub
             if p.is_dir():
-                tar.add(p, arcname=sub)
+                tar.add(p, arcname=sub, filter=no_cache)
     return buf.getvalue()
 
 
@@ -364,21 +552,6 @@ def _put_bytes(host: Host, data: bytes, remote: str) -> None:
         os.unlink(local)
 
 
-def _ship_include(host: Host, state_dir: str) -> str:
-    """Copy the project's include/ to ``<state>/include`` on the host (the simulator's path;
-    an engine env's provisioning unpacks it under the env's lock instead)."""
-    include = f"{state_dir}/include"
-    _put_bytes(host, _include_tarball(), f"{state_dir}/include.tar.gz")
-    host.run(
-        f"rm -rf {_q(include)} && mkdir -p {_q(include)} && "
-        f"tar -xzf {_q(state_dir + '/include.tar.gz')} -C {_q(include)}",
-        timeout_s=120,
-        check=True,
-        idempotent=True,
-    )
-    return include
-
-
 def ship_loadgen(host: Host, state_dir: str, remote: str | None = None) -> str:
     """Build the load generator zipapp and copy it to the host (``<state>/loadgen.pyz`` unless
     ``remote`` says where); return its path there.
@@ -388,17 +561,92 @@ def ship_loadgen(host: Host, state_dir: str, remote: str | None = None) -> str:
     """
     remote = remote or f"{state_dir}/loadgen.pyz"
     try:
-        from speedmatrix.loadgen.zipapp import build
-
-        with tempfile.TemporaryDirectory() as tmp:
-            local = build(os.path.join(tmp, "loadgen.pyz"))
-            host.put(str(local), remote)
+        _put_bytes(host, _loadgen_zipapp(), remote)
     except Exception as exc:
         raise ProvisionError(
             f"cannot build or ship the load generator zipapp to {remote} on {host.name}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
     return remote
+
+
+def _stage_shipment(host: Host, ship: Shipment, staging: str, parts: Collection[str]) -> None:
+    """Copy the ``parts`` of ``ship`` and the new ``shipped.json`` into ``staging`` on the host
+    (a directory no other provisioning uses); :func:`_place_shipped_lines` puts them in place.
+    A failure is a :class:`ProvisionError`, as for :func:`ship_loadgen`."""
+    try:
+        if "loadgen" in parts:
+            _put_bytes(host, ship.loadgen, f"{staging}/loadgen.pyz")
+        if "include" in parts:
+            _put_bytes(host, ship.include, f"{staging}/include.tar.gz")
+        record = json.dumps({"format": 1, **ship.digests}, sort_keys=True) + "\n"
+        host.put_text(record, f"{staging}/{SHIPPED}", mode=0o644)
+    except Exception as exc:
+        raise ProvisionError(
+            f"cannot ship the load generator zipapp and include/ to {staging} on {host.name}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _place_shipped_lines(parts: Collection[str]) -> list[str]:
+    """Shell lines (run under the env's lock) that put the staged parts in ``$ATTEMPT`` in
+    place, each by rename so a reader never sees half a file or half a folder: the zipapp over
+    the old one; include/ unpacked beside the old one, then swapped in; ``shipped.json`` last,
+    so it never records what did not land."""
+    lines = []
+    if "loadgen" in parts:
+        lines.append('mv -f "$ATTEMPT/loadgen.pyz" "$STATE/loadgen.pyz"')
+    if "include" in parts:
+        lines += [
+            'rm -rf "$INCLUDE.new" "$INCLUDE.old" && mkdir -p "$INCLUDE.new"',
+            'tar -xzf "$ATTEMPT/include.tar.gz" -C "$INCLUDE.new"',
+            'if [ -e "$INCLUDE" ]; then mv "$INCLUDE" "$INCLUDE.old"; fi',
+            'mv "$INCLUDE.new" "$INCLUDE"',
+            'rm -rf "$INCLUDE.old"',
+        ]
+    lines.append(f'mv -f "$ATTEMPT/{SHIPPED}" "$STATE/{SHIPPED}"')
+    return lines
+
+
+def refresh_shipped(host: Host, state_dir: str, ship: Shipment) -> list[str]:
+    """Ship again what differs from what the host got last, by the digests in
+    ``<state>/shipped.json`` (a missing zipapp or include/ counts as different); return the
+    parts re-shipped (``[]`` when all is current). Runs on reuse: an upgraded speedmatrix must
+    not measure with the load generator of the old one."""
+    st, include = _q(state_dir), _q(state_dir + "/include")
+    have = _read_json(
+        host, f"[ -s {st}/loadgen.pyz ] && [ -d {include} ] && cat {st}/{SHIPPED} 2>/dev/null"
+    )
+    stale = [part for part, digest in ship.digests.items() if (have or {}).get(part) != digest]
+    if not stale:
+        log.info("%s: the shipped load generator and include/ are current", host.name)
+        return []
+    staging = f"{state_dir}/attempts/ship-{int(time.time())}-{secrets.token_hex(4)}"
+    script = "set -euo pipefail\n" + "\n".join(_place_shipped_lines(stale)) + "\n"
+    env = {"STATE": state_dir, "INCLUDE": f"{state_dir}/include", "ATTEMPT": staging}
+    try:
+        _stage_shipment(host, ship, staging, stale)
+        host.run(
+            f"flock -w 600 {_q(state_dir + '/lock')} bash -c {shlex.quote(script)}",
+            timeout_s=900,
+            env=env,
+            check=True,
+        )
+    except HostError as exc:
+        raise ProvisionError(
+            f"re-shipping {', '.join(stale)} to {state_dir} failed: {exc}"
+        ) from exc
+    finally:
+        with contextlib.suppress(HostError):
+            host.run(f"rm -rf {_q(staging)}", timeout_s=60, idempotent=True, stream=False)
+    log.info(
+        "%s: re-shipped %s to %s: not what this speedmatrix ships (shipped.json %s)",
+        host.name,
+        " and ".join(stale),
+        state_dir,
+        "or a shipped file missing" if have is None else "differs",
+    )
+    return stale
 
 
 # Runs under the env's lock, first thing: a provisioning that finished while this one waited
@@ -423,15 +671,14 @@ fi
 
 def _prepare_lines() -> list[str]:
     """Under the lock: move the old env away (deleted in the background: GBs can take minutes
-    on a busy disk), forget the last source install's facts, unpack include/, put the zipapp
-    in place. The background delete closes the lock's descriptor, or it would hold the lock."""
+    on a busy disk), forget the last source install's facts, put include/, the zipapp and
+    shipped.json in place. The background delete closes the lock's descriptor, or it would
+    hold the lock."""
     return [
         'if [ -e "$ENV" ]; then mv "$ENV" "$ENV.old-$(date +%s)-$$"; fi',
         'rm -f "$STATE/resolved_commit" "$STATE/merge_base"',
         '(exec setsid rm -rf "$ENV".old-*) > /dev/null 2>&1 < /dev/null 9>&- &',
-        'rm -rf "$INCLUDE" && mkdir -p "$INCLUDE"',
-        'tar -xzf "$ATTEMPT/include.tar.gz" -C "$INCLUDE"',
-        'mv -f "$ATTEMPT/loadgen.pyz" "$STATE/loadgen.pyz"',
+        *_place_shipped_lines(("loadgen", "include")),
     ]
 
 
@@ -469,14 +716,16 @@ def _start_attempt(host: Host, attempt: str, wrapper: str, body: str) -> None:
     )
 
 
-def _wait_attempt(host: Host, attempt: str, log_path: str, timeout_s: float, poll_s: float) -> int:
-    """Wait for a detached attempt's exit code.
+def _wait_attempt(
+    host: Host, attempt: str, log_path: str, deadline: float, timeout_s: float, poll_s: float
+) -> int:
+    """Wait for a detached attempt's exit code, until ``deadline`` (``time.monotonic()``; the
+    end of the provisioning's ``timeout_s``, which the error names).
 
     Polling uses short idempotent commands, so an SSH drop between polls costs nothing; the
     attempt itself never depends on the connection. On timeout its group is killed.
     """
     rc_path, pid_path = f"{attempt}/rc", f"{attempt}/pid"
-    deadline = time.monotonic() + timeout_s
     poll = (
         f"if [ -s {_q(rc_path)} ]; then echo rc=$(cat {_q(rc_path)}); "
         f"elif [ -s {_q(pid_path)} ] && kill -0 $(cat {_q(pid_path)}) 2>/dev/null; then echo running; "
@@ -608,7 +857,7 @@ def provision(
     host: Host | str = "local",
     *,
     wheel_index: str | None = None,
-    repo_url: str = DEFAULT_REPO_URL,
+    repo_url: str | None = None,
     resolver: Callable[[str], str] | None = None,
     timeout_s: float = 3 * 3600,
     poll_s: float = 5.0,
@@ -622,7 +871,9 @@ def provision(
     holds it (a concurrent call, or a retried task's predecessor still installing), this one
     waits for it and then reuses what it left, or builds when it left no valid env. Rebuilds
     a half-done env; raises :class:`ProvisionError` (with the install log's tail) when a step
-    fails.
+    fails. A reused env gets the zipapp and include/ again when they are not what this
+    speedmatrix ships (:func:`refresh_shipped`). ``wheel_index`` and ``repo_url`` default as
+    :func:`wheel_index_for` and :func:`repo_url_for` say (environment variables, read now).
     """
     started = time.monotonic()
     if isinstance(host, str):
@@ -637,6 +888,8 @@ def provision(
     model_path = host.resolve(recipe.model_location(ref)) if recipe.model.path else None
     plan = plan_install(recipe, ref, wheel_index=wheel_index, repo_url=repo_url, resolver=resolver)
     digest = install_hash(recipe, ref, plan.commit)
+    ship = build_shipment()
+    build = _Build(recipe, ref, plan, digest, ship, env_dir, model_path, force)
     log_path = f"{state_dir}/provision.log"
     deadline = started + timeout_s
 
@@ -651,12 +904,11 @@ def provision(
         marker = None if force else read_marker(host, env_dir)
         if valid(marker) and host.run(f"test -x {_q(python)}", 60, idempotent=True).rc == 0:
             log.info("%s: env %s already provisioned for %s: reused", host.name, env_dir, ref)
+            refresh_shipped(host, state_dir, ship)
             return _result(recipe, ref, env_dir, marker, True, started)
         why = "forced" if force else ("no valid marker" if not marker else "marker does not match")
         log.info("%s: building %s for %s (%s)", host.name, env_dir, ref, why)
-        rc = _run_attempt(
-            host, recipe, ref, plan, digest, env_dir, model_path, force, deadline, poll_s
-        )
+        rc = _run_attempt(host, build, deadline, timeout_s, poll_s)
         if rc == RC_LOCKED:
             # Another provisioning took the lock between our look and our start: wait for it.
             log.info("%s: another provisioning of %s took its lock first", host.name, env_dir)
@@ -664,11 +916,12 @@ def provision(
         marker = read_marker(host, env_dir)
         if rc == RC_ALREADY and valid(marker):
             log.info("%s: env %s was provisioned meanwhile: reused", host.name, env_dir)
+            refresh_shipped(host, state_dir, ship)
             return _result(recipe, ref, env_dir, marker, True, started)
         if rc != 0:
+            reason = _RC_REASONS.get(rc, "the install script failed")
             raise ProvisionError(
-                f"provisioning {env_dir} for {ref} on {host.name}: the install script failed "
-                f"with exit code {rc}",
+                f"provisioning {env_dir} for {ref} on {host.name}: {reason} (exit code {rc})",
                 _tail(host, log_path),
                 log_path,
             )
@@ -688,64 +941,78 @@ def provision(
     )
 
 
+@dataclass(frozen=True)
+class _Build:
+    """What one provisioning of an env builds, fixed before its first attempt."""
+
+    recipe: Recipe
+    ref: str
+    plan: InstallPlan
+    digest: str  # the install hash
+    ship: Shipment
+    env_dir: str
+    model_path: str | None
+    force: bool
+
+    @property
+    def state_dir(self) -> str:
+        return self.env_dir + ".speedmatrix"
+
+
+def _attempt_env(build: _Build, attempt: str) -> dict[str, str]:
+    """The variables the attempt's scripts run with (written into its 0700 wrapper)."""
+    state_dir, plan = build.state_dir, build.plan
+    include_dir = f"{state_dir}/include"
+    base_marker = {
+        "format": MARKER_FORMAT,
+        "recipe": build.recipe.id,
+        "ref": build.ref,
+        "kind": plan.kind,
+        "commit": plan.commit,
+        "merge_base": None,
+        "install_hash": build.digest,
+        "include_dir": include_dir,
+        "loadgen": f"{state_dir}/loadgen.pyz",
+        "model_path": build.model_path,
+    }
+    return {
+        "ENV": build.env_dir,
+        "STATE": state_dir,
+        "INCLUDE": include_dir,
+        "MODEL": build.model_path or "",
+        "ATTEMPT": attempt,
+        "SPEEDMATRIX_MARKER": json.dumps(base_marker, sort_keys=True),
+        "SPEEDMATRIX_MARKER_NAME": MARKER,
+        "SPEEDMATRIX_INSTALL_HASH": build.digest,
+        "SPEEDMATRIX_REF": build.ref,
+        "SPEEDMATRIX_FORCE": "1" if build.force else "0",
+    }
+
+
 def _run_attempt(
-    host: Host,
-    recipe: Recipe,
-    ref: str,
-    plan: InstallPlan,
-    digest: str,
-    env_dir: str,
-    model_path: str | None,
-    force: bool,
-    deadline: float,
-    poll_s: float,
+    host: Host, build: _Build, deadline: float, timeout_s: float, poll_s: float
 ) -> int:
     """Ship this attempt's files to its own directory (``<state>/attempts/<id>/``: nothing
     another provisioning uses), run it detached under the env's lock, return its exit code:
     0 built, RC_LOCKED refused (nothing touched), RC_ALREADY found valid under the lock."""
-    state_dir = env_dir + ".speedmatrix"
+    state_dir = build.state_dir
     attempt = f"{state_dir}/attempts/{int(time.time())}-{os.getpid()}-{secrets.token_hex(4)}"
-    include_dir = f"{state_dir}/include"
     host.run(f"mkdir -p {_q(attempt)}", timeout_s=60, check=True, idempotent=True)
     try:
-        _put_bytes(host, _include_tarball(), f"{attempt}/include.tar.gz")
-        ship_loadgen(host, state_dir, remote=f"{attempt}/loadgen.pyz")
-        base_marker = {
-            "format": MARKER_FORMAT,
-            "recipe": recipe.id,
-            "ref": ref,
-            "kind": plan.kind,
-            "commit": plan.commit,
-            "merge_base": None,
-            "install_hash": digest,
-            "include_dir": include_dir,
-            "loadgen": f"{state_dir}/loadgen.pyz",
-            "model_path": model_path,
-        }
-        env = {
-            "ENV": env_dir,
-            "STATE": state_dir,
-            "INCLUDE": include_dir,
-            "MODEL": model_path or "",
-            "ATTEMPT": attempt,
-            "SPEEDMATRIX_MARKER": json.dumps(base_marker, sort_keys=True),
-            "SPEEDMATRIX_MARKER_NAME": MARKER,
-            "SPEEDMATRIX_INSTALL_HASH": digest,
-            "SPEEDMATRIX_REF": ref,
-            "SPEEDMATRIX_FORCE": "1" if force else "0",
-        }
+        _stage_shipment(host, build.ship, attempt, ("loadgen", "include"))
         body = (
             "set -euo pipefail\n"
             + _UNDER_LOCK_CHECK.replace("{rc_already}", str(RC_ALREADY))
             + "\n".join(_prepare_lines())
             + "\n"
-            + plan.script
+            + build.plan.script
             + "\n".join(_marker_lines())
             + "\n"
         )
-        _start_attempt(host, attempt, _wrapper_script(env), body)
-        remaining = max(deadline - time.monotonic(), 1.0)
-        return _wait_attempt(host, attempt, f"{state_dir}/provision.log", remaining, poll_s)
+        _start_attempt(host, attempt, _wrapper_script(_attempt_env(build, attempt)), body)
+        deadline = max(deadline, time.monotonic() + 1.0)
+        log_path = f"{state_dir}/provision.log"
+        return _wait_attempt(host, attempt, log_path, deadline, timeout_s, poll_s)
     finally:
         # Best effort: a lost connection here must not hide the attempt's own outcome.
         with contextlib.suppress(HostError):
@@ -753,7 +1020,8 @@ def _run_attempt(
 
 
 def _provision_sim(recipe: Recipe, ref: str, host: Host, started: float) -> ProvisionResult:
-    """The simulator needs no env: check the host's python runs speedmatrix; ship include/."""
+    """The simulator needs no env: check the host's python runs speedmatrix; ship include/
+    and the zipapp when the host does not have this speedmatrix's already."""
     if host.is_local:
         python = sys.executable
         include_dir = str(REPO_ROOT / "include")
@@ -763,8 +1031,9 @@ def _provision_sim(recipe: Recipe, ref: str, host: Host, started: float) -> Prov
         python = "python3"
         state_dir = host.resolve("$HOME/.speedmatrix-sim")
         host.run(f"mkdir -p {_q(state_dir)}", timeout_s=60, check=True, idempotent=True)
-        include_dir = _ship_include(host, state_dir)
-        loadgen = ship_loadgen(host, state_dir)
+        refresh_shipped(host, state_dir, build_shipment())
+        include_dir = f"{state_dir}/include"
+        loadgen = f"{state_dir}/loadgen.pyz"
     res = host.run(f"{_q(python)} -c 'import speedmatrix.sim'", timeout_s=120, idempotent=True)
     if res.rc != 0:
         raise ProvisionError(

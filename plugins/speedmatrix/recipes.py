@@ -24,6 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from speedmatrix.records import PROMPT_MODES, parse_context
 
+# vLLM's per-commit wheel index, and the variable a deployment sets to redirect every recipe
+DEFAULT_WHEEL_INDEX = "https://wheels.vllm.ai"
+ENV_WHEEL_INDEX = "SPEEDMATRIX_WHEEL_INDEX"
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = Path(os.environ.get("SPEEDMATRIX_RECIPES", REPO_ROOT / "include" / "recipes"))
 
@@ -121,7 +125,7 @@ class Install(_Strict):
     post_install: tuple[str, ...] = Field(
         default=(), description="commands run in the env after install"
     )
-    wheel_index: str = "https://wheels.vllm.ai"
+    wheel_index: str = DEFAULT_WHEEL_INDEX
     full_build_when_compiled_changes: bool = True
 
 
@@ -575,3 +579,17 @@ def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Recipe
 
 
 PROMPT_MODE_CHOICES = PROMPT_MODES
+
+
+def wheel_index_for(recipe: Recipe, wheel_index: str | None = None) -> str:
+    """The per-commit wheel index: the argument, else ``$SPEEDMATRIX_WHEEL_INDEX``, else the
+    recipe's ``engine.install.wheel_index``, else vLLM's. The env var beats the recipe so that
+    a deployment redirects every recipe at once (a mirror, a site without internet). Read at
+    call time; here, not in provision.py, so the trigger DAGs' light imports can use it and
+    check the very index provisioning installs from."""
+    return (
+        wheel_index
+        or os.environ.get(ENV_WHEEL_INDEX)
+        or recipe.engine.install.wheel_index
+        or DEFAULT_WHEEL_INDEX
+    )

@@ -13,7 +13,8 @@ Why this shape:
   the Airflow worker): ``/health`` 200, ``/version`` answers as vLLM (a JSON object with a
   non-empty ``version`` string; any other answer from a server that is up fails the start at
   once: it is not the engine the recipe names), ``/v1/models`` lists the served name, and a
-  one-token completion succeeds.
+  one-token completion succeeds. An answer that waiting cannot change (a model list without the
+  served name, the key refused, the completion refused with a 4xx) fails the start at once too.
 - Every launcher exports vLLM's usage-stats opt-outs (:data:`NO_TELEMETRY_ENV`): a server we
   start contacts nothing but loopback.
 - A failed start ends with a one-line diagnosis (:mod:`speedmatrix.diagnose`) and the log's
@@ -24,9 +25,20 @@ Why this shape:
   without nvidia-smi skips that check); safe when it already died.
 
 State per server lives in ``<servers_dir>/<port>/`` on the host (default
-``$HOME/.speedmatrix/servers``): ``pid``, ``server.log``, ``launch.sh``, ``command.txt`` (the
-redacted launch line), ``secrets.env``. "A previous server of ours" is any live group recorded
-under ``servers_dir``.
+``$HOME/.speedmatrix/servers``): ``pid``, ``pid.identity``, ``server.log``, ``launch.sh``,
+``command.txt`` (the redacted launch line), ``secrets.env``. "A previous server of ours" is any
+live group recorded under ``servers_dir``.
+
+PID reuse: a pid file outlives its server (a crash, a reboot), and its number may later belong
+to an unrelated process group: signalling it would kill someone else's work. So the launcher
+records its own identity before its PID: ``pid.identity`` is "<start time> <boot id>" (field 22
+of ``/proc/<pid>/stat``, clock ticks after boot, and the kernel's boot id). The recorded group
+is ours only while the process with that PID has that start time on that boot, or, the leader
+gone, while its group still has members on that boot (Linux does not hand out a PID that is
+still a process group's id, so they are the leader's; the one case this cannot tell is a PID
+reused by a new group leader that died in turn, leaving its own group behind). Otherwise the
+server is gone: said in the log, never signalled. A run dir with only a ``pid`` file (written
+before identities were recorded) is judged as before: a live group is ours.
 """
 
 from __future__ import annotations
@@ -107,6 +119,9 @@ class ServerHandle:
     started_at: float
     ready_s: float | None = None
     facts: dict = field(default_factory=dict)
+    # "<start time> <boot id>" of the group leader (see the module docstring); None in a
+    # handle from before identities were recorded (then the run dir's pid.identity is used).
+    identity: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -148,22 +163,101 @@ def _api_key_value(recipe: Recipe, api_key: str | None) -> str | None:
     return value
 
 
+# What the launcher runs first, in its own new session: its identity, then its PID (in that
+# order, so a pid file that is there always has its identity beside it).
+_RECORD_IDENTITY = (
+    "s=$(cat /proc/$$/stat 2>/dev/null) && { s=${s##*) }; set -- $s; "
+    'i="${20} $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"; '
+    'printf "%s\\n" "$i" > pid.identity; }; '
+)
+
+# sm_state PID IDENTITY: is the group recorded as PID (with that identity, or "" for a run dir
+# without one) still our server? Prints "alive" (the leader is ours), "orphans" (the leader
+# died, its group lives on), "dead", or "gone: <why>" (the PID is another process now).
+_STATE_SH = r"""
+sm_state() {
+  local p=$1 ident=$2 want_start want_boot now= boot s grp=
+  if [ -z "$ident" ]; then
+    if kill -0 -- -"$p" 2>/dev/null; then echo alive; else echo dead; fi
+    return 0
+  fi
+  set -- $ident; want_start=$1; want_boot=$2
+  if s=$(cat /proc/"$p"/stat 2>/dev/null); then s=${s##*) }; set -- $s; now=${20}; fi
+  ps -eo pgid= | awk -v g="$p" '$1 == g {f = 1} END {exit !f}' && grp=1
+  if [ -z "$now" ] && [ -z "$grp" ]; then echo dead; return 0; fi
+  boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)
+  if [ -n "$want_boot" ] && [ -n "$boot" ] && [ "$boot" != "$want_boot" ]; then
+    echo "gone: the host rebooted since the server started (boot id $want_boot, now $boot): PID $p is another process now"
+    return 0
+  fi
+  if [ -n "$now" ] && [ "$now" != "$want_start" ]; then
+    echo "gone: PID $p is another process now (started $now clock ticks after boot; the server's leader started at $want_start)"
+    return 0
+  fi
+  if [ -n "$now" ]; then echo alive; else echo orphans; fi
+}
+"""
+_OURS = ("alive", "orphans")
+
+
 def alive_servers(host: Host, servers_dir: str = DEFAULT_SERVERS_DIR) -> dict[str, int]:
-    """Run directories under ``servers_dir`` whose process group is still alive -> PID."""
+    """Run directories under ``servers_dir`` whose process group is still ours -> PID.
+
+    A recorded PID that now belongs to another process (its start time or the boot differs
+    from ``pid.identity``) is not: the server is gone, which is logged.
+    """
     d = host.resolve(servers_dir)
     res = host.run(
-        f'for f in {_q(d)}/*/pid; do [ -s "$f" ] || continue; p=$(cat "$f"); '
-        f'if kill -0 -- -"$p" 2>/dev/null; then echo "$(dirname "$f") $p"; fi; done',
+        _STATE_SH + f'for f in {_q(d)}/*/pid; do [ -s "$f" ] || continue; d=$(dirname "$f"); '
+        'p=$(cat "$f"); case $p in ""|*[!0-9]*) continue ;; esac; '
+        'i=$(cat "$d/pid.identity" 2>/dev/null); st=$(sm_state "$p" "$i"); '
+        'printf \'%s\\t%s\\t%s\\n\' "$st" "$p" "$d"; done',
         timeout_s=60,
         idempotent=True,
         stream=False,
     )
     out: dict[str, int] = {}
     for line in res.stdout.splitlines():
-        path, _, pid = line.rpartition(" ")
-        if pid.isdigit():
+        state, _, rest = line.partition("\t")
+        pid, _, path = rest.partition("\t")
+        if not pid.isdigit():
+            continue
+        if state in _OURS:
             out[path] = int(pid)
+        elif state.startswith("gone"):
+            log.warning(
+                "%s: the server recorded in %s (PID %s) is gone, %s; not ours, not signalled",
+                host.name,
+                path,
+                pid,
+                state.partition(": ")[2],
+            )
     return out
+
+
+def server_state(host: Host, handle: ServerHandle) -> str:
+    """Whether the handle's group is still our server: ``alive``, ``orphans`` (leader gone,
+    group alive: still ours, stop it), ``dead``, or ``gone: <why>`` (the PID was reused: never
+    signal it). Uses the handle's identity, else the run dir's when its pid file is this PID's,
+    else none (a server started before identities were recorded: judged as before)."""
+    pid = int(handle.pid)
+    d = handle.run_dir
+    res = host.run(
+        _STATE_SH + f"i={_q(handle.identity or '')}; "
+        f'if [ -z "$i" ] && [ "$(cat {_q(d + "/pid")} 2>/dev/null)" = {pid} ]; then '
+        f"i=$(cat {_q(d + '/pid.identity')} 2>/dev/null); fi; "
+        f'sm_state {pid} "$i"',
+        timeout_s=30,
+        idempotent=True,
+        stream=False,
+    )
+    state = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    if res.rc != 0 or not (state in (*_OURS, "dead") or state.startswith("gone: ")):
+        raise ServerError(
+            f"on {host.name}: cannot tell whether server group {pid} is ours: "
+            f"{res.tail(5) or 'no answer'}"
+        )
+    return state
 
 
 def port_holder(host: Host, bind: str, port: int) -> str | None:
@@ -270,18 +364,27 @@ def start_server(
     )
     log_path = f"{run_dir}/server.log"
     pid_path = f"{run_dir}/pid"
+    launcher = f"{_RECORD_IDENTITY}echo $$ > {_q(pid_path)}; exec bash ./launch.sh"
     host.run(
         # The subshell's own output is redirected too: nothing keeps this command's pipes open.
-        f"(cd {_q(run_dir)} && exec setsid bash -c {_q(f'echo $$ > {_q(pid_path)}; exec bash ./launch.sh')}"
+        f"(cd {_q(run_dir)} && exec setsid bash -c {_q(launcher)}"
         f") > {_q(log_path)} 2>&1 < /dev/null &",
         timeout_s=60,
         check=True,
     )
     pid = 0
+    identity = None
     for _ in range(50):
-        res = host.run(f"cat {_q(pid_path)} 2>/dev/null", 30, idempotent=True, stream=False)
-        if res.stdout.strip().isdigit():
-            pid = int(res.stdout.strip())
+        res = host.run(
+            f"cat {_q(pid_path)} 2>/dev/null && cat {_q(run_dir + '/pid.identity')} 2>/dev/null",
+            30,
+            idempotent=True,
+            stream=False,
+        )
+        lines = res.stdout.splitlines()
+        if lines and lines[0].strip().isdigit():
+            pid = int(lines[0].strip())
+            identity = lines[1].strip() if len(lines) > 1 and lines[1].strip() else None
             break
         time.sleep(0.1)
     if not pid:
@@ -299,6 +402,7 @@ def start_server(
         api_key_env=key_var if key is not None else None,
         command=shown,
         started_at=time.time(),
+        identity=identity,
     )
     log.info("%s: started server PID %d: %s", host.name, pid, shown)
     if wait:
@@ -375,8 +479,8 @@ def _probe(host: Host, handle: ServerHandle, timeout_s: float = 120) -> dict:
 
 
 def is_alive(host: Host, handle: ServerHandle) -> bool:
-    res = host.run(f"kill -0 -- -{handle.pid} 2>/dev/null", 30, idempotent=True, stream=False)
-    return res.rc == 0
+    """Whether the handle's process group is alive and still ours (:func:`server_state`)."""
+    return server_state(host, handle) in _OURS
 
 
 def log_tail(host: Host, handle: ServerHandle, lines: int = 40) -> str:
@@ -408,7 +512,9 @@ def wait_ready(
 ) -> ServerHandle:
     """Block until the server passes all four readiness checks; raise ServerError otherwise.
 
-    Ends early (with the diagnosis) as soon as the server's process group is gone.
+    Ends early (with the diagnosis) as soon as the server's process group is gone, its log has
+    a line that is fatal by itself (``diagnose(..., fatal_only=True)``: a hang is diagnosed at
+    the timeout, not on sight), or an answer says waiting cannot help (:func:`_not_ready`).
     """
     host = host or handle.get_host()
     deadline = time.monotonic() + timeout_s
@@ -416,11 +522,12 @@ def wait_ready(
     while True:
         if not is_alive(host, handle):
             raise _failure(host, handle, f"the server on {host.name} exited before it was ready")
-        # A known fatal line in the log ends the wait at once, even while the process lingers.
+        # A line that is fatal by itself ends the wait at once, even while the process
+        # lingers. Only those: a hang-like line (NCCL) is the timeout's diagnosis, below.
         recent = host.run(
             f"tail -c 200000 {_q(handle.log_path)}", timeout_s=60, idempotent=True, stream=False
         ).stdout
-        if diagnose(recent).code != "unknown":
+        if diagnose(recent, fatal_only=True).code != "unknown":
             raise _failure(host, handle, f"the server on {host.name} failed while starting")
         last = _probe(host, handle)
         if last.get("health") == 200 and last.get("version_error"):
@@ -432,24 +539,53 @@ def wait_ready(
                 f"the server on {host.name} answers /health but not /version as vLLM does "
                 f'(a JSON object with a "version" string); it answered {last["version_error"]}',
             )
-        if (
-            last.get("health") == 200
-            and last.get("version")
-            and handle.served_name in last.get("models", [])
-            and last.get("completion") == 200
-        ):
+        missing, final = _not_ready(last, handle.served_name)
+        if missing is None:
             handle.ready_s = round(time.time() - handle.started_at, 2)
             handle.facts["version"] = last["version"]
             log.info("%s: server ready after %.1f s", host.name, handle.ready_s)
             return handle
+        if final:
+            raise _failure(host, handle, f"the server on {host.name} is up but {missing}")
         if time.monotonic() > deadline:
             raise _failure(
                 host,
                 handle,
-                f"the server on {host.name} was not ready within {timeout_s:g} s "
+                f"the server on {host.name} was not ready within {timeout_s:g} s: {missing} "
                 f"(last probe: {json.dumps(last)[:300]})",
             )
         time.sleep(poll_s)
+
+
+def _not_ready(probe: dict, served: str) -> tuple[str | None, bool]:
+    """What the probe says is still missing (None: ready), and whether waiting cannot help.
+
+    Final (the start fails at once): ``/v1/models`` refusing the key, or listing models but not
+    the served name (the engine serves under another name: the recipe's ``served_name`` and the
+    engine's ``--served-model-name`` differ), or the one-token completion refused with a client
+    error (4xx but 408/429: the request will not become acceptable). Not final, until the
+    ready timeout: no answer yet, a 5xx, an empty model list (still loading).
+    """
+    if "probe_error" in probe:
+        return f"the readiness probe failed on the host: {probe['probe_error']}", False
+    if probe.get("health") != 200:
+        return f"/health answered {probe.get('health') or 'nothing (no connection)'}", False
+    if not probe.get("version"):
+        return "/version did not answer", False
+    models, st = probe.get("models") or [], probe.get("models_status")
+    if served not in models:
+        if st in (401, 403):
+            return f"/v1/models refused the API key (HTTP {st})", True
+        if st == 200 and models:
+            return f"/v1/models does not list the served name {served!r} (it lists {models})", True
+        return f"/v1/models does not list {served!r} yet (HTTP {st}, models {models})", False
+    st = probe.get("completion")
+    if st == 200:
+        return None, False
+    why = " ".join(str(probe.get("completion_error") or "").split())[:300] or "(empty body)"
+    if st is not None and 400 <= st < 500 and st not in (408, 429):
+        return f"the one-token completion was refused: HTTP {st}: {why}", True
+    return f"the one-token completion failed: HTTP {st or 'no answer'}: {why}", False
 
 
 # ---------------------------------------------------------------------------- inspect
@@ -571,7 +707,15 @@ def hardware_facts(host: Host) -> dict:
         for line in gpu.stdout.strip().splitlines():
             parts = [p.strip() for p in line.split(",")]
             if len(parts) >= 3:
-                gpus.append({"name": parts[0], "memory_total": parts[1], "driver": parts[2]})
+                mib = re.fullmatch(r"(\d+)\s*MiB", parts[1])
+                gpus.append(
+                    {
+                        "name": parts[0],
+                        "memory_total": parts[1],  # as nvidia-smi says it, e.g. "97887 MiB"
+                        "memory_total_mib": int(mib.group(1)) if mib else None,
+                        "driver": parts[2],
+                    }
+                )
         facts["gpus"] = gpus
         facts["gpu_count"] = len(gpus)
     cpu = host.run(_HW_CPU, timeout_s=60, idempotent=True, stream=False)
@@ -651,23 +795,35 @@ def stop_server(
     is there but fails, the result's ``gpu_check`` says so and a warning is logged (the GPUs
     could not be verified, which is not the same as verified free).
 
-    Idempotent: a group already gone is fine. Returns what happened (``killed`` and
-    ``term_survivors`` tell that SIGTERM was not enough); raises ServerError when a process of
-    the group survives SIGKILL or a GPU compute process of ours remains.
+    Idempotent: a group already gone is fine. A PID that now belongs to another process (see
+    the module docstring: PID reuse) is never signalled: ``gone`` says why the server is gone.
+    Returns what happened (``killed`` and ``term_survivors`` tell that SIGTERM was not enough);
+    raises ServerError when a process of the group survives SIGKILL or a GPU compute process of
+    ours remains.
     """
     host = host or handle.get_host()
     pg = int(handle.pid)
-    before = group_pids(host, pg)
-    ours = {*before, pg}
+    state = server_state(host, handle)
+    gone = state.partition(": ")[2] if state.startswith("gone") else None
+    before = [] if gone else group_pids(host, pg)
+    ours = set() if gone else {*before, pg}
     outcome: dict = {
         "pid": pg,
         "was_running": bool(before),
+        "gone": gone,
         "killed": False,
         "term_survivors": [],
         "left": [],
         "gpu_check": "",
         "gpu_left": [],
     }
+    if gone:
+        log.warning(
+            "%s: server group %d is gone, %s; not signalled (nothing of that PID is ours)",
+            host.name,
+            pg,
+            gone,
+        )
     if before:
         host.run(f"kill -TERM -- -{pg} 2>/dev/null; true", timeout_s=30, idempotent=True)
         deadline = time.monotonic() + grace_s
@@ -690,7 +846,7 @@ def stop_server(
                 if not group_pids(host, pg):
                     break
                 time.sleep(0.5)
-    left = group_pids(host, pg)
+    left = group_pids(host, pg) if not gone else []
     outcome["left"] = left
 
     gpu_left: list[dict] = []
@@ -716,7 +872,14 @@ def stop_server(
         outcome["gpu_check"] = "ok" if not gpu_left else "GPU compute processes of ours remain"
     outcome["gpu_left"] = [a["pid"] for a in gpu_left]
 
-    host.run(f"rm -f {_q(handle.run_dir + '/secrets.env')}", timeout_s=30, idempotent=True)
+    # Only this server's key: a run dir whose pid file names another PID belongs to a newer
+    # server on the same port (started after this one died), which still needs its key.
+    host.run(
+        f"p=$(cat {_q(handle.run_dir + '/pid')} 2>/dev/null); "
+        f'if [ -z "$p" ] || [ "$p" = {pg} ]; then rm -f {_q(handle.run_dir + "/secrets.env")}; fi',
+        timeout_s=30,
+        idempotent=True,
+    )
     if left:
         raise ServerError(f"server group {pg} on {host.name} survived SIGKILL: PIDs {left}")
     if gpu_left:

@@ -129,7 +129,7 @@ def scheduled_recipes(kind: ScheduleKind) -> list[ScheduledRecipe]:
     A recipe that does not load is logged and left out: one broken file must not stop the
     nightly run of every other recipe (and `speedmatrix recipes validate` names it).
     """
-    from speedmatrix.recipes import RecipeError, list_recipe_ids, load_recipe
+    from speedmatrix.recipes import RecipeError, list_recipe_ids, load_recipe, wheel_index_for
 
     out: list[ScheduledRecipe] = []
     for rid in list_recipe_ids():
@@ -145,7 +145,7 @@ def scheduled_recipes(kind: ScheduleKind) -> list[ScheduledRecipe]:
             ScheduledRecipe(
                 id=recipe.id,
                 host=recipe.schedule.host,
-                wheel_index=install.wheel_index if install.kind == "wheel" else None,
+                wheel_index=wheel_index_for(recipe) if install.kind == "wheel" else None,
                 variant=recipe.engine.variant,
             )
         )

