@@ -10,8 +10,9 @@ How: one small bash script per operation, run through `Host.run`, holding `flock
 epoch seconds of the host's own clock, so worker clocks never matter). Taking is atomic; a lease
 past its expiry is free to take (its holder died); renewing or releasing a lease someone else
 now holds is refused and said so. The run renews the lease while its tasks work (a background
-thread, `Renewer`) and the teardown releases it; a run that disappears stops renewing and its
-lease expires after `ttl_s`.
+thread, `Renewer`), the host itself extends it while the run's server lives (between tasks too:
+`keep_while_group`), and the teardown releases it; a run that disappears with its server stops
+renewing and its lease expires after `ttl_s`.
 """
 
 from __future__ import annotations
@@ -59,8 +60,29 @@ case "$op" in
     if [ "$holder" = "$me" ]; then rm -f "$d/holder" && echo "RELEASED $me 0 $now"
     elif [ $live -eq 0 ]; then echo "FREE ${holder:--} $exp $now"
     else echo "NOTMINE $holder $exp $now"; fi ;;
+  extend)
+    if [ "$holder" = "$me" ] && [ $live -eq 1 ]; then write && echo "RENEWED $me $((now + ttl)) $now"
+    else echo "GONE ${holder:--} $exp $now"; exit 4; fi ;;
   show) echo "SHOW ${holder:--} $exp $now" ;;
 esac
+"""
+
+# Detached on the host by `keep_while_group`: $1 the script above, $2 pgid, $3 interval, then
+# the script's dir, holder, ttl. Extends (never retakes) the lease every interval while the
+# group lives; looks at the group every second or so, so it ends soon after the group is gone
+# (or as soon as the lease is no longer this holder's: released, or taken over).
+_KEEPER = r"""
+script=$1; pg=$2; every=$3; shift 3
+look=$(awk -v e="$every" 'BEGIN { print (e < 1 ? e : 1) }')
+next=0
+while kill -0 -- "-$pg" 2>/dev/null; do
+  now=$(date +%s%N)
+  if [ "$now" -ge "$next" ]; then
+    bash -c "$script" lease extend "$@" > /dev/null 2>&1 || exit 0
+    next=$(awk -v n="$now" -v e="$every" 'BEGIN { printf "%d", n + e * 1e9 }')
+  fi
+  sleep "$look"
+done
 """
 
 
@@ -189,6 +211,42 @@ class HostLease:
 
     def show(self) -> LeaseState:
         return self._call("show")
+
+    def keep_while_group(self, pgid: int, interval_s: float | None = None) -> None:
+        """Keep the lease extended *on the host* for as long as process group ``pgid`` (the
+        run's server) lives.
+
+        Why: the run's own renewals happen inside its tasks, and between two tasks (a cell
+        queued behind other runs' tasks for longer than the TTL) nothing would renew, so
+        another run could take a host whose server is still up. The server is what occupies
+        the host, so its life is what the lease follows between tasks: a detached loop on the
+        host extends the lease while the group is alive and stops by itself once the group is
+        gone (then the lease expires after ``ttl_s``) or the lease is no longer this holder's.
+        It only extends, never retakes: after the teardown's release it does nothing.
+        """
+        every = interval_s or max(1.0, self.ttl_s / 4)
+        args = [
+            shlex.quote(_KEEPER),
+            "keeper",
+            shlex.quote(_SCRIPT),
+            str(int(pgid)),
+            f"{every:g}",
+            _shell_path(self.lease_dir),
+            shlex.quote(self.holder),
+            str(self.ttl_s),
+        ]
+        self.host.run(
+            f"(exec setsid bash -c {' '.join(args)}) > /dev/null 2>&1 < /dev/null &",
+            timeout_s=60,
+            check=True,
+            stream=False,
+        )
+        log.info(
+            "lease on %s kept by the host while server group %d lives (every %g s)",
+            self.host.name,
+            pgid,
+            every,
+        )
 
     def renewing(self, interval_s: float | None = None) -> Renewer:
         """`with lease.renewing(): long_work()` keeps the lease fresh while the work runs."""

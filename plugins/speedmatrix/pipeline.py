@@ -245,6 +245,8 @@ def setup(resolved: Mapping[str, Any]) -> dict[str, Any]:
             api_key=api_key(resolved),
             wait=True,
         )
+        # between tasks too, for as long as the server lives (the teardown releases it)
+        lease.keep_while_group(int(handle.pid))
     out = {
         "handle": handle.to_dict(),
         "base_url": handle.base_url,

@@ -110,3 +110,39 @@ def test_holder_names_are_checked_and_sanitised():
     assert holder_id("a b", "c;d") == "a_b/c_d"
     with pytest.raises(ValueError):
         HostLease(get_host("local"), "bad holder")
+
+
+def test_the_host_keeps_the_lease_while_the_server_group_lives(lease_dir, tmp_path):
+    """Between tasks nothing of the run renews; the host-side keeper extends the lease while
+    the server's group lives, stops when it dies (the lease then expires), and never retakes a
+    released lease."""
+    import os
+    import signal
+    import subprocess
+
+    a, b = lease("run-a", lease_dir, ttl=2), lease("run-b", lease_dir)
+    server = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a server's group
+    try:
+        a.try_acquire()
+        a.keep_while_group(server.pid, interval_s=0.4)
+        time.sleep(3.0)  # past the ttl, with no renewal from this process
+        assert b.try_acquire().status == "HELD"
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    time.sleep(2.8)  # the keeper saw the group gone: the lease lapses
+    assert b.try_acquire().status == "ACQUIRED"
+    assert b.release().status == "RELEASED"
+
+    # a released lease is not taken back by a keeper whose group still lives
+    server = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        a.try_acquire()
+        a.keep_while_group(server.pid, interval_s=0.3)
+        assert a.release().status == "RELEASED"
+        time.sleep(1.0)
+        assert a.show().holder is None
+        assert b.try_acquire().status == "ACQUIRED"
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
