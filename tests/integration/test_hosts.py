@@ -200,16 +200,8 @@ def _sshd_children(sshd) -> list[int]:
 
 def _drop_connections_after(sshd, delay: float) -> threading.Thread:
     """Kill the per-connection sshd processes (not the listener) after ``delay`` s."""
-
-    def go():
-        time.sleep(delay)
-        for pid in _sshd_children(sshd):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t
+    at = time.monotonic() + delay
+    return _drop_connections_when(sshd, lambda: time.monotonic() >= at)
 
 
 def test_dropped_connection_is_not_retried_for_a_non_idempotent_step(sshd, tmp_path):

@@ -10,7 +10,6 @@ import fcntl
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from gitrepo import upstream_with_pr
 
 from speedmatrix.hosts import get_host
 from speedmatrix.provision import (
@@ -252,32 +252,10 @@ def test_a_provisioning_over_its_timeout_is_killed_with_the_log_tail(tmp_path):
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody holds it any more
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        cwd=cwd,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-
-
 def test_a_pr_touching_compiled_code_with_full_builds_off_fails_clearly(tmp_path):
     """A local 'upstream' whose pull ref changes csrc/; the recipe turns full builds off: the
     provisioning fails saying why, installs nothing and writes no marker."""
-    up = tmp_path / "upstream"
-    up.mkdir()
-    _git(up, "init", "-q", "-b", "main")
-    (up / "setup.py").write_text("# base\n")
-    _git(up, "add", ".")
-    _git(up, "commit", "-qm", "base")
-    _git(up, "checkout", "-qb", "feature")
-    (up / "csrc").mkdir()
-    (up / "csrc" / "attn.cu").write_text("// changed\n")
-    _git(up, "add", ".")
-    _git(up, "commit", "-qm", "pr")
-    _git(up, "update-ref", "refs/pull/7/head", _git(up, "rev-parse", "HEAD"))
-    _git(up, "checkout", "-q", "main")
+    up, _base, _head = upstream_with_pr(tmp_path, "csrc/attn.cu")
     home = tmp_path / "home"
     home.mkdir()
     calls = tmp_path / "uv.calls"

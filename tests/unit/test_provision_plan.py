@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gitrepo import git, upstream_with_pr
 
 from speedmatrix.provision import (
     DEFAULT_REPO_URL,
@@ -299,50 +300,16 @@ def test_install_hash_changes_with_every_input():
     assert base != install_hash(other, "v0.32.0", None)
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        cwd=cwd,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-
-
-def _upstream(tmp_path: Path, changed: str) -> tuple[Path, str, str]:
-    """A local 'upstream': main, and a pull ref ``refs/pull/7/head`` changing ``changed``;
-    main moves on after the PR branched. Returns (repo, merge base, PR head)."""
-    up = tmp_path / "upstream"
-    up.mkdir()
-    _git(up, "init", "-q", "-b", "main")
-    (up / "setup.py").write_text("# base\n")
-    _git(up, "add", ".")
-    _git(up, "commit", "-qm", "base")
-    base = _git(up, "rev-parse", "HEAD")
-    _git(up, "checkout", "-qb", "feature")
-    (up / changed).parent.mkdir(parents=True, exist_ok=True)
-    (up / changed).write_text("change\n")
-    _git(up, "add", ".")
-    _git(up, "commit", "-qm", "pr")
-    head = _git(up, "rev-parse", "HEAD")
-    _git(up, "update-ref", "refs/pull/7/head", head)
-    _git(up, "checkout", "-q", "main")
-    (up / "README").write_text("main moved on\n")
-    _git(up, "add", ".")
-    _git(up, "commit", "-qm", "main")
-    return up, base, head
-
-
 def _push_to_pr(up: Path) -> str:
     """A new commit on the PR (what its author pushes after a review); returns the new head."""
-    _git(up, "checkout", "-q", "feature")
+    git(up, "checkout", "-q", "feature")
     (up / "vllm").mkdir(exist_ok=True)
     (up / "vllm" / "review.py").write_text("fixed\n")
-    _git(up, "add", ".")
-    _git(up, "commit", "-qm", "review")
-    head = _git(up, "rev-parse", "HEAD")
-    _git(up, "update-ref", "refs/pull/7/head", head)
-    _git(up, "checkout", "-q", "main")
+    git(up, "add", ".")
+    git(up, "commit", "-qm", "review")
+    head = git(up, "rev-parse", "HEAD")
+    git(up, "update-ref", "refs/pull/7/head", head)
+    git(up, "checkout", "-q", "main")
     return head
 
 
@@ -380,7 +347,7 @@ def test_pr_script_git_logic_against_a_local_repository(tmp_path, changed, expec
     """Run the PR script for real against a local 'upstream' with a pull ref; uv is a stub
     that records its arguments and environment. The head is resolved when planning, from the
     repository itself (git ls-remote), and is exactly what gets installed."""
-    up, base, head = _upstream(tmp_path, changed)
+    up, base, head = upstream_with_pr(tmp_path, changed)
     plan = plan_install(load_recipe(PR_RECIPE), "pr/7", repo_url=str(up))
     assert plan.commit == head
     out, record = _run_source_script(tmp_path, plan.script)
@@ -401,7 +368,7 @@ def test_pr_script_git_logic_against_a_local_repository(tmp_path, changed, expec
 def test_a_pr_with_new_commits_is_another_install(tmp_path):
     """The PR's head is in the plan and the install hash: new commits on the PR mean a
     different hash (a rebuild), never the old env reused."""
-    up, _base, head = _upstream(tmp_path, "vllm/x.py")
+    up, _base, head = upstream_with_pr(tmp_path, "vllm/x.py")
     r = load_recipe(PR_RECIPE)
     before = plan_install(r, "pr/7", repo_url=str(up))
     new_head = _push_to_pr(up)
@@ -412,7 +379,7 @@ def test_a_pr_with_new_commits_is_another_install(tmp_path):
 
 
 def test_a_pr_that_moved_between_planning_and_install_fails_clearly(tmp_path):
-    up, _base, head = _upstream(tmp_path, "vllm/x.py")
+    up, _base, head = upstream_with_pr(tmp_path, "vllm/x.py")
     plan = plan_install(load_recipe(PR_RECIPE), "pr/7", repo_url=str(up))
     new_head = _push_to_pr(up)
     out, record = _run_source_script(tmp_path, plan.script)
@@ -422,7 +389,7 @@ def test_a_pr_that_moved_between_planning_and_install_fails_clearly(tmp_path):
 
 
 def test_compiled_changes_with_full_builds_off_exit_clearly(tmp_path):
-    up, _base, _head = _upstream(tmp_path, "csrc/attn.cu")
+    up, _base, _head = upstream_with_pr(tmp_path, "csrc/attn.cu")
     r = _recipe_with(PR_RECIPE, full_build_when_compiled_changes=False)
     out, record = _run_source_script(tmp_path, plan_install(r, "pr/7", repo_url=str(up)).script)
     assert out.returncode == RC_NO_FULL_BUILD
@@ -431,7 +398,7 @@ def test_compiled_changes_with_full_builds_off_exit_clearly(tmp_path):
 
 
 def test_a_pr_the_repository_does_not_have_is_a_clear_error(tmp_path):
-    up, _base, _head = _upstream(tmp_path, "vllm/x.py")
+    up, _base, _head = upstream_with_pr(tmp_path, "vllm/x.py")
     with pytest.raises(ProvisionError, match="has no refs/pull/99/head"):
         resolve_pr_head("99", str(up))
     with pytest.raises(ProvisionError, match="40-hex head commit"):
@@ -471,7 +438,7 @@ def test_repo_url_precedence_argument_env_default(monkeypatch, tmp_path):
     assert repo_url_for() == "https://mirror.example/vllm.git"
     assert repo_url_for("https://arg.example/vllm.git") == "https://arg.example/vllm.git"
     # the plan resolves the PR in, and fetches from, the repository the env var names
-    up, _base, head = _upstream(tmp_path, "vllm/x.py")
+    up, _base, head = upstream_with_pr(tmp_path, "vllm/x.py")
     monkeypatch.setenv(ENV_REPO_URL, str(up))
     plan = plan_install(load_recipe(PR_RECIPE), "pr/7")
     assert plan.commit == head
