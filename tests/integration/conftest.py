@@ -302,6 +302,11 @@ def vllm_cpu_env(vllm_cpu_host, vllm_cpu_recipe):
     return result
 
 
+def _worker() -> str:
+    """This pytest process's xdist worker id (gw0, gw1…), or "main" without xdist."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
 @pytest.fixture(scope="session")
 def vllm_cpu_server(
     vllm_cpu_host, vllm_cpu_recipe, vllm_cpu_env, vllm_home
@@ -325,7 +330,9 @@ def vllm_cpu_server(
         vllm_cpu_host,
         port=free_port(),
         api_key=key,
-        servers_dir=f"{vllm_home}/.speedmatrix/session-servers",
+        # one per xdist worker: each worker's session has a server of its own on this one
+        # host, and start_server refuses a second server of ours in the same servers dir
+        servers_dir=f"{vllm_home}/.speedmatrix/session-servers-{_worker()}",
     )
     start_s = time.monotonic() - t0
     from speedmatrix.server import inspect_server
