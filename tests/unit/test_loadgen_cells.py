@@ -78,7 +78,11 @@ def test_decode_matches_the_ideal_servers_truth(
     true_tbt_ms = 1000 * interval_s / per_chunk
     true_total = concurrency * per_chunk / interval_s
     assert cell["tbt_ms"] == pytest.approx(true_tbt_ms, rel=0.01)
-    assert cell["total_tok_s"] == pytest.approx(true_total, rel=0.01)
+    # The rate is the window's count over its 4.0 s, so it is held to the count's bound below
+    # (one chunk per stream at each edge): 1% in every case here but C=128 with two chunks per
+    # write, 1.25%, where the streams run in lockstep and the window's end falls either side of
+    # a write of all 128 (5064.5 vs 5120 tok/s seen once on a quiet box, a 1% bound failing).
+    assert abs(cell["total_tok_s"] - true_total) <= 2 * concurrency * per_chunk / 4.0
     assert cell["per_request_tok_s"] == pytest.approx(1000 / true_tbt_ms, rel=0.01)
     assert cell["tokens_per_chunk"] == pytest.approx(per_chunk, rel=0.01)
     # Within half a token interval of the server's own TTFT: any mistake of definition (timing
