@@ -53,7 +53,9 @@ def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[n
     s = vllm_cpu_server
     cfg = DecodeConfig(
         base_url=s.base_url, model=s.model, context=512, concurrency=concurrency,
-        duration_s=5.0, max_output_tokens=32, api_key=_key(s), run_tag="vllmtest",
+        # 256 tokens: requests restart in the window, each turnover leaving the server idle for
+        # ~50 ms (the end of one, the next one's arrival and prefill), a few % of a request
+        duration_s=5.0, max_output_tokens=256, api_key=_key(s), run_tag="vllmtest",
         # a CPU shared with the other tests: the saturation guard would measure the box
         max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
     )  # fmt: skip
@@ -65,7 +67,7 @@ def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[n
     confirmed = [r["prompt_tokens"] for r in rows if r["prompt_tokens"] is not None]
     assert confirmed and set(confirmed) == {512}
     assert all(r["prompt_tokens"] is not None for r in rows if r["output_tokens"])
-    assert all(r["output_tokens"] == 32 for r in rows if r["finished"])
+    assert all(r["output_tokens"] == cfg.max_output_tokens for r in rows if r["finished"])
     assert cell["active_source"] == "server"
     assert cell["server_generation_tokens"] is not None
     # The counts agree within one step per stream at each edge plus what the two /metrics
@@ -77,7 +79,7 @@ def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[n
     slack = max(2 * concurrency + math.ceil(0.01 * out), math.ceil(0.03 * out))
     assert abs(cell["server_generation_tokens"] - cell["output_tokens"]) <= slack
     # completed = requests that finished inside the window (the tiny model's speed on a busy
-    # CPU decides how many; on a quiet one 32-token requests restart several times in 5 s)
+    # CPU decides how many; on a quiet one 256-token requests restart a few times in 5 s)
     inside = [
         r for r in rows if r["finished"] and 0 < r["end_offset_s"] <= cell["measured_s"]
     ]  # fmt: skip
@@ -89,13 +91,32 @@ def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[n
                               "avg_active_requests", "client_cpu_pct")}))  # fmt: skip
 
 
+def test_short_requests_leave_the_server_idle_and_the_cell_invalid(  # type: ignore[no-untyped-def]
+    vllm_cpu_server,
+) -> None:
+    """8-token requests at C = 1: between the end of one and the next one's first step the
+    server runs nothing (32-token ones read 0.78 here), so the cell did not measure one
+    stream held through the window, and says so rather than landing as valid."""
+    s = vllm_cpu_server
+    cfg = DecodeConfig(
+        base_url=s.base_url, model=s.model, context=512, concurrency=1, duration_s=3.0,
+        max_output_tokens=8, api_key=_key(s), run_tag="vllmtest", max_loop_lag_ms=50.0,
+        max_client_cpu_pct=100.0,
+    )  # fmt: skip
+    cell, _rows = run_loop(run_decode(cfg))
+    assert cell["active_source"] == "server"
+    assert cell["avg_active_requests"] < 0.9
+    assert cell["status"] == "invalid"
+    assert "average active requests" in cell["error"] and "of C=1" in cell["error"]
+
+
 def test_cli_against_real_vllm(vllm_cpu_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     s = vllm_cpu_server
     out = tmp_path / "cell.json"
     proc = subprocess.run(
         [sys.executable, "-m", "speedmatrix", "loadgen", "decode", "--base-url", s.base_url,
          "--model", s.model, "--context", "256", "--concurrency", "2", "--duration", "3",
-         "--max-output", "16", "--api-key-env", s.api_key_env, "--json", str(out),
+         "--max-output", "256", "--api-key-env", s.api_key_env, "--json", str(out),
          "--max-loop-lag-ms", "50", "--max-client-cpu", "100"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -6,6 +6,7 @@ shipped as a zipapp and run on the host next to the server, results read back ov
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +24,32 @@ def migrated(airflow_db: Path) -> Path:
 
     (airflow_db / f".migrated-{airflow.__version__}").write_text("ok\n")
     return airflow_db
+
+
+def _figures(cell: dict) -> dict:
+    """What the cells suite judges a cell by: shown when a cell is quarantined."""
+    keys = [
+        "phase",
+        "context_tokens",
+        "concurrency",
+        "status",
+        "error",
+        "quarantine_reasons",
+        "avg_active_requests",
+        "active_source",
+        "measured_s",
+        "window_s",
+        "output_tokens",
+        "total_tok_s",
+        "per_request_tok_s",
+        "tbt_ms",
+        "ttft_ms",
+        "samples",
+        "requests_started",
+        "completed_requests",
+        "loop_lag_p99_ms",
+    ]
+    return {k: cell.get(k) for k in keys}
 
 
 def test_speed_matrix_real_vllm_cpu_through_sshd(
@@ -54,6 +81,10 @@ def test_speed_matrix_real_vllm_cpu_through_sshd(
     assert run["host"] == ssh_conn_id and run["engine_version"]
     assert KEY not in run["launch_command"]
     by_cell = {(c["phase"], c["context_tokens"], c["concurrency"]): c for c in cells}
+    # pytest shows this when an assertion below fails (CI once saw only a missing cell)
+    print("cells:", json.dumps([_figures(c) for c in cells], indent=1))
+    quarantined = wh.read_quarantine(run_id, "cells")
+    assert quarantined is None, json.dumps([_figures(c) for c in quarantined[0]], indent=1)
     for key in (("prefill", 256, 1), ("prefill", 1024, 1)):
         assert by_cell[key]["status"] == "valid", by_cell[key]
     for key in (("decode", 256, 1), ("decode", 256, 4), ("decode", 1024, 1), ("decode", 1024, 4)):

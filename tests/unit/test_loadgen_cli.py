@@ -15,7 +15,7 @@ from speedmatrix.loadgen import zipapp
 from speedmatrix.loadgen.cli import parse_tokens
 from speedmatrix.loadgen.prompts import PromptSet, header_text
 from speedmatrix.loadgen.promtext import parse_metrics
-from speedmatrix.loadgen.stats import is_repetition_loop, percentile
+from speedmatrix.loadgen.stats import is_repetition_loop, median, percentile, rate_median
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS
 
 pytestmark = pytest.mark.timing  # run alone: see pyproject's markers
@@ -99,6 +99,29 @@ def test_bad_arguments_exit_2() -> None:
     assert "concurrency" in proc.stderr
     proc = speedmatrix("loadgen", "decode", "--model", "m")
     assert proc.returncode == 2
+    proc = speedmatrix(
+        "loadgen", "decode", "--base-url", "http://x", "--model", "m", "--context", "1K",
+        "-c", "1", "--min-window-readings", "0",
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--min-window-readings: must be at least 1" in proc.stderr
+
+
+def test_the_active_request_limits_reach_the_config() -> None:
+    import argparse
+
+    from speedmatrix.loadgen import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_parsers(parser.add_subparsers())
+    args = parser.parse_args(
+        ["decode", "--base-url", "http://x", "--model", "m", "--context", "1K", "-c", "2",
+         "--min-window-readings", "40", "--max-active-deviation", "0.2"]
+    )  # fmt: skip
+    cfg = cli.build_config(args)
+    assert (cfg.min_window_readings, cfg.max_active_deviation) == (40, 0.2)
+    defaults = cli.build_config(parser.parse_args(["decode", "--base-url", "h", "--model", "m",
+                                                   "--context", "8", "-c", "1"]))  # fmt: skip
+    assert (defaults.min_window_readings, defaults.max_active_deviation) == (20, 0.10)
 
 
 def test_decode_help_explains_every_option() -> None:
@@ -110,6 +133,7 @@ def test_decode_help_explains_every_option() -> None:
         "--max-output", "--prompt-mode", "--json", "--requests", "--run-tag", "--no-warm",
         "--first-token-timeout", "--stall-timeout", "--connect-timeout", "--token-tolerance",
         "--max-loop-lag-ms", "--max-client-cpu", "--progress", "--extra-body",
+        "--metrics-interval", "--min-window-readings", "--max-active-deviation",
     ):  # fmt: skip
         assert option in text, option
     # every option has a help text (argparse prints bare options without one on their own)
@@ -200,3 +224,16 @@ def test_percentiles_and_repetition_loops() -> None:
     assert is_repetition_loop("intro text " + "the cat sat. " * 60)
     assert not is_repetition_loop(" ".join(f"word{i * 7919 % 1000}" for i in range(200)))
     assert not is_repetition_loop("short")
+
+
+def test_the_per_request_rate_is_the_reciprocal_of_the_median_interval() -> None:
+    """Two intervals 1.9x apart (a long request and a few tokens of the next, at C = 1): the
+    midpoint of their rates is 11% above 1 / the midpoint interval, out of the cells suite's
+    10%; 1 / the midpoint is also a median of the rates (between the middle two)."""
+    tbts = [0.004, 0.0076]
+    rate = rate_median(tbts)
+    assert rate == pytest.approx(1 / 0.0058)
+    assert 1 / 0.0076 <= rate <= 1 / 0.004
+    assert rate * median(tbts) == pytest.approx(1.0)
+    assert rate_median([0.01, 0.02, 0.04]) == pytest.approx(50.0)  # odd: the plain median
+    assert rate_median([]) is None

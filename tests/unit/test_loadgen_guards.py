@@ -118,3 +118,40 @@ def test_counters_read_too_late_make_the_cross_check_impossible() -> None:
     c.snap_start = Snapshot(at=100.0, values={}, sent=99.85)  # 150 + 200 ms: 4.4%, allowed
     c.snap_end = Snapshot(at=108.2, values={}, sent=108.0)
     assert c._judge(True) == ("valid", None)
+
+
+def _readings(c: _DecodeCell, running: list[float]) -> None:
+    """`running` read at even steps through the window [100, 104]."""
+    step = 4.0 / len(running)
+    c.samples = [
+        Snapshot(at=100.0 + step * (i + 0.5), values={"vllm:num_requests_running": v})
+        for i, v in enumerate(running)
+    ]
+    c._server_figures(100.0, 104.0)
+
+
+def test_too_few_running_requests_on_the_server_make_it_invalid() -> None:
+    """One reading of 0 as a request turned over, among the 7 a 4 s window got at 0.5 s,
+    put a real-vLLM C = 1 cell at 0.857: the loader called it valid, and the cells suite
+    quarantined it (CI). The loader now says so itself, and samples a short window densely
+    enough that one such reading is 5%."""
+    c = cell(concurrency=1, duration_s=4.0)
+    _readings(c, [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    status, reason = c._judge(True)
+    assert status == "invalid"
+    assert "average active requests 0.86 of C=1 (7 server readings)" in reason
+    _readings(c, [1.0] * 19 + [0.0])
+    assert c.cell["avg_active_requests"] == 0.95 and c._judge(True) == ("valid", None)
+    c = cell(concurrency=4)  # a cell that never held C: 3 running of 4
+    _readings(c, [3.0] * 10)
+    assert "average active requests 3.00 of C=4" in c._judge(True)[1]
+
+
+def test_short_windows_are_sampled_often_enough() -> None:
+    assert cell(duration_s=4.0)._sample_interval() == pytest.approx(0.2)
+    assert cell(duration_s=30.0)._sample_interval() == 0.5  # the configured interval
+    # a simulator at 5x: the window lasts 6 s on the wall clock
+    assert cell(duration_s=30.0, time_scale=5.0)._sample_interval() == pytest.approx(0.3)
+    assert cell(duration_s=4.0, min_window_readings=4)._sample_interval() == 0.5
+    with pytest.raises(ValueError, match="min_window_readings"):
+        DecodeConfig(base_url="http://h", model="m", context=8, min_window_readings=0).validate()

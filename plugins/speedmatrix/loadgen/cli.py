@@ -60,6 +60,16 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value!r}")
+    return number
+
+
 def _json_object(value: str) -> dict[str, Any]:
     try:
         obj = json.loads(value)
@@ -240,7 +250,23 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         type=_positive_float,
         default=0.5,
         metavar="S",
-        help="how often /metrics is sampled during the window",
+        help="how often /metrics is sampled during the window (at most; see --min-window-readings)",
+    )
+    g.add_argument(
+        "--max-active-deviation",
+        type=_positive_float,
+        default=0.10,
+        metavar="F",
+        help="share of C by which the server's average running requests may differ from C "
+        "before the cell is invalid (short requests leave it idle between them)",
+    )
+    g.add_argument(
+        "--min-window-readings",
+        type=_positive_int,
+        default=20,
+        metavar="N",
+        help="sample /metrics more often in a short window so it gets at least N readings of "
+        "the running requests (their average must be within 10%% of C)",
     )
     d.set_defaults(func=_run, phase="decode")
 
@@ -289,6 +315,8 @@ def build_config(args: argparse.Namespace) -> CellConfig:
         max_client_cpu_pct=args.max_client_cpu,
         repetition_check=args.repetition_check,
         metrics_interval_s=args.metrics_interval,
+        min_window_readings=args.min_window_readings,
+        max_active_deviation=args.max_active_deviation,
     )
 
 

@@ -35,6 +35,11 @@ class CellConfig:
     stall_timeout_s: float = 60.0
     idle_timeout_s: float = 60.0
     metrics_interval_s: float = 0.5
+    # A decode window gets at least this many /metrics readings (the interval shrinks for
+    # short windows): at C = 1 the running gauge reads 0 or 1, and with the 7 readings a 4 s
+    # window gets at 0.5 s one reading taken as a request turns over (seen: 0.857, real vLLM)
+    # put the average 14% under C. One /metrics costs vLLM ~8-9 ms (measured on this CPU).
+    min_window_readings: int = 20
     progress: bool | None = None  # None: on when stderr is a terminal
     # A simulator running `time_scale` times faster than the wall clock: durations asked for
     # and reported are simulated seconds (wall x time_scale), rates per simulated second.
@@ -85,6 +90,9 @@ class DecodeConfig(CellConfig):
     # a single client stall, or the two /metrics readings' round trips, longer than this share
     # of the window make the cell invalid (the stamps, or the cross-check, cannot be trusted)
     max_blind_fraction: float = 0.10
+    # the server's average running requests may differ from C by this share (the cells
+    # suite's bound, quality.ACTIVE_TOL): further off, the cell did not hold C streams
+    max_active_deviation: float = 0.10
     repetition_check: bool = True
     max_loop_fraction: float = 0.25
     keep_requests: bool = True
@@ -95,6 +103,8 @@ class DecodeConfig(CellConfig):
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.duration_s <= 0:
             raise ValueError(f"duration must be positive, got {self.duration_s}")
+        if self.min_window_readings < 1:
+            raise ValueError("min_window_readings must be at least 1")
         if self.max_output_tokens < 2:
             raise ValueError("max_output_tokens must be at least 2 (one interval)")
         if self.prompt_mode not in PROMPT_MODES:

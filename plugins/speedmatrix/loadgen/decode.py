@@ -26,7 +26,7 @@ from .control import ControlClient
 from .monitor import ClientMonitor
 from .prompts import BodyBuilder, build_prompts
 from .promtext import Snapshot, rise
-from .stats import is_repetition_loop, median, ms, percentile, scale_times
+from .stats import is_repetition_loop, median, ms, percentile, rate_median, scale_times
 from .stream import INF, Endpoint, Request, StreamConnection, Window, connect
 
 
@@ -75,6 +75,7 @@ class _DecodeCell:
         self.monitor = ClientMonitor()
         self.nonce = secrets.token_hex(3)
         self.notes: list[str] = []
+        self.active_basis = ""
         self.cell = empty_cell(
             phase="decode",
             context_tokens=cfg.context,
@@ -283,7 +284,13 @@ class _DecodeCell:
             if snap is None:
                 return
             self.samples.append(snap)
-            await asyncio.sleep(self.cfg.metrics_interval_s)
+            await asyncio.sleep(self._sample_interval())
+
+    def _sample_interval(self) -> float:
+        """The configured interval, shortened so the window gets `min_window_readings`."""
+        cfg = self.cfg
+        window = cfg.duration_s / cfg.time_scale
+        return min(cfg.metrics_interval_s, window / max(1, cfg.min_window_readings))
 
     def _progress_line(self) -> str:
         w = self.window
@@ -344,7 +351,7 @@ class _DecodeCell:
                 tbt_ms=ms(median(tbts)),
                 tbt_p90_ms=ms(percentile(tbts, 90)),
                 tbt_p99_ms=ms(percentile(tbts, 99)),
-                per_request_tok_s=median([1.0 / x for x in tbts]),
+                per_request_tok_s=rate_median(tbts),
                 chunk_gap_ms=ms(median(gaps)),
                 tokens_per_chunk=(out_tokens / chunks) if chunks else None,
                 completed_requests=len(completed),
@@ -368,9 +375,11 @@ class _DecodeCell:
         if running:
             cell["avg_active_requests"] = sum(running) / len(running)
             cell["active_source"] = "server"
+            self.active_basis = f"{len(running)} server readings"
         else:
             cell["avg_active_requests"] = self._client_active(ws, we)
             cell["active_source"] = "client"
+            self.active_basis = "client in-flight time"
         points = [*inside, *(s for s in (self.snap_start, self.snap_end) if s is not None)]
         waiting = [v for v in (s.get("waiting") for s in points) if v is not None]
         kv = [v for v in (s.get("kv_usage") for s in points) if v is not None]
@@ -495,6 +504,12 @@ class _DecodeCell:
         if lag is not None and lag > cfg.max_loop_lag_ms:
             reasons.append(f"client saturated: event-loop lag p90 {lag:.1f} ms")
         reasons += self._blind_spots()
+        active = cell["avg_active_requests"]
+        if isinstance(active, float) and abs(active - self.C) > cfg.max_active_deviation * self.C:
+            reasons.append(
+                f"average active requests {active:.2f} of C={self.C} ({self.active_basis}): "
+                f"the server was not running {self.C} through the window"
+            )
         cpu = cell["client_cpu_pct"]
         if isinstance(cpu, float) and cpu > cfg.max_client_cpu_pct:
             reasons.append(f"client saturated: {cpu:.0f}% CPU")

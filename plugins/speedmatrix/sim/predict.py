@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from speedmatrix.loadgen.stats import rate_median
 from speedmatrix.records import context_label, empty_cell
 from speedmatrix.sim.engine import Engine, Request, block_hashes
 from speedmatrix.sim.profile import Profile
@@ -185,7 +186,7 @@ def predict_decode(
     tbt = statistics.median(tbts) if tbts else None
     cell.update(
         total_tok_s=window_tokens / window_s,
-        per_request_tok_s=statistics.median(1.0 / x for x in tbts) if tbts else None,
+        per_request_tok_s=rate_median(tbts),
         ttft_ms=statistics.median(ttfts) * 1000.0 if ttfts else None,
         tbt_ms=tbt * 1000.0 if tbt is not None else None,
         avg_active_requests=active_area / window_s,
