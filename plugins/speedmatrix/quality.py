@@ -23,7 +23,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedmatrix.records import CELL_FIELDS, PHASES, RUN_FIELDS, STATUSES, TRIGGERS
+from speedmatrix.records import (
+    ACTIVE_TOLERANCE,
+    CELL_FIELDS,
+    PHASES,
+    RUN_FIELDS,
+    STATUSES,
+    TRIGGERS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +41,7 @@ REDACTED = "<redacted>"
 # window; output tokens = total tok/s x window up to rounding; per-request tok/s vs 1/TBT within
 # 10% (a median of reciprocals is not the reciprocal of a median for even counts); prefill
 # tok/s x TTFT = prompt tokens within 2%.
-ACTIVE_TOL = 0.10
+ACTIVE_TOL = ACTIVE_TOLERANCE
 WINDOW_TOL = 0.02
 TOKENS_TOL = 0.01
 RATE_TBT_TOL = 0.10

@@ -18,6 +18,9 @@ PHASES = ("prefill", "decode")
 STATUSES = ("valid", "over_capacity", "failed", "invalid")
 PROMPT_MODES = ("distinct", "shared")
 TRIGGERS = ("nightly", "commit", "manual", "ingest")
+# A valid decode cell's average running requests lie within this share of C: the load
+# generator's own verdict and the cells suite's expectation are the one rule.
+ACTIVE_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)

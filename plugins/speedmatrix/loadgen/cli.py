@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from speedmatrix.records import ACTIVE_TOLERANCE
+
 from .config import CellConfig, DecodeConfig, PrefillConfig, new_run_tag
 from .control import CellNotAttempted
 from .runner import run_cell
@@ -255,7 +257,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     g.add_argument(
         "--max-active-deviation",
         type=_positive_float,
-        default=0.10,
+        default=ACTIVE_TOLERANCE,
         metavar="F",
         help="share of C by which the server's average running requests may differ from C "
         "before the cell is invalid (short requests leave it idle between them)",
@@ -266,7 +268,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         default=20,
         metavar="N",
         help="sample /metrics more often in a short window so it gets at least N readings of "
-        "the running requests (their average must be within 10%% of C)",
+        "the running requests (see --max-active-deviation)",
     )
     d.set_defaults(func=_run, phase="decode")
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedmatrix.records import PROMPT_MODES
+from speedmatrix.records import ACTIVE_TOLERANCE, PROMPT_MODES
 
 
 def new_run_tag() -> str:
@@ -35,11 +35,6 @@ class CellConfig:
     stall_timeout_s: float = 60.0
     idle_timeout_s: float = 60.0
     metrics_interval_s: float = 0.5
-    # A decode window gets at least this many /metrics readings (the interval shrinks for
-    # short windows): at C = 1 the running gauge reads 0 or 1, and with the 7 readings a 4 s
-    # window gets at 0.5 s one reading taken as a request turns over (seen: 0.857, real vLLM)
-    # put the average 14% under C. One /metrics costs vLLM ~8-9 ms (measured on this CPU).
-    min_window_readings: int = 20
     progress: bool | None = None  # None: on when stderr is a terminal
     # A simulator running `time_scale` times faster than the wall clock: durations asked for
     # and reported are simulated seconds (wall x time_scale), rates per simulated second.
@@ -91,8 +86,13 @@ class DecodeConfig(CellConfig):
     # of the window make the cell invalid (the stamps, or the cross-check, cannot be trusted)
     max_blind_fraction: float = 0.10
     # the server's average running requests may differ from C by this share (the cells
-    # suite's bound, quality.ACTIVE_TOL): further off, the cell did not hold C streams
-    max_active_deviation: float = 0.10
+    # suite's bound): further off, the cell did not hold C streams
+    max_active_deviation: float = ACTIVE_TOLERANCE
+    # A decode window gets at least this many /metrics readings (the interval shrinks for
+    # short windows): at C = 1 the running gauge reads 0 or 1, and with the 7 readings a 4 s
+    # window gets at 0.5 s one reading taken as a request turns over (seen: 0.857, real vLLM)
+    # put the average 14% under C. One /metrics costs vLLM ~8-9 ms (measured on this CPU).
+    min_window_readings: int = 20
     repetition_check: bool = True
     max_loop_fraction: float = 0.25
     keep_requests: bool = True

@@ -290,7 +290,7 @@ class _DecodeCell:
         """The configured interval, shortened so the window gets `min_window_readings`."""
         cfg = self.cfg
         window = cfg.duration_s / cfg.time_scale
-        return min(cfg.metrics_interval_s, window / max(1, cfg.min_window_readings))
+        return min(cfg.metrics_interval_s, window / cfg.min_window_readings)
 
     def _progress_line(self) -> str:
         w = self.window
