@@ -452,3 +452,98 @@ def test_output_that_arrives_after_the_exit_status_is_kept(host, tmp_path):
     )
     assert res.rc == 0
     assert res.stdout == data.read_text()
+
+
+# ---------------------------------------------------------------- a host without SFTP
+@pytest.fixture
+def no_sftp_host(sshd_no_sftp, tmp_path):
+    h = get_host(sshd_no_sftp.conn_id, env={"HOME": str(tmp_path)})
+    yield h
+    h.close()
+
+
+def test_files_go_through_the_command_channel_without_sftp(no_sftp_host, tmp_path, log_messages):
+    """`Subsystem sftp` off: put, put_text and get still work, byte for byte (every byte value,
+    a mode set before the content lands, a target replaced), and the log says so once."""
+    h = no_sftp_host
+    assert h.run("true").ok  # commands work on this host
+    payload = bytes(range(256)) * 4096 + os.urandom(12345)
+    src = tmp_path / "src.bin"
+    src.write_bytes(payload)
+    with log_messages("speedmatrix.hosts") as msgs:
+        h.put(src, "$HOME/deep/dir/copy.bin")
+        assert (tmp_path / "deep/dir/copy.bin").read_bytes() == payload
+        back = tmp_path / "back" / "b.bin"
+        h.get("$HOME/deep/dir/copy.bin", back)
+        assert back.read_bytes() == payload
+        h.put_text("old\n", "$HOME/s/secrets.env", mode=0o644)
+        h.put_text("secret=1\n", "$HOME/s/secrets.env", mode=0o600)
+        path = tmp_path / "s/secrets.env"
+        assert path.read_text() == "secret=1\n"
+        assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+        with pytest.raises(FileNotFoundError):
+            h.get("$HOME/no/such/file", tmp_path / "never")
+        # a second Host object for the same host (as the lease renewer makes) says nothing new
+        other = get_host(h.name, env={"HOME": str(tmp_path)})
+        other.put_text("x", "$HOME/other.txt")
+        other.close()
+    said = [m for m in msgs if "no SFTP" in m]
+    assert len(said) <= 1, said  # once per host and process (an earlier test may have said it)
+    assert not any("retry" in m for m in msgs), msgs  # no "channel closed" retries
+    assert not list(tmp_path.rglob("*.speedmatrix-part-*"))  # no temporary file left
+
+
+def test_without_sftp_the_first_copy_says_so_in_the_log(sshd_no_sftp, tmp_path, log_messages):
+    h = get_host(sshd_no_sftp.conn_id, env={"HOME": str(tmp_path)})
+    hosts._NO_SFTP_SAID.discard(h.name)  # as in a fresh worker process
+    with log_messages("speedmatrix.hosts") as msgs:
+        h.put_text("a", "$HOME/a.txt")
+        h.put_text("b", "$HOME/b.txt")
+    said = [m for m in msgs if "no SFTP" in m]
+    assert len(said) == 1 and "command channel" in said[0] and "sha256" in said[0], msgs
+    h.close()
+
+
+def test_shipping_the_load_generator_without_sftp(no_sftp_host, tmp_path):
+    """Provisioning's copy path (the zipapp, include/ and shipped.json, staged and renamed
+    into place) lands whole on a host without SFTP, and the shipped load generator runs."""
+    import sys
+
+    from speedmatrix.provision import build_shipment, refresh_shipped
+
+    h = no_sftp_host
+    state = f"{tmp_path}/state"
+    h.run(f"mkdir -p {state}", check=True)
+    ship = build_shipment()
+    assert sorted(refresh_shipped(h, state, ship)) == sorted(ship.digests)
+    assert json.loads((tmp_path / "state/shipped.json").read_text()) == {
+        "format": 1,
+        **ship.digests,
+    }
+    assert refresh_shipped(h, state, ship) == []  # what landed is what this speedmatrix ships
+    res = h.run(f"{sys.executable} {state}/loadgen.pyz --help", timeout_s=120, stream=False)
+    assert res.rc == 0 and "decode" in res.stdout, res.tail()
+    assert (tmp_path / "state/include/model-setup").is_dir()
+
+
+def test_a_drop_during_a_copy_without_sftp_is_retried(sshd_no_sftp, tmp_path, log_messages):
+    """The copy's command is ended on the host and the copy starts over: what lands is whole,
+    and no temporary file is left."""
+    h = get_host(sshd_no_sftp.conn_id, env={"HOME": str(tmp_path)})
+    h.run("true", check=True)
+    payload = os.urandom(16 * _MIB)
+    src = tmp_path / "src.bin"
+    src.write_bytes(payload)
+
+    def partial() -> int:
+        return max((_size(p) for p in tmp_path.glob("target.bin.speedmatrix-part-*")), default=0)
+
+    t = _drop_connections_when(sshd_no_sftp, lambda: partial() > _MIB // 4)
+    with log_messages("speedmatrix.hosts") as msgs:
+        h.put(src, "$HOME/target.bin")
+    t.join()
+    text = "\n".join(msgs)
+    assert "connection problem" in text and "retry 1" in text, text
+    assert (tmp_path / "target.bin").read_bytes() == payload
+    assert not list(tmp_path.glob("*.speedmatrix-part-*"))
+    h.close()
