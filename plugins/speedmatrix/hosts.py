@@ -107,7 +107,7 @@ r=$4
 if [ -n "$r" ]; then
   case $r in /*) ;; *) r=$HOME/$r ;; esac
   mkdir -p "${r%/*}" 2>/dev/null
-  st=$(cat /proc/$$/stat 2>/dev/null); st=${st##*) }; f=($st)
+  read -r st < /proc/$$/stat; st=${st##*) }; f=($st)
   if ! (set -C; printf '%s %s\n' "$$" "${f[19]}" > "$r") 2>/dev/null; then
     if [ "$(cat "$r" 2>/dev/null)" = cancelled ]; then
       echo "speedmatrix-hosts: not started: its connection dropped first" >&2; exit 1
@@ -645,12 +645,11 @@ class SSHHost(Host):
         return fate
 
     # ------------------------------------------------------------- copies
-    def _open_sftp(self, what: str):
-        """An SFTP client on a fresh channel. :class:`_NoSftp` when the host refuses the
-        subsystem (or it does not answer as SFTP) while the connection itself is fine."""
+    def _open_sftp(self, client: Any, what: str):
+        """An SFTP client on a fresh channel of ``client``. :class:`_NoSftp` when the host
+        refuses the subsystem (or it does not answer as SFTP) while the connection is fine."""
         import paramiko
 
-        client = self._client()
         transport = client.get_transport()
         try:
             if transport is None or not transport.is_active():
@@ -686,8 +685,8 @@ class SSHHost(Host):
         error on a live connection (e.g. a full disk) as :class:`HostError`: neither gets
         better by retrying.
         """
-        sftp = self._open_sftp(what)
         client = self._client()
+        sftp = self._open_sftp(client, what)
         try:
             op(sftp)
         except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
