@@ -10,9 +10,18 @@ wrapper around most start-up errors, so it only wins when nothing more precise m
 
 Fatal or not: while a server starts, :func:`speedmatrix.server.wait_ready` stops waiting at
 once on a line that is fatal by itself (``fatal_only=True``): the engine has failed and will
-not come up. A hang is not such a line: "NCCL hang" is the diagnosis of a server that did not
-get ready in time, given when the ready timeout hits, never on sight (a slow collective that
-logs a timeout warning may still finish, and a healthy start must not be stopped by it).
+not come up. Fatal in vLLM's own terms: only a line vLLM's logger wrote at ERROR or CRITICAL
+level counts on sight (its format, vllm/logger.py: ``[prefix](<process> pid=<pid>) LEVEL
+MM-DD HH:MM:SS [file.py:line] message``; older releases ``LEVEL MM-DD HH:MM:SS file.py:line]
+message``). vLLM logs ``undefined symbol`` at WARNING when an optional compiled kernel does
+not import and then serves: a start must not be stopped for words vLLM itself did not call an
+error. Text outside vLLM's format (a raw traceback, argparse's complaint) is printed as the
+process dies, so the dead process ends the wait, and that text is then its diagnosis. A line
+vLLM logged below ERROR is never a cause of failure, on sight or after.
+
+A hang is not fatal on sight either: "NCCL hang" is the diagnosis of a server that did not get
+ready in time, given when the ready timeout hits (a slow collective that logs a timeout
+warning may still finish, and a healthy start must not be stopped by it).
 """
 
 from __future__ import annotations
@@ -97,16 +106,46 @@ def _clip(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# The level of a line vLLM's logger wrote (see the module docstring): the first "LEVEL MM-DD
+# HH:MM:SS [file:line]" (or "file:line]") on the line, after any prefix.
+_VLLM_LEVEL = re.compile(
+    r"(?:^|[\s)])(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"\[?[^\s\]]+:\d+\] "
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # vLLM's ColoredFormatter (VLLM_LOGGING_COLOR=1)
+
+
+def _vllm_level(line: str) -> str | None:
+    """The level of a line in vLLM's log format; None for any other line."""
+    m = _VLLM_LEVEL.search(line)
+    return m.group(1) if m else None
+
+
+def _lines_that_may_say_why(log_text: str, fatal_only: bool) -> str:
+    """The lines a failure signature may be read from: vLLM's ERROR/CRITICAL lines on sight
+    (``fatal_only``); after the fact, every line but those vLLM logged below ERROR."""
+    keep = []
+    for line in _ANSI.sub("", log_text).splitlines():
+        level = _vllm_level(line)
+        if level in ("ERROR", "CRITICAL") or (level is None and not fatal_only):
+            keep.append(line)
+    return "\n".join(keep)
+
+
 def diagnose(log_text: str, *, fatal_only: bool = False) -> Diagnosis:
     """The first known signature found in the log, as one line; ``unknown`` when none.
 
     ``fatal_only=True`` looks only for lines that are fatal by themselves: what a start that is
-    still under way may be stopped for (a hang is diagnosed at the timeout, not before).
+    still under way may be stopped for (vLLM's ERROR/CRITICAL lines; a hang is diagnosed at the
+    timeout, not before). Fatal signatures are never read from a line vLLM logged below ERROR.
     """
+    errors = _lines_that_may_say_why(log_text, fatal_only)
     for sig in SIGNATURES:
         if fatal_only and not sig.fatal:
             continue
-        m = sig.pattern.search(log_text)
+        # A hang is read from any line (torch and NCCL print their own formats, some at
+        # warning level); only failure signatures need vLLM's error level.
+        m = sig.pattern.search(errors if sig.fatal else log_text)
         if m:
             groups = [_clip(g or "") for g in m.groups()] or [_clip(m.group(0))]
             return Diagnosis(sig.code, sig.message.format(*groups))

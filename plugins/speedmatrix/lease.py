@@ -149,7 +149,9 @@ class HostLease:
                 str(self.ttl_s),
             ]
         )
-        res = self.host.run(cmd, timeout_s=90, idempotent=op != "acquire", stream=False)
+        # Every op is safe to repeat after a dropped connection: acquire is re-entrant (the
+        # holder takes its own lease again), and the dropped attempt is ended first (hosts.py).
+        res = self.host.run(cmd, timeout_s=90, idempotent=True, stream=False)
         lines = res.stdout.strip().splitlines()
         if res.rc != 0 or not lines:
             raise LeaseError(f"lease {op} on {self.host.name} failed (rc {res.rc}): {res.tail()}")

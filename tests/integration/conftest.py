@@ -8,6 +8,7 @@ All session-scoped, because each is slow to make and the tests only read from th
   ``speedmatrix.hosts.get_host(sshd.conn_id)`` work. The connection carries the server's host
   key, so host-key checking stays on. Yields an :class:`SshdInfo`.
 - ``ssh_conn_id``: just that connection id.
+- ``sshd_no_sftp``: a second such server without the SFTP subsystem (hardened hosts).
 - ``vllm_home``: a HOME directory for engine envs, shared by the session (under
   ``$SPEEDMATRIX_TEST_HOME`` when set, so a developer can keep it between runs; else a
   temporary directory).
@@ -91,9 +92,10 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
     raise RuntimeError(f"sshd did not listen on {port} within {timeout} s")
 
 
-@pytest.fixture(scope="session")
-def sshd() -> Iterator[SshdInfo]:
-    """A real OpenSSH server on 127.0.0.1, root login with a generated key only."""
+def _run_sshd(conn_id: str, *, sftp: bool = True) -> Iterator[SshdInfo]:
+    """A real OpenSSH server on 127.0.0.1, root login with a generated key only, exported as
+    connection ``conn_id``; ``sftp=False`` leaves its ``Subsystem sftp`` line out (a hardened
+    host without SFTP)."""
     if not os.path.exists(SSHD):
         pytest.fail("sshd not installed: run `make test-deps` (apt-get install openssh-server)")
     work = Path(tempfile.mkdtemp(prefix="speedmatrix-sshd-"))
@@ -121,7 +123,7 @@ PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
-Subsystem sftp internal-sftp
+{"Subsystem sftp internal-sftp" if sftp else "# no Subsystem sftp: SFTP is off"}
 MaxSessions 50
 MaxStartups 50:30:100
 LogLevel ERROR
@@ -138,12 +140,12 @@ LogLevel ERROR
     host_pub = Path(f"{host_key}.pub").read_text().split()
     extra = {"key_file": str(client_key), "host_key": f"{host_pub[0]} {host_pub[1]}"}
     conn = {"conn_type": "ssh", "host": "127.0.0.1", "port": port, "login": "root", "extra": extra}
-    env_name = f"AIRFLOW_CONN_{CONN_ID.upper()}"
+    env_name = f"AIRFLOW_CONN_{conn_id.upper()}"
     old = os.environ.get(env_name)
     os.environ[env_name] = json.dumps(conn)
     try:
         yield SshdInfo(
-            CONN_ID,
+            conn_id,
             "127.0.0.1",
             port,
             "root",
@@ -164,6 +166,19 @@ LogLevel ERROR
             proc.kill()
             proc.wait()
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Iterator[SshdInfo]:
+    """A real OpenSSH server on 127.0.0.1, root login with a generated key only."""
+    yield from _run_sshd(CONN_ID)
+
+
+@pytest.fixture(scope="session")
+def sshd_no_sftp() -> Iterator[SshdInfo]:
+    """A second private sshd like ``sshd``, without the SFTP subsystem (connection
+    ``speedmatrix_test_sshd_no_sftp``)."""
+    yield from _run_sshd(f"{CONN_ID}_no_sftp", sftp=False)
 
 
 @pytest.fixture

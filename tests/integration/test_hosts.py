@@ -170,24 +170,29 @@ def test_home_and_resolve_follow_the_host_env(host, tmp_path):
 
 
 # ---------------------------------------------------------------- SSH only
-@pytest.mark.parametrize("bad", ["wrong_key", "no_key"])
-def test_host_key_checking_is_on(sshd, bad, monkeypatch):
-    """A connection whose host key does not match (or is unknown) is refused."""
+def _bad_host_key_conn(sshd, bad: str, monkeypatch) -> None:
+    """Connection ``hostkey_test``: the test sshd with another host key, or none."""
     conn = json.loads(os.environ[f"AIRFLOW_CONN_{sshd.conn_id.upper()}"])
     if bad == "wrong_key":
+        key = f"{sshd.workdir}/other-{uuid.uuid4().hex}"
         other = subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{sshd.workdir}/other"],
-            capture_output=True,
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], capture_output=True
         )
         assert other.returncode == 0
-        with open(f"{sshd.workdir}/other.pub") as fh:
+        with open(f"{key}.pub") as fh:
             conn["extra"]["host_key"] = " ".join(fh.read().split()[:2])
     else:
         del conn["extra"]["host_key"]
     monkeypatch.setenv("AIRFLOW_CONN_HOSTKEY_TEST", json.dumps(conn))
     monkeypatch.setenv("HOME", f"{sshd.workdir}/nohome")  # no ~/.ssh/known_hosts to fall back on
+
+
+@pytest.mark.parametrize("bad", ["wrong_key", "no_key"])
+def test_host_key_checking_is_on(sshd, bad, monkeypatch):
+    """A connection whose host key does not match (or is unknown) is refused."""
+    _bad_host_key_conn(sshd, bad, monkeypatch)
     h = get_host("hostkey_test")
-    with pytest.raises(HostConnectionError):
+    with pytest.raises(hosts.HostError, match="host key"):
         h.run("true")
 
 
@@ -230,6 +235,139 @@ def test_dropped_connection_is_retried_for_an_idempotent_step(sshd, tmp_path):
     t.join()
     assert res.stdout.strip().endswith("done")
     assert counter.read_text().count("x") == 2
+    h.close()
+
+
+def _session_of(pid_file) -> int:
+    """The session id a command recorded with ``echo $$ $(ps -o sid= -p $$) > pid_file``."""
+    return int(pid_file.read_text().split()[1])
+
+
+def _stops_growing(path, within_s: float = 2.0, quiet_s: float = 0.6) -> bool:
+    """Whether ``path`` (written every 0.2 s while its writer lives) stops growing within
+    ``within_s``: unchanged for ``quiet_s``, three of the writer's ticks."""
+    deadline = time.monotonic() + within_s
+    last, since = _size(path), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = _size(path)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return True
+    return False
+
+
+def _session_gone(sid: int, within_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while hosts._session_pids(sid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+_TICKER = "echo $$ $(ps -o sid= -p $$) > {pids}; while :; do echo t >> {ticks}; sleep 0.2; done"
+
+
+def test_a_dropped_command_is_ended_on_the_host(sshd, tmp_path, log_messages):
+    """Without a pty, sshd leaves a command running when the connection drops. The reconnecting
+    side ends it (its whole session: the bash and its sleeps) before it raises."""
+    h = get_host(sshd.conn_id, env={"HOME": str(tmp_path)})
+    h.run("true", check=True)
+    ticks, pids = tmp_path / "ticks", tmp_path / "pids"
+    t = _drop_connections_when(sshd, lambda: _size(ticks) > 0)
+    with log_messages("speedmatrix.hosts") as msgs, pytest.raises(HostConnectionError) as exc:
+        h.run(_TICKER.format(pids=pids, ticks=ticks), timeout_s=60)
+    t.join()
+    assert "not repeated" in str(exc.value)
+    assert "ended on the host" in str(exc.value), str(exc.value)
+    assert _stops_growing(ticks), "the command still writes after the error returned"
+    assert _session_gone(_session_of(pids)), "processes of the command's session are left"
+    assert any("ended on the host" in m for m in msgs), msgs
+    h.close()
+
+
+def test_a_dropped_idempotent_command_is_ended_before_its_retry(sshd, tmp_path):
+    """The retry starts only once the dropped attempt is gone from the host: the second attempt
+    finds the first one's bash dead."""
+    h = get_host(sshd.conn_id, env={"HOME": str(tmp_path)})
+    h.run("true", check=True)
+    ticks, pids = tmp_path / "ticks", tmp_path / "pids"
+    cmd = (
+        f"if [ -s {pids} ]; then p=$(cut -d' ' -f1 {pids}); "
+        f"kill -0 $p 2>/dev/null && echo FIRST-ALIVE || echo FIRST-GONE; exit 0; fi; "
+        + _TICKER.format(pids=pids, ticks=ticks)
+    )
+    t = _drop_connections_when(sshd, lambda: _size(ticks) > 0)
+    res = h.run(cmd, timeout_s=60, idempotent=True)
+    t.join()
+    assert res.stdout.strip() == "FIRST-GONE", res.stdout
+    assert _stops_growing(ticks)
+    assert _session_gone(_session_of(pids))
+    h.close()
+
+
+@pytest.mark.parametrize("bad", ["wrong_key", "no_key"])
+def test_a_rejected_host_key_is_final(sshd, bad, monkeypatch, log_messages):
+    """Not a transient problem: one connection attempt, even for a retried (idempotent) call,
+    and an error that says what to fix."""
+    import paramiko
+
+    _bad_host_key_conn(sshd, bad, monkeypatch)
+    attempts = []
+    connect = paramiko.SSHClient.connect
+
+    def counting(self, *args, **kwargs):
+        attempts.append(1)
+        return connect(self, *args, **kwargs)
+
+    monkeypatch.setattr(paramiko.SSHClient, "connect", counting)
+    h = get_host("hostkey_test")
+    with log_messages("speedmatrix.hosts") as msgs, pytest.raises(hosts.HostRefused) as exc:
+        h.run("true", idempotent=True)
+    assert len(attempts) == 1
+    assert "host key" in str(exc.value) and "not retried" in str(exc.value)
+    assert not any("retry" in m for m in msgs), msgs
+    # and the copies, which retry dropped connections, do not retry it either
+    with pytest.raises(hosts.HostRefused):
+        h.put_text("x", "/tmp/never-written-speedmatrix")
+    assert len(attempts) == 2
+
+
+def _holds_open(path) -> int:
+    """How many processes on this machine have ``path`` open."""
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            fds = os.listdir(f"/proc/{pid}/fd")
+            n += any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(path) for fd in fds)
+    return n
+
+
+def test_lease_acquire_survives_a_drop(sshd, tmp_path):
+    """The acquire is re-entrant (the holder takes its own lease again), so a drop while it
+    runs is retried: here it waits for the lease's lock, which the test holds, when the
+    connection drops; the lock is let go after the drop and the retry takes the lease."""
+    import fcntl
+
+    from speedmatrix.lease import HostLease
+
+    h = get_host(sshd.conn_id, env={"HOME": str(tmp_path)})
+    h.run("true", check=True)
+    lease_dir = tmp_path / "lease"
+    lease_dir.mkdir()
+    lease = HostLease(h, "run-1", ttl_s=60, lease_dir=str(lease_dir))
+    with open(lease_dir / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        # dropped while the acquire waits for the lock (its flock is running on the host)
+        t = _drop_connections_when(sshd, lambda: _holds_open(lease_dir / "lock") > 1)
+        released = threading.Thread(target=lambda: (t.join(), fcntl.flock(lock, fcntl.LOCK_UN)))
+        released.start()
+        state = lease.try_acquire()
+        released.join()
+    assert state.status == "ACQUIRED" and state.holder == "run-1"
+    assert lease.show().holder == "run-1"
     h.close()
 
 
@@ -314,3 +452,98 @@ def test_output_that_arrives_after_the_exit_status_is_kept(host, tmp_path):
     )
     assert res.rc == 0
     assert res.stdout == data.read_text()
+
+
+# ---------------------------------------------------------------- a host without SFTP
+@pytest.fixture
+def no_sftp_host(sshd_no_sftp, tmp_path):
+    h = get_host(sshd_no_sftp.conn_id, env={"HOME": str(tmp_path)})
+    yield h
+    h.close()
+
+
+def test_files_go_through_the_command_channel_without_sftp(no_sftp_host, tmp_path, log_messages):
+    """`Subsystem sftp` off: put, put_text and get still work, byte for byte (every byte value,
+    a mode set before the content lands, a target replaced), and the log says so once."""
+    h = no_sftp_host
+    assert h.run("true").ok  # commands work on this host
+    payload = bytes(range(256)) * 4096 + os.urandom(12345)
+    src = tmp_path / "src.bin"
+    src.write_bytes(payload)
+    with log_messages("speedmatrix.hosts") as msgs:
+        h.put(src, "$HOME/deep/dir/copy.bin")
+        assert (tmp_path / "deep/dir/copy.bin").read_bytes() == payload
+        back = tmp_path / "back" / "b.bin"
+        h.get("$HOME/deep/dir/copy.bin", back)
+        assert back.read_bytes() == payload
+        h.put_text("old\n", "$HOME/s/secrets.env", mode=0o644)
+        h.put_text("secret=1\n", "$HOME/s/secrets.env", mode=0o600)
+        path = tmp_path / "s/secrets.env"
+        assert path.read_text() == "secret=1\n"
+        assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+        with pytest.raises(FileNotFoundError):
+            h.get("$HOME/no/such/file", tmp_path / "never")
+        # a second Host object for the same host (as the lease renewer makes) says nothing new
+        other = get_host(h.name, env={"HOME": str(tmp_path)})
+        other.put_text("x", "$HOME/other.txt")
+        other.close()
+    said = [m for m in msgs if "no SFTP" in m]
+    assert len(said) <= 1, said  # once per host and process (an earlier test may have said it)
+    assert not any("retry" in m for m in msgs), msgs  # no "channel closed" retries
+    assert not list(tmp_path.rglob("*.speedmatrix-part-*"))  # no temporary file left
+
+
+def test_without_sftp_the_first_copy_says_so_in_the_log(sshd_no_sftp, tmp_path, log_messages):
+    h = get_host(sshd_no_sftp.conn_id, env={"HOME": str(tmp_path)})
+    hosts._NO_SFTP_SAID.discard(h.name)  # as in a fresh worker process
+    with log_messages("speedmatrix.hosts") as msgs:
+        h.put_text("a", "$HOME/a.txt")
+        h.put_text("b", "$HOME/b.txt")
+    said = [m for m in msgs if "no SFTP" in m]
+    assert len(said) == 1 and "command channel" in said[0] and "sha256" in said[0], msgs
+    h.close()
+
+
+def test_shipping_the_load_generator_without_sftp(no_sftp_host, tmp_path):
+    """Provisioning's copy path (the zipapp, include/ and shipped.json, staged and renamed
+    into place) lands whole on a host without SFTP, and the shipped load generator runs."""
+    import sys
+
+    from speedmatrix.provision import build_shipment, refresh_shipped
+
+    h = no_sftp_host
+    state = f"{tmp_path}/state"
+    h.run(f"mkdir -p {state}", check=True)
+    ship = build_shipment()
+    assert sorted(refresh_shipped(h, state, ship)) == sorted(ship.digests)
+    assert json.loads((tmp_path / "state/shipped.json").read_text()) == {
+        "format": 1,
+        **ship.digests,
+    }
+    assert refresh_shipped(h, state, ship) == []  # what landed is what this speedmatrix ships
+    res = h.run(f"{sys.executable} {state}/loadgen.pyz --help", timeout_s=120, stream=False)
+    assert res.rc == 0 and "decode" in res.stdout, res.tail()
+    assert (tmp_path / "state/include/model-setup").is_dir()
+
+
+def test_a_drop_during_a_copy_without_sftp_is_retried(sshd_no_sftp, tmp_path, log_messages):
+    """The copy's command is ended on the host and the copy starts over: what lands is whole,
+    and no temporary file is left."""
+    h = get_host(sshd_no_sftp.conn_id, env={"HOME": str(tmp_path)})
+    h.run("true", check=True)
+    payload = os.urandom(16 * _MIB)
+    src = tmp_path / "src.bin"
+    src.write_bytes(payload)
+
+    def partial() -> int:
+        return max((_size(p) for p in tmp_path.glob("target.bin.speedmatrix-part-*")), default=0)
+
+    t = _drop_connections_when(sshd_no_sftp, lambda: partial() > _MIB // 4)
+    with log_messages("speedmatrix.hosts") as msgs:
+        h.put(src, "$HOME/target.bin")
+    t.join()
+    text = "\n".join(msgs)
+    assert "connection problem" in text and "retry 1" in text, text
+    assert (tmp_path / "target.bin").read_bytes() == payload
+    assert not list(tmp_path.glob("*.speedmatrix-part-*"))
+    h.close()

