@@ -75,13 +75,13 @@ def test_article_prompts_are_exact_distinct_and_end_with_the_instruction(sim_url
     # the server counts exactly those ids: /tokenize of the rendered text is not needed, the
     # ids are sent as they are; the text reads as the conversation, instruction last
     text = _detokenize(sim_url, prompts[1])
-    assert text.startswith("<|user|> [speedmatrix run wltag, context %d, stream 1]" % context)
+    assert text.startswith(f"<|user|> [speedmatrix run wltag, context {context}, stream 1]")
     assert "Here is a reference document about lighthouses." in text
     assert document_sentences()[0] in text
     # the instruction and the generation prompt are the very end, after the assistant's reply
     # (the simulator's tokenizer decodes a few colliding ids to another word: compare words)
     tail = text[text.index("<|assistant|> I have read") :]
-    assert tail.split()[-5:] == "write the full article. <|assistant|>".split()
+    assert tail.split()[-5:] == ["write", "the", "full", "article.", "<|assistant|>"]
     assert len(tail.split()) == len(f"<|assistant|> {ACK}\n<|user|> {INSTRUCTION}\n".split()) + 1
     # one document-and-tail body shared by every stream whose header has the same length
     parts = [BodyBuilder(MODEL, ps, None, None).parts(i, 64) for i in range(3)]

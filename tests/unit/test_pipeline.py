@@ -135,9 +135,7 @@ def test_collect_cells_keeps_every_planned_cell_once_in_report_order():
 def test_the_workload_reaches_every_cell_and_the_load_generator(monkeypatch):
     """conf -> resolved matrix -> planned cells -> loader config (local) and zipapp flag
     (remote) -> the run row; a failed cell still says which workload it was."""
-    from speedmatrix.plan import KvCapacity, plan_matrix
-
-    from speedmatrix.plan import MatrixSpec
+    from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 
     monkeypatch.delenv("SPEEDMATRIX_API_KEY", raising=False)
     r = resolve({"recipe": CPU, "workload": "continuation", "ssh_conn_id": "gpu7"})
