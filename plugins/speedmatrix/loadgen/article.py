@@ -35,14 +35,14 @@ from importlib import resources
 
 from .control import CellNotAttempted, ControlClient
 
-INTRO = "Here is a reference document about lighthouses. Please read it carefully."
-ACK = "I have read the whole document about lighthouses carefully and I am ready for your request."
+# Short on purpose: these words are part of every context, so the smallest context is the
+# template, the header and these (about 220 tokens with the cpu recipe's tiny tokenizer, some
+# 60 with a real model's); the rest of the prompt is the document.
+INTRO = "Here is a reference document about lighthouses."
+ACK = "I have read the document."
 INSTRUCTION = (
-    "Thank you. Now write an extremely detailed and comprehensive encyclopedia article on a "
-    "completely different subject: the history of mathematics, from the first counting "
-    "systems to the present day. Cover every period, region, person and idea you know of, "
-    "in as much depth as possible, with many sections. Do not summarize, do not shorten, and "
-    "do not refer to the document above: write the full article."
+    "Now write an extremely detailed, comprehensive encyclopedia article on the history of "
+    "mathematics. Do not summarize."
 )
 # Two stand-in documents that share neither their first nor their last characters, so the
 # two renders differ exactly where the document sits. Each starts after a space: tokenizers
