@@ -306,6 +306,14 @@ def test_the_workload_is_declared_article_by_default(tmp_path: Path) -> None:
     command = cpu.render_launch_command(include="/srv/include")
     assert "--chat-template /srv/include/chat-templates/tiny-llama.jinja" in command
     assert (recipes.REPO_ROOT / "include" / "chat-templates" / "tiny-llama.jinja").is_file()
+    # provisioning ships it with include/, so {include} resolves on the host
+    import io
+    import tarfile
+
+    from speedmatrix.provision import _include_tarball
+
+    with tarfile.open(fileobj=io.BytesIO(_include_tarball())) as tar:
+        assert "chat-templates/tiny-llama.jinja" in tar.getnames()
     data = _cpu_data()
     del data["matrix"]["workload"]
     assert load_recipe(_write(tmp_path, data)).matrix.workload == "article"
