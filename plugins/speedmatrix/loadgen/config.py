@@ -101,7 +101,7 @@ class DecodeConfig(CellConfig):
     repetition_check: bool = True
     max_loop_fraction: float = 0.25
     # The copy check (measurement.md rule 11): outputs whose word 8-grams are found in their
-    # own prompt more than this share of the time are copying it (stats.copy_share), and a
+    # own prompt more than this share of the time are copying it (stats.CopyCheck), and a
     # speculative decoder accepts copied tokens almost for free: the cell is invalid.
     copy_check: bool = True
     max_copy_share: float = 0.2

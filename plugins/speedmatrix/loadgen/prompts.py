@@ -53,7 +53,7 @@ class PromptSet:
     headers: list[list[int]]  # per distinct prompt
     corpus: list[int]
     suffix: list[int] = field(default_factory=list)
-    # the prompt's own words, for the copy check (stats.copy_share)
+    # the prompt's own words, for the copy check (stats.CopyCheck)
     text: str = ""
     _tails: dict[int, bytes] = field(default_factory=dict)
 
