@@ -498,7 +498,12 @@ class _Conn(asyncio.Protocol):
             s.completion(self, body)
         elif path == "/tokenize" and method == "POST":
             obj = json.loads(body or b"{}")
-            ids = tokenize(obj.get("prompt", ""), bool(obj.get("add_special_tokens", True)))
+            if "messages" in obj:  # a chat conversation: a plain "role: content" template
+                text = "".join(f"{m['role']}: {m['content']}\n" for m in obj["messages"])
+                text += "assistant:" if obj.get("add_generation_prompt", True) else ""
+                ids = tokenize(text, True)
+            else:
+                ids = tokenize(obj.get("prompt", ""), bool(obj.get("add_special_tokens", True)))
             self.respond(200, {"tokens": ids, "count": len(ids), "max_model_len": 1 << 20})
         elif path == "/v1/models":
             self.respond(200, {"object": "list", "data": [{"id": s.cfg.model, "object": "model"}]})

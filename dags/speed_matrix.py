@@ -97,6 +97,15 @@ PARAMS = {
         enum=[None, "distinct", "shared"],
         description="distinct prompts per stream (true KV footprint) or one shared prompt.",
     ),
+    "workload": Param(
+        None,
+        type=["null", "string"],
+        enum=[None, "article", "continuation"],
+        description="What the decode prompts say: article (a chat conversation asking for a "
+        "long new article, rendered by the server's chat template: the published pages' "
+        "workload) or continuation (raw repeated prose, for servers without a chat template). "
+        "Default: the recipe's (article).",
+    ),
     "repeats": Param(
         None,
         type=["null", "integer"],

@@ -270,6 +270,16 @@ def compare_runs(
                 reason=f"metric_version {b.get('metric_version')} -> {a.get('metric_version')}",
             )
             continue
+        if a.get("workload") != b.get("workload"):
+            # an article and a continuation measure different things on a speculative
+            # decoder (measurement.md rule 11): never a regression or an improvement
+            emit(
+                **cell_common,
+                metric=STATUS_METRIC,
+                verdict="not_comparable",
+                reason=f"workload {b.get('workload')} -> {a.get('workload')}",
+            )
+            continue
         for metric in METRICS:
             if phase not in metric.phases:
                 continue

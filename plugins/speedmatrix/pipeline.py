@@ -106,6 +106,7 @@ def resolve(
             max_output_tokens=_override(conf, "max_output_tokens", m.max_output_tokens),
             window_s=_override(conf, "duration_s", m.window_s),
             prompt_mode=_override(conf, "prompt_mode", m.prompt_mode),
+            workload=_override(conf, "workload", m.workload),
         )
         check_matrix(spec, recipe.model.max_model_len)
     except ValueError as exc:
@@ -137,6 +138,7 @@ def resolve(
             "max_output_tokens": spec.max_output_tokens,
             "window_s": spec.window_s,
             "prompt_mode": spec.prompt_mode,
+            "workload": spec.workload,
         },
         "repeats": repeats,
         "repeat_cells": repeat_cells,
@@ -376,6 +378,7 @@ def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> dict[str
         max_output_tokens=cell.get("max_output_tokens"),
         window_s=cell.get("window_s"),
         prompt_mode=cell.get("prompt_mode"),
+        workload=cell.get("workload"),
         **values,
     )
 
@@ -487,6 +490,8 @@ def _loadgen_config(resolved: Mapping[str, Any], server: Mapping[str, Any], cell
         "run_tag": resolved["run_tag"],
         "progress": False,
     }
+    if cell.get("workload"):  # planned before workloads were declared: the loader's default
+        common["workload"] = str(cell["workload"])
     if cell["phase"] == "prefill":
         return PrefillConfig(**common)
     return DecodeConfig(
@@ -533,6 +538,8 @@ def _measure_remote(resolved, server, cell, cfg) -> tuple[dict[str, Any], list[d
         str(cfg.context),
         "--run-tag",
         cfg.run_tag,
+        "--workload",
+        cfg.workload,
     ]
     if cell["phase"] == "decode":
         args += [
@@ -697,6 +704,7 @@ def run_row(
         measure_s=resolved["matrix"]["window_s"],
         max_output_tokens=resolved["matrix"]["max_output_tokens"],
         prompt_mode=resolved["matrix"]["prompt_mode"],
+        workload=resolved["matrix"].get("workload"),
         launch_command=info.get("launch_command") or launch,
         kv_cache_tokens=info.get("kv_cache_tokens"),
         kv_block_size=info.get("kv_block_size"),

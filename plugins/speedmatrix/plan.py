@@ -16,7 +16,13 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from speedmatrix.records import PROMPT_MODES, context_label, empty_cell
+from speedmatrix.records import (
+    DEFAULT_WORKLOAD,
+    PROMPT_MODES,
+    WORKLOADS,
+    context_label,
+    empty_cell,
+)
 
 _TOKENS_RE = re.compile(r"^\s*(\d+)\s*([kK])?\s*$")
 _CELL_RE = re.compile(
@@ -100,6 +106,7 @@ class MatrixSpec:
     max_output_tokens: int
     window_s: float
     prompt_mode: str = "distinct"
+    workload: str = DEFAULT_WORKLOAD
 
     @classmethod
     def build(
@@ -111,6 +118,7 @@ class MatrixSpec:
         max_output_tokens: int,
         window_s: float,
         prompt_mode: str = "distinct",
+        workload: str = DEFAULT_WORKLOAD,
     ) -> MatrixSpec:
         return cls(
             prefill_contexts=tuple(parse_tokens(c) for c in prefill_contexts),
@@ -119,6 +127,7 @@ class MatrixSpec:
             max_output_tokens=int(max_output_tokens),
             window_s=float(window_s),
             prompt_mode=prompt_mode,
+            workload=workload,
         )
 
 
@@ -148,6 +157,8 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
         problems.append(
             f"prompt_mode must be one of {list(PROMPT_MODES)}, got {spec.prompt_mode!r}"
         )
+    if spec.workload not in WORKLOADS:
+        problems.append(f"workload must be one of {list(WORKLOADS)}, got {spec.workload!r}")
     if max_model_len:
         too_long = [c for c in spec.contexts if c + spec.max_output_tokens > max_model_len]
         if too_long:
@@ -192,6 +203,7 @@ def _planned(spec: MatrixSpec, phase: str, context: int, concurrency: int) -> di
         "max_output_tokens": 1 if phase == "prefill" else spec.max_output_tokens,
         "window_s": None if phase == "prefill" else spec.window_s,
         "prompt_mode": None if phase == "prefill" else spec.prompt_mode,
+        "workload": spec.workload,
         "repeat": 0,
     }
 
@@ -358,6 +370,7 @@ def _over_capacity(
             f"> {capacity.num_blocks - 1} available"
         ),
         prompt_mode=None if phase == "prefill" else spec.prompt_mode,
+        workload=spec.workload,
         max_output_tokens=out,
         window_s=None if phase == "prefill" else spec.window_s,
     )

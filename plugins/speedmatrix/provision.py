@@ -530,8 +530,9 @@ def _tar_entries(data: bytes) -> list[tuple[str, bytes]]:
 
 
 def _include_tarball() -> bytes:
-    """The project's include/ parts a host needs (model-setup scripts, sim profiles), gzipped
-    (without Python caches: they come and go locally and would change the digest)."""
+    """The project's include/ parts a host needs (model-setup scripts, sim profiles, the chat
+    templates recipes serve with), gzipped (without Python caches: they come and go locally and
+    would change the digest)."""
 
     def no_cache(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         parts = info.name.split("/")
@@ -539,7 +540,7 @@ def _include_tarball() -> bytes:
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for sub in ("model-setup", "sim-profiles"):
+        for sub in ("model-setup", "sim-profiles", "chat-templates"):
             p = REPO_ROOT / "include" / sub
             if p.is_dir():
                 tar.add(p, arcname=sub, filter=no_cache)

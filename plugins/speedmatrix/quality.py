@@ -30,6 +30,7 @@ from speedmatrix.records import (
     RUN_FIELDS,
     STATUSES,
     TRIGGERS,
+    WORKLOADS,
 )
 
 log = logging.getLogger(__name__)
@@ -161,6 +162,9 @@ def _cells_expectations(key: Sequence[str] = ("phase", "context_tokens", "concur
     exps: list = [
         gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(STATUSES)),
         gxe.ExpectColumnValuesToBeInSet(column="phase", value_set=list(PHASES)),
+        # null: a cell landed before the workload was recorded (GX skips nulls here)
+        gxe.ExpectColumnValuesToBeInSet(column="workload", value_set=list(WORKLOADS)),
+        gxe.ExpectColumnValuesToBeBetween(column="copy_share", min_value=0, max_value=1),
         gxe.ExpectColumnValuesToNotBeNull(column="context_tokens"),
         gxe.ExpectColumnValuesToBeBetween(column="context_tokens", min_value=1),
         gxe.ExpectColumnValuesToBeBetween(column="concurrency", min_value=1),

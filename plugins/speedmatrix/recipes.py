@@ -208,6 +208,10 @@ class Matrix(_Strict):
     window_s: float = Field(default=30.0, gt=0)
     max_output_tokens: int = Field(default=4096, gt=0)
     prompt_mode: Literal["distinct", "shared"] = "distinct"
+    # What the prompts say (measurement.md rule 11, records.WORKLOADS): article (default; a
+    # chat conversation rendered by the server's template, the published pages' workload) or
+    # continuation (raw continuation of repeated prose, for servers without a chat template).
+    workload: Literal["article", "continuation"] = "article"
     # Noise passes (speed_matrix `repeats` / `repeat_cells`, which override these): measure
     # the chosen cells (null: all) `repeats` times in one run, interleaved (plan.plan_matrix).
     repeats: int = Field(default=1, ge=1, le=10)

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-METRIC_VERSION = 1
-"""Bumped whenever the way a figure is measured changes, so trends never mix definitions."""
+METRIC_VERSION = 2
+"""Bumped whenever the way a figure is measured changes, so trends never mix definitions.
+2: decode prompts are the declared `workload` (default `article`, a chat conversation asking
+for a new article) instead of a raw continuation of repeated prose (issue 15)."""
 
 PHASES = ("prefill", "decode")
 STATUSES = ("valid", "over_capacity", "failed", "invalid")
 PROMPT_MODES = ("distinct", "shared")
+# article: the published tool's chat conversation (a reference document, then a request for a
+# long new article); continuation: raw continuation of repeated prose (servers without a chat
+# template). The first is the default (measurement.md rule 11).
+WORKLOADS = ("article", "continuation")
+DEFAULT_WORKLOAD = "article"
 TRIGGERS = ("nightly", "commit", "manual", "ingest")
 # A valid decode cell's average running requests lie within this share of C: the load
 # generator's own verdict and the cells suite's expectation are the one rule.
@@ -112,6 +119,18 @@ CELL_FIELDS: tuple[Field, ...] = (
         "loop_lag_p99_ms", "float", True, "p99 event-loop lag of the load generator in the window"
     ),
     Field("started_at", "timestamp", True, "when the cell started (UTC)"),
+    Field(
+        "workload",
+        "str",
+        True,
+        "article or continuation (the prompts' content); null: landed before it was recorded",
+    ),
+    Field(
+        "copy_share",
+        "float",
+        True,
+        "share of the outputs' word n-grams found in their own prompt (decode)",
+    ),
 )
 
 CELL_CONTRACT_FIELDS = tuple(f.name for f in CELL_FIELDS[:14])
@@ -141,6 +160,7 @@ REQUEST_FIELDS: tuple[Field, ...] = (
         "finished", "bool", True, "completed its max_tokens (false: cut at window end or failed)"
     ),
     Field("error", "str", True, "why it failed, null otherwise"),
+    Field("workload", "str", True, "article or continuation (the cell's workload)"),
 )
 
 RUN_FIELDS: tuple[Field, ...] = (
@@ -181,6 +201,7 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("max_model_len", "int", True, "server max-model-len"),
     Field("host", "str", True, "Airflow connection id or local"),
     Field("source", "str", True, "where the run came from (report file name for ingest)"),
+    Field("workload", "str", True, "article or continuation (decode prompts' content)"),
 )
 
 

@@ -125,3 +125,53 @@ def test_cli_against_real_vllm(vllm_cpu_server, tmp_path) -> None:  # type: igno
     cell = json.loads(out.read_text())
     assert cell["status"] == "valid", cell["error"]
     assert cell["context_tokens"] == 256
+
+
+def test_article_workload_is_exact_with_the_instruction_last(  # type: ignore[no-untyped-def]
+    vllm_cpu_server,
+) -> None:
+    """The default workload on real vLLM: the conversation rendered by the recipe's chat
+    template (--chat-template, shipped under include/) into exactly `context` token ids that
+    the server counts as such, the instruction the last thing before the generation prompt,
+    and a valid cell whose (random) outputs do not copy their prompt."""
+    import urllib.request
+
+    from speedmatrix.loadgen.article import INSTRUCTION
+    from speedmatrix.loadgen.control import ControlClient
+    from speedmatrix.loadgen.prompts import build_prompts
+
+    s = vllm_cpu_server
+
+    async def build():  # type: ignore[no-untyped-def]
+        async with ControlClient(s.base_url, _key(s)) as ctl:
+            return await build_prompts(ctl, s.model, 512, "vllmart", 2, False, "article")
+
+    prompts = run_loop(build())
+    ids = prompts.ids(1)
+    assert len(ids) == 512 and ids != prompts.ids(0)
+    req = urllib.request.Request(
+        s.base_url + "/detokenize",
+        json.dumps({"model": s.model, "tokens": ids}).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {_key(s)}"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        text = json.load(resp)["prompt"]
+    # the recipe's template: <s><|user|>\n…\n<|assistant|>\n…\n<|user|>\n…\n<|assistant|>\n
+    assert "<|user|>\n[speedmatrix run vllmart, context 512, stream 1]" in text
+    assert "lighthouses" in text
+    assert text.endswith(f"<|user|>\n{INSTRUCTION}\n<|assistant|>\n"), text[-300:]
+
+    cfg = DecodeConfig(
+        base_url=s.base_url, model=s.model, context=512, concurrency=2, duration_s=5.0,
+        max_output_tokens=256, api_key=_key(s), run_tag="vllmart", workload="article",
+        max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
+    )  # fmt: skip
+    cell, rows = run_loop(run_decode(cfg))
+    assert cell["status"] == "valid", cell["error"]
+    assert cell["workload"] == "article" and {r["workload"] for r in rows} == {"article"}
+    confirmed = {r["prompt_tokens"] for r in rows if r["prompt_tokens"] is not None}
+    assert confirmed == {512}
+    assert cell["context_tokens"] == 512
+    # random tokens from a random model: nothing copied
+    assert cell["copy_share"] is None or cell["copy_share"] < 0.2
+    print(f"\n[real vLLM article] copy_share={cell['copy_share']} tok/s={cell['total_tok_s']}")

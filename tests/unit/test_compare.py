@@ -369,3 +369,19 @@ def test_a_value_inside_the_other_sides_interval_is_noise():
         baseline_requests=reqs([23.3] * 8),
     )
     assert _by(rows, "ttft_ms", 16, 8192)[0]["verdict"] == "regression"
+
+
+def test_cells_of_another_workload_are_not_comparable():
+    """A continuation cell against an article baseline: a speculative decoder's figures differ
+    for the prompt's sake, not the engine's (measurement.md rule 11)."""
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    old = [dict(c, workload="article") for c in _matrix()]
+    cells = [dict(c, workload="article") for c in _matrix()]
+    cells[3] = dict(cells[3], workload="continuation")
+    rows = compare_runs(new, cells, base, old)
+    status = {(r["context_tokens"], r["concurrency"]): r for r in _by(rows, "status")}
+    key = (cells[3]["context_tokens"], cells[3]["concurrency"])
+    assert status[key]["verdict"] == "not_comparable"
+    assert status[key]["reason"] == "workload article -> continuation"
+    assert not [r for r in rows if r.get("context_tokens") == key[0]
+                and r.get("concurrency") == key[1] and r["verdict"] == "regression"]  # fmt: skip

@@ -124,6 +124,27 @@ def test_the_active_request_limits_reach_the_config() -> None:
     assert (defaults.min_window_readings, defaults.max_active_deviation) == (20, 0.10)
 
 
+def test_the_workload_and_the_copy_check_reach_the_config() -> None:
+    import argparse
+
+    from speedmatrix.loadgen import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_parsers(parser.add_subparsers())
+    base = ["--base-url", "http://x", "--model", "m", "--context", "1K"]
+    cfg = cli.build_config(parser.parse_args(["decode", *base, "-c", "2"]))
+    assert (cfg.workload, cfg.copy_check, cfg.max_copy_share) == ("article", True, 0.2)
+    cfg = cli.build_config(
+        parser.parse_args(["decode", *base, "-c", "2", "--workload", "continuation",
+                           "--no-copy-check", "--max-copy-share", "0.5"])
+    )  # fmt: skip
+    assert (cfg.workload, cfg.copy_check, cfg.max_copy_share) == ("continuation", False, 0.5)
+    pre = cli.build_config(parser.parse_args(["prefill", *base, "--workload", "continuation"]))
+    assert pre.workload == "continuation"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["decode", *base, "-c", "2", "--workload", "poetry"])
+
+
 def test_decode_help_explains_every_option() -> None:
     proc = speedmatrix("loadgen", "decode", "--help")
     assert proc.returncode == 0
@@ -213,6 +234,13 @@ def test_prompts_are_exact_and_never_prefixes_of_each_other() -> None:
     assert a[:3] == [1, 5, 6] and a[3:40] == corpus
     head, tail = ps.json_parts(1)
     assert json.loads(b"[" + head + b"," + tail + b"]") == b
+    # an article's end (reply, instruction, generation prompt) closes every prompt, exactly
+    art = PromptSet(1000, [[1, 5, 6], [1, 5, 7, 8]], corpus, suffix=[9, 9, 2])
+    for i in range(2):
+        ids = art.ids(i)
+        assert len(ids) == 1000 and ids[-3:] == [9, 9, 2]
+        head, tail = art.json_parts(i)
+        assert json.loads(b"[" + head + b"," + tail + b"]") == ids
     assert header_text("t", 8192, 0) != header_text("t", 16384, 0)  # contexts never share
     assert header_text("t", 8192, 0) != header_text("t", 8192, 1)  # nor streams
 

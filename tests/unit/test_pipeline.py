@@ -44,6 +44,7 @@ def test_resolve_applies_overrides_and_trigger_from_run_id():
             "duration_s": 2,
             "max_output_tokens": 16,
             "prompt_mode": "shared",
+            "workload": "continuation",
             "ssh_conn_id": "gpu7",
             "warehouse": "/tmp/wh",
         },
@@ -58,8 +59,11 @@ def test_resolve_applies_overrides_and_trigger_from_run_id():
         "max_output_tokens": 16,
         "window_s": 2.0,
         "prompt_mode": "shared",
+        "workload": "continuation",
     }
     assert (r["host"], r["warehouse"]) == ("gpu7", "/tmp/wh")
+    # the recipe's workload (article) unless the conf says otherwise
+    assert resolve({"recipe": CPU}, run_id="manual__x")["matrix"]["workload"] == "article"
     assert pipeline.trigger_of("commit__x__abc") == "commit"
 
 
@@ -73,6 +77,7 @@ def test_resolve_applies_overrides_and_trigger_from_run_id():
         ({"recipe": CPU, "concurrencies": [0]}, "concurrencies must be positive"),
         ({"recipe": CPU, "duration_s": -1}, "duration_s must be > 0"),
         ({"recipe": CPU, "contexts": ["64M"]}, "not a token count"),
+        ({"recipe": CPU, "workload": "poetry"}, "workload must be one of"),
     ],
 )
 def test_bad_conf_fails_in_resolve_with_a_clear_message(conf, message):
@@ -125,6 +130,42 @@ def test_collect_cells_keeps_every_planned_cell_once_in_report_order():
     assert cells[0]["error"] == "the cell's task ended without a result"
     assert cells[2]["error"] == "stream disconnected"
     assert len(requests) == 1
+
+
+def test_the_workload_reaches_every_cell_and_the_load_generator(monkeypatch):
+    """conf -> resolved matrix -> planned cells -> loader config (local) and zipapp flag
+    (remote) -> the run row; a failed cell still says which workload it was."""
+    from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
+
+    monkeypatch.delenv("SPEEDMATRIX_API_KEY", raising=False)
+    r = resolve({"recipe": CPU, "workload": "continuation", "ssh_conn_id": "gpu7"})
+    spec = MatrixSpec.build(
+        prefill_contexts=r["matrix"]["prefill_contexts"],
+        contexts=r["matrix"]["contexts"],
+        concurrencies=r["matrix"]["concurrencies"],
+        max_output_tokens=r["matrix"]["max_output_tokens"],
+        window_s=r["matrix"]["window_s"],
+        workload=r["matrix"]["workload"],
+    )
+    planned = plan_matrix(spec, KvCapacity(num_blocks=160, block_size=16)).as_dict()
+    cells = planned["prefill"] + planned["decode"] + planned["over_capacity"]
+    assert cells and {c["workload"] for c in cells} == {"continuation"}
+    server = {"base_url": "http://127.0.0.1:9", "loadgen": "/x/loadgen.pyz"}
+    cfg = pipeline._loadgen_config(r, server, planned["decode"][0])
+    assert cfg.workload == "continuation"
+    assert pipeline.failed_cell(planned["decode"][0], "x")["workload"] == "continuation"
+    sent: list[str] = []
+
+    class FakeHost:
+        def run(self, cmd, **kw):
+            sent.append(cmd)
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(pipeline, "host_of", lambda resolved: FakeHost())
+    with pytest.raises(RuntimeError, match="stop here"):
+        pipeline._measure_remote(r, server, planned["decode"][0], cfg)
+    assert "--workload continuation" in sent[0]
+    assert pipeline.run_row(r, {}, {}, "success")["workload"] == "continuation"
 
 
 def test_run_status():

@@ -108,6 +108,8 @@ BROKEN = {
     "rate_vs_tbt": (dict(per_request_tok_s=40.0), "rate_tbt_product"),
     "null_tbt": (dict(tbt_ms=None), "expect_column_values_to_not_be_null(tbt_ms)"),
     "negative_ttft": (dict(ttft_ms=-1.0), "expect_column_values_to_be_between(ttft_ms)"),
+    "workload": (dict(workload="poetry"), "expect_column_values_to_be_in_set(workload)"),
+    "copy_share": (dict(copy_share=1.5), "expect_column_values_to_be_between(copy_share)"),
 }
 
 

@@ -296,3 +296,29 @@ def test_uncalibrated_profiles_say_so() -> None:
     for r in _sim_recipes():
         if not load_profile(recipes.REPO_ROOT / r.sim_profile).calibrated:
             assert not r.schedule.nightly and not r.schedule.per_commit, r.id
+
+
+def test_the_workload_is_declared_article_by_default(tmp_path: Path) -> None:
+    """matrix.workload: article (default: the published pages' workload) or continuation; the
+    cpu recipe serves the chat template the article is rendered with, from include/."""
+    cpu = load_recipe(CPU)
+    assert cpu.matrix.workload == "article"
+    command = cpu.render_launch_command(include="/srv/include")
+    assert "--chat-template /srv/include/chat-templates/tiny-llama.jinja" in command
+    assert (recipes.REPO_ROOT / "include" / "chat-templates" / "tiny-llama.jinja").is_file()
+    # provisioning ships it with include/, so {include} resolves on the host
+    import io
+    import tarfile
+
+    from speedmatrix.provision import _include_tarball
+
+    with tarfile.open(fileobj=io.BytesIO(_include_tarball())) as tar:
+        assert "chat-templates/tiny-llama.jinja" in tar.getnames()
+    data = _cpu_data()
+    del data["matrix"]["workload"]
+    assert load_recipe(_write(tmp_path, data)).matrix.workload == "article"
+    data["matrix"]["workload"] = "continuation"
+    assert load_recipe(_write(tmp_path, data, "c.yaml")).matrix.workload == "continuation"
+    data["matrix"]["workload"] = "poetry"
+    with pytest.raises(RecipeError, match=r"matrix\.workload"):
+        load_recipe(_write(tmp_path, data, "p.yaml"))

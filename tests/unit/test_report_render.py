@@ -207,3 +207,33 @@ def test_pipeline_run_renders_and_parses_back():
     assert [c["status"] for c in back.cells] == [c["status"] for c in cells]
     html = render_html(run, cells)
     assert "Failed" in html and "<svg" in html
+
+
+def test_the_workload_in_the_run_section():
+    """An article run's Markdown is the published page exactly (the published pages were
+    measured with the article workload and do not name it); a continuation run says so in
+    "Decode test" and ingests back as one; the HTML names the workload always."""
+    first = parse_report(REFERENCE.read_text(encoding="utf-8"))
+    assert first.run["workload"] == "article"
+    assert {c["workload"] for c in first.cells} == {"article"}
+    article_md = render_markdown(first.run, first.cells)
+    assert "workload" not in article_md.lower()
+    assert "- Decode test: Fixed duration\n" in article_md
+    assert "<dt>Workload</dt><dd>article</dd>" in render_html(first.run, first.cells)
+
+    run = dict(first.run, workload="continuation")
+    cells = [dict(c, workload="continuation") for c in first.cells]
+    md = render_markdown(run, cells)
+    assert "- Decode test: Fixed duration (continuation workload)\n" in md
+    assert md.replace(" (continuation workload)", "") == article_md
+    back = parse_report(md, source="continuation.md")
+    assert back.run["decode_test"] == "Fixed duration"
+    assert back.run["workload"] == "continuation"
+    assert {c["workload"] for c in back.cells} == {"continuation"}
+    # a different workload is a different run; the article page keeps its id from before
+    assert back.run_id != first.run_id
+    assert "<dt>Workload</dt><dd>continuation</dd>" in render_html(run, cells)
+    # a run landed before the workload was recorded: the Markdown as published, HTML a dash
+    old = {k: v for k, v in first.run.items() if k != "workload"}
+    assert render_markdown(old, first.cells) == article_md
+    assert "<dt>Workload</dt><dd>—</dd>" in render_html(old, first.cells)

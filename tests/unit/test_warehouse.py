@@ -567,3 +567,29 @@ def test_older_files_lacking_a_column(tmp_path):
     assert got["lag"].isna().tolist() == [False, True]
     _, cells, _ = wh.read_run("old")
     assert all(c["loop_lag_p99_ms"] is None for c in cells)
+
+
+def test_runs_landed_before_the_workload_was_recorded_still_read(tmp_path):
+    """Files written before `workload` / `copy_share` existed read as null in them, beside
+    new runs that have them, in every table that gained them."""
+    wh = Warehouse(tmp_path)
+    wh.land_run(make_run("old"), make_cells(), make_requests())
+    for table, dropped in (
+        ("cells", ["workload", "copy_share"]),
+        ("requests", ["workload"]),
+        ("runs", ["workload"]),
+    ):
+        path = wh.find_run_files("old")[table][0]
+        old = pq.read_table(path, partitioning=None)
+        pq.write_table(old.drop_columns(dropped), path)
+    cells = [dict(c, workload="article", copy_share=0.0) for c in make_cells()]
+    rows = [dict(r, workload="article") for r in make_requests()]
+    wh.land_run(make_run("new", day=20, workload="article"), cells, rows)
+    got = wh.query("SELECT run_id, min(workload) AS w FROM cells GROUP BY 1 ORDER BY 1")
+    assert got["w"].tolist()[0] == "article" and got["w"].isna().tolist() == [False, True]
+    got = wh.query("SELECT run_id, min(workload) AS w FROM requests GROUP BY 1 ORDER BY 1")
+    assert got["w"].isna().tolist() == [False, True]
+    run, cells, requests = wh.read_run("old")
+    assert run["workload"] is None
+    assert all(c["workload"] is None and c["copy_share"] is None for c in cells)
+    assert all(r["workload"] is None for r in requests)

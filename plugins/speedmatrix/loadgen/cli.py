@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from speedmatrix.records import ACTIVE_TOLERANCE
+from speedmatrix.records import ACTIVE_TOLERANCE, DEFAULT_WORKLOAD, WORKLOADS
 
 from .config import CellConfig, DecodeConfig, PrefillConfig, new_run_tag
 from .control import CellNotAttempted
@@ -99,6 +99,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         required=True,
         metavar="N",
         help="exact prompt length in tokens (8192 or 8K); checked against usage.prompt_tokens",
+    )
+    g.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default=DEFAULT_WORKLOAD,
+        help="article: a chat conversation (a reference document, then a request for a long "
+        "new article) rendered by the server's chat template, as the published pages measure; "
+        "continuation: raw continuation of repeated prose, for servers without a chat template",
     )
     g.add_argument(
         "--run-tag",
@@ -248,6 +256,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="do not mark the cell invalid for outputs stuck in a repetition loop",
     )
     g.add_argument(
+        "--no-copy-check",
+        dest="copy_check",
+        action="store_false",
+        help="do not mark the cell invalid for outputs that copy their own prompt",
+    )
+    g.add_argument(
+        "--max-copy-share",
+        type=_positive_float,
+        default=0.2,
+        metavar="F",
+        help="share of the outputs' word 8-grams found in their prompt above which the cell "
+        "is invalid (copying)",
+    )
+    g.add_argument(
         "--metrics-interval",
         type=_positive_float,
         default=0.5,
@@ -294,6 +316,7 @@ def build_config(args: argparse.Namespace) -> CellConfig:
         "api_key": api_key,
         "run_tag": args.run_tag or new_run_tag(),
         "cache_salt": args.cache_salt,
+        "workload": args.workload,
         "extra_body": args.extra_body,
         "connect_timeout_s": args.connect_timeout,
         "first_token_timeout_s": args.first_token_timeout,
@@ -316,6 +339,8 @@ def build_config(args: argparse.Namespace) -> CellConfig:
         max_loop_lag_ms=args.max_loop_lag_ms,
         max_client_cpu_pct=args.max_client_cpu,
         repetition_check=args.repetition_check,
+        copy_check=args.copy_check,
+        max_copy_share=args.max_copy_share,
         metrics_interval_s=args.metrics_interval,
         min_window_readings=args.min_window_readings,
         max_active_deviation=args.max_active_deviation,

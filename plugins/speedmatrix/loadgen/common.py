@@ -99,7 +99,12 @@ class Progress:
 
 
 def request_row(
-    req: Request, phase: str, context: int, concurrency: int, origin: float | None
+    req: Request,
+    phase: str,
+    context: int,
+    concurrency: int,
+    origin: float | None,
+    workload: str | None = None,
 ) -> dict[str, object]:
     """One `requests` table row (records.REQUEST_FIELDS)."""
     ttft = None
@@ -122,6 +127,7 @@ def request_row(
         "end_offset_s": _offset(req.ended_at, origin),
         "finished": req.finished,
         "error": req.error,
+        "workload": workload,
     }
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedmatrix.records import ACTIVE_TOLERANCE, PROMPT_MODES
+from speedmatrix.records import ACTIVE_TOLERANCE, DEFAULT_WORKLOAD, PROMPT_MODES, WORKLOADS
 
 
 def new_run_tag() -> str:
@@ -27,6 +27,9 @@ class CellConfig:
     api_key: str | None = None
     run_tag: str = field(default_factory=new_run_tag)
     cache_salt: bool = True
+    # what the prompts say (measurement.md rule 11): article (a chat conversation asking for a
+    # new article, the published pages' workload) or continuation (raw repeated prose)
+    workload: str = DEFAULT_WORKLOAD
     extra_body: dict[str, Any] | None = None
     # per-phase timeouts (measurement.md rule 9)
     connect_timeout_s: float = 10.0
@@ -53,6 +56,8 @@ class CellConfig:
         for name in ("connect_timeout_s", "first_token_timeout_s", "stall_timeout_s", "time_scale"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
         if not self.run_tag or any(c in self.run_tag for c in "@/\\\0") or len(self.run_tag) > 64:
             raise ValueError("run_tag must be 1-64 characters without @ / \\")
 
@@ -95,6 +100,11 @@ class DecodeConfig(CellConfig):
     min_window_readings: int = 20
     repetition_check: bool = True
     max_loop_fraction: float = 0.25
+    # The copy check (measurement.md rule 11): outputs whose word 8-grams are found in their
+    # own prompt more than this share of the time are copying it (stats.CopyCheck), and a
+    # speculative decoder accepts copied tokens almost for free: the cell is invalid.
+    copy_check: bool = True
+    max_copy_share: float = 0.2
     keep_requests: bool = True
 
     def validate(self) -> None:
@@ -103,6 +113,8 @@ class DecodeConfig(CellConfig):
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.duration_s <= 0:
             raise ValueError(f"duration must be positive, got {self.duration_s}")
+        if not 0 < self.max_copy_share <= 1:
+            raise ValueError("max_copy_share must be in (0, 1]")
         if self.min_window_readings < 1:
             raise ValueError("min_window_readings must be at least 1")
         if self.max_output_tokens < 2:

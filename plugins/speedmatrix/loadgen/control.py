@@ -68,6 +68,28 @@ class ControlClient:
             "prompt": text,
             "add_special_tokens": add_special_tokens,
         }
+        return await self._tokenize(payload)
+
+    async def tokenize_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
+        """A conversation rendered by the server's own chat template, as vLLM's /tokenize
+        takes it (TokenizeChatRequest: `messages`, `add_generation_prompt`; special tokens
+        are the template's own, so `add_special_tokens` stays false as vLLM advises)."""
+        payload: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "add_generation_prompt": True,
+            "add_special_tokens": False,
+        }
+        try:
+            return await self._tokenize(payload)
+        except CellNotAttempted as exc:
+            raise CellNotAttempted(
+                f"{exc} (the article workload renders a chat conversation with the server's "
+                "chat template: give the server one, e.g. vLLM's --chat-template, or use "
+                "--workload continuation)"
+            ) from exc
+
+    async def _tokenize(self, payload: dict[str, Any]) -> list[int]:
         try:
             async with self._session.post(f"{self.base_url}/tokenize", json=payload) as resp:
                 if resp.status != 200:

@@ -26,7 +26,16 @@ from .control import ControlClient
 from .monitor import ClientMonitor
 from .prompts import BodyBuilder, build_prompts
 from .promtext import Snapshot, rise
-from .stats import is_repetition_loop, median, ms, percentile, rate_median, scale_times
+from .stats import (
+    COPY_NGRAM,
+    CopyCheck,
+    is_repetition_loop,
+    median,
+    ms,
+    percentile,
+    rate_median,
+    scale_times,
+)
 from .stream import INF, Endpoint, Request, StreamConnection, Window, connect
 
 
@@ -42,7 +51,7 @@ async def run_decode(cfg: DecodeConfig) -> tuple[dict[str, object], list[dict[st
         await check_model(ctl, cfg.model)
         shared = cfg.prompt_mode == "shared"
         prompts = await build_prompts(
-            ctl, cfg.model, cfg.context, cfg.run_tag, cfg.concurrency, shared
+            ctl, cfg.model, cfg.context, cfg.run_tag, cfg.concurrency, shared, cfg.workload
         )
         builder = BodyBuilder(cfg.model, prompts, cfg.salt, cfg.extra_body)
         return await _DecodeCell(cfg, endpoint, ctl, builder).run()
@@ -83,6 +92,7 @@ class _DecodeCell:
             concurrency=self.C,
             status="failed",
             prompt_mode=cfg.prompt_mode,
+            workload=cfg.workload,
             max_output_tokens=cfg.max_output_tokens,
             window_s=cfg.duration_s,
             started_at=datetime.now(UTC),
@@ -182,7 +192,7 @@ class _DecodeCell:
         size = _size(parts)
         # unique per cell attempt: a server refuses a request id it has already seen
         prefix = f"sm-{self.cfg.run_tag}-{self.cfg.context}-c{self.C}-{self.nonce}-"
-        keep_text = self.cfg.repetition_check
+        keep_text = self.cfg.repetition_check or self.cfg.copy_check
         while not self.stopping:
             conn = self.conns[i]
             if conn is None or conn.closed:
@@ -357,12 +367,16 @@ class _DecodeCell:
                 completed_requests=len(completed),
             )
             self._server_figures(w.ws, end)
+        outputs = ["".join(r.text_parts) for r in reqs if r.text_parts]
+        if cfg.copy_check and outputs:
+            cell["copy_share"] = CopyCheck(self.builder.prompts.text).share(outputs)
         cell["status"], cell["error"] = self._judge(prompt_counts_ok=self._prompts_exact())
         if opened and cfg.on_window is not None:
             cfg.on_window(w.ws, end)
         scale_times(cell, cfg.time_scale)
         rows = [
-            request_row(r, "decode", cfg.context, self.C, w.ws if opened else None) for r in reqs
+            request_row(r, "decode", cfg.context, self.C, w.ws if opened else None, cfg.workload)
+            for r in reqs
         ]
         for row in rows:
             scale_times(row, cfg.time_scale, rows=True)
@@ -518,6 +532,13 @@ class _DecodeCell:
             loops = sum(1 for r in checked if is_repetition_loop("".join(r.text_parts or [])))
             if checked and loops / len(checked) > cfg.max_loop_fraction:
                 reasons.append(f"repetition loop in {loops} of {len(checked)} outputs")
+        copied = cell["copy_share"]
+        if isinstance(copied, float) and copied > cfg.max_copy_share:
+            reasons.append(
+                f"outputs copy their prompt: {copied:.0%} of their word {COPY_NGRAM}-grams are "
+                f"in it (over {cfg.max_copy_share:.0%}); a speculative decoder accepts copied "
+                "tokens almost for free, so the figures say nothing about real use"
+            )
         if reasons:
             return "invalid", "; ".join(reasons + self.notes)
         return "valid", None

@@ -33,13 +33,16 @@ async def run_prefill(cfg: PrefillConfig) -> tuple[dict[str, object], list[dict[
         concurrency=1,
         status="failed",
         max_output_tokens=1,
+        workload=cfg.workload,
         requests_started=0,
         requests_failed=0,
         started_at=datetime.now(UTC),
     )
     async with ControlClient(cfg.base_url, cfg.api_key) as ctl:
         await check_model(ctl, cfg.model)
-        prompts = await build_prompts(ctl, cfg.model, cfg.context, cfg.run_tag, 1, False)
+        prompts = await build_prompts(
+            ctl, cfg.model, cfg.context, cfg.run_tag, 1, False, cfg.workload
+        )
         builder = BodyBuilder(cfg.model, prompts, cfg.salt, cfg.extra_body)
         parts = builder.parts(0, 1)
         message = [endpoint.head(sum(len(p) for p in parts)), *parts]
@@ -71,7 +74,7 @@ async def run_prefill(cfg: PrefillConfig) -> tuple[dict[str, object], list[dict[
             await progress.stop(_summary(req))
         after = await ctl.metrics()
     cell["requests_started"] = 1
-    row = request_row(req, "prefill", cfg.context, 1, req.sent_at)
+    row = request_row(req, "prefill", cfg.context, 1, req.sent_at, cfg.workload)
     if req.error is not None:
         cell["requests_failed"] = 1
         cell["error"] = req.error

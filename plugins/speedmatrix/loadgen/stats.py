@@ -1,8 +1,9 @@
-"""Order statistics and the repetition-loop test, standard library only."""
+"""Order statistics, the repetition-loop test and the copy test, standard library only."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 
@@ -55,6 +56,45 @@ def is_repetition_loop(text: str, min_chars: int = 256, max_period: int = 200) -
         if tail[period:] == tail[:-period]:
             return True
     return False
+
+
+COPY_NGRAM = 8
+"""Words per n-gram in the copy check. Why 8: ordinary English shares its 3- to 5-word
+phrases ("at the end of the") with any document, so shorter n-grams would call fresh prose a
+copy; eight words in the same order (some ten tokens, longer than an n-gram drafter's lookup
+of 3-5) almost never recur by chance in text written anew, whereas every n-gram of a passage
+copied from the prompt does. Words, not token ids: the stream carries text on every server
+(token ids only where asked for), and the prompt's words are known to the client."""
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def word_ngrams(text: str, n: int = COPY_NGRAM) -> list[tuple[str, ...]]:
+    """The text's n-grams of lower-cased words (punctuation and spacing ignored)."""
+    words = _WORD.findall(text.lower())
+    return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+
+
+class CopyCheck:
+    """Share of output n-grams found in the prompt: 0 for fresh prose, near 1 for an echo."""
+
+    def __init__(self, prompt_text: str, n: int = COPY_NGRAM) -> None:
+        self.n = n
+        self.prompt = set(word_ngrams(prompt_text, n))
+
+    def counts(self, output: str) -> tuple[int, int]:
+        """(n-grams of the output found in the prompt, n-grams of the output)."""
+        grams = word_ngrams(output, self.n)
+        return sum(1 for g in grams if g in self.prompt), len(grams)
+
+    def share(self, outputs: Sequence[str]) -> float | None:
+        """Pooled over the outputs (long ones weigh more); None when none is long enough."""
+        found = total = 0
+        for text in outputs:
+            f, t = self.counts(text)
+            found += f
+            total += t
+        return found / total if total else None
 
 
 _TIMES = (

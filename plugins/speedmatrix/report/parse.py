@@ -27,7 +27,14 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from speedmatrix.records import CELL_FIELDS, RUN_FIELDS, context_label, empty_cell
+from speedmatrix.records import (
+    CELL_FIELDS,
+    DEFAULT_WORKLOAD,
+    RUN_FIELDS,
+    WORKLOADS,
+    context_label,
+    empty_cell,
+)
 from speedmatrix.report import formats as F
 
 TITLE = "Speed test matrix"
@@ -640,6 +647,20 @@ def _from_launch(command: str | None) -> dict:
     return out
 
 
+_WORKLOAD_NOTE = re.compile(r"^(?P<test>.*?)\s*\((?P<workload>[a-z]+) workload\)$")
+
+
+def _workload_of(decode_test: object) -> tuple[object, str]:
+    """("Fixed duration (continuation workload)") -> ("Fixed duration", "continuation"): the
+    note render.decode_test_text adds for a workload other than the published one. A page
+    without it was measured with the published tool's workload: article."""
+    if isinstance(decode_test, str):
+        m = _WORKLOAD_NOTE.match(decode_test)
+        if m and m.group("workload") in WORKLOADS:
+            return m.group("test") or None, m.group("workload")
+    return decode_test, DEFAULT_WORKLOAD
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-.") or "unknown"
 
@@ -657,10 +678,23 @@ def published_recipe_id(run: dict) -> str:
 
 def content_run_id(run: dict, cells: list[dict]) -> str:
     """``ingest-`` + 16 hex of a SHA-256 over the parsed content (not the raw text, not the
-    source path): the same page, wherever it lies and however it is laid out, is the same run."""
-    keep_run = {k: v for k, v in run.items() if k not in ("run_id", "source")}
+    source path): the same page, wherever it lies and however it is laid out, is the same run.
+    The published workload (`article`) is left out of the hash, so pages ingested before the
+    workload was recorded keep their ids."""
+
+    def hashed(row: dict, drop: tuple[str, ...] = ()) -> dict:
+        return {
+            k: v
+            for k, v in row.items()
+            if k not in drop and not (k == "workload" and v == DEFAULT_WORKLOAD)
+        }
+
+    keep_run = hashed(run, ("run_id", "source"))
     payload = json.dumps(
-        {"run": keep_run, "cells": cells}, sort_keys=True, default=str, separators=(",", ":")
+        {"run": keep_run, "cells": [hashed(c) for c in cells]},
+        sort_keys=True,
+        default=str,
+        separators=(",", ":"),
     )
     return "ingest-" + hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -715,12 +749,15 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
     run["launch_command"] = command
     for k, v in _from_launch(command).items():
         run[k] = v
+    run["decode_test"], run["workload"] = _workload_of(run.get("decode_test"))
     run["trigger"] = "ingest"
     run["status"] = "success"
     run["recipe_id"] = published_recipe_id(run)
     run["source"] = source
 
     cells, before, after = _parse_measurements(sections["All measurements"], run, source)
+    for c in cells:
+        c["workload"] = run["workload"]
     # anything under a further heading (a baseline comparison, a footer) is not the page's
     k = next((i for i, ln in enumerate(after) if re.match(r"^#{1,6}\s", ln.text)), len(after))
     after = after[:k]

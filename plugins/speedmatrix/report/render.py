@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from speedmatrix.records import context_label
+from speedmatrix.records import DEFAULT_WORKLOAD, context_label
 from speedmatrix.report import formats as F
 
 OVER_CAPACITY_NOTE = (
@@ -82,9 +82,26 @@ def _vram_text(run: dict) -> str | None:
     return per_text
 
 
-def header_fields(run: dict) -> dict[str, list[tuple[str, str]]]:
+def decode_test_text(run: dict) -> str | None:
+    """The "Decode test" value, with a workload other than the published one annotated.
+
+    Why only then: the published pages were measured with the `article` workload and do not
+    name it, so an article run's Markdown stays byte for byte the published format (and
+    ingests back to the same run); a `continuation` run says so where a reader of the page
+    looks for how decode was tested, ``Fixed duration (continuation workload)``, which the
+    parser reads back into decode_test and workload. The HTML names the workload always.
+    """
+    value = _v(run, "decode_test")
+    workload = _v(run, "workload")
+    if value is None or workload in (None, DEFAULT_WORKLOAD):
+        return value
+    return f"{value} ({workload} workload)"
+
+
+def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, str]]]:
     """Section -> [(label, value text)] in page order; optional fields without a value are
-    left out, required ones show ``—``."""
+    left out, required ones show ``—``. `html` adds the Run section's Workload row (the
+    Markdown keeps the published labels; see decode_test_text)."""
     from speedmatrix.report.parse import HEADER_LABELS, REQUIRED_LABELS
 
     out: dict[str, list[tuple[str, str]]] = {}
@@ -103,6 +120,8 @@ def header_fields(run: dict) -> dict[str, list[tuple[str, str]]]:
                 text = f"{value} v{version}" if value and version else value
             elif key == "engine_pr":
                 text = f"#{value}" if value is not None else None
+            elif key == "decode_test":
+                text = decode_test_text(run)
             else:
                 text = None if value is None else str(value)
             if text is None:
@@ -110,6 +129,8 @@ def header_fields(run: dict) -> dict[str, list[tuple[str, str]]]:
                     continue
                 text = F.DASH
             rows.append((label, text))
+            if html and key == "decode_test":
+                rows.append(("Workload", str(_v(run, "workload") or F.DASH)))
         out[section] = rows
     return out
 
@@ -422,7 +443,7 @@ def render_html(
         hw=hw,
         shape=shape,
         run=run,
-        header=header_fields(run),
+        header=header_fields(run, html=True),
         launch_command=_v(run, "launch_command"),
         prefill=prefill,
         prefill_note=PREFILL_NOTE,

@@ -77,6 +77,9 @@ class Request:
     chunk_tokens: array = field(default_factory=lambda: array("i"))  # server: tokens in it
     fault_disconnect: int | None = None  # server: drop the stream after this many tokens
     fault_repeat: bool = False  # server: the text is a repetition loop
+    # server: the text is these prompt ids (the request's own), from their start (kept apart
+    # from `prompt`, which the engine drops when the request finishes)
+    fault_echo: list[int] | None = None
 
     @property
     def steps(self) -> list[tuple[float, int]]:

@@ -16,6 +16,8 @@ from 1 in arrival order; 0 turns a fault off, 1 hits every request.
   although ``max_tokens``/``min_tokens`` asked for more, with ``finish_reason: "length"`` and a
   consistent usage (the silent shortening a load generator must catch by counting).
 - ``repetition_every``: the request's text repeats one word (a repetition loop).
+- ``echo_every``: the request's text is its own prompt, word for word from its start (a
+  model that copies its prompt: what a speculative decoder accepts almost for free).
 - ``max_running``: at most this many requests run; the rest queue in the engine, so
   ``vllm:num_requests_waiting`` rises (a server that queues during a window).
 - ``engine_dead``: ``/health`` answers 503, new completion requests get 500 (EngineDeadError)
@@ -39,6 +41,7 @@ class Faults:
     short_output_every: int = 0
     short_output_tokens: int = 4
     repetition_every: int = 0
+    echo_every: int = 0
     max_running: int | None = None
     engine_dead: bool = False
 

@@ -52,7 +52,7 @@ Faults (details in ``speedmatrix.sim.faults``), set in the profile (``faults:``)
 answered HTTP 500 (``http_500_every``); every Nth stream dropped mid-stream after K tokens
 (``disconnect_every``, ``disconnect_after_tokens``); every Nth request cut short with
 finish_reason "length" (``short_output_every``, ``short_output_tokens``); a repetition loop
-in the text (``repetition_every``); at most N running so that the rest queue and
+in the text (``repetition_every``); the prompt echoed as the output (``echo_every``); at most N running so that the rest queue and
 ``vllm:num_requests_waiting`` rises (``max_running``); a dead engine (``engine_dead``: /health
 503, new requests 500 EngineDeadError, open streams dropped). Preemption needs no switch: a
 profile with fewer KV blocks than the load needs preempts by itself.
@@ -445,7 +445,8 @@ class SimServer:
     async def tokenize(self, request: web.Request) -> web.Response:
         data = await self._json(request)
         if "messages" in data:
-            ids = self.tokenizer.encode(self._chat_text(data["messages"]))
+            generation = data.get("add_generation_prompt", True)
+            ids = self.tokenizer.encode(self._chat_text(data["messages"], bool(generation)))
         elif isinstance(data.get("prompt"), str):
             ids = self.tokenizer.encode(data["prompt"])
         else:
@@ -538,7 +539,9 @@ class SimServer:
 
     # --- completions ----------------------------------------------------------------------------
     @staticmethod
-    def _chat_text(messages: Any) -> str:
+    def _chat_text(messages: Any, add_generation_prompt: bool = True) -> str:
+        """The simulator's chat template: ``<|role|> content`` per message, one per line, then
+        ``<|assistant|>`` when a generation prompt is asked for (vLLM's default)."""
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' must be a non-empty list", param="messages")
         parts = []
@@ -548,7 +551,15 @@ class SimServer:
                     400, "each message needs a role and string content", param="messages"
                 )
             parts.append(f"<|{m.get('role', 'user')}|> {m.get('content', '')}")
-        return "\n".join(parts) + "\n<|assistant|>"
+        return "\n".join(parts) + ("\n<|assistant|>" if add_generation_prompt else "")
+
+    def _text(self, req: Request, start: int, count: int) -> str:
+        """Output tokens start..start+count as text: made-up words, or (the echo fault) the
+        request's own prompt from its start, as a model that copies it would write."""
+        ids = req.fault_echo
+        if ids:
+            return self.tokenizer.decode([ids[i % len(ids)] for i in range(start, start + count)])
+        return output_words(req.index, start, count, req.fault_repeat)
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -648,6 +659,7 @@ class SimServer:
         req.finish_on_target = reason
         req.fault_disconnect = f.disconnect_after_tokens if f.hits(f.disconnect_every, n) else None
         req.fault_repeat = f.hits(f.repetition_every, n)
+        req.fault_echo = ids if f.hits(f.echo_every, n) else None
         return req
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -708,7 +720,7 @@ class SimServer:
                 await self._wait(req, req.out)
         except ConnectionAbortedError as exc:  # engine_dead while waiting
             raise ApiError(500, "EngineCore encountered an issue.", "EngineDeadError") from exc
-        text = output_words(req.index, 0, req.out, req.fault_repeat)
+        text = self._text(req, 0, req.out)
         self.tokens_out += req.out
         usage = {
             "prompt_tokens": req.prompt_len,
@@ -808,8 +820,10 @@ class SimServer:
                 if n > sent:
                     if cut is not None and n >= cut:
                         n = max(cut, sent)
-                    # The words are plain ASCII: quoting them needs no JSON encoder.
-                    text = '"' + output_words(req.index, sent, n - sent, repeat) + '"'
+                    if req.fault_echo:  # prompt text: any character, so JSON-encode it
+                        text = json.dumps(self._text(req, sent, n - sent))
+                    else:  # the words are plain ASCII: quoting them needs no JSON encoder.
+                        text = '"' + output_words(req.index, sent, n - sent, repeat) + '"'
                     done = req.state == FINISHED and n == req.out
                     fr = f'"{req.finish_reason}"' if done else "null"
                     if chat:  # vLLM names stop_reason in the last chunk only
