@@ -229,10 +229,10 @@ def wheel_check(recipe: Any) -> Callable[[str], bool]:
 def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) -> dict:
     """Check the params and build the job: commits, wheels, good run, conf of a step's run."""
     from speedmatrix.compare import recipe_threshold, select_baseline
-    from speedmatrix.recipes import load_recipe
+    from speedmatrix.recipes import load_recipe_id
     from speedmatrix.warehouse import Warehouse
 
-    recipe = load_recipe(params["recipe"])
+    recipe = load_recipe_id(params["recipe"])
     good, bad = str(params["good"]), str(params["bad"])
     cells = list(params.get("cells") or [])
     _, conf = _decode_and_prefill(cells)

@@ -493,12 +493,43 @@ def _double_quote_home(text: str) -> str:
     return f'"{head}{escaped}"'
 
 
-def recipe_path(id_or_path: str | os.PathLike[str]) -> Path:
-    """Resolve a recipe id (``cpu/tiny/llama-tiny``) or a file path to an existing file."""
+# A recipe id: path segments under include/recipes, none starting with "." (so no "..").
+RECIPE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*(/[A-Za-z0-9][A-Za-z0-9_.+-]*)*$")
+
+
+def check_recipe_id(rid: Any) -> str:
+    """``rid`` if it is a recipe id confined to the recipes tree, else RecipeError.
+
+    Why: a run's conf names its recipe, and a ``..`` or an absolute path would load any YAML on
+    the worker (and fail only in setup, after the host lease is taken). File paths are for the
+    CLI (``speedmatrix recipes validate PATH``), never for a conf."""
+    text = str(rid)
+    inside = os.path.normpath(os.path.join(RECIPES_DIR, f"{text}.yaml"))
+    if (
+        not isinstance(rid, str)
+        or not RECIPE_ID_RE.match(text)
+        or not inside.startswith(os.path.join(os.path.normpath(RECIPES_DIR), ""))
+    ):
+        looks_like_path = text.startswith(("/", ".")) or text.endswith((".yaml", ".yml"))
+        hint = " (a file path)" if looks_like_path else ""
+        raise RecipeError(
+            [
+                f"{text!r}{hint} is not a recipe id: a recipe id is a path under "
+                f"include/recipes without .yaml, e.g. cpu/tiny/llama-tiny; a recipe file is "
+                "checked with `speedmatrix recipes validate PATH`"
+            ]
+        )
+    return text
+
+
+def recipe_path(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -> Path:
+    """Resolve a recipe id (``cpu/tiny/llama-tiny``) or, unless ``ids_only``, a file path to an
+    existing file. An id never leaves the recipes tree (:func:`check_recipe_id`)."""
     p = Path(id_or_path)
-    if p.suffix in (".yaml", ".yml") and p.is_file():
+    if not ids_only and p.suffix in (".yaml", ".yml") and p.is_file():
         return p
-    candidate = RECIPES_DIR / f"{id_or_path}.yaml"
+    rid = check_recipe_id(id_or_path if ids_only else os.fspath(id_or_path))
+    candidate = RECIPES_DIR / f"{rid}.yaml"
     if candidate.is_file():
         return candidate
     known = ", ".join(list_recipe_ids()[:20]) or "none"
@@ -531,9 +562,15 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def load_recipe(id_or_path: str | os.PathLike[str]) -> Recipe:
+def load_recipe_id(rid: str) -> Recipe:
+    """Load a recipe by id only (a run's conf, the trigger and bisect DAGs): never a file
+    path, never outside include/recipes."""
+    return load_recipe(rid, ids_only=True)
+
+
+def load_recipe(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -> Recipe:
     """Load and fully validate a recipe; RecipeError lists every problem found."""
-    path = recipe_path(id_or_path)
+    path = recipe_path(id_or_path, ids_only=ids_only)
     where = str(path)
     try:
         data = yaml.safe_load(path.read_text())
