@@ -178,9 +178,10 @@ def resolve_commit(
         return ref
     if resolver is None:
         from speedmatrix.github import GitHubClient
+        from speedmatrix.triggers import github_api_url
 
         def resolver(r: str) -> str:
-            return GitHubClient().head_commit(repo, r).sha
+            return GitHubClient(base_url=github_api_url()).head_commit(repo, r).sha
 
     sha = resolver(ref).strip().lower()
     if not _HEX40.match(sha):
