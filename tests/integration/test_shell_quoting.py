@@ -3,7 +3,7 @@
 What this proves, and how. Every string field of a recipe (found by walking the recipe model,
 so a field added later is covered without touching this file: plain strings, optional
 strings, each element of a string tuple, each key and value of a string mapping) is set to a
-hostile value: command substitution, backticks, `;`, both quotes, a newline. A field the
+hostile value, and $HOME (a run's host_home) is a hostile directory name too: command substitution, backticks, `;`, both quotes, a newline. A field the
 loader refuses with that value (a slug's pattern, the ref's kinds, the API key's variable
 name: `load_recipe` would not return such a recipe) is listed as refused; every other field
 is set hostile all at once, and the real host functions run against this machine (the local
@@ -152,15 +152,22 @@ exit 0
 """
 
 
+# A run's host_home (a conf value: absolute, no control characters, anything else allowed)
+# becomes $HOME on the host: a name that would run `touch CANARY_HOME` in the command's
+# working directory (the test's tmp_path) if it were ever unquoted.
+HOSTILE_HOME = "home $(touch CANARY_HOME) `touch CANARY_HOME`; touch CANARY_HOME '\""
+
+
 @pytest.fixture
-def stubbed(tmp_path):
+def stubbed(tmp_path, monkeypatch):
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     for name in ("python3", "uv", "git"):
         (stubs / name).write_text(STUB)
         (stubs / name).chmod(0o755)
-    home = tmp_path / "home"
+    home = tmp_path / HOSTILE_HOME
     home.mkdir()
+    monkeypatch.chdir(tmp_path)  # where a relative canary would land
     env = {
         "HOME": str(home),
         "PATH": f"{stubs}:{os.environ['PATH']}",
@@ -253,6 +260,7 @@ def test_no_recipe_value_runs_on_the_host(stubbed, payload, monkeypatch):
     stop_server(handle, host=host, grace_s=1, gpu_wait_s=0)
     time.sleep(0.5)  # background deletes of the provisioning have ended
     assert not canary.exists(), f"the server's scripts ran a recipe value: {payload}"
+    assert not (tmp / "CANARY_HOME").exists(), "a script ran the host_home"
 
 
 def test_serve_env_reference_reaches_the_server_from_the_host_env_and_no_log(stubbed, monkeypatch):

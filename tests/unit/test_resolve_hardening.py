@@ -122,3 +122,18 @@ def test_good_values_still_resolve():
     )
     assert (r["port"], r["host_home"], r["engine_ref"]) == (8123, "/tmp/some home", "v0.32.0")
     assert "lease_ttl_s" not in r
+
+
+def test_the_declared_params_are_the_conf_keys_resolve_takes():
+    """runconf.CONF_KEYS and the DAG's Params name the same keys (so a new Param is checked
+    in resolve too, and resolve refuses only what the DAG does not declare)."""
+    import importlib.util
+    from pathlib import Path
+
+    from speedmatrix.runconf import CONF_KEYS
+
+    path = Path(__file__).resolve().parents[2] / "dags" / "speed_matrix.py"
+    spec = importlib.util.spec_from_file_location("speed_matrix_dag_for_keys", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(module.PARAMS) == set(CONF_KEYS)
