@@ -49,7 +49,7 @@ PARAMS = {
         type="string",
         minLength=1,
         description="Recipe id under include/recipes (e.g. sim/kimi-k2.7-nvfp4-rtxpro6k-x8, "
-        "cpu/tiny/llama-tiny) or a recipe file path. Required.",
+        "cpu/tiny/llama-tiny); never a file path. Required.",
         examples=_recipe_examples(),
     ),
     "engine_ref": Param(

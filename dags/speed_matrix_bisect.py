@@ -60,7 +60,6 @@ COMMIT = r"^[0-9a-f]{7,40}$"
         "duration_s": Param(None, type=["null", "number"], exclusiveMinimum=0),
         "max_output_tokens": Param(None, type=["null", "integer"], minimum=2),
         "threshold_pct": Param(None, type=["null", "number"], minimum=0),
-        "api_url": Param(None, type=["null", "string"], description="GitHub API base URL"),
     },
     render_template_as_native_obj=False,
     doc_md=__doc__,

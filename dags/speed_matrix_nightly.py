@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import CronTriggerTimetable, Param, dag, task
+from airflow.sdk import CronTriggerTimetable, dag, task
 
 from speedmatrix import triggers
 
@@ -29,13 +29,6 @@ CFG = triggers.load_schedule_config()
         "retries": 2,  # idempotent: the head lookup is a GET, triggers dedupe by run id
         "retry_delay": timedelta(minutes=2),
         "execution_timeout": timedelta(minutes=5),
-    },
-    params={
-        "api_url": Param(
-            None,
-            type=["null", "string"],
-            description="GitHub API base URL (default: schedule config)",
-        ),
     },
     doc_md=__doc__,
 )

@@ -31,11 +31,6 @@ CFG = triggers.load_schedule_config()
         "execution_timeout": timedelta(minutes=5),
     },
     params={
-        "api_url": Param(
-            None,
-            type=["null", "string"],
-            description="GitHub API base URL (default: schedule config)",
-        ),
         "max_commits": Param(
             None,
             type=["null", "integer"],

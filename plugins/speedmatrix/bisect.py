@@ -193,12 +193,15 @@ def _tokens(label: str) -> int:
     return int(label[:-1]) * 1024 if label.upper().endswith("K") else int(label)
 
 
-def commits_between(repo: str, good: str, bad: str, api_url: str | None = None) -> list[str]:
+def commits_between(repo: str, good: str, bad: str) -> list[str]:
     """Commits after `good` up to and including `bad`, oldest first, from GitHub's compare API
-    (up to 250; enough for the ranges a nightly can open)."""
+    (up to 250; enough for the ranges a nightly can open). The API is the deployment's
+    (`triggers.github_api_url`), never a conf's: its answer chooses what gets measured."""
     import requests
 
-    base = (api_url or "https://api.github.com").rstrip("/")
+    from speedmatrix.triggers import github_api_url
+
+    base = github_api_url().rstrip("/")
     resp = requests.get(f"{base}/repos/{repo}/compare/{good}...{bad}", timeout=20)
     resp.raise_for_status()
     return [c["sha"] for c in resp.json().get("commits", [])]
@@ -229,10 +232,15 @@ def wheel_check(recipe: Any) -> Callable[[str], bool]:
 def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) -> dict:
     """Check the params and build the job: commits, wheels, good run, conf of a step's run."""
     from speedmatrix.compare import recipe_threshold, select_baseline
-    from speedmatrix.recipes import load_recipe
+    from speedmatrix.recipes import load_recipe_id
     from speedmatrix.warehouse import Warehouse
 
-    recipe = load_recipe(params["recipe"])
+    if params.get("api_url") is not None:
+        raise ValueError(
+            "api_url is not taken from a conf: the GitHub API is the deployment's "
+            "(SPEEDMATRIX_GITHUB_API_URL, or github.api_url in the schedule config)"
+        )
+    recipe = load_recipe_id(params["recipe"])
     good, bad = str(params["good"]), str(params["bad"])
     cells = list(params.get("cells") or [])
     _, conf = _decode_and_prefill(cells)
@@ -240,7 +248,7 @@ def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) ->
     if not commits:
         repo = str(recipe.engine.repository)
         repo = repo.split("github.com/", 1)[-1] or "vllm-project/vllm"
-        commits = commits_between(repo, good, bad, params.get("api_url"))
+        commits = commits_between(repo, good, bad)
     if not commits or (not commits[-1].startswith(bad) and not bad.startswith(commits[-1])):
         raise ValueError(f"the commit list must end with the bad commit {bad}")
     host = params.get("ssh_conn_id") or recipe.schedule.host or "local"

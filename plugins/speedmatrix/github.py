@@ -5,7 +5,9 @@ watch needs exactly two endpoints, conditional requests (ETag / If-None-Match, w
 answers do not count against the rate limit) and a precise split of failures into
 "try again at the next poll" (rate limit, 5xx, timeouts: `GitHubUnavailable`) and
 "misconfigured, tell a human" (401/404/garbage: `GitHubError`). The base URL is a parameter,
-so tests and GitHub Enterprise work the same way.
+so tests and GitHub Enterprise work the same way; callers take it from the deployment
+(`triggers.github_api_url`), never from a run's conf, and the token is bound to that base's
+origin (`OriginToken`): it is never sent anywhere else, not on a redirect, not to any other URL.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
+from requests.auth import AuthBase
 from urllib3.util.retry import Retry
 
 DEFAULT_API_URL = "https://api.github.com"
@@ -80,6 +83,35 @@ class CommitPage:
     not_modified: bool = False
 
 
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, the default port filled in: what a token is bound to."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or default
+
+
+class OriginToken(AuthBase):
+    """``Authorization: Bearer <token>`` on requests to one origin only.
+
+    Not a session header: a session header goes with every request of the session, to any
+    URL. requests applies this per request it prepares and does not re-apply it on a
+    redirect (and strips the header when a redirect changes the host), so the token reaches
+    the configured API and nothing else."""
+
+    def __init__(self, token: str, base_url: str) -> None:
+        self._token = token
+        self._origin = origin(base_url)
+
+    def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
+        if origin(r.url or "") == self._origin:
+            r.headers["Authorization"] = f"Bearer {self._token}"
+        else:
+            r.headers.pop("Authorization", None)
+        return r
+
+
 class GitHubClient:
     """GET-only client for one API base URL, with a token when given.
 
@@ -121,7 +153,7 @@ class GitHubClient:
             }
         )
         if token:
-            self.session.headers["Authorization"] = f"Bearer {token}"
+            self.session.auth = OriginToken(token, self.base_url)
 
     def _get(self, path: str, params: dict[str, Any] | None, etag: str | None) -> requests.Response:
         headers = {"If-None-Match": etag} if etag else {}

@@ -83,13 +83,16 @@ def resolve(
 
     Raises ResolveError naming every problem (unknown recipe, bad ref, impossible matrix).
     """
-    from speedmatrix.recipes import RecipeError, classify_ref, load_recipe
+    from speedmatrix.recipes import RecipeError, classify_ref, load_recipe_id
+    from speedmatrix.runconf import conf_problems
 
     recipe_name = conf.get("recipe")
     if not recipe_name:
         raise ResolveError("conf must name a recipe, e.g. {'recipe': 'cpu/tiny/llama-tiny'}")
+    if problems := conf_problems(conf):
+        raise ResolveError("bad conf: " + "; ".join(problems))
     try:
-        recipe = load_recipe(recipe_name)
+        recipe = load_recipe_id(recipe_name)
     except (RecipeError, FileNotFoundError) as exc:
         raise ResolveError(f"recipe {recipe_name!r} cannot be used: {exc}") from exc
     ref = str(_override(conf, "engine_ref", recipe.engine.ref))
@@ -128,7 +131,6 @@ def resolve(
         "run_tag": hashlib.sha1(f"{run_id}|{dag_run_id}".encode()).hexdigest()[:10],
         "served_model": recipe.model.served_name,
         "api_key_env": recipe.serve.api_key_secret if recipe.has_api_key else None,
-        "lease_ttl_s": float(conf.get("lease_ttl_s") or DEFAULT_TTL_S),
         "port": conf.get("port"),
         "started_at": dt.datetime.now(dt.UTC).isoformat(),
         "matrix": {
@@ -168,9 +170,9 @@ def _repeats(conf: Mapping[str, Any], m: Any, spec: MatrixSpec) -> tuple[int, li
 
 
 def _recipe(resolved: Mapping[str, Any]):
-    from speedmatrix.recipes import load_recipe
+    from speedmatrix.recipes import load_recipe_id
 
-    return load_recipe(resolved["recipe_id"])
+    return load_recipe_id(resolved["recipe_id"])
 
 
 def _spec(resolved: Mapping[str, Any]) -> MatrixSpec:
@@ -204,7 +206,7 @@ def host_lease(resolved: Mapping[str, Any]) -> HostLease:
     return HostLease(
         host_of(resolved),
         resolved["holder"],
-        ttl_s=resolved.get("lease_ttl_s") or DEFAULT_TTL_S,
+        ttl_s=DEFAULT_TTL_S,  # the deployment's (SPEEDMATRIX_LEASE_TTL_S), never a conf's
         lease_dir=os.environ.get("SPEEDMATRIX_LEASE_DIR", "$HOME/.speedmatrix/lease"),
     )
 

@@ -178,9 +178,10 @@ def resolve_commit(
         return ref
     if resolver is None:
         from speedmatrix.github import GitHubClient
+        from speedmatrix.triggers import github_api_url
 
         def resolver(r: str) -> str:
-            return GitHubClient().head_commit(repo, r).sha
+            return GitHubClient(base_url=github_api_url()).head_commit(repo, r).sha
 
     sha = resolver(ref).strip().lower()
     if not _HEX40.match(sha):
@@ -288,7 +289,7 @@ def _subst(cmd: str, values: dict[str, str]) -> str:
 def _venv_python_lines(python: str) -> list[str]:
     """Create "$ENV" with the stdlib venv from python<X.Y> (else python3)."""
     return [
-        f'PY="$(command -v python{python} || command -v python3)"',
+        f'PY="$(command -v {shlex.quote("python" + python)} || command -v python3)"',
         '"$PY" -m venv "$ENV"',
     ]
 
@@ -318,10 +319,12 @@ def _uv_lines(python: str) -> list[str]:
 
 
 def _post_and_model_lines(recipe: Recipe) -> list[str]:
+    """The recipe's post-install and model-setup commands (commands: run as written), with
+    each placeholder a double-quoted variable, so a path with spaces stays one word."""
     values = {
-        "env_dir": "$ENV",
-        "include": "$INCLUDE",
-        "model": "$MODEL",
+        "env_dir": '"$ENV"',
+        "include": '"$INCLUDE"',
+        "model": '"$MODEL"',
         "python": '"$ENV/bin/python"',
     }
     lines: list[str] = []
@@ -994,6 +997,22 @@ def _attempt_env(build: _Build, attempt: str) -> dict[str, str]:
     }
 
 
+def attempt_scripts(build: _Build, attempt: str) -> tuple[str, str]:
+    """(wrapper, body): the two scripts one attempt runs on the host, exactly as run. Every
+    recipe value in them is a quoted export of the wrapper or shell-quoted in the body; the
+    recipe's post_install and model.setup lines are commands, run as written."""
+    body = (
+        "set -euo pipefail\n"
+        + _UNDER_LOCK_CHECK.replace("{rc_already}", str(RC_ALREADY))
+        + "\n".join(_prepare_lines())
+        + "\n"
+        + build.plan.script
+        + "\n".join(_marker_lines())
+        + "\n"
+    )
+    return _wrapper_script(_attempt_env(build, attempt)), body
+
+
 def _run_attempt(
     host: Host, build: _Build, deadline: float, timeout_s: float, poll_s: float
 ) -> int:
@@ -1005,16 +1024,8 @@ def _run_attempt(
     host.run(f"mkdir -p {_q(attempt)}", timeout_s=60, check=True, idempotent=True)
     try:
         _stage_shipment(host, build.ship, attempt, ("loadgen", "include"))
-        body = (
-            "set -euo pipefail\n"
-            + _UNDER_LOCK_CHECK.replace("{rc_already}", str(RC_ALREADY))
-            + "\n".join(_prepare_lines())
-            + "\n"
-            + build.plan.script
-            + "\n".join(_marker_lines())
-            + "\n"
-        )
-        _start_attempt(host, attempt, _wrapper_script(_attempt_env(build, attempt)), body)
+        wrapper, body = attempt_scripts(build, attempt)
+        _start_attempt(host, attempt, wrapper, body)
         deadline = max(deadline, time.monotonic() + 1.0)
         log_path = f"{state_dir}/provision.log"
         return _wait_attempt(host, attempt, log_path, deadline, timeout_s, poll_s)

@@ -280,18 +280,16 @@ class Recipe(_Strict):
         """
         values = self._values(ref, python=python, include=include)
         argv: list[str] = []
-        tokens = [*self.serve.command, *self.serve.args]
-        i = 0
-        while i < len(tokens):
-            tok = tokens[i]
-            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-            if nxt is not None and "{api_key}" in nxt:
-                if api_key is not None:
-                    argv += [tok, nxt.replace("{api_key}", api_key)]
-                i += 2
-                continue
-            argv.append(_substitute(tok, values))
-            i += 1
+        for kind, tok in _key_args([*self.serve.command, *self.serve.args]):
+            if kind == "plain":
+                argv.append(_substitute(tok, values))
+            elif api_key is None:
+                continue  # the key goes through the environment
+            elif kind == "pair":
+                argv += [tok, api_key]
+            else:
+                before, _, after = _substitute(tok, values).partition("{api_key}")
+                argv.append(before + api_key + after)
         return argv
 
     def render_launch_command(
@@ -312,25 +310,27 @@ class Recipe(_Strict):
         parts: list[str] = []
         if self.serve.env:
             parts.append("env")
-            parts += [shlex.quote(f"{k}={v}") for k, v in self.serve.env.items()]
-        tokens = [*self.serve.command, *self.serve.args]
-        i = 0
-        while i < len(tokens):
-            tok = tokens[i]
-            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-            if nxt is not None and "{api_key}" in nxt:
-                if api_key == "redact":
-                    parts += [shlex.quote(tok), REDACTED]
-                elif api_key != "omit":
-                    parts += [shlex.quote(tok), api_key]
-                i += 2
+            parts += [_env_assignment(k, v) for k, v in self.serve.env.items()]
+        for kind, tok in _key_args([*self.serve.command, *self.serve.args]):
+            if kind == "plain":
+                value = _substitute(tok, values)
+                if value.startswith("$HOME/"):
+                    parts.append(_double_quote_home(value))
+                else:
+                    parts.append(shlex.quote(value))
                 continue
-            value = _substitute(tok, values)
-            if value.startswith("$HOME/"):
-                parts.append(_double_quote_home(value))
-            else:
-                parts.append(shlex.quote(value))
-            i += 1
+            if api_key == "omit":
+                continue
+            shown = REDACTED if api_key == "redact" else api_key
+            if kind == "pair":
+                parts += [shlex.quote(tok), shown]
+            else:  # --api-key={api_key}: one argument, the key spliced in
+                before, _, after = _substitute(tok, values).partition("{api_key}")
+                parts.append(
+                    (shlex.quote(before) if before else "")
+                    + shown
+                    + (shlex.quote(after) if after else "")
+                )
         return " ".join(parts)
 
     @property
@@ -437,10 +437,19 @@ class Recipe(_Strict):
                     "looks like a credential written in clear",
                 )
         for k, v in self.serve.env.items():
-            if (_SECRET_NAME.search(k) and v and not v.startswith("$")) or _SECRET_VALUE.match(v):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                yield f"serve.env.{k}", "not an environment variable name"
+            if v.startswith("$") and env_reference(v) is None:
                 yield (
                     f"serve.env.{k}",
-                    "a secret written in clear: reference it from the environment",
+                    "only a whole value $NAME or ${NAME} is expanded (from the host's "
+                    "environment, when the server starts); anything else is passed literally",
+                )
+            elif (_SECRET_NAME.search(k) and v and not v.startswith("$")) or _SECRET_VALUE.match(v):
+                yield (
+                    f"serve.env.{k}",
+                    "a secret written in clear: write $NAME, expanded from the host's "
+                    "environment when the server starts",
                 )
         if any("{api_key}" in t for t in self.serve.args) and not self.serve.api_key_secret:
             yield "serve.api_key_secret", "args use {api_key} but no secret name is given"
@@ -483,6 +492,47 @@ def _yaml_scalar(v: Any) -> str:
     return str(v)
 
 
+def _key_args(tokens: list[str]) -> Iterator[tuple[Literal["plain", "pair", "joined"], str]]:
+    """The command's tokens, the API key's marked: ``("pair", flag)`` for ``flag {api_key}``
+    (two tokens, the key alone in the second), ``("joined", token)`` for a token that holds
+    the key with more (``--api-key={api_key}``), ``("plain", token)`` for the rest.
+
+    Why exact: a ``--api-key={api_key}`` token once paired with the token before it, which
+    then vanished from the command (its value swallowed) and the server failed to start."""
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if i + 1 < len(tokens) and tokens[i + 1] == "{api_key}" and "{api_key}" not in tok:
+            yield "pair", tok
+            i += 2
+            continue
+        yield ("joined" if "{api_key}" in tok else "plain"), tok
+        i += 1
+
+
+# serve.env values that are references to the host's environment, expanded there: a whole
+# value `$NAME` or `${NAME}`, nothing else (a value merely containing `$` stays literal).
+ENV_REF = re.compile(r"^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))$")
+_ENV_REF_UNSET = "not set on the host (a serve.env value refers to it)"
+
+
+def env_reference(value: str) -> str | None:
+    """The variable name a serve.env value refers to (``$HF_TOKEN`` -> ``HF_TOKEN``), else None."""
+    m = ENV_REF.match(value)
+    return (m.group(1) or m.group(2)) if m else None
+
+
+def _env_assignment(key: str, value: str) -> str:
+    """One ``env`` argument: ``'K=value'`` single-quoted, or for a reference
+    ``'K='"${NAME:?…}"``: the host's shell expands the variable when the server starts (so the
+    secret never passes through the worker, a log or the rendered command), and an unset or
+    empty one stops the launch with a message instead of passing an empty value."""
+    name = env_reference(value)
+    if name is None:
+        return shlex.quote(f"{key}={value}")
+    return shlex.quote(f"{key}=") + f'"${{{name}:?{_ENV_REF_UNSET}}}"'
+
+
 def _substitute(token: str, values: dict[str, str]) -> str:
     out = token
     for k, v in values.items():
@@ -497,12 +547,43 @@ def _double_quote_home(text: str) -> str:
     return f'"{head}{escaped}"'
 
 
-def recipe_path(id_or_path: str | os.PathLike[str]) -> Path:
-    """Resolve a recipe id (``cpu/tiny/llama-tiny``) or a file path to an existing file."""
+# A recipe id: path segments under include/recipes, none starting with "." (so no "..").
+RECIPE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*(/[A-Za-z0-9][A-Za-z0-9_.+-]*)*$")
+
+
+def check_recipe_id(rid: Any) -> str:
+    """``rid`` if it is a recipe id confined to the recipes tree, else RecipeError.
+
+    Why: a run's conf names its recipe, and a ``..`` or an absolute path would load any YAML on
+    the worker (and fail only in setup, after the host lease is taken). File paths are for the
+    CLI (``speedmatrix recipes validate PATH``), never for a conf."""
+    text = str(rid)
+    inside = os.path.normpath(os.path.join(RECIPES_DIR, f"{text}.yaml"))
+    if (
+        not isinstance(rid, str)
+        or not RECIPE_ID_RE.match(text)
+        or not inside.startswith(os.path.join(os.path.normpath(RECIPES_DIR), ""))
+    ):
+        looks_like_path = text.startswith(("/", ".")) or text.endswith((".yaml", ".yml"))
+        hint = " (a file path)" if looks_like_path else ""
+        raise RecipeError(
+            [
+                f"{text!r}{hint} is not a recipe id: a recipe id is a path under "
+                f"include/recipes without .yaml, e.g. cpu/tiny/llama-tiny; a recipe file is "
+                "checked with `speedmatrix recipes validate PATH`"
+            ]
+        )
+    return text
+
+
+def recipe_path(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -> Path:
+    """Resolve a recipe id (``cpu/tiny/llama-tiny``) or, unless ``ids_only``, a file path to an
+    existing file. An id never leaves the recipes tree (:func:`check_recipe_id`)."""
     p = Path(id_or_path)
-    if p.suffix in (".yaml", ".yml") and p.is_file():
+    if not ids_only and p.suffix in (".yaml", ".yml") and p.is_file():
         return p
-    candidate = RECIPES_DIR / f"{id_or_path}.yaml"
+    rid = check_recipe_id(id_or_path if ids_only else os.fspath(id_or_path))
+    candidate = RECIPES_DIR / f"{rid}.yaml"
     if candidate.is_file():
         return candidate
     known = ", ".join(list_recipe_ids()[:20]) or "none"
@@ -535,9 +616,15 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def load_recipe(id_or_path: str | os.PathLike[str]) -> Recipe:
+def load_recipe_id(rid: str) -> Recipe:
+    """Load a recipe by id only (a run's conf, the trigger and bisect DAGs): never a file
+    path, never outside include/recipes."""
+    return load_recipe(rid, ids_only=True)
+
+
+def load_recipe(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -> Recipe:
     """Load and fully validate a recipe; RecipeError lists every problem found."""
-    path = recipe_path(id_or_path)
+    path = recipe_path(id_or_path, ids_only=ids_only)
     where = str(path)
     try:
         data = yaml.safe_load(path.read_text())

@@ -263,8 +263,11 @@ def server_state(host: Host, handle: ServerHandle) -> str:
 def port_holder(host: Host, bind: str, port: int) -> str | None:
     """None when ``port`` is free on the host, else a description of who holds it."""
     probe = _probe_host(bind)
+    # bash opens /dev/tcp/HOST/PORT itself, also when the word is quoted: the recipe's
+    # serve.host stays one word and is never run
+    tcp = _q(f"/dev/tcp/{probe}/{int(port)}")
     res = host.run(
-        f"(exec 3<>/dev/tcp/{probe}/{port}) 2>/dev/null && echo taken || echo free",
+        f"(exec 3<>{tcp}) 2>/dev/null && echo taken || echo free",
         timeout_s=30,
         idempotent=True,
         stream=False,
@@ -272,7 +275,7 @@ def port_holder(host: Host, bind: str, port: int) -> str | None:
     if "taken" not in res.stdout:
         return None
     who = host.run(
-        f"ss -Hltnp 'sport = :{port}' 2>/dev/null | grep -o 'pid=[0-9]*' | head -1",
+        f"ss -Hltnp 'sport = :{int(port)}' 2>/dev/null | grep -o 'pid=[0-9]*' | head -1",
         timeout_s=30,
         idempotent=True,
         stream=False,
@@ -329,6 +332,10 @@ def start_server(
     key = _api_key_value(recipe, api_key)
     is_sim = recipe.engine.install.kind == "sim"
     key_var = s.api_key_secret or DEFAULT_API_KEY_ENV
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_var):
+        # it is written unquoted after `export` (a name cannot be quoted): the loader refuses
+        # such a recipe already; refused here too, so no path around the loader runs it
+        raise ServerError(f"serve.api_key_secret {key_var!r} is not a variable name")
     python = prov.python
     include = prov.include_dir or "include"
     if key is None:

@@ -407,10 +407,30 @@ def github_token(conn_id: str | None) -> str | None:
     return conn.password or None
 
 
-def github_client(cfg: GitHubConfig, api_url: str | None = None) -> GitHubClient:
-    """A client for `api_url` (else the configured one), with the connection's token if any."""
+def github_api_url() -> str:
+    """The GitHub API base of this deployment: `$SPEEDMATRIX_GITHUB_API_URL`, else
+    github.api_url of the schedule config, else GitHub's. Never a run's conf: the token of
+    `github_default` goes to this host, and its answers choose what gets benchmarked."""
+    return load_schedule_config().github.api_url
+
+
+def refuse_conf_api_url(params: dict[str, Any]) -> None:
+    """Fail a run whose conf names a GitHub API (a key the DAGs used to take): whoever may
+    trigger a DAG must not receive the token or pick the commits."""
+    if params.get("api_url") is not None:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(
+            "api_url is not taken from a conf: the GitHub API is the deployment's "
+            "(SPEEDMATRIX_GITHUB_API_URL, or github.api_url in the schedule config)"
+        )
+
+
+def github_client(cfg: GitHubConfig) -> GitHubClient:
+    """A client for the configured API, with the connection's token if any (sent to that
+    API's origin only: `github.OriginToken`)."""
     return GitHubClient(
-        base_url=api_url or cfg.api_url,
+        base_url=cfg.api_url,
         token=github_token(cfg.conn_id),
         timeout_s=cfg.timeout_s,
         retries=cfg.retries,
@@ -452,7 +472,8 @@ def _now() -> datetime:
 def run_commit_poll(params: dict[str, Any] | None = None) -> dict:
     """The body of vllm_commit_watch's `poll` task; returns CommitPlan.to_json().
 
-    Params (all optional, None = the schedule config): api_url, max_commits, wait_for_wheel.
+    Params (all optional, None = the schedule config): max_commits, wait_for_wheel. An
+    api_url in the conf fails the poll (the API is the deployment's: `github_api_url`).
     A rate limit, a 5xx or a timeout ends the poll as *skipped* with the reason in the log:
     nothing is triggered and the state is untouched, so the next poll simply tries again.
     Misconfiguration (401, 404, a non-GitHub answer) fails the task, because it needs a human.
@@ -463,6 +484,7 @@ def run_commit_poll(params: dict[str, Any] | None = None) -> dict:
     from speedmatrix.github import GitHubError, GitHubUnavailable
 
     params = {k: v for k, v in (params or {}).items() if v is not None}
+    refuse_conf_api_url(params)
     cfg = load_schedule_config()
     watch = cfg.commit_watch
     recipes = scheduled_recipes("per_commit")
@@ -472,7 +494,7 @@ def run_commit_poll(params: dict[str, Any] | None = None) -> dict:
         plan = CommitPlan(status="no_recipes", notes=["no recipe has schedule.per_commit"])
         log_plan(plan)
         return plan.to_json()
-    client = github_client(cfg.github, params.get("api_url"))
+    client = github_client(cfg.github)
     wait_for_wheel = params.get("wait_for_wheel", watch.wait_for_wheel)
     try:
         page = client.list_commits(cfg.github.repo, cfg.github.branch, etag=state.etag)
@@ -518,11 +540,10 @@ def run_nightly_resolve(params: dict[str, Any] | None = None) -> str:
     from speedmatrix.github import GitHubError, GitHubUnavailable
 
     params = {k: v for k, v in (params or {}).items() if v is not None}
+    refuse_conf_api_url(params)
     cfg = load_schedule_config()
     try:
-        head = github_client(cfg.github, params.get("api_url")).head_commit(
-            cfg.github.repo, cfg.github.branch
-        )
+        head = github_client(cfg.github).head_commit(cfg.github.repo, cfg.github.branch)
     except GitHubUnavailable:
         raise
     except GitHubError as exc:

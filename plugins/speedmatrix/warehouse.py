@@ -68,6 +68,7 @@ import json
 import math
 import os
 import posixpath
+import re
 import threading
 import time
 import urllib.parse
@@ -745,8 +746,23 @@ class Warehouse:
         con.execute("SET enable_progress_bar = false")
         with contextlib.suppress(Exception):
             con.execute("SET parquet_metadata_cache = true")
+        self._lock_down(con)
         self._define_views(con, views or self.views)
         return con
+
+    def _lock_down(self, con) -> None:
+        """Analysts' SQL reads the warehouse and nothing else: no file outside it, no
+        database attached, no extension installed or loaded, and the settings locked so a
+        query cannot undo this. A local warehouse is the one allowed directory (the glob
+        views read it); a remote one is read through pyarrow datasets registered as views,
+        so DuckDB itself needs no file access at all. Writing into the warehouse is refused
+        by :func:`check_read_only` (DuckDB's own settings still allow ``COPY … TO`` there)."""
+        allowed = [os.path.join(self.base, "")] if self.is_local else []
+        con.execute("SET allowed_directories = ?", [allowed])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET autoload_known_extensions = false")
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("SET lock_configuration = true")
 
     def _has_files(self, table: str) -> bool:
         if self.is_local:
@@ -892,6 +908,7 @@ class Warehouse:
         Views follow this Warehouse's ``views`` mode (see :meth:`connect`); datasets are
         discovered again when a landing happened since (any process; see ``_signature``),
         after VIEW_MAX_AGE_S, and at every query on a non-local filesystem."""
+        check_read_only(sql)
         with self._lock:
             self.recover()
             if self._con is None:
@@ -962,6 +979,37 @@ class Warehouse:
 
     def read_artifact(self, run_id: str, name: str) -> bytes:
         return self._read_bytes(self._artifact(run_id, name))
+
+
+_EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(ANALY[SZ]E\s+|\([^)]*\)\s*)?", re.I)
+
+
+def check_read_only(sql: str) -> None:
+    """Raise WarehouseError unless every statement of ``sql`` only reads (SELECT, or EXPLAIN of
+    a SELECT: ``EXPLAIN ANALYZE`` runs what it explains). DuckDB's statement types, not a
+    keyword scan: ``WITH``, ``FROM x``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE`` are SELECTs."""
+    import duckdb
+
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise WarehouseError(str(exc).strip().splitlines()[0]) from None
+    for st in statements:
+        kind = st.type.name
+        if kind == "EXPLAIN":
+            inner = _EXPLAIN.sub("", st.query, count=1)
+            if inner != st.query:
+                try:
+                    check_read_only(inner)
+                    continue
+                except WarehouseError:
+                    pass
+        if kind != "SELECT":
+            shown = " ".join(st.query.split())[:60]
+            raise WarehouseError(
+                f"the warehouse is read-only: only SELECT (and EXPLAIN of one) is accepted, "
+                f"not {kind} ({shown})"
+            )
 
 
 def _glob_columns(table: str) -> str:

@@ -11,9 +11,11 @@ import sys
 def register(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
-        help="SQL over the runs / cells / requests tables (and comparisons / noise / cell_repeats)",
-        description="Run SQL (DuckDB) over the views runs, cells and requests, and "
-        "comparisons, noise and cell_repeats.",
+        help="read-only SQL over the runs / cells / requests tables (and comparisons / noise / "
+        "cell_repeats)",
+        description="Run read-only SQL (DuckDB) over the views runs, cells and requests, and "
+        "comparisons, noise and cell_repeats. Only SELECT (and EXPLAIN of one) is accepted; "
+        "no file outside the warehouse is readable and nothing is written.",
         epilog='Example: speedmatrix query "SELECT run_id, engine_version FROM runs ORDER BY '
         'started_at DESC LIMIT 5"',
     )

@@ -77,7 +77,11 @@ def test_commit_watch_saves_state_only_after_the_triggers():
     save = dag.get_task("save_state")
     assert "trigger_speed_matrix" in save.upstream_task_ids
     assert save.trigger_rule == "none_failed_min_one_success"
-    assert set(dag.params.keys()) == {"api_url", "max_commits", "wait_for_wheel"}
+    # no api_url: the GitHub API is the deployment's, never a conf's (issue #16 item 1)
+    assert set(dag.params.keys()) == {"max_commits", "wait_for_wheel"}
+    assert "api_url" not in _parse("speed_matrix_nightly").params
+    bisect = DagBag(dag_folder=str(REPO / "dags" / "speed_matrix_bisect.py"))
+    assert "api_url" not in bisect.dags["speed_matrix_bisect"].params
 
 
 def test_schedules_come_from_the_recipe_set_config(tmp_path, monkeypatch):

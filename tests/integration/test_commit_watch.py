@@ -366,6 +366,27 @@ def test_rate_limit_5xx_timeout_end_the_poll_cleanly_bad_token_fails_it(sandbox)
     assert sandbox.triggered() == expected(fake, 0, 1, 2)
 
 
+def test_a_conf_cannot_send_the_token_elsewhere(sandbox):
+    """api_url in a conf (either trigger DAG) is refused: the API base is the deployment's
+    (SPEEDMATRIX_GITHUB_API_URL here), so whoever may trigger a DAG cannot receive the token
+    or choose the commit (issue #16 item 1)."""
+    evil = FakeGitHub(head=3).start()
+    try:
+        watch = sandbox.run(conf={"api_url": evil.base_url})
+        nightly = sandbox.run(
+            "speed_matrix_nightly",
+            conf={"api_url": evil.base_url},
+            logical_date="2026-11-29T02:00:00+00:00",
+        )
+        assert evil.requests == []
+        assert sandbox.run_state(watch) == "failed"
+        assert sandbox.run_state(nightly, "speed_matrix_nightly") == "failed"
+        assert sandbox.triggered() == []
+        assert "api_url" in sandbox.last_log()
+    finally:
+        evil.stop()
+
+
 def test_cap_triggers_the_newest_and_records_the_skipped(sandbox):
     fake = sandbox.fake
     sandbox.run()

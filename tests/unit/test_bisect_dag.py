@@ -201,8 +201,9 @@ def test_commits_between_reads_the_compare_api(monkeypatch):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        url = f"http://127.0.0.1:{server.server_port}"
-        assert commits_between("vllm-project/vllm", GOOD, COMMITS[2], api_url=url) == COMMITS[:3]
+        # the API is the deployment's setting, never an argument a conf could fill
+        monkeypatch.setenv("SPEEDMATRIX_GITHUB_API_URL", f"http://127.0.0.1:{server.server_port}")
+        assert commits_between("vllm-project/vllm", GOOD, COMMITS[2]) == COMMITS[:3]
         assert seen == [f"/repos/vllm-project/vllm/compare/{GOOD}...{COMMITS[2]}"]
     finally:
         server.shutdown()
@@ -239,3 +240,17 @@ def test_a_sim_recipe_has_every_commit_without_asking_the_network(tmp_path, monk
     )
     assert job["state"]["no_wheel"] == [] and job["state"]["candidates"] == COMMITS
     wh.close()
+
+
+def test_a_bisect_conf_cannot_choose_the_github_api(monkeypatch):
+    """prepare_job refuses an api_url (it used to take one): the compare API's answer picks
+    the commits measured, so it comes from the deployment only (issue #16 item 1)."""
+    import speedmatrix.bisect as bisection
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("GitHub asked")
+
+    monkeypatch.setattr(bisection, "commits_between", no_network)
+    params = {"recipe": RECIPE, "good": GOOD, "bad": COMMITS[2], "cells": ["8Kx1"]}
+    with pytest.raises(ValueError, match="api_url"):
+        bisection.prepare_job({**params, "api_url": "http://127.0.0.1:9"})

@@ -217,7 +217,7 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
 
     calls = []
 
-    def fake(repo, a, b, api_url=None):
+    def fake(repo, a, b):
         calls.append((repo, a, b))
         return ["d" * 40, "b" * 40]
 

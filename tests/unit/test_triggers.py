@@ -241,3 +241,18 @@ def test_scheduled_recipes_reads_the_recipe_flags(tmp_path, monkeypatch, caplog)
     assert [r.id for r in T.scheduled_recipes("per_commit")] == ["t/both"]
     assert T.scheduled_recipes("per_commit")[0].host == "local"
     assert "t/broken" in caplog.text  # a broken recipe is named, not silently dropped
+
+
+def test_a_run_conf_cannot_choose_the_github_api(monkeypatch):
+    """The API base (and so where the token goes) is the deployment's: a conf's api_url is
+    refused before anything is asked of anyone (issue #16 item 1)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    evil = FakeGitHub().start()
+    try:
+        for body in (T.run_commit_poll, T.run_nightly_resolve):
+            with pytest.raises(AirflowFailException, match="api_url"):
+                body({"api_url": evil.base_url})
+        assert evil.requests == []
+    finally:
+        evil.stop()

@@ -93,3 +93,23 @@ def test_readme_queries_through_speedmatrix_query(checkout):
     assert len(wh.query(sql[1])) == 20
     assert len(wh.query(sql[2])) == 5
     assert len(wh.query(sql[3])) == 6
+
+
+def test_readme_queries_through_the_read_only_command(checkout, monkeypatch, capsys):
+    """The command itself (read-only since issue #16): the three questions over its views, and
+    the narrow globs, which read inside the warehouse and so are allowed too."""
+    from speedmatrix import cli
+
+    monkeypatch.chdir(checkout)
+    sql = blocks("sql")
+    narrow = [st for st in sql[4].split(";") if st.strip()]
+    for question, rows in (
+        (sql[1], 20),
+        (sql[2], 5),
+        (sql[3], 6),
+        *zip(narrow, (20, 5, 6), strict=True),
+    ):
+        rc = cli.main(["query", question, "--warehouse", "warehouse", "--format", "csv"])
+        out = capsys.readouterr()
+        assert (rc, out.err) == (0, ""), question
+        assert len(out.out.splitlines()) == rows + 1, question
