@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from speedmatrix.records import PROMPT_MODES
+from speedmatrix.records import PROMPT_MODES, WORKLOADS
 
 # The conf keys of speed_matrix (design.md, contract); anything else is refused.
 CONF_KEYS = (
@@ -26,6 +26,7 @@ CONF_KEYS = (
     "duration_s",
     "max_output_tokens",
     "prompt_mode",
+    "workload",
     "warehouse",
     "host_home",
     "port",
@@ -135,6 +136,8 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
         problems.append(
             f"prompt_mode must be one of {list(PROMPT_MODES)}, got {conf['prompt_mode']!r}"
         )
+    if given("workload") and conf["workload"] not in WORKLOADS:
+        problems.append(f"workload must be one of {list(WORKLOADS)}, got {conf['workload']!r}")
     if given("repeats") and not _is_int(conf["repeats"]):
         problems.append(f"repeats must be an integer, got {conf['repeats']!r}")
     if given("repeat_cells"):

@@ -91,6 +91,7 @@ def test_resolve_takes_recipe_ids_only(outside_recipe, how):
         ({"recipe": CPU, "max_output_tokens": 1}, "max_output_tokens"),
         ({"recipe": CPU, "max_output_tokens": 2.5}, "max_output_tokens"),
         ({"recipe": CPU, "prompt_mode": "weird"}, "prompt_mode"),
+        ({"recipe": CPU, "workload": "recite"}, "workload"),
         ({"recipe": CPU, "repeats": 11}, "repeats"),
         ({"recipe": CPU, "repeats": "3"}, "repeats"),
         ({"recipe": CPU, "recipe_typo": 1}, "recipe_typo"),
