@@ -59,7 +59,8 @@ the landing's own directory. Readers never wait for the lock: each file appears 
 and a run's runs row last, so what they read is whole without it; a reader recovers only when
 it gets the lock at once (nobody is landing), and skips recovery otherwise (the holder recovers
 first thing) or when it cannot open the lock file (a read-only mount). On a filesystem other
-than a local or mounted one (``s3://``) there is no such lock: see :meth:`Warehouse._claim`.
+than a local or mounted one (``s3://``) there is no such lock, and one writer at a time is
+the rule: a landing refuses when it finds another live landing (:meth:`Warehouse._claim`).
 
 Stable API (used by the DAGs and the regressions code): ``Warehouse(root)``,
 ``land_run(run, cells, requests)``, ``read_run(run_id[, recipe_id])``, ``query(sql)``,
@@ -119,6 +120,10 @@ DEFAULT_VIEWS = "dataset"
 """How :meth:`Warehouse.query` defines its views (see :meth:`Warehouse.connect`)."""
 ABANDONED_AFTER_S = 3600.0
 """An uncommitted staging directory older than this is a crashed landing and is removed."""
+WRITER_LIVE_S = 600.0
+"""Non-local filesystems (s3://): a staging directory with a file younger than this is another
+writer's landing in progress (a landing stages, commits and moves in seconds); older, its writer
+is taken for dead and recovery may roll it forward."""
 LOCK_FILE = "_warehouse.lock"
 """``<root>/_warehouse.lock``: the writers' cross-process lock on a local or shared filesystem
 (:meth:`Warehouse._writer_lock`)."""
@@ -629,6 +634,36 @@ class Warehouse:
         finally:
             os.close(fd)  # releases the lock
 
+    def _claim(self, stage: str) -> None:
+        """Non-local filesystems only (no lock file there): one writer at a time. This landing
+        writes ``<stage>/CLAIM``, then lists ``_staging/``: any other staging directory with a
+        file younger than WRITER_LIVE_S is a landing in progress, and this one refuses
+        (WarehouseError; its own staging is removed by the caller). Write first, look second:
+        of two overlapping landings the later to look always sees the other's files (S3 lists
+        what was written before, strongly consistent since 2020), so at most one proceeds;
+        both may refuse, and a retry lands. Not a lock: a writer that stalls past
+        WRITER_LIVE_S between its claim and its last move is taken for dead."""
+        if self.is_local:
+            return
+        self._write_bytes(posixpath.join(stage, "CLAIM"), str(time.time()).encode())
+        now = time.time()
+        live: dict[str, float] = {}
+        for info in self._list(self._join(STAGING), recursive=True):
+            rel = info.path[len(self._join(STAGING)) + 1 :]
+            top = rel.split("/", 1)[0]
+            if "/" not in rel or posixpath.join(self._join(STAGING), top) == stage:
+                continue  # a directory entry itself, or our own landing
+            if info.type == pafs.FileType.File and info.mtime is not None:
+                live[top] = max(live.get(top, 0.0), info.mtime.timestamp())
+        others = sorted(t for t, m in live.items() if now - m < WRITER_LIVE_S)
+        if others:
+            raise WarehouseError(
+                f"another landing into {self.root} is in progress ({STAGING}/{others[0]}): one "
+                "writer at a time on a warehouse without a lock file (s3://…); try again when "
+                f"it is done (a staging directory untouched for {WRITER_LIVE_S:g} s is a dead "
+                "writer's and no longer counts)"
+            )
+
     def _recover_if_free(self) -> None:
         """A reader's recovery: only when the writers' lock is free at once (a holder recovers
         first thing itself), never when it cannot be taken (a read-only mount, another
@@ -667,6 +702,7 @@ class Warehouse:
                     write_parquet(without_partition_columns(data), staged, self.fs)
                     moves.append((staged, self.file_path(table, run_id, recipe_id, run_date)))
                     self._fault_at(f"staged:{table}")
+                self._claim(stage)
                 with self._writer_lock():
                     self._recover_locked()
                     targets = {dst for _, dst in moves}
@@ -708,7 +744,9 @@ class Warehouse:
             return self._recover_locked()
 
     def _recover_locked(self) -> list[str]:
-        """:meth:`recover`, the writers' lock held by the caller."""
+        """:meth:`recover`, the writers' lock held by the caller. Without a lock file (s3://)
+        only a committed landing older than WRITER_LIVE_S is rolled forward: a younger one may
+        be its writer's, still moving its files."""
         done: list[str] = []
         now = time.time()
         for info in self._list(self._join(STAGING), recursive=False):
@@ -722,6 +760,12 @@ class Warehouse:
                 if now - mtime > ABANDONED_AFTER_S:
                     self._delete_dir(info.path)
                 continue
+            if not self.is_local:
+                # the store's clock, not the writer's: writers on other machines may drift
+                stamp = self.fs.get_file_info(commit).mtime
+                committed = stamp.timestamp() if stamp else manifest.get("created", now)
+                if now - committed < WRITER_LIVE_S:
+                    continue
             self._apply(info.path, manifest)
             done.append(manifest["run_id"])
         return done
@@ -740,6 +784,11 @@ class Warehouse:
             txn = f"{file_name(run_id)[: -len('.parquet')][:80]}.{uuid.uuid4().hex[:12]}"
             stage = self._join(STAGING, txn)
             manifest = {"run_id": run_id, "moves": [], "deletes": files, "created": time.time()}
+            try:
+                self._claim(stage)
+            except WarehouseError:
+                self._delete_dir(stage)
+                raise
             self._write_bytes(posixpath.join(stage, "COMMIT.json"), json.dumps(manifest).encode())
             self._apply(stage, manifest)
             return True

@@ -11,14 +11,20 @@ import textwrap
 import time
 from pathlib import Path
 
-from speedmatrix.warehouse import Warehouse
+from pyarrow._fs import _MockFileSystem
+from test_warehouse import make_cells, make_requests, make_run
+
+from speedmatrix.warehouse import Warehouse, WarehouseError
 
 WORKER = textwrap.dedent(
     """
     import json, sys, time, traceback
     sys.path.insert(0, {tests!r})
     from test_warehouse import make_run, make_cells, make_requests
-    from speedmatrix.warehouse import Warehouse
+    from pyarrow._fs import _MockFileSystem
+from test_warehouse import make_cells, make_requests, make_run
+
+from speedmatrix.warehouse import Warehouse, WarehouseError
 
     N_CELLS = len(make_cells())
     wh = Warehouse({root!r})
@@ -99,3 +105,32 @@ def test_concurrent_landings_and_reads_from_several_processes(tmp_path):
     cells = wh.query("SELECT run_id, count(*) AS n FROM cells GROUP BY run_id")
     assert len(cells) == len(expected) and set(cells["n"]) == {5}
     assert not list((tmp_path / "_staging").iterdir())
+
+
+def test_a_second_writer_on_a_non_local_warehouse_is_refused():
+    """``s3://`` and other non-mounted filesystems have no lock file: one writer at a time
+    (warehouse/README.md). A landing that finds another live landing in ``_staging/`` after
+    writing its own staging files refuses, touching nothing of the tables, and the landing it
+    met completes; a reader never rolls a live landing forward. (Three Warehouse objects, as
+    three processes would hold, on one pyarrow in-memory filesystem, interleaved at the first
+    landing's commit point; the s3 filesystem itself is not exercised here.)"""
+    fs = _MockFileSystem()
+    first, second, reader = (Warehouse("wh", filesystem=fs) for _ in range(3))
+    met: list[BaseException] = []
+
+    def meanwhile(step: str) -> None:
+        if step == "committed":  # the first landing is committed, its files not yet moved
+            assert reader.recover() == []  # too young to be a dead writer's: left alone
+            try:
+                second.land_run(make_run("other", day=20), make_cells(), [])
+            except WarehouseError as exc:
+                met.append(exc)
+
+    first._fault = meanwhile
+    first.land_run(make_run(), make_cells(), make_requests())
+    assert len(met) == 1 and "another landing" in str(met[0]), met
+    assert "one writer at a time" in str(met[0])
+    assert reader.has_run("r-1") and not reader.has_run("other")
+    # once the first is done, the second may land
+    second.land_run(make_run("other", day=20), make_cells(), [])
+    assert reader.has_run("other")
