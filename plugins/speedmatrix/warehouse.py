@@ -668,8 +668,8 @@ class Warehouse:
         """A reader's recovery: only when the writers' lock is free at once (a holder recovers
         first thing itself), never when it cannot be taken (a read-only mount, another
         filesystem: there only writers recover)."""
-        if not self.is_local:
-            return
+        if not self.is_local or not self._list(self._join(STAGING), recursive=False):
+            return  # nothing to finish: a reader creates no lock file, takes no lock
         try:
             with self._writer_lock(blocking=False) as got:
                 if got:

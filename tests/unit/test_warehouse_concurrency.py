@@ -21,10 +21,7 @@ WORKER = textwrap.dedent(
     import json, sys, time, traceback
     sys.path.insert(0, {tests!r})
     from test_warehouse import make_run, make_cells, make_requests
-    from pyarrow._fs import _MockFileSystem
-from test_warehouse import make_cells, make_requests, make_run
-
-from speedmatrix.warehouse import Warehouse, WarehouseError
+    from speedmatrix.warehouse import Warehouse
 
     N_CELLS = len(make_cells())
     wh = Warehouse({root!r})
