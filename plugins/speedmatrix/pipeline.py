@@ -34,6 +34,7 @@ from typing import Any
 from speedmatrix import __version__
 from speedmatrix.lease import DEFAULT_TTL_S, HostLease, LeaseLost, holder_id
 from speedmatrix.plan import KvCapacity, MatrixSpec, check_matrix, ordered_cells, plan_matrix
+from speedmatrix.quality import run_status
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS, empty_cell
 
 log = logging.getLogger(__name__)
@@ -649,16 +650,6 @@ def collect_repeats(
     )
 
 
-def run_status(cells: Sequence[Mapping[str, Any]], quarantined: int = 0) -> str:
-    """failed: a cell failed; partial: a cell invalid or quarantined; success otherwise."""
-    statuses = [c.get("status") for c in cells]
-    if "failed" in statuses:
-        return "failed"
-    if "invalid" in statuses or quarantined:
-        return "partial"
-    return "success"
-
-
 def run_row(
     resolved: Mapping[str, Any],
     info: Mapping[str, Any] | None,
@@ -732,66 +723,23 @@ def validate(
     results: Sequence[Mapping[str, Any] | None],
 ) -> dict[str, Any]:
     """Great Expectations over the run's rows; failing rows to quarantine, results kept next
-    to the run. Returns what `land` lands."""
-    from speedmatrix.quality import redact, validate_run
+    to the run (:func:`speedmatrix.quality.check_for_landing`, which ingest uses too). Returns
+    what `land` lands."""
+    from speedmatrix.quality import check_for_landing
 
     if planned is None:
         raise RuntimeError("nothing was planned (the server never became ready): nothing to land")
     cells, requests = collect_cells(planned, results)
     repeats = collect_repeats(planned, results)
     run = run_row(resolved, info, server, run_status(cells))
-    secrets = secrets_of(resolved)
-    checked = validate_run(run, cells, secrets=secrets, repeats=repeats)
-    wh = warehouse_of(resolved)
-    run_id = resolved["run_id"]
-    gx_path = wh.write_artifact(
-        run_id, "validation/gx-results.json", json.dumps(checked.results_json, indent=1)
+    return check_for_landing(
+        warehouse_of(resolved),
+        run,
+        cells,
+        requests,
+        secrets=secrets_of(resolved),
+        repeats=repeats,
     )
-    log.info("GX results: %s; %s; %s", gx_path, checked.cells.summary(), checked.runs.summary())
-    bad_keys = {(c["phase"], c["context_tokens"], c["concurrency"]) for c in checked.bad_cells}
-    good_requests, bad_requests = [], []
-    for r in requests:
-        key = (r["phase"], r["context_tokens"], r["concurrency"])
-        (bad_requests if key in bad_keys else good_requests).append(r)
-    if checked.bad_cells:
-        where = wh.quarantine(run_id, "cells", checked.bad_cells, checked.cells.result)
-        if bad_requests:
-            wh.quarantine(run_id, "requests", bad_requests, checked.cells.result)
-        log.warning("%d cell(s) quarantined at %s", len(checked.bad_cells), where)
-    if checked.bad_repeats:
-        where = wh.quarantine(run_id, "cell_repeats", checked.bad_repeats, checked.cells.result)
-        log.warning("%d repeat(s) quarantined at %s", len(checked.bad_repeats), where)
-    if not checked.run_ok:
-        safe = {**run, "launch_command": redact(run.get("launch_command"), secrets)}
-        where = wh.quarantine(run_id, "runs", [safe], checked.runs.result)
-        raise RuntimeError(
-            f"the run row failed validation ({checked.runs.summary()}); quarantined at {where}; "
-            "nothing landed"
-        )
-    # The run's status is its matrix's (the primaries): a quarantined or failed repeat leaves
-    # the cells table whole, and a `partial` run would be dropped from baselines and from the
-    # between-run noise its other repeats are for. Such a repeat is listed in `quarantined`
-    # (with its `repeat`) or landed as failed in cell_repeats, and logged.
-    run["status"] = run_status(checked.good_cells, quarantined=len(checked.bad_cells))
-    if any(c.get("status") == "failed" for c in checked.bad_cells):
-        run["status"] = "failed"
-    return {
-        "run": run,
-        "cells": checked.good_cells,
-        "requests": good_requests,
-        "repeats": checked.good_repeats,
-        "quarantined": [
-            {
-                "phase": c["phase"],
-                "context_tokens": c["context_tokens"],
-                "concurrency": c["concurrency"],
-                "reasons": c["quarantine_reasons"],
-                **({"repeat": c["repeat"]} if "repeat" in c else {}),
-            }
-            for c in [*checked.bad_cells, *checked.bad_repeats]
-        ],
-        "gx_results": gx_path,
-    }
 
 
 def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,12 @@ Why this shape:
   everything that decides the install (the recipe's install section, python, model setup, the
   resolved commit). Same inputs and a readable marker -> nothing is done (``reused=True``). An
   env without a valid marker is half-done and is moved away and rebuilt, never used.
+- **Never removes what is not ours.** Something at the env path is ours when it holds our
+  marker (any content: an env of ours for other inputs) or when our attempt record
+  (``<state>/env-attempt``, written under the lock before an install creates the env, removed
+  once the marker is written) says an install of ours made it. Anything else there (a user's
+  folder an ``env_name`` happens to name, a file, a link) is refused with an error naming it,
+  before anything is moved: the user moves it or picks another ``env_name``.
 - **One provisioning of an env at a time.** Everything that changes the env or its state
   (moving a half-done env away, unpacking include/, the install, the marker) runs on the host
   under ``<state>/lock`` (flock), and the lock holder checks the marker again first. A second
@@ -115,6 +121,9 @@ RC_ALREADY = 76
 # is never taken for one of them).
 RC_NO_FULL_BUILD = 77
 RC_PR_MOVED = 78
+# Something that is not ours (no marker, no attempt record) sits at the env path: nothing moved.
+RC_NOT_OURS = 79
+ATTEMPT_RECORD = "env-attempt"  # in <state>: an install of ours is creating/created the env
 _RC_REASONS = {
     RC_NO_FULL_BUILD: "the PR changes compiled code and the recipe turns full builds off "
     "(engine.install.full_build_when_compiled_changes)",
@@ -678,14 +687,27 @@ fi
 
 
 def _prepare_lines() -> list[str]:
-    """Under the lock: move the old env away (deleted in the background: GBs can take minutes
-    on a busy disk), forget the last source install's facts, put include/, the zipapp and
-    shipped.json in place. The background delete closes the lock's descriptor, or it would
+    """Under the lock: refuse (exit RC_NOT_OURS, nothing touched) when what sits at the env path
+    is not ours (neither our marker nor our attempt record); else record this attempt before
+    anything creates the env, move the old env away (deleted in the background: GBs can take
+    minutes on a busy disk), forget the last source install's facts, put include/, the zipapp
+    and shipped.json in place. The background delete closes the lock's descriptor, or it would
     hold the lock."""
     return [
-        'if [ -e "$ENV" ]; then mv "$ENV" "$ENV.old-$(date +%s)-$$"; fi',
+        'if [ -e "$ENV" ] || [ -L "$ENV" ]; then',
+        '  if [ -L "$ENV" ] || [ ! -d "$ENV" ] || { [ ! -e "$ENV/$SPEEDMATRIX_MARKER_NAME" ] '
+        f'&& [ ! -e "$STATE/{ATTEMPT_RECORD}" ]; }}; then',
+        '    echo "speedmatrix: $ENV is not an env of ours (no marker, no attempt record): '
+        'refusing to touch it"',
+        f"    exit {RC_NOT_OURS}",
+        "  fi",
+        "fi",
+        f'echo "$ATTEMPT" > "$STATE/{ATTEMPT_RECORD}"',
+        # Aside into <state> (a sibling: a rename), so the background delete's glob matches
+        # only what is ours, never a user's "<env>.old-…" next to it.
+        'if [ -e "$ENV" ]; then mv "$ENV" "$STATE/old-env-$(date +%s)-$$"; fi',
         'rm -f "$STATE/resolved_commit" "$STATE/merge_base"',
-        '(exec setsid rm -rf "$ENV".old-*) > /dev/null 2>&1 < /dev/null 9>&- &',
+        '(exec setsid rm -rf "$STATE"/old-env-*) > /dev/null 2>&1 < /dev/null 9>&- &',
         *_place_shipped_lines(("loadgen", "include")),
     ]
 
@@ -835,6 +857,9 @@ def _marker_lines() -> list[str]:
     return [
         'echo "speedmatrix: writing the marker"',
         f'"$ENV/bin/python" -c {shlex.quote(_MARKER_PY)}',
+        # The marker now says the env is ours; a stale record could later vouch for a folder
+        # someone else put at the path.
+        f'rm -f "$STATE/{ATTEMPT_RECORD}"',
     ]
 
 
@@ -926,6 +951,13 @@ def provision(
             log.info("%s: env %s was provisioned meanwhile: reused", host.name, env_dir)
             refresh_shipped(host, state_dir, ship)
             return _result(recipe, ref, env_dir, marker, True, started)
+        if rc == RC_NOT_OURS:
+            raise ProvisionError(
+                f"{env_dir} on {host.name} exists and was not made by speedmatrix (no marker "
+                f"{MARKER} in it, no attempt record {state_dir}/{ATTEMPT_RECORD}): nothing was "
+                "moved or removed. Move or delete it yourself, or give the recipe another "
+                "env_name"
+            )
         if rc != 0:
             reason = _RC_REASONS.get(rc, "the install script failed")
             raise ProvisionError(

@@ -51,6 +51,17 @@ half-written file. Landing the same run again replaces it: same paths, an older 
 the same recipe deleted (a run id belongs to one recipe: to move a run to another recipe,
 ``delete_run`` it first), and duplicate cell / request keys are refused.
 
+Several processes, one warehouse: steps 3-5 of a landing, a delete, and every recovery run
+under ``<root>/_warehouse.lock`` held exclusively (``flock``), so a recovery never rolls
+forward a landing whose own process is still moving its files (it did: FileNotFoundError in
+landings that had in fact landed). Staging (step 2, the slow part) runs outside the lock, in
+the landing's own directory. Readers never wait for the lock: each file appears by one rename
+and a run's runs row last, so what they read is whole without it; a reader recovers only when
+it gets the lock at once (nobody is landing), and skips recovery otherwise (the holder recovers
+first thing) or when it cannot open the lock file (a read-only mount). On a filesystem other
+than a local or mounted one (``s3://``) there is no such lock, and one writer at a time is
+the rule: a landing refuses when it finds another live landing (:meth:`Warehouse._claim`).
+
 Stable API (used by the DAGs and the regressions code): ``Warehouse(root)``,
 ``land_run(run, cells, requests)``, ``read_run(run_id[, recipe_id])``, ``query(sql)``,
 ``has_run(run_id)``, ``delete_run(run_id)``, ``find_run_files(run_id)``, ``recover()``,
@@ -63,6 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import glob
 import json
 import math
@@ -73,7 +85,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +121,13 @@ DEFAULT_VIEWS = "dataset"
 """How :meth:`Warehouse.query` defines its views (see :meth:`Warehouse.connect`)."""
 ABANDONED_AFTER_S = 3600.0
 """An uncommitted staging directory older than this is a crashed landing and is removed."""
+WRITER_LIVE_S = 600.0
+"""Non-local filesystems (s3://): a staging directory with a file younger than this is another
+writer's landing in progress (a landing stages, commits and moves in seconds); older, its writer
+is taken for dead and recovery may roll it forward."""
+LOCK_FILE = "_warehouse.lock"
+"""``<root>/_warehouse.lock``: the writers' cross-process lock on a local or shared filesystem
+(:meth:`Warehouse._writer_lock`)."""
 
 _PA_TYPES = {
     "str": pa.string(),
@@ -595,6 +614,70 @@ class Warehouse:
             "requests": build_table("requests", list(requests), fixed),
         }
 
+    @contextlib.contextmanager
+    def _writer_lock(self, blocking: bool = True) -> Iterator[bool]:
+        """Hold ``<root>/_warehouse.lock`` exclusively (yields True), or, when ``blocking`` is
+        False and another process holds it, yield False at once. A kernel lock: a writer that
+        dies releases it. Only for local / mounted filesystems (NFS: see warehouse/README.md);
+        other filesystems yield True (their writers claim the staging area instead)."""
+        if not self.is_local:
+            yield True
+            return
+        os.makedirs(self.base, exist_ok=True)
+        fd = os.open(self._join(LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _claim(self, stage: str) -> None:
+        """Non-local filesystems only (no lock file there): one writer at a time. This landing
+        writes ``<stage>/CLAIM``, then lists ``_staging/``: any other staging directory with a
+        file younger than WRITER_LIVE_S is a landing in progress, and this one refuses
+        (WarehouseError; its own staging is removed by the caller). Write first, look second:
+        of two overlapping landings the later to look always sees the other's files (S3 lists
+        what was written before, strongly consistent since 2020), so at most one proceeds;
+        both may refuse, and a retry lands. Not a lock: a writer that stalls past
+        WRITER_LIVE_S between its claim and its last move is taken for dead."""
+        if self.is_local:
+            return
+        self._write_bytes(posixpath.join(stage, "CLAIM"), str(time.time()).encode())
+        now = time.time()
+        live: dict[str, float] = {}
+        for info in self._list(self._join(STAGING), recursive=True):
+            rel = info.path[len(self._join(STAGING)) + 1 :]
+            top = rel.split("/", 1)[0]
+            if "/" not in rel or posixpath.join(self._join(STAGING), top) == stage:
+                continue  # a directory entry itself, or our own landing
+            if info.type == pafs.FileType.File and info.mtime is not None:
+                live[top] = max(live.get(top, 0.0), info.mtime.timestamp())
+        others = sorted(t for t, m in live.items() if now - m < WRITER_LIVE_S)
+        if others:
+            raise WarehouseError(
+                f"another landing into {self.root} is in progress ({STAGING}/{others[0]}): one "
+                "writer at a time on a warehouse without a lock file (s3://…); try again when "
+                f"it is done (a staging directory untouched for {WRITER_LIVE_S:g} s is a dead "
+                "writer's and no longer counts)"
+            )
+
+    def _recover_if_free(self) -> None:
+        """A reader's recovery: only when the writers' lock is free at once (a holder recovers
+        first thing itself), never when it cannot be taken (a read-only mount, another
+        filesystem: there only writers recover)."""
+        if not self.is_local or not self._list(self._join(STAGING), recursive=False):
+            return  # nothing to finish: a reader creates no lock file, takes no lock
+        try:
+            with self._writer_lock(blocking=False) as got:
+                if got:
+                    self._recover_locked()
+        except OSError:
+            return
+
     def land_run(self, run: dict, cells: list[dict], requests: list[dict]) -> None:
         """Land one run atomically and idempotently (see the module docstring).
 
@@ -607,7 +690,6 @@ class Warehouse:
         recipe_id = tables["runs"].column("recipe_id")[0].as_py()
         run_date = tables["runs"].column("run_date")[0].as_py()
         with self._lock:
-            self.recover()
             txn = f"{file_name(run_id)[: -len('.parquet')][:80]}.{uuid.uuid4().hex[:12]}"
             stage = self._join(STAGING, txn)
             moves: list[tuple[str, str]] = []
@@ -621,23 +703,27 @@ class Warehouse:
                     write_parquet(without_partition_columns(data), staged, self.fs)
                     moves.append((staged, self.file_path(table, run_id, recipe_id, run_date)))
                     self._fault_at(f"staged:{table}")
-                targets = {dst for _, dst in moves}
-                old = self.find_run_files(run_id, recipe_id)
-                deletes = sorted(p for paths in old.values() for p in paths if p not in targets)
-                manifest = {
-                    "run_id": run_id,
-                    "moves": moves,
-                    "deletes": deletes,
-                    "created": time.time(),
-                }
-                self._write_bytes(
-                    self._join(STAGING, txn, "COMMIT.json"), json.dumps(manifest).encode()
-                )
+                self._claim(stage)
+                with self._writer_lock():
+                    self._recover_locked()
+                    targets = {dst for _, dst in moves}
+                    old = self.find_run_files(run_id, recipe_id)
+                    deletes = sorted(p for paths in old.values() for p in paths if p not in targets)
+                    manifest = {
+                        "run_id": run_id,
+                        "moves": moves,
+                        "deletes": deletes,
+                        "created": time.time(),
+                    }
+                    self._write_bytes(
+                        self._join(STAGING, txn, "COMMIT.json"), json.dumps(manifest).encode()
+                    )
+                    self._fault_at("committed")
+                    self._apply(stage, manifest)
             except BaseException:
-                self._delete_dir(stage)
+                if not self._exists(self._join(STAGING, txn, "COMMIT.json")):
+                    self._delete_dir(stage)  # not committed: as if it never happened
                 raise
-            self._fault_at("committed")
-            self._apply(stage, manifest)
 
     def _apply(self, stage: str, manifest: dict) -> None:
         for src, dst in manifest["moves"]:
@@ -653,7 +739,15 @@ class Warehouse:
 
     def recover(self) -> list[str]:
         """Finish committed landings that were interrupted; drop abandoned uncommitted ones.
-        Returns the run ids rolled forward. Safe to call any time, from any worker."""
+        Returns the run ids rolled forward. Safe to call any time, from any worker: it waits
+        for the writers' lock, so it never finishes a landing whose process is still at it."""
+        with self._lock, self._writer_lock():
+            return self._recover_locked()
+
+    def _recover_locked(self) -> list[str]:
+        """:meth:`recover`, the writers' lock held by the caller. Without a lock file (s3://)
+        only a committed landing older than WRITER_LIVE_S is rolled forward: a younger one may
+        be its writer's, still moving its files."""
         done: list[str] = []
         now = time.time()
         for info in self._list(self._join(STAGING), recursive=False):
@@ -667,6 +761,12 @@ class Warehouse:
                 if now - mtime > ABANDONED_AFTER_S:
                     self._delete_dir(info.path)
                 continue
+            if not self.is_local:
+                # the store's clock, not the writer's: writers on other machines may drift
+                stamp = self.fs.get_file_info(commit).mtime
+                committed = stamp.timestamp() if stamp else manifest.get("created", now)
+                if now - committed < WRITER_LIVE_S:
+                    continue
             self._apply(info.path, manifest)
             done.append(manifest["run_id"])
         return done
@@ -675,8 +775,8 @@ class Warehouse:
         """Remove a run from the three tables (its artifacts stay), as a committed transaction
         like a landing (an interrupted delete is completed by the next :meth:`recover`).
         True if it was there."""
-        with self._lock:
-            self.recover()
+        with self._lock, self._writer_lock():
+            self._recover_locked()
             found = self.find_run_files(run_id, recipe_id)
             # the runs row first: once it is gone the run is no longer listed
             files = [*found["runs"], *found["cells"], *found["requests"]]
@@ -685,6 +785,11 @@ class Warehouse:
             txn = f"{file_name(run_id)[: -len('.parquet')][:80]}.{uuid.uuid4().hex[:12]}"
             stage = self._join(STAGING, txn)
             manifest = {"run_id": run_id, "moves": [], "deletes": files, "created": time.time()}
+            try:
+                self._claim(stage)
+            except WarehouseError:
+                self._delete_dir(stage)
+                raise
             self._write_bytes(posixpath.join(stage, "COMMIT.json"), json.dumps(manifest).encode())
             self._apply(stage, manifest)
             return True
@@ -719,7 +824,7 @@ class Warehouse:
         UTC datetimes, missing values None. KeyError if the run is not in the warehouse.
         ``recipe_id``, when known, makes the look-up cheaper (one recipe's partition)."""
         with self._lock:
-            self.recover()
+            self._recover_if_free()
             files = self.find_run_files(run_id, recipe_id)
         if not files["runs"]:
             raise KeyError(f"run {run_id!r} is not in the warehouse {self.root}")
@@ -910,7 +1015,7 @@ class Warehouse:
         after VIEW_MAX_AGE_S, and at every query on a non-local filesystem."""
         check_read_only(sql)
         with self._lock:
-            self.recover()
+            self._recover_if_free()
             if self._con is None:
                 self._con = self.connect()
             elif self._views_stale():

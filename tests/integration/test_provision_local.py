@@ -21,6 +21,7 @@ from gitrepo import upstream_with_pr
 
 from speedmatrix.hosts import get_host
 from speedmatrix.provision import (
+    ATTEMPT_RECORD,
     MARKER,
     RC_NO_FULL_BUILD,
     SHIPPED,
@@ -156,13 +157,15 @@ def test_two_concurrent_provisionings_of_one_env_install_once(standin):
 
 
 def test_provisioning_waits_for_the_lock_before_touching_the_env(standin, log_messages):
-    """A half-done env (no marker) whose lock another provisioning holds: provision() waits,
-    leaving the env where it is, and rebuilds it once the lock is free."""
+    """A half-done env (no marker; the holder's attempt record says it is ours) whose lock
+    another provisioning holds: provision() waits, leaving the env where it is, and rebuilds it
+    once the lock is free."""
     recipe, host, home = standin
     env_dir = Path(host.resolve(recipe.env_dir()))
     state_dir = Path(f"{env_dir}.speedmatrix")
     env_dir.mkdir(parents=True)
     state_dir.mkdir(parents=True)
+    (state_dir / ATTEMPT_RECORD).write_text("the holder's attempt\n")
     left_over = env_dir / "half-done-by-the-holder"
     left_over.write_text("x")
     result: list = []
@@ -186,6 +189,7 @@ def test_provisioning_waits_for_the_lock_before_touching_the_env(standin, log_me
     assert not left_over.exists()  # the half-done env was moved away, then rebuilt
     assert json.loads((env_dir / MARKER).read_text())["ref"] == "v0.32.0"
     assert len(_installs(home)) == 1
+    assert not Path(f"{env_dir}.speedmatrix", ATTEMPT_RECORD).exists()
 
 
 def test_a_load_generator_that_cannot_be_shipped_is_an_error(tmp_path):
@@ -327,3 +331,52 @@ def test_reuse_reships_what_changed_and_nothing_else(standin, log_messages):
     assert json.loads(record.read_text()) == {"format": 1, **want}
     assert list((state / "attempts").iterdir()) == []  # staging cleaned up
     assert len(_installs(home)) == 1  # never reinstalled
+
+
+def test_a_folder_that_is_not_ours_at_the_env_path_is_refused_and_kept(standin):
+    """A user's folder sits where the recipe's env would go (an ``env_name`` naming an existing
+    folder): provisioning refuses, naming it and saying what to do, and the folder and its file
+    survive (before, it was moved aside and deleted in the background, even when the install
+    then failed)."""
+    recipe, host, home = standin
+    env_dir = Path(host.resolve(recipe.env_dir()))
+    env_dir.mkdir(parents=True)
+    (env_dir / "thesis.tex").write_text("years of work")
+    with pytest.raises(ProvisionError) as exc:
+        provision(recipe, host=host, poll_s=0.2, timeout_s=300)
+    text = str(exc.value)
+    assert str(env_dir) in text and "not made by speedmatrix" in text, text
+    assert "env_name" in text  # what to do
+    assert (env_dir / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in env_dir.iterdir()) == ["thesis.tex"]
+    assert [p.name for p in env_dir.parent.iterdir() if ".old-" in p.name] == []
+    assert _installs(home) == []
+
+
+def test_a_file_that_is_not_ours_at_the_env_path_is_refused_and_kept(standin):
+    recipe, host, home = standin
+    env_dir = Path(host.resolve(recipe.env_dir()))
+    env_dir.parent.mkdir(parents=True, exist_ok=True)
+    env_dir.write_text("a user's file")
+    with pytest.raises(ProvisionError, match="not made by speedmatrix"):
+        provision(recipe, host=host, poll_s=0.2, timeout_s=300)
+    assert env_dir.read_text() == "a user's file"
+    assert _installs(home) == []
+
+
+def test_our_own_failed_attempt_is_rebuilt(standin):
+    """An install that failed half-way left a half-built env (no marker) with our attempt
+    record: the next provisioning may move it away and build again."""
+    recipe, host, home = standin
+    broken = _with_install(recipe, post_install=("echo about to fail; exit 7",))
+    with pytest.raises(ProvisionError, match="exit code 7"):
+        provision(broken, host=host, poll_s=0.2, timeout_s=300)
+    env_dir = Path(host.resolve(recipe.env_dir()))
+    assert env_dir.is_dir() and not (env_dir / MARKER).exists()
+    (env_dir / "left-by-the-failed-attempt").write_text("x")
+    result = provision(recipe, host=host, poll_s=0.2, timeout_s=300)
+    assert result.reused is False
+    assert not (env_dir / "left-by-the-failed-attempt").exists()
+    assert json.loads((env_dir / MARKER).read_text())["ref"] == "v0.32.0"
+    assert len(_installs(home)) == 1
+    assert not Path(f"{env_dir}.speedmatrix", ATTEMPT_RECORD).exists()

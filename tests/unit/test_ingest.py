@@ -117,3 +117,55 @@ def test_ingest_recipe_id_option(tmp_path):
     run_id = result.stdout.strip()
     run, cells, _ = Warehouse(tmp_path).read_run(run_id)
     assert run["recipe_id"] == "sim/kimi-k2.7-nvfp4-rtxpro6k-x8" and len(cells) == 55
+
+
+IMPOSSIBLE_ROW = (
+    "| Sustained decode | 8K | 2 | Valid | 98.0 | 48.6 | 399 ms | 20.6 ms | 2.0 | 0 | 2,940 | 30.0 s |",
+    "| Sustained decode | 8K | 2 | Valid | 0.0 | 48.6 | 0 ms | 20.6 ms | 99.0 | 0 | 2,940 | 30.0 s |",
+)
+
+
+def test_an_impossible_published_row_is_quarantined(tmp_path):
+    """0 total tok/s with 48.6 per request, 0 ms TTFT and 99 requests active on average at C=2:
+    the page parses (the matrix agrees with the table), but the row cannot be true. Ingest puts
+    it through the same Great Expectations suites as a measured run: it goes to quarantine with
+    the expectations it failed and GX's result, the rest lands, and the run is `partial`."""
+    text = REFERENCE.read_text(encoding="utf-8")
+    assert IMPOSSIBLE_ROW[0] in text and "| 98.0399 ms TTFT |" in text
+    page = tmp_path / "impossible.txt"
+    page.write_text(
+        text.replace(*IMPOSSIBLE_ROW).replace("| 98.0399 ms TTFT |", "| 0.00 ms TTFT |"),
+        encoding="utf-8",
+    )
+    wh_root = tmp_path / "wh"
+    result = speedmatrix("ingest", str(page), warehouse=wh_root)
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.strip()
+    wh = Warehouse(wh_root)
+    run, cells, _ = wh.read_run(run_id)
+    assert run["status"] == "partial"
+    assert len(cells) == 54
+    assert not any(c["context_label"] == "8K" and c["concurrency"] == 2 for c in cells)
+    rows, doc = wh.read_quarantine(run_id, "cells")
+    assert [(r["context_label"], r["concurrency"], r["total_tok_s"]) for r in rows] == [
+        ("8K", 2, 0.0)
+    ]
+    reasons = rows[0]["quarantine_reasons"]
+    for column in ("total_tok_s", "ttft_ms", "active_ratio"):
+        assert any(f"({column})" in r for r in reasons), reasons
+    assert doc["result"]["gx"]["success"] is False  # GX's own result, beside the rows
+    assert wh.read_artifact(run_id, "validation/gx-results.json")
+    assert "quarantined" in result.stderr  # said, not only filed
+
+
+def test_the_reference_page_ingests_clean(tmp_path):
+    result = speedmatrix("ingest", str(REFERENCE), warehouse=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.strip()
+    wh = Warehouse(tmp_path)
+    run, cells, _ = wh.read_run(run_id)
+    assert run["status"] == "success" and len(cells) == 55
+    assert wh.read_quarantine(run_id, "cells") is None
+    assert not (tmp_path / "_quarantine").exists()
+    gx = wh.read_artifact(run_id, "validation/gx-results.json")
+    assert b'"success": false' not in gx

@@ -59,6 +59,7 @@ def _cli_error(message: str) -> Exception:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    from speedmatrix.quality import check_for_landing
     from speedmatrix.report.parse import parse_report
     from speedmatrix.warehouse import Warehouse
 
@@ -80,8 +81,25 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         report.run["source"] = os.path.basename(path)
         parsed.append((path, text, report))
     wh = Warehouse(args.warehouse)
-    for _path, text, report in parsed:
-        wh.land_run(report.run, report.cells, report.requests)
+    # The same Great Expectations suites as a measured run's, before anything lands: a page's
+    # impossible rows go to quarantine with GX's result, and a page whose run row fails lands
+    # nothing (nor do the pages given with it).
+    checked = []
+    for path, text, report in parsed:
+        try:
+            ok = check_for_landing(wh, report.run, report.cells, report.requests)
+        except RuntimeError as exc:
+            raise _cli_error(f"{path}: {exc}") from None
+        for q in ok["quarantined"]:
+            print(
+                f"speedmatrix ingest: {path}: {report.run_id}: {q['phase']} "
+                f"{q['context_tokens']} x {q['concurrency']} quarantined: "
+                f"{', '.join(q['reasons'])}",
+                file=sys.stderr,
+            )
+        checked.append((text, report, ok))
+    for text, report, ok in checked:
+        wh.land_run(ok["run"], ok["cells"], ok["requests"])
         wh.write_artifact(report.run_id, "source.txt", text)
         print(report.run_id, flush=True)
     return 0
