@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from speedmatrix import recipes
+from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 from speedmatrix.recipes import RecipeError, classify_ref, load_recipe, ref_slug
 
 PUBLISHED = {
@@ -243,8 +244,21 @@ def test_every_sim_recipe_profile_loads_and_matches_the_recipe() -> None:
         assert any(t.endswith(r.sim_profile.removeprefix("include/")) for t in r.serve.command)
         assert p.served_model_name == r.model.served_name, r.id
         assert p.model == r.model.id and p.version == r.engine.version, r.id
-        # every published prefill must be admitted (a prompt needs len < max_model_len)
-        assert p.max_model_len > max(r.matrix.prefill_contexts), r.id
+        # the real server's max_model_len, not one that hides vLLM's refusal of a prompt of
+        # max_model_len tokens; the plan makes every cell fit it (prompt + max_tokens <= it)
+        assert p.max_model_len == r.model.max_model_len, r.id
+        m = r.matrix
+        spec = MatrixSpec.build(
+            prefill_contexts=m.prefill_contexts,
+            contexts=m.contexts,
+            concurrencies=m.concurrencies,
+            max_output_tokens=m.max_output_tokens,
+            window_s=m.window_s,
+        )
+        plan = plan_matrix(spec, KvCapacity(10**6, 16), max_model_len=p.max_model_len)
+        cells = [*plan.prefill, *plan.decode]
+        assert len(plan.prefill) == len(m.prefill_contexts), r.id
+        assert all(c["context_tokens"] + c["max_output_tokens"] <= p.max_model_len for c in cells)
 
 
 def test_one_sim_recipe_per_published_recipe() -> None:
