@@ -247,6 +247,7 @@ class SimServer:
         self.time_scale = float(time_scale)
         base = profile.raw.get("faults") if isinstance(profile.raw, dict) else None
         self.faults = Faults.coerce(faults if faults is not None else base)
+        self._metrics_reads = 0
         self.engine = Engine(
             profile,
             max_running=self.faults.max_running,
@@ -342,6 +343,7 @@ class SimServer:
 
     def set_faults(self, faults: Faults | dict[str, Any]) -> Faults:
         self.faults = Faults.coerce(faults)
+        self._metrics_reads = 0  # metrics_error_reads counts from here
         self.engine.max_running = self.faults.max_running
         if self.faults.engine_dead:
             for req in list(self._streams):
@@ -472,6 +474,11 @@ class SimServer:
         return web.json_response({"prompt": self.tokenizer.decode(ids)})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        f = self.faults
+        if f.metrics_error is not None:
+            self._metrics_reads += 1
+            if not f.metrics_error_reads or self._metrics_reads <= f.metrics_error_reads:
+                return web.Response(status=f.metrics_error, text="simulated /metrics fault")
         self.sync()
         from speedmatrix.sim.metrics import render_metrics
 
