@@ -267,8 +267,15 @@ def test_chat_stream_starts_with_a_role_only_chunk(sim):
             1,
             400,
             "This model's maximum context length is 2048 tokens. However, your "
-            "prompt contains 2049 input tokens, which exceeds this limit even without any "
+            "prompt contains at least 2049 input tokens, which exceeds this limit even without any "
             "output tokens.",
+        ),
+        (
+            2050,
+            1,
+            400,
+            "This model's maximum context length is 2048 tokens. However, your "
+            "prompt contains 2050 input tokens, which exceeds",
         ),
     ],
 )

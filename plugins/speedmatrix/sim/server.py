@@ -588,10 +588,13 @@ class SimServer:
         # for one output token: max_tokens is clamped to max_model_len - prompt = 0, which
         # SamplingParams refuses ("max_tokens must be at least 1, got 0.").
         if len(ids) > p.max_model_len:
+            # vLLM words a count of exactly max_model_len + 1 "at least" (its tokenizer stops
+            # there for text; it says so for token ids too)
+            least = "at least " if len(ids) == p.max_model_len + 1 else ""
             raise ApiError(
                 400,
                 f"This model's maximum context length is {p.max_model_len} tokens. However, "
-                f"your prompt contains {len(ids)} input tokens, which exceeds this limit even "
+                f"your prompt contains {least}{len(ids)} input tokens, which exceeds this limit even "
                 "without any output tokens. Please reduce the length of the input prompt. "
                 f"(parameter=input_tokens, value={len(ids)})",
                 param="input_tokens",
