@@ -150,13 +150,13 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
         )
     if max_model_len:
         out = spec.max_output_tokens
-        too_long = [c for c in spec.contexts if not _fits_label(c, out, max_model_len)]
+        too_long = [c for c in spec.contexts if not fits_model(c, out, max_model_len)]
         if too_long:
             problems.append(
                 f"decode contexts {[context_label(c) for c in too_long]} + max_output_tokens "
                 f"{out} exceed the model's max_model_len {max_model_len}"
             )
-        too_long = [c for c in spec.prefill_contexts if not _fits_label(c, 1, max_model_len)]
+        too_long = [c for c in spec.prefill_contexts if not fits_model(c, 1, max_model_len)]
         if too_long:
             problems.append(
                 f"prefill contexts {[context_label(c) for c in too_long]} exceed the model's "
@@ -182,7 +182,8 @@ def sent_context(context: int, max_tokens: int, max_model_len: int | None) -> in
     return min(context, max_model_len - max_tokens)
 
 
-def _fits_label(context: int, max_tokens: int, max_model_len: int) -> bool:
+def fits_model(context: int, max_tokens: int, max_model_len: int) -> bool:
+    """Can `context` be sent under its label (`sent_context`) with max_tokens of output?"""
     sent = sent_context(context, max_tokens, max_model_len)
     return sent >= 1 and context_label(sent) == context_label(context)
 

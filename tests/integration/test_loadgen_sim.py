@@ -255,11 +255,15 @@ REPLAY_WINDOW_S = 12.0
 
 def _replay(url: str, profile: object, cells: list[dict], scale: float) -> list[str]:
     """Run the published cells against a simulator at `scale`; what differs by over 5%."""
+    from speedmatrix.plan import sent_context
     from speedmatrix.sim.predict import over_capacity
 
     problems: list[str] = []
     for want in cells:
-        ctx, conc = want["context_tokens"], want["concurrency"]
+        # as a run sends it: the 256K prefill as 262,143 tokens on the 262,144-token server
+        out = 1 if want["phase"] == "prefill" else 4096
+        ctx = sent_context(want["context_tokens"], out, profile.max_model_len)  # type: ignore[attr-defined]
+        conc = want["concurrency"]
         label = f"{want['phase']} {want['context_label']} x{conc}"
         common = {
             "base_url": url, "model": profile.served_model_name, "context": ctx,  # type: ignore[attr-defined]

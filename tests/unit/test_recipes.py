@@ -127,7 +127,9 @@ def test_every_problem_reported_at_once(tmp_path: Path) -> None:
 
 def test_semantic_problems(tmp_path: Path) -> None:
     data = _cpu_data()
-    data["matrix"]["contexts"] = [256, 2000]  # 2000 + 64 > 2048
+    # 3000 + 64 > 2048, and sent as 1984 it would no longer be 3K (2000 would go out as 1984,
+    # still 2K: the plan fits it, see test_plan)
+    data["matrix"]["contexts"] = [256, 3000]
     data["matrix"]["concurrencies"] = [1, 1, 0]
     data["serve"]["args"] += ["--hf-token", "hf_abcdefghijklmnop"]
     data["serve"]["env"]["HF_TOKEN"] = "hf_abcdefghijklmnop"
@@ -136,7 +138,7 @@ def test_semantic_problems(tmp_path: Path) -> None:
         load_recipe(path)
     joined = "\n".join(exc.value.problems)
     assert (
-        "matrix.contexts[1]: context 2000 + max output 64 = 2064 exceeds max_model_len 2048"
+        "matrix.contexts[1]: context 3000 + max output 64 = 3064 exceeds max_model_len 2048"
         in joined
     )
     assert "matrix.concurrencies[2]: 0 is not a positive number of requests" in joined
