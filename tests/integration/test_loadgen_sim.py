@@ -413,3 +413,14 @@ def test_a_server_without_metrics_is_declared_client_measured(wide_profile: Path
     assert cell["status"] == "valid", cell["error"]
     assert cell["active_source"] == "client" and cell["server_generation_tokens"] is None
     assert prefill["status"] == "valid", prefill["error"]
+
+
+def test_a_failing_metrics_endpoint_is_not_an_idle_server(wide_profile: Path) -> None:
+    """Every /metrics read fails (500): the idle check before the cell cannot pass, and says
+    why; a failed read is neither "idle" nor "this server has no /metrics"."""
+    with sim(wide_profile) as url:
+        _post(url + "/sim/faults", {"metrics_error": 500})
+        cfg = PrefillConfig(base_url=url, model="sim-specdec", context=2048, idle_timeout_s=1.0)
+        cell, _ = run_loop(run_prefill(cfg))
+    assert cell["status"] == "failed", cell
+    assert "not idle" in cell["error"] and "/metrics unreadable: HTTP 500" in cell["error"]
