@@ -482,6 +482,17 @@ def _run_cell(
     return {"cell": _jsonable(record), "requests": [_jsonable(r) for r in rows]}
 
 
+def pass_run_tag(run_tag: str, repeat: int) -> str:
+    """The run tag a cell of pass `repeat` sends (0: the run's own).
+
+    The tag starts every prompt and salts the prefix cache, so with the run's tag a repeat
+    finds its primary's prompt cached: a repeated prefill is never cold (vLLM reports it
+    "not cold"; a server without prefix-cache counters gives an inflated prompt tok/s). Each
+    pass gets its own tag, so a repeat is measured from the cache state its primary was: cold
+    prefills, decode prompts warmed by its own pass."""
+    return run_tag if not repeat else f"{run_tag}r{int(repeat)}"
+
+
 def _loadgen_config(resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping):
     from speedmatrix.loadgen import DecodeConfig, PrefillConfig
 
@@ -490,7 +501,7 @@ def _loadgen_config(resolved: Mapping[str, Any], server: Mapping[str, Any], cell
         "model": resolved["served_model"],
         "context": int(cell["context_tokens"]),
         "api_key": api_key(resolved),
-        "run_tag": resolved["run_tag"],
+        "run_tag": pass_run_tag(resolved["run_tag"], int(cell.get("repeat") or 0)),
         "progress": False,
     }
     if cell.get("workload"):  # planned before workloads were declared: the loader's default

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from speedmatrix.records import (
     DEFAULT_WORKLOAD,
@@ -160,19 +160,55 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
     if spec.workload not in WORKLOADS:
         problems.append(f"workload must be one of {list(WORKLOADS)}, got {spec.workload!r}")
     if max_model_len:
-        too_long = [c for c in spec.contexts if c + spec.max_output_tokens > max_model_len]
+        out = spec.max_output_tokens
+        too_long = [c for c in spec.contexts if not fits_model(c, out, max_model_len)]
         if too_long:
             problems.append(
                 f"decode contexts {[context_label(c) for c in too_long]} + max_output_tokens "
-                f"{spec.max_output_tokens} exceed the model's max_model_len {max_model_len}"
+                f"{out} exceed the model's max_model_len {max_model_len}"
             )
-        too_long = [c for c in spec.prefill_contexts if c > max_model_len]
+        too_long = [c for c in spec.prefill_contexts if not fits_model(c, 1, max_model_len)]
         if too_long:
             problems.append(
                 f"prefill contexts {[context_label(c) for c in too_long]} exceed the model's "
                 f"max_model_len {max_model_len}"
             )
     return problems
+
+
+def sent_context(context: int, max_tokens: int, max_model_len: int | None) -> int:
+    """The prompt length a cell sends for `context` when it asks for `max_tokens` output tokens.
+
+    vLLM (0.32, `InputProcessor._validate_prompt_len` and `TokenizeParams._token_len_check`)
+    refuses a prompt of max_model_len tokens or more with a 400, and silently shortens the
+    output of a shorter prompt to max_model_len - prompt. So a prefill at the model's full
+    length (256K = 262,144 on a 262,144 server) is always refused, and a decode context whose
+    prompt + max_output_tokens passes max_model_len would end its requests early. Such a
+    context is sent as max_model_len - max_tokens tokens: it keeps its label (labels round to
+    the nearest K, see `context_label`; `matrix_problems` refuses a context that would not),
+    and its record holds the exact count the server confirmed. The published tool did the
+    same in its own way: its 256K prompt was 257.5K tokens (3,253 tok/s x 79.160 s)."""
+    if not max_model_len:
+        return context
+    return min(context, max_model_len - max_tokens)
+
+
+def fits_model(context: int, max_tokens: int, max_model_len: int) -> bool:
+    """Can `context` be sent under its label (`sent_context`) with max_tokens of output?"""
+    sent = sent_context(context, max_tokens, max_model_len)
+    return sent >= 1 and context_label(sent) == context_label(context)
+
+
+def fit_matrix(spec: MatrixSpec, max_model_len: int | None) -> MatrixSpec:
+    """The matrix as it is sent: every context through `sent_context` (prefill with its one
+    output token, decode with max_output_tokens). The one place a context is fitted."""
+    return replace(
+        spec,
+        prefill_contexts=tuple(sent_context(c, 1, max_model_len) for c in spec.prefill_contexts),
+        contexts=tuple(
+            sent_context(c, spec.max_output_tokens, max_model_len) for c in spec.contexts
+        ),
+    )
 
 
 def check_matrix(spec: MatrixSpec, max_model_len: int | None = None) -> None:
@@ -309,10 +345,17 @@ def plan_matrix(
     cells (`repeat_cells`, default all runnable ones) again in the same order: a repeat is
     measured a whole pass after its primary rather than back to back, so the spread between
     them sees the drift of the run (warm-up, clocks, heat) that a between-run noise is for.
-    Every planned cell carries `repeat` (0 = the primary, the one the `cells` table holds)."""
+    Every planned cell carries `repeat` (0 = the primary, the one the `cells` table holds).
+
+    Contexts are planned as sent (`fit_matrix`): `context_tokens` of a planned cell is the
+    prompt the load generator builds, which vLLM admits with the cell's max_tokens."""
     check_matrix(spec, max_model_len)
     repeats = check_repeats(repeats)
     chosen = repeat_keys(spec, repeat_cells)
+    if chosen is not None:
+        out = {"prefill": 1, "decode": spec.max_output_tokens}
+        chosen = [(ph, sent_context(c, out[ph], max_model_len), n) for ph, c, n in chosen]
+    spec = fit_matrix(spec, max_model_len)
     plan = Plan()
     runnable = [
         (ctx, conc)

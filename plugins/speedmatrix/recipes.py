@@ -380,6 +380,8 @@ class Recipe(_Strict):
 
     def problems(self) -> Iterator[tuple[str, str]]:
         """(field, reason) for every rule the structure alone cannot express."""
+        from speedmatrix.plan import fits_model  # the plan's rule: sent to fit, label kept
+
         m, mml = self.matrix, self.model.max_model_len
         if not m.contexts and not m.prefill_contexts:
             yield "matrix", "empty matrix: no prefill_contexts and no contexts"
@@ -395,14 +397,14 @@ class Recipe(_Strict):
         for i, ctx in enumerate(m.contexts):
             if ctx < 1:
                 yield f"matrix.contexts[{i}]", f"{ctx} is not a positive context"
-            elif ctx + m.max_output_tokens > mml:
+            elif not fits_model(ctx, m.max_output_tokens, mml):
                 yield (
                     f"matrix.contexts[{i}]",
                     f"context {ctx} + max output {m.max_output_tokens} = "
                     f"{ctx + m.max_output_tokens} exceeds max_model_len {mml}",
                 )
         for i, ctx in enumerate(m.prefill_contexts):
-            if ctx < 1 or ctx > mml:
+            if ctx < 1 or not fits_model(ctx, 1, mml):
                 yield (
                     f"matrix.prefill_contexts[{i}]",
                     f"context {ctx} outside 1..max_model_len {mml}",

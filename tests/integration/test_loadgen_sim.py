@@ -257,11 +257,15 @@ REPLAY_WINDOW_S = 12.0
 
 def _replay(url: str, profile: object, cells: list[dict], scale: float) -> list[str]:
     """Run the published cells against a simulator at `scale`; what differs by over 5%."""
+    from speedmatrix.plan import sent_context
     from speedmatrix.sim.predict import over_capacity
 
     problems: list[str] = []
     for want in cells:
-        ctx, conc = want["context_tokens"], want["concurrency"]
+        # as a run sends it: the 256K prefill as 262,143 tokens on the 262,144-token server
+        out = 1 if want["phase"] == "prefill" else 4096
+        ctx = sent_context(want["context_tokens"], out, profile.max_model_len)  # type: ignore[attr-defined]
+        conc = want["concurrency"]
         label = f"{want['phase']} {want['context_label']} x{conc}"
         common = {
             "base_url": url, "model": profile.served_model_name, "context": ctx,  # type: ignore[attr-defined]
@@ -331,3 +335,94 @@ def test_replay_of_the_reference_matrix_within_5_percent() -> None:
         with sim(REFERENCE_PROFILE, time_scale=cell_scale) as url:
             problems += _replay(url, profile, cells, cell_scale)
     assert problems == [], "\n".join(problems)
+
+
+def test_a_repeated_prefill_cell_is_cold(wide_profile: Path) -> None:
+    """The repeat of a prefill cell, sent as the pipeline sends it, finds nothing of its
+    primary's prompt in the prefix cache (each pass has its own run tag and cache salt)."""
+    from speedmatrix import pipeline
+    from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
+
+    spec = MatrixSpec.build(
+        prefill_contexts=[8192], contexts=[], concurrencies=[], max_output_tokens=64, window_s=1
+    )
+    planned = plan_matrix(spec, KvCapacity(80_000, 16), repeats=2).prefill
+    assert [c["repeat"] for c in planned] == [0, 1]
+    resolved = {"host": "local", "served_model": "sim-specdec", "run_tag": "cold0test"}
+    with sim(wide_profile) as url:
+        cells = [pipeline.measure(resolved, {"base_url": url}, c)[0] for c in planned]
+    for cell in cells:
+        assert cell["status"] == "valid", cell["error"]
+        assert cell["prefix_cache_hit_rate"] == 0.0, cell
+
+
+def _decode_cfg(url: str) -> DecodeConfig:
+    return DecodeConfig(
+        base_url=url, model="sim-specdec", context=1024, concurrency=4, duration_s=3.0,
+        first_token_timeout_s=3.0, first_token_s_per_1k=0.1, idle_timeout_s=10.0,
+        # no request ends inside the window (C held), and the saturation guard loosened as in
+        # the accuracy test: these cells are about the server readings, on a shared box
+        max_output_tokens=4000, max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
+    )  # fmt: skip
+
+
+def test_a_transient_metrics_failure_is_retried_not_read_as_no_metrics(wide_profile: Path) -> None:
+    """Two failed /metrics reads at the start of the cell (the idle check): retried, the cell
+    keeps its server checks (server readings, the token cross-check) and is valid."""
+    with sim(wide_profile) as url:
+        _post(url + "/sim/faults", {"metrics_error": 500, "metrics_error_reads": 2})
+        cell, _ = run_loop(run_decode(_decode_cfg(url)))
+    assert cell["status"] == "valid", cell["error"]
+    assert cell["active_source"] == "server"
+    assert isinstance(cell["server_generation_tokens"], int)
+
+
+def test_a_window_without_its_metrics_readings_is_invalid(wide_profile: Path) -> None:
+    """/metrics fails from the moment the streams run: the window has neither its start or end
+    reading nor its gauge readings, so the token cross-check and the preemption check cannot
+    be made: the cell is invalid and says why (it used to pass with the checks skipped)."""
+    import threading
+
+    def fail_metrics_when_busy(url: str) -> None:
+        deadline = time.monotonic() + 30
+        while _get(url + "/sim/state")["running"] < 4 and time.monotonic() < deadline:  # type: ignore[index]
+            time.sleep(0.02)
+        _post(url + "/sim/faults", {"metrics_error": 500, "metrics_error_reads": 0})
+        time.sleep(4.0)  # past the 3 s window
+        _post(url + "/sim/faults", {})
+
+    with sim(wide_profile) as url:
+        t = threading.Thread(target=fail_metrics_when_busy, args=(url,))
+        t.start()
+        try:
+            cell, _ = run_loop(run_decode(_decode_cfg(url)))
+        finally:
+            t.join()
+    assert cell["status"] == "invalid", cell
+    assert "/metrics" in cell["error"], cell["error"]
+    assert "HTTP 500" in cell["error"], cell["error"]
+
+
+def test_a_server_without_metrics_is_declared_client_measured(wide_profile: Path) -> None:
+    """404 from the first read: the server has no /metrics, a declared case (active requests
+    from the client's side), not a failure."""
+    with sim(wide_profile) as url:
+        _post(url + "/sim/faults", {"metrics_error": 404})
+        cell, _ = run_loop(run_decode(_decode_cfg(url)))
+        prefill, _ = run_loop(
+            run_prefill(PrefillConfig(base_url=url, model="sim-specdec", context=2048))
+        )
+    assert cell["status"] == "valid", cell["error"]
+    assert cell["active_source"] == "client" and cell["server_generation_tokens"] is None
+    assert prefill["status"] == "valid", prefill["error"]
+
+
+def test_a_failing_metrics_endpoint_is_not_an_idle_server(wide_profile: Path) -> None:
+    """Every /metrics read fails (500): the idle check before the cell cannot pass, and says
+    why; a failed read is neither "idle" nor "this server has no /metrics"."""
+    with sim(wide_profile) as url:
+        _post(url + "/sim/faults", {"metrics_error": 500})
+        cfg = PrefillConfig(base_url=url, model="sim-specdec", context=2048, idle_timeout_s=1.0)
+        cell, _ = run_loop(run_prefill(cfg))
+    assert cell["status"] == "failed", cell
+    assert "not idle" in cell["error"] and "/metrics unreadable: HTTP 500" in cell["error"]

@@ -46,6 +46,40 @@ def test_prefill_cell_is_valid_and_exact(vllm_cpu_server) -> None:  # type: igno
     print(f"\n[real vLLM prefill] ttft_ms={cell['ttft_ms']:.1f} tok_s={cell['total_tok_s']:.0f}")
 
 
+def test_prefill_at_max_model_len_is_sent_to_fit_and_valid(vllm_cpu_server) -> None:  # type: ignore[no-untyped-def]
+    """vLLM refuses a prompt of max_model_len tokens with max_tokens=1, so the largest prefill
+    of every published matrix (256K on 262,144) would always fail. The plan sends it as
+    max_model_len - 1 tokens, keeping its label, recorded with the count vLLM confirmed."""
+    import requests
+
+    from speedmatrix import pipeline
+    from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
+
+    s = vllm_cpu_server
+    models = requests.get(
+        s.base_url + "/v1/models", headers={"Authorization": f"Bearer {_key(s)}"}, timeout=30
+    ).json()
+    max_len = models["data"][0]["max_model_len"]
+    assert max_len == 2048  # the cpu recipe's
+    as_asked = PrefillConfig(
+        base_url=s.base_url, model=s.model, context=max_len, api_key=_key(s), run_tag="edge0"
+    )
+    refused, _ = run_loop(run_prefill(as_asked))
+    assert refused["status"] == "failed" and "HTTP 400" in refused["error"], refused["error"]
+
+    spec = MatrixSpec.build(
+        prefill_contexts=[max_len], contexts=[], concurrencies=[], max_output_tokens=16, window_s=1
+    )
+    (planned,) = plan_matrix(spec, KvCapacity(10**6, 16), max_model_len=max_len).prefill
+    resolved = {
+        "host": "local", "served_model": s.model, "run_tag": "edge1", "api_key_env": s.api_key_env,
+    }  # fmt: skip
+    cell, rows = pipeline.measure(resolved, {"base_url": s.base_url}, planned)
+    assert cell["status"] == "valid", cell["error"]
+    assert cell["context_tokens"] == rows[0]["prompt_tokens"] == max_len - 1
+    assert cell["context_label"] == planned["label"] == "2K"
+
+
 @pytest.mark.parametrize("concurrency", [1, 2])
 def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[no-untyped-def]
     vllm_cpu_server, concurrency: int

@@ -159,6 +159,26 @@ def test_errors_have_vllms_status_and_shape(pair, body) -> None:  # type: ignore
     assert (s.status_code, shape(s.json())) == (r.status_code, shape(r.json()))
 
 
+@pytest.mark.parametrize(
+    ("prompt_len", "extra"),
+    [(2047, {}), (2048, {}), (2049, {}), (2050, {}), (2040, {"max_tokens": 20, "min_tokens": 20})],
+    ids=["max-model-len-minus-1", "max-model-len", "over-by-1", "over-by-2", "min-tokens-past-it"],
+)
+def test_max_model_len_boundary_is_vllms(pair, prompt_len, extra) -> None:  # type: ignore[no-untyped-def]
+    """Both refuse (or admit) the same prompts at max_model_len 2048, with the same message:
+    the plan sends the largest prefill as max_model_len - 1 because vLLM refuses the rest."""
+    real, sim = pair
+    body = {"prompt": [100 + i % 300 for i in range(prompt_len)], "max_tokens": 1, **extra}
+    r, s = real.post("/v1/completions", body), sim.post("/v1/completions", body)
+    assert s.status_code == r.status_code, (r.text, s.text)
+    if r.status_code == 200:
+        assert s.json()["usage"]["prompt_tokens"] == r.json()["usage"]["prompt_tokens"]
+        return
+    re_, se = r.json()["error"], s.json()["error"]
+    assert (se["param"], se["code"]) == (re_["param"], re_["code"])
+    assert se["message"].split(" (parameter=")[0] == re_["message"].split(" (parameter=")[0]
+
+
 @pytest.mark.parametrize("path", ["/v1/models", "/version"])
 def test_info_endpoints_have_vllms_shape(pair, path) -> None:  # type: ignore[no-untyped-def]
     real, sim = pair

@@ -110,7 +110,8 @@ def test_tokenize_is_deterministic_and_open(sim):
     [
         (body(prompt=[1000, 5000]), 400, "prompt"),  # id == vocab size: out of vocabulary
         (body(prompt=[-1]), 400, "prompt"),
-        (body(prompt=list(range(1000, 3048))), 400, "input_tokens"),  # 2048 >= max-model-len
+        (body(prompt=list(range(1000, 3049))), 400, "input_tokens"),  # 2049 > max-model-len
+        (body(prompt=list(range(1000, 3048))), 400, "max_tokens"),  # 2048: no room for output
         (body(model="other"), 404, "model"),
         (body(stream_options={"include_usage": True}), 400, "stream_options"),
         (body(prompt=[]), 400, None),
@@ -256,13 +257,56 @@ def test_chat_stream_starts_with_a_role_only_chunk(sim):
     assert whole["usage"]["completion_tokens"] == 5
 
 
+@pytest.mark.parametrize(
+    ("prompt_len", "max_tokens", "status", "message"),
+    [
+        (2047, 1, 200, None),  # prompt + max_tokens == max_model_len: admitted
+        (2048, 1, 400, MAX_0),  # clamped to 0 room, as vLLM 0.32's get_max_tokens does
+        (
+            2049,
+            1,
+            400,
+            "This model's maximum context length is 2048 tokens. However, your "
+            "prompt contains at least 2049 input tokens, which exceeds this limit even without any "
+            "output tokens.",
+        ),
+        (
+            2050,
+            1,
+            400,
+            "This model's maximum context length is 2048 tokens. However, your "
+            "prompt contains 2050 input tokens, which exceeds",
+        ),
+    ],
+)
+def test_max_model_len_boundary_is_vllms(sim, prompt_len, max_tokens, status, message):
+    """vLLM refuses a prompt of max_model_len tokens (no room for one output token) and more;
+    one token less with max_tokens=1 is the largest prefill it serves."""
+    payload = body(prompt=list(range(1000, 1000 + prompt_len)), max_tokens=max_tokens)
+    r = post(sim, "/v1/completions", payload)
+    assert r.status_code == status, r.text
+    if message is None:
+        usage = r.json()["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt_len, 1)
+    else:
+        assert r.json()["error"]["message"].startswith(message)
+
+
 def test_output_past_max_model_len_is_silently_shortened(sim):
-    payload = body(prompt=list(range(1000, 3040)), max_tokens=20, min_tokens=20, ignore_eos=True)
+    payload = body(prompt=list(range(1000, 3040)), max_tokens=20, ignore_eos=True)
     r = post(sim, "/v1/completions", payload)
     assert r.status_code == 200
     out = r.json()
     assert out["usage"]["completion_tokens"] == 8  # 2048 - 2040
     assert out["choices"][0]["finish_reason"] == "length"
+    # max_tokens is clamped to that room before min_tokens is checked against it (vLLM 0.32's
+    # get_max_tokens, then SamplingParams): a load generator's min_tokens = max_tokens past
+    # max-model-len is refused, not shortened
+    r = post(sim, "/v1/completions", {**payload, "min_tokens": 20})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith(
+        "min_tokens must be less than or equal to max_tokens=8, got 20."
+    )
 
 
 def metric(url: str, name: str, label: str = "") -> float:

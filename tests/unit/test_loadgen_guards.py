@@ -155,3 +155,27 @@ def test_short_windows_are_sampled_often_enough() -> None:
     assert cell(duration_s=4.0, min_window_readings=4)._sample_interval() == 0.5
     with pytest.raises(ValueError, match="min_window_readings"):
         DecodeConfig(base_url="http://h", model="m", context=8, min_window_readings=0).validate()
+
+
+def test_a_window_without_its_server_readings_is_invalid() -> None:
+    """A server with /metrics must give the window its start and end readings and half the
+    gauge readings aimed at; a server without /metrics (declared at its first read) need not."""
+    from types import SimpleNamespace
+
+    c = cell()
+    c.window.ws, c.window.we = 100.0, 104.0
+    c.ctl = SimpleNamespace(has_metrics=True, metrics_failures=6, metrics_error="HTTP 500 (x)")
+    c.samples = [Snapshot(at=100.0 + 0.2 * i, values={"running": 4.0}) for i in range(20)]
+    c.snap_start = Snapshot(at=100.0, values={})
+    c.snap_end = Snapshot(at=104.01, values={})
+    assert c._judge(True) == ("valid", None)
+    c.missing_readings = ["no /metrics reading at the window's end (GET /metrics failed ...)"]
+    status, reason = c._judge(True)
+    assert status == "invalid" and "no /metrics reading at the window's end" in reason
+    c.missing_readings = []
+    c.samples = c.samples[:9]  # 9 of the 20 aimed at
+    status, reason = c._judge(True)
+    assert status == "invalid" and "only 9 /metrics readings in the window, fewer than 10" in reason
+    assert "6 failed reads" in reason and "HTTP 500" in reason
+    c.ctl = SimpleNamespace(has_metrics=False)  # no /metrics at all: declared, not a fault
+    assert c._judge(True) == ("valid", None)

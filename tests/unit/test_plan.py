@@ -152,3 +152,40 @@ def test_empty_matrix_is_rejected():
 def test_capacity_must_be_positive():
     with pytest.raises(PlanError):
         KvCapacity(0, 16)
+
+
+def test_a_context_at_max_model_len_is_sent_so_that_vllm_admits_it():
+    """vLLM 0.32 refuses a prompt of max_model_len tokens or more; the published matrices ask
+    for a 256K prefill on a 262,144-token server. The plan sends it one token short (the
+    output token's room), labelled 256K as published; decode contexts leave max_output room."""
+    plan = plan_matrix(
+        ref_spec(contexts=[128 * K, 256 * K], concurrencies=[1], max_output_tokens=256),
+        KvCapacity(40_000, 16),
+        max_model_len=262144,
+    )
+    prefill = {c["label"]: c["context_tokens"] for c in plan.prefill}
+    assert prefill["256K"] == 262143  # + max_tokens 1 = max_model_len
+    assert prefill["251K"] == 251 * K  # fits as asked: untouched
+    decode = {c["label"]: c["context_tokens"] for c in plan.decode}
+    assert decode["256K x 1"] == 262144 - 256
+    assert decode["128K x 1"] == 128 * K
+    every = [*plan.prefill, *plan.decode]
+    assert all(c["context_tokens"] + c["max_output_tokens"] <= 262144 for c in every)
+
+
+def test_fitting_never_changes_a_label():
+    # 256K decode with 4,096 output tokens would go out as 252K: refused, not mislabelled
+    with pytest.raises(PlanError, match=r"decode contexts \['256K'\]"):
+        check_matrix(ref_spec(contexts=[256 * K]), max_model_len=262144)
+
+
+def test_repeat_cells_name_a_fitted_context_by_its_label():
+    plan = plan_matrix(
+        ref_spec(contexts=[8 * K], concurrencies=[1]),
+        KvCapacity(40_000, 16),
+        max_model_len=262144,
+        repeats=2,
+        repeat_cells=["prefill 256K"],
+    )
+    repeats = [c for c in plan.prefill if c["repeat"]]
+    assert [(c["label"], c["context_tokens"]) for c in repeats] == [("256K #2", 262143)]

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from speedmatrix import recipes
+from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 from speedmatrix.recipes import RecipeError, classify_ref, load_recipe, ref_slug
 
 PUBLISHED = {
@@ -126,7 +127,9 @@ def test_every_problem_reported_at_once(tmp_path: Path) -> None:
 
 def test_semantic_problems(tmp_path: Path) -> None:
     data = _cpu_data()
-    data["matrix"]["contexts"] = [256, 2000]  # 2000 + 64 > 2048
+    # 3000 + 64 > 2048, and sent as 1984 it would no longer be 3K (2000 would go out as 1984,
+    # still 2K: the plan fits it, see test_plan)
+    data["matrix"]["contexts"] = [256, 3000]
     data["matrix"]["concurrencies"] = [1, 1, 0]
     data["serve"]["args"] += ["--hf-token", "hf_abcdefghijklmnop"]
     data["serve"]["env"]["HF_TOKEN"] = "hf_abcdefghijklmnop"
@@ -135,7 +138,7 @@ def test_semantic_problems(tmp_path: Path) -> None:
         load_recipe(path)
     joined = "\n".join(exc.value.problems)
     assert (
-        "matrix.contexts[1]: context 2000 + max output 64 = 2064 exceeds max_model_len 2048"
+        "matrix.contexts[1]: context 3000 + max output 64 = 3064 exceeds max_model_len 2048"
         in joined
     )
     assert "matrix.concurrencies[2]: 0 is not a positive number of requests" in joined
@@ -243,8 +246,21 @@ def test_every_sim_recipe_profile_loads_and_matches_the_recipe() -> None:
         assert any(t.endswith(r.sim_profile.removeprefix("include/")) for t in r.serve.command)
         assert p.served_model_name == r.model.served_name, r.id
         assert p.model == r.model.id and p.version == r.engine.version, r.id
-        # every published prefill must be admitted (a prompt needs len < max_model_len)
-        assert p.max_model_len > max(r.matrix.prefill_contexts), r.id
+        # the real server's max_model_len, not one that hides vLLM's refusal of a prompt of
+        # max_model_len tokens; the plan makes every cell fit it (prompt + max_tokens <= it)
+        assert p.max_model_len == r.model.max_model_len, r.id
+        m = r.matrix
+        spec = MatrixSpec.build(
+            prefill_contexts=m.prefill_contexts,
+            contexts=m.contexts,
+            concurrencies=m.concurrencies,
+            max_output_tokens=m.max_output_tokens,
+            window_s=m.window_s,
+        )
+        plan = plan_matrix(spec, KvCapacity(10**6, 16), max_model_len=p.max_model_len)
+        cells = [*plan.prefill, *plan.decode]
+        assert len(plan.prefill) == len(m.prefill_contexts), r.id
+        assert all(c["context_tokens"] + c["max_output_tokens"] <= p.max_model_len for c in cells)
 
 
 def test_one_sim_recipe_per_published_recipe() -> None:

@@ -94,6 +94,24 @@ def test_repeats_without_repeat_cells_repeat_whole_runs():
     assert keys(plan_matrix(spec(), BIG).decode)[-1] == ("8K x 2", 0)  # default: no repeats
 
 
+def test_each_pass_sends_its_own_run_tag_and_cache_salt():
+    """A repeat that reused the run's tag would find its primary's prompt in the prefix
+    cache: a repeated prefill would never be cold. Every pass has a tag (and salt) of its own,
+    and every cell of one pass shares it (decode cells reuse their pass's warmed prompts)."""
+    plan = plan_matrix(spec(prefill_contexts=["8K"]), BIG, repeats=3)
+    resolved = {"served_model": "m", "run_tag": "0123456789", "api_key_env": None}
+    server = {"base_url": "http://127.0.0.1:1"}
+    sent = {}
+    for cell in [*plan.prefill, *plan.decode]:
+        cfg = pipeline._loadgen_config(resolved, server, cell)
+        cfg.validate()
+        sent.setdefault(cell["repeat"], set()).add((cfg.run_tag, cfg.salt))
+    assert sent[0] == {("0123456789", "speedmatrix-0123456789")}  # the primary: as before
+    assert all(len(tags) == 1 for tags in sent.values())
+    tags = [next(iter(sent[r])) for r in (0, 1, 2)]
+    assert len({t for t, _ in tags}) == 3 and len({s for _, s in tags}) == 3
+
+
 def test_a_named_cell_over_capacity_fails_the_plan_clearly():
     with pytest.raises(PlanError, match="8Kx32 is over capacity on this server"):
         plan_matrix(spec(), BIG, repeats=2, repeat_cells=["8Kx32", "8Kx1"])

@@ -237,3 +237,26 @@ def test_the_workload_in_the_run_section():
     old = {k: v for k, v in first.run.items() if k != "workload"}
     assert render_markdown(old, first.cells) == article_md
     assert "<dt>Workload</dt><dd>—</dd>" in render_html(old, first.cells)
+
+
+def test_prefill_summary_writes_large_rates_as_the_published_pages_do():
+    """From 10,000 tok/s the published pages write `12.3K` (and `20K` for whole thousands), in
+    the Prefill summary as in the matrix; below it `6,059`. The table keeps its own format, and
+    the page parses back (the summary is cross-checked against the table)."""
+    ref = Path(__file__).resolve().parents[2] / "include" / "reference"
+    page = parse_report((ref / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt").read_text())
+    cells = copy.deepcopy(page.cells)
+    rates = {"8K": 12_345.0, "32K": 20_000.0, "64K": 104_400.0}
+    for c in cells:
+        if c["phase"] == "prefill" and c["context_label"] in rates:
+            c["total_tok_s"] = rates[c["context_label"]]
+    md = render_markdown(page.run, cells)
+    prefill = md[md.index("## Prefill") : md.index("## Sustained decode")]
+    assert "| 8K context | 12.3K | 1,320 ms TTFT |" in prefill
+    assert "| 32K context | 20K | 5,629 ms TTFT |" in prefill
+    assert "| 64K context | 104K | 12,459 ms TTFT |" in prefill
+    assert "| 16K context | 6,059 | 2,679 ms TTFT |" in prefill  # below 10K: as before
+    assert "| Prefill | 16K | 1 | Valid | 6,059.0 |" in md
+    assert "| Prefill | 8K | 1 | Valid | 12.3K |" in md
+    back = {c["context_label"]: c["total_tok_s"] for c in parse_report(md).cells[:7]}
+    assert (back["8K"], back["32K"], back["64K"]) == (12_300.0, 20_000.0, 104_000.0)

@@ -58,7 +58,7 @@ def test_fresh_calibration_matches_the_shipped_profile(text, fitted_json):
     assert not bad
     shipped = load_profile(PROFILE)
     assert profile.num_gpu_blocks == shipped.num_gpu_blocks
-    assert profile.max_model_len >= 262145  # the published 256K prefill must be admitted
+    assert profile.max_model_len == shipped.max_model_len == 262144  # the launch command's
     assert profile.decode_correction == shipped.decode_correction  # deterministic fit
 
 

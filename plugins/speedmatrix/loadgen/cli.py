@@ -290,7 +290,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         default=20,
         metavar="N",
         help="sample /metrics more often in a short window so it gets at least N readings of "
-        "the running requests (see --max-active-deviation)",
+        "the running requests (see --max-active-deviation); a window with fewer than half "
+        "of them (failed reads) is invalid",
     )
     d.set_defaults(func=_run, phase="decode")
 

@@ -21,6 +21,19 @@ class CellNotAttempted(Exception):
     """The cell could not be attempted at all (unreachable server, unknown model, bad input)."""
 
 
+class MetricsUnavailable(Exception):
+    """A /metrics read failed, retries included, on a server that did not say it has none.
+
+    Not the same as a server without /metrics (a 404, or no vLLM gauges, at the first read:
+    `metrics()` returns None and the cell is measured from the client's side, declared).
+    A failed read must never be taken for that: it would switch the server checks off."""
+
+
+METRICS_ATTEMPTS = 3
+"""One read of /metrics is this many requests at most (a failed one is retried at once)."""
+METRICS_RETRY_S = 0.05
+
+
 class ControlClient:
     """Small JSON/text requests to the server, each bounded by a timeout."""
 
@@ -35,6 +48,8 @@ class ControlClient:
             connector=aiohttp.TCPConnector(limit=8),
         )
         self.has_metrics: bool | None = None
+        self.metrics_failures = 0  # failed requests to /metrics (retries included)
+        self.metrics_error: str | None = None  # the last one's reason
 
     async def close(self) -> None:
         await self._session.close()
@@ -107,38 +122,79 @@ class ControlClient:
         return tokens
 
     async def metrics(self) -> Snapshot | None:
-        """One reading of /metrics, or None when the server has none (then: client figures)."""
+        """One reading of /metrics, or None when the server has none (then: client figures).
+
+        "Has none" is decided once, by the first answer: a 404, or a page without vLLM's
+        running gauge. Any other failure (timeout, connection error, 5xx, and a 404 from a
+        server that had /metrics) is retried at once, up to METRICS_ATTEMPTS requests, then
+        raises MetricsUnavailable: the caller decides what a missing reading means."""
         if self.has_metrics is False:
             return None
-        sent = perf_counter()
-        try:
-            async with self._session.get(f"{self.base_url}/metrics") as resp:
-                if resp.status != 200:
-                    self.has_metrics = False
+        for attempt in range(METRICS_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(METRICS_RETRY_S * attempt)
+            sent = perf_counter()
+            try:
+                async with self._session.get(f"{self.base_url}/metrics") as resp:
+                    if resp.status == 404 and self.has_metrics is None:
+                        self.has_metrics = False
+                        return None
+                    if resp.status != 200:
+                        detail = _one_line((await resp.text())[:120])
+                        raise _ReadFailed(f"HTTP {resp.status} ({detail})")
+                    text = await resp.text()
+            except (TimeoutError, aiohttp.ClientError, OSError, _ReadFailed) as exc:
+                self.metrics_failures += 1
+                self.metrics_error = (
+                    str(exc)
+                    if isinstance(exc, _ReadFailed)
+                    else f"{exc.__class__.__name__}: {_one_line(exc)}"
+                )
+                continue
+            snap = snapshot(perf_counter(), text, sent)
+            if self.has_metrics is None:
+                self.has_metrics = snap.get("running") is not None
+                if not self.has_metrics:
                     return None
-                text = await resp.text()
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return None
-        at = perf_counter()
-        snap = snapshot(at, text, sent)
-        if self.has_metrics is None:
-            self.has_metrics = snap.get("running") is not None
-            if not self.has_metrics:
-                return None
-        return snap
+            return snap
+        raise MetricsUnavailable(
+            f"GET /metrics failed {METRICS_ATTEMPTS} times: {self.metrics_error}"
+        )
 
     async def wait_idle(self, timeout_s: float) -> tuple[bool, Snapshot | None]:
-        """Poll until running = waiting = 0 (measurement.md rule 4); (idle?, last reading)."""
+        """Poll until running = waiting = 0 (measurement.md rule 4); (idle?, last reading).
+
+        A failed read is not idle: it is read again until the deadline, and a server whose
+        /metrics never answered is reported not idle (last reading None; `metrics_error`
+        says why). Idle without a reading only for a server that has no /metrics."""
         deadline = perf_counter() + timeout_s
-        snap = await self.metrics()
-        while snap is not None:
-            if not snap.get("running") and not snap.get("waiting"):
-                return True, snap
+        snap: Snapshot | None = None
+        while True:
+            try:
+                read = await self.metrics()
+            except MetricsUnavailable:
+                read = None
+            else:
+                if read is None:
+                    return True, None  # no /metrics: nothing to check against
+                snap = read
+                if not read.get("running") and not read.get("waiting"):
+                    return True, read
             if perf_counter() >= deadline:
                 return False, snap
             await asyncio.sleep(0.2)
-            snap = await self.metrics()
-        return True, None  # nothing to check against
+
+    def describe(self, snap: Snapshot | None) -> str:
+        """The server's load as a reason's detail: its gauges, or why there are none."""
+        if snap is not None:
+            return f"running={snap.get('running') or 0:g}, waiting={snap.get('waiting') or 0:g}"
+        if self.has_metrics is False:
+            return "no /metrics"
+        return f"/metrics unreadable: {self.metrics_error}"
+
+
+class _ReadFailed(Exception):
+    """A /metrics answer that is not a reading (non-200)."""
 
 
 def _one_line(value: object) -> str:

@@ -22,7 +22,7 @@ from speedmatrix.records import context_label, empty_cell
 
 from .common import Progress, Watchdog, check_model, progress_enabled, request_row
 from .config import DecodeConfig
-from .control import ControlClient
+from .control import ControlClient, MetricsUnavailable
 from .monitor import ClientMonitor
 from .prompts import BodyBuilder, build_prompts
 from .promtext import Snapshot, rise
@@ -80,6 +80,7 @@ class _DecodeCell:
         self.samples: list[Snapshot] = []
         self.snap_start: Snapshot | None = None
         self.snap_end: Snapshot | None = None
+        self.missing_readings: list[str] = []  # window readings lost to failed /metrics reads
         self._snap_task: asyncio.Task[Snapshot | None] | None = None
         self.monitor = ClientMonitor()
         self.nonce = secrets.token_hex(3)
@@ -103,7 +104,7 @@ class _DecodeCell:
         cfg = self.cfg
         idle, snap = await self.ctl.wait_idle(cfg.idle_timeout_s)
         if not idle:
-            return self._abandon(f"server not idle before the cell ({_load(snap)})")
+            return self._abandon(f"server not idle before the cell ({self.ctl.describe(snap)})")
         # Bodies are built now, before any clock starts.
         first_token_s = cfg.first_token_timeout(1)
         for p in range(1 if self.shared else self.C):
@@ -145,7 +146,10 @@ class _DecodeCell:
             await progress.stop()
         idle_after, snap = await self.ctl.wait_idle(cfg.idle_timeout_s)
         if not idle_after:
-            self.notes.append(f"server still busy {cfg.idle_timeout_s:.0f} s after the cell")
+            self.notes.append(
+                f"server still busy {cfg.idle_timeout_s:.0f} s after the cell "
+                f"({self.ctl.describe(snap)})"
+            )
         return self._finish_cell()
 
     async def _open_connections(self) -> bool:
@@ -236,7 +240,7 @@ class _DecodeCell:
         on the arrival of that reading lines both up (tokens generated after the reading
         arrive after it), however long /metrics takes to answer under load.
         """
-        snap = await self.ctl.metrics()
+        snap = await self._reading("start")
         t = perf_counter() if snap is not None else t_all
         if self.stopping:
             return snap
@@ -253,7 +257,7 @@ class _DecodeCell:
         for f in (opened, stopped):
             f.cancel()
         if not self.window_open.is_set() and self.failure is None:
-            load = f" (server: {_load(self.samples[-1])})" if self.samples else ""
+            load = f" (server: {self.ctl.describe(self.samples[-1])})" if self.samples else ""
             self._fail(
                 f"only {len(self.started_streams)} of {self.C} streams started within "
                 f"{timeout_s:.0f} s{load}"
@@ -266,7 +270,7 @@ class _DecodeCell:
                 await asyncio.wait_for(self.stop.wait(), remaining)
         self.stopping = True
         if self.failure is None:
-            self.snap_end = await self.ctl.metrics()
+            self.snap_end = await self._reading("end")
         self.monitor.end_window()
         if self._snap_task is not None:
             self.snap_start = await self._snap_task
@@ -287,13 +291,30 @@ class _DecodeCell:
     def _active_items(self) -> Iterator[tuple[StreamConnection, Request, float]]:
         return iter(list(self.active.values()))
 
+    async def _reading(self, edge: str) -> Snapshot | None:
+        """The counters at the window's start or end; None (and the reason kept) when the
+        read failed, so the cell cannot pass its cross-checks unnoticed."""
+        try:
+            return await self.ctl.metrics()
+        except MetricsUnavailable as exc:
+            self.missing_readings.append(f"no /metrics reading at the window's {edge} ({exc})")
+            return None
+
     async def _sample(self) -> None:
-        """Server gauges through the cell; only readings inside the window are used."""
+        """Server gauges through the cell; only readings inside the window are used.
+
+        A failed read is skipped, never the end of sampling: the next tick reads again (one
+        timeout during warm-up used to stop the sampler for good). Only a server without
+        /metrics stops it."""
         while True:
-            snap = await self.ctl.metrics()
-            if snap is None:
-                return
-            self.samples.append(snap)
+            try:
+                snap = await self.ctl.metrics()
+            except MetricsUnavailable:
+                snap = None
+            else:
+                if snap is None:
+                    return
+                self.samples.append(snap)
             await asyncio.sleep(self._sample_interval())
 
     def _sample_interval(self) -> float:
@@ -459,6 +480,28 @@ class _DecodeCell:
             ambiguous_s += max(0.0, b.at - self.window.we)
         return ambiguous_s
 
+    def _readings_missing(self, ws: float, we: float) -> list[str]:
+        """Why the window lacks the server readings its checks need (empty: it has them).
+
+        A server that has /metrics must give the window its start and end readings (the
+        token cross-check, preemptions, prefix-cache and spec-decode figures are their
+        differences) and at least half the gauge readings the sampler aims at (the average
+        of running requests; half, because on a loaded host a /metrics answer may take as
+        long as the interval between readings). Without them the cell's checks were off,
+        so it cannot be called valid. A server without /metrics is the declared exception."""
+        if not getattr(self.ctl, "has_metrics", False):  # none declared (or no client)
+            return []
+        out = list(self.missing_readings)
+        inside = sum(1 for s in self.samples if ws <= s.at <= we + 0.05)
+        need = (self.cfg.min_window_readings + 1) // 2
+        if inside < need:
+            out.append(
+                f"only {inside} /metrics readings in the window, fewer than {need} "
+                f"({self.ctl.metrics_failures} failed reads in the cell; last: "
+                f"{self.ctl.metrics_error})"
+            )
+        return out
+
     def _blind_spots(self) -> list[str]:
         """Reasons the cell's own checks were blind for too long a share of the window.
 
@@ -518,6 +561,8 @@ class _DecodeCell:
         if lag is not None and lag > cfg.max_loop_lag_ms:
             reasons.append(f"client saturated: event-loop lag p90 {lag:.1f} ms")
         reasons += self._blind_spots()
+        if self.window.ws != INF:
+            reasons += self._readings_missing(self.window.ws, self.window.we)
         active = cell["avg_active_requests"]
         if isinstance(active, float) and abs(active - self.C) > cfg.max_active_deviation * self.C:
             reasons.append(
@@ -546,9 +591,3 @@ class _DecodeCell:
 
 def _size(parts: list[bytes]) -> int:
     return sum(len(p) for p in parts)
-
-
-def _load(snap: Snapshot | None) -> str:
-    if snap is None:
-        return "no /metrics"
-    return f"running={snap.get('running') or 0:g}, waiting={snap.get('waiting') or 0:g}"

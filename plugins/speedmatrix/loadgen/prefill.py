@@ -15,7 +15,7 @@ from speedmatrix.records import context_label, empty_cell
 
 from .common import Progress, Watchdog, check_model, progress_enabled, request_row
 from .config import PrefillConfig
-from .control import ControlClient
+from .control import ControlClient, MetricsUnavailable
 from .prompts import BodyBuilder, build_prompts
 from .promtext import rise
 from .stats import ms, scale_times
@@ -48,7 +48,7 @@ async def run_prefill(cfg: PrefillConfig) -> tuple[dict[str, object], list[dict[
         message = [endpoint.head(sum(len(p) for p in parts)), *parts]
         idle, before = await ctl.wait_idle(cfg.idle_timeout_s)
         if not idle:
-            cell["error"] = "server not idle before the cell"
+            cell["error"] = f"server not idle before the cell ({ctl.describe(before)})"
             return cell, []
         req = Request(0, 0, 1, False)
         try:
@@ -72,7 +72,13 @@ async def run_prefill(cfg: PrefillConfig) -> tuple[dict[str, object], list[dict[
             await watchdog.stop()
             conn.close()
             await progress.stop(_summary(req))
-        after = await ctl.metrics()
+        try:
+            after = await ctl.metrics()
+        except MetricsUnavailable as exc:
+            after, missing = None, f"no /metrics reading after the request ({exc})"
+        else:
+            missing = None
+        has_metrics = ctl.has_metrics
     cell["requests_started"] = 1
     row = request_row(req, "prefill", cfg.context, 1, req.sent_at, cfg.workload)
     if req.error is not None:
@@ -105,6 +111,9 @@ async def run_prefill(cfg: PrefillConfig) -> tuple[dict[str, object], list[dict[
         problems.append(f"server counted {req.prompt_tokens} prompt tokens, not {cfg.context}")
     if hits:
         problems.append(f"prompt was not cold: {hits:g} tokens came from the prefix cache")
+    if has_metrics and missing:
+        # the server has prefix-cache counters, but not around this request: cold unproven
+        problems.append(f"{missing}: the cold check cannot be made")
     cell["status"] = "invalid" if problems else "valid"
     cell["error"] = "; ".join(problems) or None
     return cell, [row]

@@ -140,11 +140,13 @@ def fmt_rate(value: float | None) -> str:
 
 
 def fmt_rate_summary(value: float | None, decimals: int) -> str:
-    """Tok/s in the summary sections: prefill ``6,206`` (0 decimals), decode ``54.9`` (1)."""
+    """Tok/s in the summary sections: prefill ``6,206`` (0 decimals), decode ``54.9`` (1);
+    from 10,000 on both as the table writes them, ``12.3K`` and ``20K`` (the published pages
+    write large prefill rates so too, never ``12,345``)."""
     if _is_absent(value):
         return DASH
     v = float(value)
-    if abs(v) >= 10_000 and decimals:
+    if abs(v) >= 10_000:
         return fmt_rate(v)
     return f"{v:,.{decimals}f}"
 

@@ -126,9 +126,10 @@ def calibrate(
         raise CalibrationError("the report needs valid prefill and decode cells to calibrate")
     mml = _max_model_len(run)
     blocks = fit_kv_blocks(cells, max_out, block_size, mml)
-    # The published prefill ran at its largest label: the sim's max-model-len must admit it.
-    largest = max(c["context_tokens"] for c in cells)
-    sim_mml = max(mml or 0, largest + 1)
+    # The server's own max-model-len, as vLLM was launched (the plan sends the largest prefill
+    # as max_model_len - 1, since vLLM refuses a prompt of max_model_len tokens); without a
+    # launch command, the largest published context is the least the server admitted.
+    sim_mml = mml or max(c["context_tokens"] for c in cells)
     base, per_seq, per_kv = _fit_decode(decode)
 
     correction = {(c["context_tokens"], c["concurrency"]): 1.0 for c in decode}
@@ -141,8 +142,8 @@ def calibrate(
     desc = (
         f"Calibrated by `speedmatrix sim calibrate` from {source or 'a published report'}. "
         f"KV blocks fitted from the Over-capacity boundary (block size {block_size} assumed); "
-        f"max_model_len {sim_mml} = the largest published context + 1 (the launch used "
-        f"{mml}; the published tool's largest prompt was shorter than its label)."
+        f"max_model_len {sim_mml} = "
+        f"{'the launch command' if mml else 'the largest published context'}'s."
     )
 
     def build() -> Profile:

@@ -20,6 +20,10 @@ from 1 in arrival order; 0 turns a fault off, 1 hits every request.
   model that copies its prompt: what a speculative decoder accepts almost for free).
 - ``max_running``: at most this many requests run; the rest queue in the engine, so
   ``vllm:num_requests_waiting`` rises (a server that queues during a window).
+- ``metrics_error`` / ``metrics_error_reads``: ``GET /metrics`` answers that HTTP status
+  (500: a server whose metrics read failed; 404: a server without ``/metrics``) for the next
+  ``metrics_error_reads`` reads after the faults were set (0: every read). The counter starts
+  again at each ``POST /sim/faults``, so a test can fail a few reads mid-cell.
 - ``engine_dead``: ``/health`` answers 503, new completion requests get 500 (EngineDeadError)
   and open streams are dropped, as when vLLM's engine core dies.
 
@@ -43,6 +47,8 @@ class Faults:
     repetition_every: int = 0
     echo_every: int = 0
     max_running: int | None = None
+    metrics_error: int | None = None
+    metrics_error_reads: int = 0
     engine_dead: bool = False
 
     @classmethod
@@ -65,6 +71,8 @@ class Faults:
                     raise ValueError("faults.engine_dead must be true or false")
             elif v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise ValueError(f"faults.{f.name} must be a non-negative integer")
+        if out.metrics_error is not None and not 400 <= out.metrics_error <= 599:
+            raise ValueError("faults.metrics_error must be an HTTP error status (400-599)")
         return out
 
     def hits(self, every: int, index: int) -> bool:

@@ -9,12 +9,15 @@ Endpoints, as vLLM 0.32 answers them:
   set, anything under ``/v1`` needs ``Authorization: Bearer <key>`` (401 otherwise).
 - Completions take ``prompt`` as a string, a list of token ids, or a one-element list of either;
   ``max_tokens`` (default 16), ``min_tokens``, ``ignore_eos``, ``stream``, ``stream_options``
-  (``include_usage``, ``continuous_usage_stats``), ``cache_salt``. A prompt of max-model-len
-  tokens or more, ids outside the vocabulary, or bad fields are a 400 with vLLM's error body
+  (``include_usage``, ``continuous_usage_stats``), ``cache_salt``. A prompt of more than
+  max-model-len tokens (vLLM's "exceeds this limit even without any output tokens"), one of
+  exactly max-model-len (no room for an output token: "max_tokens must be at least 1, got 0."),
+  ids outside the vocabulary, or bad fields are a 400 with vLLM's error body
   ``{"error": {"message", "type", "param", "code"}}`` (type "Bad Request" and param null for a
   ``stream`` or ``ignore_eos`` that is no boolean: vLLM's request model rejects those before its
   handler runs). Output that would pass max-model-len is silently shortened (finish_reason
-  "length"), as vLLM does. With a profile's ``natural_stop_tokens``, a request without
+  "length"), as vLLM does: max_tokens is clamped to the room left, before min_tokens is checked
+  against it (so min_tokens = max_tokens past max-model-len is a 400, as in vLLM). With a profile's ``natural_stop_tokens``, a request without
   ``ignore_eos`` ends "stop" there, or at token ``min_tokens + 1`` if later (vLLM masks EOS
   while fewer than min_tokens are out), unless max_tokens comes first. An ``X-Request-Id``
   header becomes the request id (``cmpl-<id>``) and is echoed. A request "arrives" when its
@@ -244,6 +247,7 @@ class SimServer:
         self.time_scale = float(time_scale)
         base = profile.raw.get("faults") if isinstance(profile.raw, dict) else None
         self.faults = Faults.coerce(faults if faults is not None else base)
+        self._metrics_reads = 0
         self.engine = Engine(
             profile,
             max_running=self.faults.max_running,
@@ -339,6 +343,7 @@ class SimServer:
 
     def set_faults(self, faults: Faults | dict[str, Any]) -> Faults:
         self.faults = Faults.coerce(faults)
+        self._metrics_reads = 0  # metrics_error_reads counts from here
         self.engine.max_running = self.faults.max_running
         if self.faults.engine_dead:
             for req in list(self._streams):
@@ -470,6 +475,11 @@ class SimServer:
         return web.json_response({"prompt": self.tokenizer.decode(ids)})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        f = self.faults
+        if f.metrics_error is not None:
+            self._metrics_reads += 1
+            if not f.metrics_error_reads or self._metrics_reads <= f.metrics_error_reads:
+                return web.Response(status=f.metrics_error, text="simulated /metrics fault")
         self.sync()
         from speedmatrix.sim.metrics import render_metrics
 
@@ -584,11 +594,18 @@ class SimServer:
         model = data.get("model")
         if model is not None and model != p.served_model_name:
             raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        if len(ids) >= p.max_model_len:
+        # vLLM 0.32's boundary: more than max_model_len prompt tokens is refused here (the
+        # renderer's length check); exactly max_model_len passes it, and then has no room
+        # for one output token: max_tokens is clamped to max_model_len - prompt = 0, which
+        # SamplingParams refuses ("max_tokens must be at least 1, got 0.").
+        if len(ids) > p.max_model_len:
+            # vLLM words a count of exactly max_model_len + 1 "at least" (its tokenizer stops
+            # there for text; it says so for token ids too)
+            least = "at least " if len(ids) == p.max_model_len + 1 else ""
             raise ApiError(
                 400,
                 f"This model's maximum context length is {p.max_model_len} tokens. However, "
-                f"your prompt contains {len(ids)} input tokens, which exceeds this limit even "
+                f"your prompt contains {least}{len(ids)} input tokens, which exceeds this limit even "
                 "without any output tokens. Please reduce the length of the input prompt. "
                 f"(parameter=input_tokens, value={len(ids)})",
                 param="input_tokens",
@@ -596,6 +613,9 @@ class SimServer:
         max_tokens = data.get("max_tokens", data.get("max_completion_tokens", default_max))
         if max_tokens is None:
             max_tokens = p.max_model_len - len(ids)
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+            # vLLM's get_max_tokens: what would pass max_model_len is shortened, silently
+            max_tokens = min(max_tokens, p.max_model_len - len(ids))
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ApiError(
                 400,
