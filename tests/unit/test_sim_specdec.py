@@ -1,9 +1,9 @@
 """Speculative decoding in the simulator as it behaves on hardware, and its calibration.
 
 Ground truth: a profile with per-request acceptance (mean by context, spread) renders a
-synthetic speculative-decoding page through the report's own Markdown renderer; `sim calibrate`
-never sees the profile, only the page, and must reproduce every published figure within 5%.
-No published spec-decode page ships with the project, so the truth here is known by design.
+synthetic speculative-decoding page through the report's own Markdown renderer
+(tests/specdec_page.py); `sim calibrate` never sees the profile, only the page, and must
+reproduce every published figure within 5%.
 """
 
 from __future__ import annotations
@@ -12,62 +12,21 @@ import contextlib
 import io
 import itertools
 import statistics
-from pathlib import Path
 
 import pytest
-import yaml
+from specdec_page import CONTEXTS, spec_page, truth_profile
 
 from speedmatrix.report.parse import parse_report
-from speedmatrix.report.render import render_markdown
 from speedmatrix.sim.calibrate import compare, fit_summary, smooth_part
 from speedmatrix.sim.engine import Engine, Request
 from speedmatrix.sim.metrics import render_metrics
-from speedmatrix.sim.predict import make_prompt, predict_decode, predict_matrix
+from speedmatrix.sim.predict import make_prompt, predict_decode
 from speedmatrix.sim.profile import Profile
-
-ROOT = Path(__file__).resolve().parents[2]
-SYNTHETIC = ROOT / "include" / "sim-profiles" / "synthetic-specdec-not-calibrated.yaml"
-REFERENCE = ROOT / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"
-CONTEXTS = [1024, 2048, 4096, 8192]
-CONCURRENCIES = [1, 2, 4, 8]
-
-
-def truth_profile() -> Profile:
-    """The synthetic spec profile with acceptance per request: falls with context, scatters."""
-    data = yaml.safe_load(SYNTHETIC.read_text())
-    data["max_model_len"] = 32768  # our own copy: the shipped file's edges are not ours to move
-    data["kv"]["num_gpu_blocks"] = 6000  # 8K x 8 over capacity, the rest runnable
-    # prompt rates under 10K tok/s: the summary's "12.3K" format is issue 15 section 2's
-    data["prefill"]["points"] = [[1024, 0.2], [8192, 1.8], [16384, 4.0]]
-    data["decode"]["base_s"] = 0.02
-    data["spec_decode"]["acceptance_length"] = {
-        "mean": [{"context": 1024, "length": 4.6}, {"context": 16384, "length": 3.6}],
-        "spread": 0.9,
-    }
-    return Profile.from_dict(data)
 
 
 @pytest.fixture(scope="module")
 def page() -> str:
-    """A synthetic published page of a speculating server (k = 7 in its launch command)."""
-    run = dict(parse_report(REFERENCE.read_text()).run)
-    run.update(
-        served_model="sim-specdec",
-        model="sim/specdec-synthetic",
-        measure_s=10.0,
-        launch_command="vllm serve sim/specdec-synthetic --served-model-name sim-specdec "
-        "--max-model-len 32768 --speculative-config "
-        '\'{"method": "draft_model", "num_speculative_tokens": 7}\'',
-    )
-    cells = predict_matrix(
-        truth_profile(),
-        prefill_contexts=[*CONTEXTS, 16384],
-        contexts=CONTEXTS,
-        concurrencies=CONCURRENCIES,
-        window_s=10.0,
-        max_output=4096,
-    )
-    return render_markdown(run, cells)
+    return spec_page()
 
 
 @pytest.fixture(scope="module")
