@@ -346,15 +346,14 @@ def test_replay_of_a_speculative_decoding_page_within_5_percent(tmp_path: Path) 
     2x time (a 10 s window is 5 s of wall time): the synthetic server's steps are a few
     simulated ms, and at 5x the HTTP handling of 8 streams would weigh on them.
     """
-    from specdec_page import WINDOW_S, spec_page
+    from specdec_page import WINDOW_S, calibrated, spec_page
 
     from speedmatrix.report.parse import parse_report
-    from speedmatrix.sim.calibrate import calibrate
     from speedmatrix.sim.predict import predict_decode
     from speedmatrix.sim.profile import save_profile
 
     page = spec_page()
-    profile = calibrate(page, source="synthetic-specdec.md")
+    profile, _ = calibrated()  # the session's one calibration of this page (shared, cached)
     path = save_profile(profile, tmp_path / "spec.yaml")
     published = {
         (c["context_tokens"], c["concurrency"]): c

@@ -49,6 +49,11 @@ SPEC_SHAPE = 0.8
 it; a step's draw scales it to the request's acceptance length, so only the per-step spread of
 chunk sizes depends on it)."""
 
+SPEC_TOLERANCE = 0.01
+"""Worst error at which a speculative-decoding fit stops: a cell's median moves by about this
+much as its streams' requests end in or out of the window, so iterating below it only wanders
+(and each iteration predicts every cell)."""
+
 METRICS = ("total_tok_s", "per_request_tok_s", "ttft_ms", "tbt_ms")
 
 
@@ -226,6 +231,19 @@ def calibrate(
         for c in decode
     }
     pf = {c["context_tokens"]: c["ttft_ms"] / 1000.0 for c in prefill}
+    # Speculating, a step is several TBTs long and the delay before the engine moves a TTFT in
+    # whole steps only (a first token waits for the step under way): start the delay about two
+    # steps short of the published TTFT and let each cell's first-token output latency (a
+    # continuous part of the cell's own) take the rest; the delay gives way only where that
+    # would go below zero.
+    output_ms = {key: 0.0 for key in delay_ms}
+    if k:
+        delay_ms = {
+            (c["context_tokens"], c["concurrency"]): max(
+                c["ttft_ms"] - 2.0 * anchor * c["tbt_ms"], 0.0
+            )
+            for c in decode
+        }
     decode_by_key = {(c["context_tokens"], c["concurrency"]): c for c in decode}
     desc = (
         f"Calibrated by `speedmatrix sim calibrate` from {source or 'a published report'}. "
@@ -270,6 +288,9 @@ def calibrate(
             # client spaces its first requests by a few milliseconds).
             min_step_s=min_step,
             first_token_delay_ms=[(c, n, ms) for (c, n), ms in sorted(delay_ms.items())],
+            first_token_output_ms=[(c, n, ms) for (c, n), ms in sorted(output_ms.items())]
+            if k
+            else [],
             spec_decode=SpecDecode(
                 k,
                 [SPEC_SHAPE] * k,
@@ -302,9 +323,14 @@ def calibrate(
                 acc[(ctx, b)] = (got, sd)
             else:
                 correction[(ctx, b)] *= ratio
-            # damped with speculation: its streams' first steps shift as the acceptances move
-            step = (c["ttft_ms"] - pred["ttft_ms"]) * (0.5 if k else 1.0)
-            delay_ms[(ctx, b)] = max(delay_ms[(ctx, b)] + step, 0.0)
+            diff = c["ttft_ms"] - pred["ttft_ms"]
+            if k:  # the cell's own first-token latency takes it; the delay what it cannot
+                held = output_ms[(ctx, b)] + diff
+                output_ms[(ctx, b)] = max(held, 0.0)
+                if held < 0:
+                    delay_ms[(ctx, b)] = max(delay_ms[(ctx, b)] + held, 0.0)
+            else:
+                delay_ms[(ctx, b)] = max(delay_ms[(ctx, b)] + diff, 0.0)
             worst = max(worst, abs(pred["tbt_ms"] / c["tbt_ms"] - 1))
             worst = max(worst, abs(pred["ttft_ms"] / c["ttft_ms"] - 1))
         profile = build()
@@ -316,7 +342,7 @@ def calibrate(
         log.append(worst)
         if best is None or worst < best[0]:
             best = (worst, measured)
-        if worst < tolerance:
+        if worst < (max(tolerance, SPEC_TOLERANCE) if k else tolerance):
             break
     if k and best is not None:
         # With speculation a cell's median jumps as its streams' requests end in or out of the

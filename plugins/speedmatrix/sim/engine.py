@@ -24,7 +24,9 @@ It mirrors vLLM V1's scheduler closely enough that a load generator sees the sam
   with a golden-ratio (Weyl) sequence instead of independent uniforms: the steps of one request
   average to its acceptance within a fraction of a percent after a few hundred steps, so the
   scatter between cells is the per-request draw's, not sampling noise of the steps.
-- An API-server front end delays each request before the engine sees it (profile.frontend).
+- An API-server front end delays each request before the engine sees it (profile.frontend),
+  and may hold a computed first token before sending it (``first_token_output``: the request
+  decodes only once its first token is out).
 
 The engine is a pure state machine over a simulated clock (no asyncio): ``add``, ``abort``,
 ``next_event_time`` and ``advance(until)``. The HTTP server drives it against the wall clock;
@@ -92,6 +94,7 @@ class Request:
     pkey: int = 0  # spec: hash of the prompt's tokens (seeds the draw, ranks a cell's streams)
     cell_ctx: int | None = None  # spec: the calibrated cell context its prompt belongs to
     weyl: float = 0.0  # spec: state of the per-step quasi-random draw
+    held_first: int = 0  # >0: its first token is computed and held until an output event
     waiter: object | None = None  # set by the server: woken when tokens arrive
     chunk_times: array = field(default_factory=lambda: array("d"))  # server: chunk written (sim s)
     chunk_tokens: array = field(default_factory=lambda: array("i"))  # server: tokens in it
@@ -291,6 +294,8 @@ class Engine:
         self._seq_h = 0
         self._start_at: float | None = None
         self._n_frontend = 0
+        self.outputs: list[tuple[float, int, Request, int]] = []  # held first tokens
+        self._out_gen = 0
 
     # --- the API the server and predictor use -----------------------------------------------
     def add(self, req: Request, now: float | None = None, arrived: float | None = None) -> Request:
@@ -351,6 +356,11 @@ class Engine:
         t = self.step_end
         if fe and (t is None or fe[0][0] < t):
             t = fe[0][0]
+        outs = self.outputs
+        while outs and outs[0][2].held_first != outs[0][3]:
+            heapq.heappop(outs)  # preempted or aborted while held
+        if outs and (t is None or outs[0][0] < t):
+            t = outs[0][0]
         return t
 
     def advance(self, until: float, max_events: int | None = None) -> bool:
@@ -378,6 +388,14 @@ class Engine:
             if self.step_end is not None and self.step_end <= t:
                 self._end_step()
                 ended = True
+            outs = self.outputs
+            while outs and outs[0][0] <= self.now:
+                _, _, req, gen = heapq.heappop(outs)
+                if req.held_first == gen and req.state == RUNNING:
+                    req.held_first = 0
+                    self._emit(req, 1, self.now)
+                    if req.state == FINISHED:
+                        self.running = [r for r in self.running if r.state == RUNNING]
             fe = self.frontend
             while fe and fe[0][0] <= self.now:
                 _, _, req = heapq.heappop(fe)
@@ -421,6 +439,7 @@ class Engine:
         self.pool.release(victim.blocks)
         victim.blocks = []
         victim.num_computed = 0
+        victim.held_first = 0
         victim.preemptions += 1
         victim.state = WAITING
         self.waiting.appendleft(victim)
@@ -442,6 +461,9 @@ class Engine:
         running = self.running
         while i < len(running) and budget > 0:
             r = running[i]
+            if r.held_first:
+                i += 1
+                continue
             remaining = r.plen + r.out - r.num_computed
             decode = r.out > 0 and remaining == 1
             n = k1 if decode else min(remaining, budget)
@@ -511,7 +533,6 @@ class Engine:
         bs = self.bs
         pool = self.pool
         c = self.counters
-        emit = self.on_emit
         spec = self.profile.spec_decode
         done = False
         held = self.held() if spec is not None else 0
@@ -552,26 +573,40 @@ class Engine:
                 e = 1 if r.num_computed == r.plen + r.out else 0
             if not e:
                 continue
-            e = min(e, r.target - r.out)
             if r.out == 0:
-                c.prompt_tokens += r.plen
-            r.out += e
-            r.num_computed = r.plen + r.out - 1
-            if e == 1:
-                r.token_times.append(t)
-            else:
-                r.token_times.extend([t] * e)
-            c.generation_tokens += e
-            if r.out >= r.target:
-                self._finish(r, r.finish_on_target)
-                done = True
-            elif emit is not None:
-                emit(r)
+                hold = self.profile.first_token_output(r.plen, held or self.held())
+                if hold > 0:  # the API server sends it later; the request waits for that
+                    self._out_gen += 1
+                    r.held_first = self._out_gen
+                    heapq.heappush(self.outputs, (t + hold, self._out_gen, r, self._out_gen))
+                    continue
+            done = self._emit(r, e, t) or done
         if done:
             self.running = [r for r in self.running if r.state == RUNNING]
 
+    def _emit(self, r: Request, e: int, t: float) -> bool:
+        """`e` tokens of `r` out at `t` (cut at its target); True when that finished it."""
+        c = self.counters
+        e = min(e, r.target - r.out)
+        if r.out == 0:
+            c.prompt_tokens += r.plen
+        r.out += e
+        r.num_computed = r.plen + r.out - 1
+        if e == 1:
+            r.token_times.append(t)
+        else:
+            r.token_times.extend([t] * e)
+        c.generation_tokens += e
+        if r.out >= r.target:
+            self._finish(r, r.finish_on_target)
+            return True
+        if self.on_emit is not None:
+            self.on_emit(r)
+        return False
+
     def _finish(self, req: Request, reason: str) -> None:
         req.state = FINISHED
+        req.held_first = 0
         req.finish_reason = reason
         req.finished_at = self.now
         self.pool.release(req.blocks)

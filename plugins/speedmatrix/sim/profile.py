@@ -25,6 +25,14 @@ Keys (all optional except where noted; defaults in ``Profile``):
   latency before the engine sees a request, growing with the prompt and with the number of
   requests the server holds. A request waits ``delay(ctx, 1)``, then counts the requests held
   (n) and waits ``max(0, delay(ctx, n) - delay(ctx, 1))`` more. Interpolated in log2 space.
+- ``frontend.first_token_output_ms``: list of ``{context, requests, ms}``: per calibrated cell,
+  the latency between the engine computing a request's first token and the API server sending
+  it (the request does not decode meanwhile). It applies only to a request whose prompt is
+  within 1% of a cell's context while exactly that cell's number of requests is held (no
+  interpolation: it is a cell's own part, like a cell's acceptance). Why: a first token waits
+  for the step under way, so the delay before the engine moves a TTFT only in whole steps; a
+  page whose steps are long next to its TTFT (speculative decoding: a step emits several
+  tokens) is met by this continuous part. ``sim calibrate`` fits it for such pages only.
 - ``spec_decode``: null, or ``num_speculative_tokens`` (k), ``acceptance`` (per-position
   conditional acceptance probabilities, length k: the *shape* of one step's draw),
   ``cost_factor`` (step time multiplier), ``seed``, and ``acceptance_length`` (optional): the
@@ -292,6 +300,7 @@ class Profile:
     decode_correction: list[tuple[int, int, float]] = field(default_factory=list)
     min_step_s: float = 0.001
     first_token_delay_ms: list[tuple[int, int, float]] = field(default_factory=list)
+    first_token_output_ms: list[tuple[int, int, float]] = field(default_factory=list)
     spec_decode: SpecDecode | None = None
     natural_stop_tokens: int | None = None
     raw: dict[str, Any] = field(default_factory=dict)
@@ -308,6 +317,10 @@ class Profile:
         self._correction = LogGrid([(c, b, f) for c, b, f in self.decode_correction])
         self._delay = LogGrid(
             [(c, n, ms / 1000.0) for c, n, ms in self.first_token_delay_ms],
+            extrapolate_context=True,
+        )
+        self._output = LogGrid(
+            [(c, n, ms / 1000.0) for c, n, ms in self.first_token_output_ms],
             extrapolate_context=True,
         )
         if self.num_gpu_blocks < 2 or self.block_size < 1:
@@ -341,6 +354,14 @@ class Profile:
         if self.spec_decode is not None:
             t *= self.spec_decode.cost_factor
         return max(t, self.min_step_s)
+
+    def first_token_output(self, ctx: int, held: int) -> float:
+        """Seconds between the engine computing a first token and the server sending it: the
+        calibrated cell's (prompt within CELL_CONTEXT_TOLERANCE of its context, `held` equal to
+        its requests), else 0."""
+        if not self._output:
+            return 0.0
+        return max(0.0, self._output(ctx, held))
 
     def frontend_delay(self, ctx: int, held: int) -> float:
         """Seconds of API-server latency for a prompt of ctx tokens with `held` requests."""
@@ -432,6 +453,10 @@ class Profile:
                     (int(c["context"]), int(c["requests"]), float(c["ms"]))
                     for c in get("frontend.first_token_delay_ms", []) or []
                 ],
+                first_token_output_ms=[
+                    (int(c["context"]), int(c["requests"]), float(c["ms"]))
+                    for c in get("frontend.first_token_output_ms", []) or []
+                ],
                 spec_decode=spec_obj,
                 natural_stop_tokens=get("natural_stop_tokens"),
                 raw=data,
@@ -475,6 +500,11 @@ class Profile:
             "spec_decode": None,
             "natural_stop_tokens": self.natural_stop_tokens,
         }
+        if self.first_token_output_ms:  # only when fitted: the shipped profiles stay as they are
+            data["frontend"]["first_token_output_ms"] = [
+                {"context": c, "requests": n, "ms": round(ms, 3)}
+                for c, n, ms in self.first_token_output_ms
+            ]
         if self.spec_decode is not None:
             data["spec_decode"] = self.spec_decode.to_dict()
         return data
