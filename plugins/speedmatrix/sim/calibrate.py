@@ -12,6 +12,10 @@ The report is parsed with the ingest code (``speedmatrix.report.parse``). Then:
   (interpolated between cells in log2 space) so that every cell matches.
 - First-token latency: the published TTFT of a decode cell (prompt cached) minus what the
   engine needs for the first step becomes the front end's delay at (context, requests held).
+  Speculating, a step is several TBTs long and a first token waits for the step under way, so
+  that delay moves a TTFT in whole steps only: it starts two steps short of the published TTFT
+  and the first token's output latency (``frontend.first_token_output_ms``, continuous) takes
+  the rest; the delay gives way only where the latency would go below zero.
 - Prefill: the cumulative prefill time P(n) at each prefill context is the published TTFT minus
   the front end's delay at that context.
 

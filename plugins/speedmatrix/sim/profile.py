@@ -25,14 +25,13 @@ Keys (all optional except where noted; defaults in ``Profile``):
   latency before the engine sees a request, growing with the prompt and with the number of
   requests the server holds. A request waits ``delay(ctx, 1)``, then counts the requests held
   (n) and waits ``max(0, delay(ctx, n) - delay(ctx, 1))`` more. Interpolated in log2 space.
-- ``frontend.first_token_output_ms``: list of ``{context, requests, ms}``: per calibrated cell,
-  the latency between the engine computing a request's first token and the API server sending
-  it (the request does not decode meanwhile). It applies only to a request whose prompt is
-  within 1% of a cell's context while exactly that cell's number of requests is held (no
-  interpolation: it is a cell's own part, like a cell's acceptance). Why: a first token waits
-  for the step under way, so the delay before the engine moves a TTFT only in whole steps; a
-  page whose steps are long next to its TTFT (speculative decoding: a step emits several
-  tokens) is met by this continuous part. ``sim calibrate`` fits it for such pages only.
+- ``frontend.first_token_output_ms``: list of ``{context, requests, ms}``: the latency between
+  the engine computing a request's first token and the API server sending it (the request does
+  not decode meanwhile), at (prompt length, requests held when the token is computed);
+  interpolated like ``first_token_delay_ms``, so exact at each calibrated cell. Why: a first
+  token waits for the step under way, so the delay before the engine moves a TTFT only in whole
+  steps; a page whose steps are long next to its TTFT (speculative decoding: a step emits
+  several tokens) is met by this continuous part. ``sim calibrate`` fits it for such pages.
 - ``spec_decode``: null, or ``num_speculative_tokens`` (k), ``acceptance`` (per-position
   conditional acceptance probabilities, length k: the *shape* of one step's draw),
   ``cost_factor`` (step time multiplier), ``seed``, and ``acceptance_length`` (optional): the
@@ -356,9 +355,8 @@ class Profile:
         return max(t, self.min_step_s)
 
     def first_token_output(self, ctx: int, held: int) -> float:
-        """Seconds between the engine computing a first token and the server sending it: the
-        calibrated cell's (prompt within CELL_CONTEXT_TOLERANCE of its context, `held` equal to
-        its requests), else 0."""
+        """Seconds between the engine computing a first token and the server sending it, for a
+        prompt of ctx tokens with `held` requests held (0 when the profile has none)."""
         if not self._output:
             return 0.0
         return max(0.0, self._output(ctx, held))
