@@ -134,7 +134,7 @@ def test_calibrated_profile_reproduces_every_figure_of_a_spec_page(page, fitted)
 def test_calibration_meets_pages_it_was_not_tuned_on(variant):
     """Other ground truths (k = 5 with a low acceptance rising with context; k = 7 with a high,
     wide one and prompts near 10K tok/s): every figure within 5%, statuses identical. Before
-    the first-token output latency, some C=4/C=8 TTFTs of such pages stayed 8-30% off: a first
+    the first-token output latency, 7 TTFTs of each of these pages stayed 9-15% off: a first
     token waits for the step under way, so the delay before the engine moved them in whole
     (speculative, several-TBT) steps only."""
     fitted, printed = calibrated_page(variant)
