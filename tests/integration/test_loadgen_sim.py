@@ -426,3 +426,65 @@ def test_a_failing_metrics_endpoint_is_not_an_idle_server(wide_profile: Path) ->
         cell, _ = run_loop(run_prefill(cfg))
     assert cell["status"] == "failed", cell
     assert "not idle" in cell["error"] and "/metrics unreadable: HTTP 500" in cell["error"]
+
+
+# Cells of the synthetic speculative-decoding page replayed over HTTP: every C=1 cell (one
+# prompt decides each; the load generator's prompts are not the ones the page was made with)
+# and cells of several streams whose total and median disagree (one stream apart).
+SPEC_REPLAY = [(1024, 1), (2048, 1), (4096, 1), (8192, 1), (1024, 8), (2048, 4), (8192, 4)]
+
+
+def test_replay_of_a_speculative_decoding_page_within_5_percent(tmp_path: Path) -> None:
+    """A profile calibrated from a speculating server's page, served by the real simulator and
+    measured by the real load generator: each replayed cell within 5% of the page (total tok/s,
+    per-request tok/s, time between tokens, output tokens), status valid, and the acceptance
+    length read from the simulator's vLLM counters equal to what the profile predicts.
+
+    2x time (a 10 s window is 5 s of wall time): the synthetic server's steps are a few
+    simulated ms, and at 5x the HTTP handling of 8 streams would weigh on them.
+    """
+    from specdec_page import WINDOW_S, calibrated, spec_page
+
+    from speedmatrix.report.parse import parse_report
+    from speedmatrix.sim.predict import predict_decode
+    from speedmatrix.sim.profile import save_profile
+
+    page = spec_page()
+    profile, _ = calibrated()  # the session's one calibration of this page (shared, cached)
+    path = save_profile(profile, tmp_path / "spec.yaml")
+    published = {
+        (c["context_tokens"], c["concurrency"]): c
+        for c in parse_report(page).cells
+        if c["phase"] == "decode"
+    }
+    scale = 2.0
+    problems: list[str] = []
+    with sim(path, time_scale=scale) as url:
+        for ctx, conc in SPEC_REPLAY:
+            want = published[(ctx, conc)]
+            assert want["status"] == "valid"
+            got, _ = run_loop(
+                run_decode(DecodeConfig(
+                    base_url=url, model=profile.served_model_name, context=ctx,
+                    concurrency=conc, duration_s=WINDOW_S, max_output_tokens=4096,
+                    time_scale=scale, run_tag="spec-replay", first_token_timeout_s=120.0,
+                    max_loop_lag_ms=50.0, max_client_cpu_pct=100.0, token_tolerance=0.03,
+                ))
+            )  # fmt: skip
+            label = f"{want['context_label']} x{conc}"
+            if got["status"] != "valid":
+                problems.append(f"{label}: {got['status']} ({got['error']})")
+                continue
+            for key in ("total_tok_s", "per_request_tok_s", "tbt_ms", "output_tokens"):
+                if abs(got[key] - want[key]) > 0.05 * abs(want[key]):
+                    problems.append(f"{label}: {key} {got[key]:.1f} vs {want[key]:.1f}")
+            expected = predict_decode(profile, ctx, conc, window_s=WINDOW_S)
+            acceptance = got["spec_acceptance_length"]
+            if (
+                acceptance is None
+                or abs(acceptance / expected["spec_acceptance_length"] - 1) > 0.05
+            ):
+                problems.append(
+                    f"{label}: acceptance {acceptance} vs {expected['spec_acceptance_length']:.2f}"
+                )
+    assert problems == [], "\n".join(problems)

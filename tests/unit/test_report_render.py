@@ -260,3 +260,20 @@ def test_prefill_summary_writes_large_rates_as_the_published_pages_do():
     assert "| Prefill | 8K | 1 | Valid | 12.3K |" in md
     back = {c["context_label"]: c["total_tok_s"] for c in parse_report(md).cells[:7]}
     assert (back["8K"], back["32K"], back["64K"]) == (12_300.0, 20_000.0, 104_000.0)
+
+
+def test_acceptance_length_matrix_in_html_only_when_speculating():
+    """A speculating run shows each cell's mean acceptance length in the HTML; the Markdown page
+    keeps the published format exactly (no new column); a run without it shows no matrix."""
+    parsed = parse_report(REFERENCE.read_text(encoding="utf-8"))
+    cells = copy.deepcopy(parsed.cells)
+    plain = render_html(parsed.run, cells)
+    assert "Speculative decoding" not in plain
+    decode = [c for c in cells if c["phase"] == "decode" and c["status"] == "valid"]
+    for i, c in enumerate(decode):
+        c["spec_acceptance_length"] = 2.5 + 0.01 * i
+    page = render_html(parsed.run, cells)
+    assert "Speculative decoding" in page and 'class="matrix acceptance"' in page
+    assert all(f"{2.5 + 0.01 * i:.2f}" in page for i in range(len(decode)))
+    md = render_markdown(parsed.run, cells)
+    assert md == render_markdown(parsed.run, parsed.cells)  # the acceptance changes no byte

@@ -348,6 +348,44 @@ def _change_colour(change: float | None) -> str:
     return _scale_colour(0.5 + max(-0.5, min(0.5, change * 2.5)))
 
 
+ACCEPTANCE_NOTE = (
+    "Mean acceptance length per cell: tokens a decode step emits, 1 + accepted / drafts from "
+    "the server's spec-decode counters over the window. At 1 request one prompt decides it; "
+    "more requests average it."
+)
+
+
+def acceptance_matrix(rows: list[dict], cols: list[int], grid: dict) -> list[dict]:
+    """The decode matrix of spec_acceptance_length (HTML only: the Markdown page keeps the
+    published format); empty when no cell has one (a server that does not speculate)."""
+    values = [
+        c["spec_acceptance_length"]
+        for c in grid.values()
+        if not _absent(c.get("spec_acceptance_length"))
+    ]
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    out = []
+    for r in rows:
+        line = []
+        for c in cols:
+            cell = grid.get((r["tokens"], c)) or {}
+            v = cell.get("spec_acceptance_length")
+            if _absent(v):
+                text = (
+                    F.fmt_status(cell["status"])
+                    if cell.get("status") not in (None, "valid")
+                    else F.DASH
+                )
+                line.append({"text": text, "colour": "#eeeeee", "cls": "empty"})
+            else:
+                frac = (v - lo) / (hi - lo) if hi > lo else 1.0
+                line.append({"text": f"{v:.2f}", "colour": _scale_colour(frac), "cls": "valid"})
+        out.append({"label": r["label"], "cells": line})
+    return out
+
+
 def render_html(
     run: dict,
     cells: list[dict],
@@ -402,6 +440,7 @@ def render_html(
                     }
                 )
         matrix.append({"label": r["label"], "cells": line})
+    acceptance = acceptance_matrix(rows, cols, grid)
     prefill_cells = [c for c in cells if c.get("phase") == "prefill"]
     pvals = [
         c["total_tok_s"]
@@ -450,6 +489,8 @@ def render_html(
         matrix=matrix,
         cols=cols,
         matrix_note=MATRIX_NOTE,
+        acceptance=acceptance,
+        acceptance_note=ACCEPTANCE_NOTE,
         over_note=OVER_CAPACITY_NOTE,
         ttft_note=TTFT_NOTE,
         table_note=TABLE_NOTE,

@@ -12,12 +12,30 @@ The report is parsed with the ingest code (``speedmatrix.report.parse``). Then:
   (interpolated between cells in log2 space) so that every cell matches.
 - First-token latency: the published TTFT of a decode cell (prompt cached) minus what the
   engine needs for the first step becomes the front end's delay at (context, requests held).
+  Speculating, a step is several TBTs long and a first token waits for the step under way, so
+  that delay moves a TTFT in whole steps only: it starts two steps short of the published TTFT
+  and the first token's output latency (``frontend.first_token_output_ms``, continuous) takes
+  the rest; the delay gives way only where the latency would go below zero.
 - Prefill: the cumulative prefill time P(n) at each prefill context is the published TTFT minus
   the front end's delay at that context.
 
 The corrections are refined by predicting every cell through ``predict`` (the engine model in
 simulated time) until the predictions agree with the report; ``compare`` reports the residual
 per cell and metric. numpy is imported here only, never on the serve path.
+
+Speculative decoding (the launch command's ``num_speculative_tokens`` = k, or ``spec_tokens``):
+a page's time between tokens is a step's time divided by the tokens a step emits (the mean
+acceptance length), and a page does not say which is which. So the split is anchored by one
+assumption, ``acceptance_length`` (default 1 + k / 2; the measured value of that server when
+known): the step-time model is fitted as if every cell accepted that much, and what each cell
+needs beyond it is that cell's acceptance length (``spec_decode.acceptance_length.cells``), not
+a step-time correction (which is used only where the acceptance would leave [1, k + 1]). On
+real hardware one prompt decides a C=1 cell's acceptance, so the per-cell part is what
+reproduces the page; the smooth part for cells the page does not have is the mean acceptance
+length as a line in log2(context) (fitted to the cells weighted by C, since a cell of C streams
+averages C draws) and the spread of a request's acceptance around it (sqrt of the C-weighted
+mean squared residual: a C-stream cell's residual has variance spread^2 / C). ``fit_summary``
+prints both fits.
 """
 
 from __future__ import annotations
@@ -28,7 +46,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedmatrix.sim.predict import over_capacity, predict_decode, predict_prefill
-from speedmatrix.sim.profile import Profile
+from speedmatrix.sim.profile import Profile, SpecDecode
+
+SPEC_SHAPE = 0.8
+"""Per-position conditional acceptance of a calibrated profile's shape (the page does not show
+it; a step's draw scales it to the request's acceptance length, so only the per-step spread of
+chunk sizes depends on it)."""
+
+SPEC_TOLERANCE = 0.01
+"""Worst error at which a speculative-decoding fit stops: a cell's median moves by about this
+much as its streams' requests end in or out of the window, so iterating below it only wanders
+(and each iteration predicts every cell)."""
 
 METRICS = ("total_tok_s", "per_request_tok_s", "ttft_ms", "tbt_ms")
 
@@ -80,12 +108,15 @@ def fit_kv_blocks(
     return (lo + hi) // 2
 
 
-def _fit_decode(cells: list[dict[str, Any]]) -> tuple[float, float, float]:
+def _fit_decode(
+    cells: list[dict[str, Any]], tokens_per_step: float = 1.0
+) -> tuple[float, float, float]:
+    """base, per_seq, per_kv of the step time; a step is `tokens_per_step` x the page's TBT."""
     import numpy as np
 
     rows, target = [], []
     for c in cells:
-        tbt = c["tbt_ms"] / 1000.0
+        tbt = c["tbt_ms"] / 1000.0 * tokens_per_step
         b = c["concurrency"]
         kv = b * (c["context_tokens"] + (c["output_tokens"] or 0) / (2 * b))
         rows.append([1.0 / tbt, (b - 1) / tbt, kv / tbt])
@@ -104,6 +135,55 @@ def _max_model_len(run: dict[str, Any]) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def spec_tokens_of(run: dict[str, Any]) -> int | None:
+    """k from the launch command's speculative config (``num_speculative_tokens``), if any."""
+    m = re.search(r"num_speculative_tokens\W{0,4}(\d+)", run.get("launch_command") or "")
+    return int(m.group(1)) if m else None
+
+
+def _smooth_acceptance(
+    acc: dict[tuple[int, int], tuple[float, float]], k: int
+) -> tuple[list[tuple[int, float]], float]:
+    """The mean acceptance length as a line in log2(context), weighted by C, and the spread of
+    a request around it: from the cells' means (a C-stream cell's mean scatters by
+    spread / sqrt(C)) and from the spread within the cells of several streams, pooled."""
+    xs = [math.log2(ctx) for ctx, _ in acc]
+    ws = [float(c) for _, c in acc]
+    ys = [v[0] for v in acc.values()]
+    wsum = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs, strict=True)) / wsum
+    my = sum(w * y for w, y in zip(ws, ys, strict=True)) / wsum
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs, strict=True))
+    sxy = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys, strict=True))
+    slope = sxy / sxx if sxx > 0 else 0.0
+
+    def line(x: float) -> float:
+        return min(max(my + slope * (x - mx), 1.0), k + 1.0)
+
+    var = [w * (y - line(x)) ** 2 for w, x, y in zip(ws, xs, ys, strict=True)]
+    var += [sd**2 for (_, c), (_, sd) in acc.items() if c > 1]
+    spread = math.sqrt(sum(var) / len(var))
+    ctxs = sorted({ctx for ctx, _ in acc})
+    ends = [ctxs[0], ctxs[-1]] if len(ctxs) > 1 else ctxs
+    return [(c, line(math.log2(c))) for c in ends], spread
+
+
+def _secant(tried: list[tuple[float, float]], x: float, err: float, k: int) -> float:
+    """Next signed outlier spread of a cell from the (spread, error) pairs tried so far: a
+    secant step through the last two (at most 1 token: the median moves in jumps), a first
+    step of 1 token, and the best so far when a step would not move; within [-k, k]."""
+    tried.append((x, err))
+    if len(tried) == 1:
+        nxt = x + (-1.0 if err > 0 else 1.0)
+    else:
+        (x0, e0), (x1, e1) = tried[-2], tried[-1]
+        if e1 == e0 or x1 == x0:
+            nxt = min(tried, key=lambda t: abs(t[1]))[0]
+        else:
+            nxt = x1 + min(max(-e1 * (x1 - x0) / (e1 - e0), -1.0), 1.0)
+    return min(max(nxt, -float(k)), float(k))
+
+
 def calibrate(
     text: str,
     *,
@@ -112,6 +192,8 @@ def calibrate(
     name: str | None = None,
     iterations: int = 12,
     tolerance: float = 0.005,
+    spec_tokens: int | None = None,
+    acceptance_length: float | None = None,
 ) -> Profile:
     """A profile that reproduces the report's matrix (see the module docstring)."""
     from speedmatrix.report.parse import parse_report
@@ -130,14 +212,43 @@ def calibrate(
     # as max_model_len - 1, since vLLM refuses a prompt of max_model_len tokens); without a
     # launch command, the largest published context is the least the server admitted.
     sim_mml = mml or max(c["context_tokens"] for c in cells)
-    base, per_seq, per_kv = _fit_decode(decode)
+    k = spec_tokens or spec_tokens_of(run)
+    anchor = 1.0
+    if k:
+        anchor = acceptance_length if acceptance_length is not None else 1.0 + k / 2.0
+        if not 1.0 <= anchor <= k + 1:
+            raise CalibrationError(f"acceptance length {anchor} is not in [1, {k + 1}] (k = {k})")
+    elif acceptance_length is not None:
+        raise CalibrationError("an acceptance length needs speculative decoding (k unknown)")
+    base, per_seq, per_kv = _fit_decode(decode, anchor)
 
     correction = {(c["context_tokens"], c["concurrency"]): 1.0 for c in decode}
+    acc = {key: (anchor, 0.0) for key in correction} if k else {}
+    # A step of a few prefill tokens costs about a one-sequence decode step (see build), but
+    # never more than half the quickest published first token (a speculating server's decode
+    # step, k drafts verified, can cost more than the first token's whole latency).
+    min_step = min(base, 0.5 * min(c["ttft_ms"] for c in decode) / 1000.0)
+    smooth: list[tuple[int, float]] = []
+    spread = 0.0
+    tried: dict[tuple[int, int], list[tuple[float, float]]] = {}
     delay_ms = {
         (c["context_tokens"], c["concurrency"]): max(c["ttft_ms"] - c["tbt_ms"], 0.0)
         for c in decode
     }
     pf = {c["context_tokens"]: c["ttft_ms"] / 1000.0 for c in prefill}
+    # Speculating, a step is several TBTs long and the delay before the engine moves a TTFT in
+    # whole steps only (a first token waits for the step under way): start the delay about two
+    # steps short of the published TTFT and let each cell's first-token output latency (a
+    # continuous part of the cell's own) take the rest; the delay gives way only where that
+    # would go below zero.
+    output_ms = {key: 0.0 for key in delay_ms}
+    if k:
+        delay_ms = {
+            (c["context_tokens"], c["concurrency"]): max(
+                c["ttft_ms"] - 2.0 * anchor * c["tbt_ms"], 0.0
+            )
+            for c in decode
+        }
     decode_by_key = {(c["context_tokens"], c["concurrency"]): c for c in decode}
     desc = (
         f"Calibrated by `speedmatrix sim calibrate` from {source or 'a published report'}. "
@@ -145,6 +256,12 @@ def calibrate(
         f"max_model_len {sim_mml} = "
         f"{'the launch command' if mml else 'the largest published context'}'s."
     )
+    if k:
+        desc += (
+            f" Speculative decoding, k = {k}: the step-time model assumes a mean acceptance "
+            f"length of {anchor:g} (the page cannot tell step time from acceptance); each "
+            f"published cell's acceptance length is in spec_decode.acceptance_length.cells."
+        )
 
     def build() -> Profile:
         points = sorted(pf.items())
@@ -170,22 +287,55 @@ def calibrate(
             decode_base_s=base,
             decode_per_seq_s=per_seq,
             decode_per_kv_token_s=per_kv,
-            decode_correction=[(k[0], k[1], f) for k, f in sorted(correction.items())],
+            decode_correction=[(c, n, f) for (c, n), f in sorted(correction.items())],
             # Any forward pass reads all the weights: a step of a few prefill tokens costs about
             # what a one-sequence decode step does (this also keeps TTFT insensitive to how a
             # client spaces its first requests by a few milliseconds).
-            min_step_s=base,
-            first_token_delay_ms=[(k[0], k[1], ms) for k, ms in sorted(delay_ms.items())],
+            min_step_s=min_step,
+            first_token_delay_ms=[(c, n, ms) for (c, n), ms in sorted(delay_ms.items())],
+            first_token_output_ms=[(c, n, ms) for (c, n), ms in sorted(output_ms.items())]
+            if k
+            else [],
+            spec_decode=SpecDecode(
+                k,
+                [SPEC_SHAPE] * k,
+                mean_length=smooth,
+                spread=spread,
+                cells=[(c, n, v, sd) for (c, n), (v, sd) in sorted(acc.items())],
+            )
+            if k
+            else None,
         )
 
     profile = build()
     log: list[float] = []
-    for _ in range(iterations):
+    best: tuple[float, Profile] | None = None
+    for _ in range(iterations * (3 if k else 1)):
         worst = 0.0
+        measured = profile
         for (ctx, b), c in decode_by_key.items():
             pred = predict_decode(profile, ctx, b, window_s=window, max_output=max_out)
-            correction[(ctx, b)] *= c["tbt_ms"] / pred["tbt_ms"]
-            delay_ms[(ctx, b)] = max(delay_ms[(ctx, b)] + c["ttft_ms"] - pred["ttft_ms"], 0.0)
+            ratio = c["tbt_ms"] / pred["tbt_ms"]
+            if k:  # the acceptance takes the residual; the step time only beyond [1, k + 1]
+                mean, sd = acc[(ctx, b)]
+                got = min(max(mean / ratio, 1.0), k + 1.0)
+                correction[(ctx, b)] *= ratio * got / mean
+                if b > 1:  # streams that differ: total x TBT / C moves off 1 as they do
+                    r_pub = c["total_tok_s"] * c["tbt_ms"] / 1000.0 / b
+                    r_pred = pred["total_tok_s"] * pred["tbt_ms"] / 1000.0 / b
+                    sd = _secant(tried.setdefault((ctx, b), []), sd, r_pred - r_pub, k)
+                    worst = max(worst, abs(pred["total_tok_s"] / c["total_tok_s"] - 1))
+                acc[(ctx, b)] = (got, sd)
+            else:
+                correction[(ctx, b)] *= ratio
+            diff = c["ttft_ms"] - pred["ttft_ms"]
+            if k:  # the cell's own first-token latency takes it; the delay what it cannot
+                held = output_ms[(ctx, b)] + diff
+                output_ms[(ctx, b)] = max(held, 0.0)
+                if held < 0:
+                    delay_ms[(ctx, b)] = max(delay_ms[(ctx, b)] + held, 0.0)
+            else:
+                delay_ms[(ctx, b)] = max(delay_ms[(ctx, b)] + diff, 0.0)
             worst = max(worst, abs(pred["tbt_ms"] / c["tbt_ms"] - 1))
             worst = max(worst, abs(pred["ttft_ms"] / c["ttft_ms"] - 1))
         profile = build()
@@ -195,10 +345,56 @@ def calibrate(
             worst = max(worst, abs(pred["ttft_ms"] / c["ttft_ms"] - 1))
         profile = build()
         log.append(worst)
-        if worst < tolerance:
+        if best is None or worst < best[0]:
+            best = (worst, measured)
+        if worst < (max(tolerance, SPEC_TOLERANCE) if k else tolerance):
             break
+    if k and best is not None:
+        # With speculation a cell's median jumps as its streams' requests end in or out of the
+        # window, so the iteration may wander: keep the profile whose predictions were best.
+        profile = best[1]
+        profile.spec_decode.mean_length[:], profile.spec_decode.spread = _smooth_acceptance(
+            {(c, n): (v, sd) for c, n, v, sd in profile.spec_decode.cells}, k
+        )
+        profile = Profile.from_dict(profile.to_dict(), origin=profile.name)
     profile.raw = {"calibration_worst_error_by_iteration": log}
     return profile
+
+
+def smooth_part(profile: Profile) -> Profile:
+    """The profile without its per-cell parts (decode corrections, cells' acceptance): the
+    model a cell the page does not have gets, held against the cells the page does have."""
+    data = profile.to_dict()
+    data["decode"]["correction"] = []
+    spec = data.get("spec_decode")
+    if spec and spec.get("acceptance_length"):
+        spec["acceptance_length"]["cells"] = []
+    return Profile.from_dict(data, origin=profile.name)
+
+
+def fit_summary(profile: Profile, text: str, *, source: str | None = None) -> list[str]:
+    """Lines: per figure (metric), max and median |error| of the smooth model alone and of
+    the full profile (smooth + per-cell part), and whether the statuses are identical."""
+    import statistics
+
+    out = []
+    for title, prof in (
+        ("smooth model alone", smooth_part(profile)),
+        ("with per-cell part", profile),
+    ):
+        rows, _ = compare(prof, text, source=source)
+        statuses = all(r["ok"] for r in rows if r["metric"] == "status")
+        parts = []
+        for metric in METRICS:
+            errs = [
+                abs(r["rel_error"])
+                for r in rows
+                if r["metric"] == metric and r["rel_error"] is not None
+            ]
+            if errs:
+                parts.append(f"{metric} max {max(errs):.2%} median {statistics.median(errs):.2%}")
+        out.append(f"{title}: " + "; ".join(parts) + f"; statuses identical: {statuses}")
+    return out
 
 
 def _rel(pub: Any, pred: Any) -> float | None:

@@ -51,6 +51,20 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         "--block-size", type=int, default=16, help="KV block size assumed (default 16)"
     )
     cal.add_argument("--name", default=None, help="profile name (default: the out file's stem)")
+    cal.add_argument(
+        "--spec-tokens",
+        type=int,
+        default=None,
+        help="draft tokens per step (k) of a speculative-decoding report "
+        "(default: num_speculative_tokens in its launch command)",
+    )
+    cal.add_argument(
+        "--acceptance-length",
+        type=float,
+        default=None,
+        help="mean acceptance length the step-time model assumes for a speculative-decoding "
+        "report (default 1 + k/2; the server's measured value when known)",
+    )
     cal.set_defaults(func=_calibrate)
 
     pred = cmds.add_parser(
@@ -86,7 +100,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from speedmatrix.sim.calibrate import calibrate, compare
+    from speedmatrix.sim.calibrate import calibrate, compare, fit_summary
     from speedmatrix.sim.profile import save_profile
 
     report = Path(args.report)
@@ -95,7 +109,12 @@ def _calibrate(args: argparse.Namespace) -> int:
     if out.suffix not in (".yaml", ".yml", ".json"):
         raise ValueError(f"--out must end in .yaml, .yml or .json: {out}")
     profile = calibrate(
-        text, source=report.name, block_size=args.block_size, name=args.name or out.stem
+        text,
+        source=report.name,
+        block_size=args.block_size,
+        name=args.name or out.stem,
+        spec_tokens=args.spec_tokens,
+        acceptance_length=args.acceptance_length,
     )
     rows, bad = compare(profile, text, source=report.name)
     worst = max((abs(r["rel_error"]) for r in rows if r["rel_error"] is not None), default=0.0)
@@ -108,6 +127,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(
         f"wrote {out}: {profile.num_gpu_blocks} KV blocks x {profile.block_size}, worst cell error {worst:.2%}"
     )
+    for line in fit_summary(profile, text, source=report.name):
+        print(f"  {line}")
     for m in bad:
         print(f"  off: {m}", file=sys.stderr)
     return 0 if not bad else 1

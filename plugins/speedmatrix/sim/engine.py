@@ -15,9 +15,18 @@ It mirrors vLLM V1's scheduler closely enough that a load generator sees the sam
   Freed blocks keep their hash until the allocator reuses them (LRU), so a repeated prompt skips
   its cached blocks; at least one token is always recomputed (vLLM caps hits at len - 1).
 - Step time from the profile: decode cost of the batch plus P(b) - P(a) for each prefill chunk.
-- Speculative decoding: each decode proposes k tokens; position i is accepted with the profile's
-  conditional probability, so a step emits 1 + accepted tokens (several tokens per chunk).
-- An API-server front end delays each request before the engine sees it (profile.frontend).
+- Speculative decoding: each decode proposes k tokens and emits 1 + accepted tokens (several
+  tokens per chunk). Acceptance belongs to the request, as on real hardware where the prompt's
+  content decides it: a request draws its acceptance length once, seeded from its prompt's
+  tokens (profile ``acceptance_length``: mean by context, spread), or takes its calibrated
+  cell's value (the cell found from its prompt length and the number of requests the engine
+  holds). Each step then draws from the profile's per-position shape scaled to that length,
+  with a golden-ratio (Weyl) sequence instead of independent uniforms: the steps of one request
+  average to its acceptance within a fraction of a percent after a few hundred steps, so the
+  scatter between cells is the per-request draw's, not sampling noise of the steps.
+- An API-server front end delays each request before the engine sees it (profile.frontend),
+  and may hold a computed first token before sending it (``first_token_output``: the request
+  decodes only once its first token is out).
 
 The engine is a pure state machine over a simulated clock (no asyncio): ``add``, ``abort``,
 ``next_event_time`` and ``advance(until)``. The HTTP server drives it against the wall clock;
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import zlib
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -37,6 +47,15 @@ from dataclasses import dataclass, field
 from speedmatrix.sim.profile import Profile
 
 FRONTEND, FRONTEND2, WAITING, RUNNING, FINISHED = range(5)
+GOLDEN = 0.6180339887498949
+"""Step of the Weyl sequence of a request's per-step acceptance draws (low discrepancy)."""
+
+
+def prompt_key(prompt: list[int]) -> int:
+    """A stable hash of a prompt's tokens (the same in every process, unlike hash() of str)."""
+    return zlib.crc32(array("q", prompt).tobytes())
+
+
 STATE_NAMES = ("frontend", "frontend", "waiting", "running", "finished")
 
 
@@ -71,7 +90,11 @@ class Request:
     preemptions: int = 0
     token_times: array = field(default_factory=lambda: array("d"))  # one entry per token
     accepted: array = field(default_factory=lambda: array("i"))  # spec: accepted per decode step
-    rng: random.Random | None = None
+    acc_len: float = 0.0  # spec: the request's drawn mean acceptance length
+    pkey: int = 0  # spec: hash of the prompt's tokens (seeds the draw, ranks a cell's streams)
+    cell_ctx: int | None = None  # spec: the calibrated cell context its prompt belongs to
+    weyl: float = 0.0  # spec: state of the per-step quasi-random draw
+    held_first: int = 0  # >0: its first token is computed and held until an output event
     waiter: object | None = None  # set by the server: woken when tokens arrive
     chunk_times: array = field(default_factory=lambda: array("d"))  # server: chunk written (sim s)
     chunk_tokens: array = field(default_factory=lambda: array("i"))  # server: tokens in it
@@ -130,6 +153,7 @@ class Request:
             "token_times": list(self.token_times),
             "steps": [list(s) for s in self.steps],
             "accepted": list(self.accepted),
+            "acceptance_length": self.acc_len or None,
             "chunks": [list(c) for c in self.chunks],
         }
 
@@ -198,6 +222,21 @@ class BlockPool:
             self.cached[h] = block
 
 
+def _cell_ranks(plan: list[tuple[Request, int, bool]]) -> dict[Request, tuple[int, int]]:
+    """(rank, count) of each decoding request among those of its cell context, by prompt hash:
+    a stable order of a cell's streams (each keeps its prompt, so its place, across restarts)."""
+    groups: dict[int | None, list[Request]] = {}
+    for r, _, decode in plan:
+        if decode:
+            groups.setdefault(r.cell_ctx, []).append(r)
+    out: dict[Request, tuple[int, int]] = {}
+    for members in groups.values():
+        members.sort(key=lambda r: (r.pkey, r.index))
+        for j, r in enumerate(members):
+            out[r] = (j, len(members))
+    return out
+
+
 def block_hashes(prompt: list[int], block_size: int, salt: str | None) -> list[int]:
     """Chain hashes of the prompt's whole blocks; the salt seeds the chain (cache_salt)."""
     out = []
@@ -258,6 +297,8 @@ class Engine:
         self._seq_h = 0
         self._start_at: float | None = None
         self._n_frontend = 0
+        self.outputs: list[tuple[float, int, Request, int]] = []  # held first tokens
+        self._out_gen = 0
 
     # --- the API the server and predictor use -----------------------------------------------
     def add(self, req: Request, now: float | None = None, arrived: float | None = None) -> Request:
@@ -274,8 +315,12 @@ class Engine:
         self._seq += 1
         if req.target <= 0:
             req.target = req.max_tokens
-        if self.k:
-            req.rng = random.Random(self.profile.spec_decode.seed * 1_000_003 + req.index)
+        spec = self.profile.spec_decode
+        if spec is not None:
+            req.pkey = key = prompt_key(req.prompt)
+            req.acc_len = spec.draw_length(req.plen, key)
+            req.cell_ctx = spec.cell_context(req.plen)
+            req.weyl = random.Random(key ^ spec.seed).random()
         self.finished.pop(req.rid, None)  # an id reused after the earlier one finished
         self.live[req.rid] = req
         self._n_frontend += 1
@@ -314,6 +359,11 @@ class Engine:
         t = self.step_end
         if fe and (t is None or fe[0][0] < t):
             t = fe[0][0]
+        outs = self.outputs
+        while outs and outs[0][2].held_first != outs[0][3]:
+            heapq.heappop(outs)  # preempted or aborted while held
+        if outs and (t is None or outs[0][0] < t):
+            t = outs[0][0]
         return t
 
     def advance(self, until: float, max_events: int | None = None) -> bool:
@@ -341,6 +391,14 @@ class Engine:
             if self.step_end is not None and self.step_end <= t:
                 self._end_step()
                 ended = True
+            outs = self.outputs
+            while outs and outs[0][0] <= self.now:
+                _, _, req, gen = heapq.heappop(outs)
+                if req.held_first == gen and req.state == RUNNING:
+                    req.held_first = 0
+                    self._emit(req, 1, self.now)
+                    if req.state == FINISHED:
+                        self.running = [r for r in self.running if r.state == RUNNING]
             fe = self.frontend
             while fe and fe[0][0] <= self.now:
                 _, _, req = heapq.heappop(fe)
@@ -384,6 +442,7 @@ class Engine:
         self.pool.release(victim.blocks)
         victim.blocks = []
         victim.num_computed = 0
+        victim.held_first = 0
         victim.preemptions += 1
         victim.state = WAITING
         self.waiting.appendleft(victim)
@@ -405,6 +464,9 @@ class Engine:
         running = self.running
         while i < len(running) and budget > 0:
             r = running[i]
+            if r.held_first:
+                i += 1
+                continue
             remaining = r.plen + r.out - r.num_computed
             decode = r.out > 0 and remaining == 1
             n = k1 if decode else min(remaining, budget)
@@ -474,19 +536,27 @@ class Engine:
         bs = self.bs
         pool = self.pool
         c = self.counters
-        emit = self.on_emit
         spec = self.profile.spec_decode
         done = False
+        held = self.held() if spec is not None else 0
+        ranks: dict[Request, tuple[int, int]] | None = None
         for r, n, decode in plan:
             if r.state != RUNNING:
                 continue  # aborted or preempted meanwhile
             if decode:
                 e = 1
                 if spec is not None:
+                    cell = spec.cell(r.cell_ctx, held)
+                    length = r.acc_len
+                    if cell is not None:
+                        if ranks is None:
+                            ranks = _cell_ranks(plan)
+                        length = spec.cell_length(cell[0], cell[1], *ranks[r])
+                    survival = spec.survival(length)
+                    r.weyl = u = (r.weyl + GOLDEN) % 1.0
                     acc = 0
-                    rnd = r.rng.random
-                    for pos, prob in enumerate(spec.acceptance):
-                        if rnd() >= prob:
+                    for pos, s in enumerate(survival):
+                        if u >= s:
                             break
                         acc += 1
                         c.spec_accepted_per_pos[pos] += 1
@@ -506,26 +576,40 @@ class Engine:
                 e = 1 if r.num_computed == r.plen + r.out else 0
             if not e:
                 continue
-            e = min(e, r.target - r.out)
             if r.out == 0:
-                c.prompt_tokens += r.plen
-            r.out += e
-            r.num_computed = r.plen + r.out - 1
-            if e == 1:
-                r.token_times.append(t)
-            else:
-                r.token_times.extend([t] * e)
-            c.generation_tokens += e
-            if r.out >= r.target:
-                self._finish(r, r.finish_on_target)
-                done = True
-            elif emit is not None:
-                emit(r)
+                hold = self.profile.first_token_output(r.plen, held or self.held())
+                if hold > 0:  # the API server sends it later; the request waits for that
+                    self._out_gen += 1
+                    r.held_first = self._out_gen
+                    heapq.heappush(self.outputs, (t + hold, self._out_gen, r, self._out_gen))
+                    continue
+            done = self._emit(r, e, t) or done
         if done:
             self.running = [r for r in self.running if r.state == RUNNING]
 
+    def _emit(self, r: Request, e: int, t: float) -> bool:
+        """`e` tokens of `r` out at `t` (cut at its target); True when that finished it."""
+        c = self.counters
+        e = min(e, r.target - r.out)
+        if r.out == 0:
+            c.prompt_tokens += r.plen
+        r.out += e
+        r.num_computed = r.plen + r.out - 1
+        if e == 1:
+            r.token_times.append(t)
+        else:
+            r.token_times.extend([t] * e)
+        c.generation_tokens += e
+        if r.out >= r.target:
+            self._finish(r, r.finish_on_target)
+            return True
+        if self.on_emit is not None:
+            self.on_emit(r)
+        return False
+
     def _finish(self, req: Request, reason: str) -> None:
         req.state = FINISHED
+        req.held_first = 0
         req.finish_reason = reason
         req.finished_at = self.now
         self.pool.release(req.blocks)

@@ -3,7 +3,10 @@
 Names follow vLLM V1 (``vllm:`` prefix, counters exposed as ``<name>_total``), so that the load
 generator's server cross-checks (generation tokens, running / waiting, KV usage, preemptions,
 prefix-cache hit rate, spec-decode acceptance) and the server inspection (cache_config_info)
-read the simulator exactly as they read vLLM.
+read the simulator exactly as they read vLLM. The spec-decode counters are vLLM's
+``SpecDecodingProm`` (vllm/v1/spec_decode/metrics.py): drafts, draft tokens, accepted tokens,
+and accepted tokens per draft position (label ``position``, 0 .. k - 1), only when the server
+speculates; the mean acceptance length is 1 + accepted / drafts.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ def _esc(value: object) -> str:
 def render_metrics(engine: Engine, profile: Profile, generation_tokens: int | None = None) -> str:
     """Prometheus text; `generation_tokens` overrides the engine's count (the server passes the
     tokens its API layer has handed to clients, see SimServer.tokens_out)."""
-    labels = f'engine="0",model_name="{_esc(profile.served_model_name)}"'
+    # vLLM's PrometheusStatLogger declares labelnames ["model_name", "engine"], in that order
+    labels = f'model_name="{_esc(profile.served_model_name)}",engine="0"'
     c = engine.counters
     lines: list[str] = []
 

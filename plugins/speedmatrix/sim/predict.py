@@ -59,6 +59,14 @@ def _make_prompt(tokens: int, tag: int, vocab_size: int) -> list[int]:
     return (head + body)[:tokens]
 
 
+def default_prompt_mode(profile: Profile) -> str:
+    """``distinct`` (the load generator's default) when the profile speculates: acceptance is
+    drawn per prompt, so C streams on one shared prompt would all accept alike and a cell would
+    not average C draws as the load generator's distinct prompts do; else ``shared`` (cheaper:
+    one warm-up, and without speculation the two agree once warmed)."""
+    return "distinct" if profile.spec_decode is not None else "shared"
+
+
 def over_capacity(profile: Profile, context: int, concurrency: int, max_output: int) -> bool:
     """measurement.md's rule: C x ceil((ctx + max_out) / block) > blocks - 1."""
     per_request = -(-(context + max_output) // profile.block_size)
@@ -101,15 +109,17 @@ def predict_decode(
     *,
     window_s: float = 30.0,
     max_output: int = 4096,
-    prompt_mode: str = "shared",
+    prompt_mode: str | None = None,
     arrival_gap_s: float = ARRIVAL_GAP_S,
 ) -> dict[str, Any]:
     """One sustained-decode cell; over_capacity (not run) by the KV-block rule.
 
     The C streams' first requests arrive `arrival_gap_s` apart (a client writes them one after
     the other): they then join the engine's steps the way they do over HTTP, rather than all
-    landing in one idle step, which no real client achieves.
+    landing in one idle step, which no real client achieves. `prompt_mode` defaults to
+    ``default_prompt_mode(profile)``.
     """
+    prompt_mode = prompt_mode or default_prompt_mode(profile)
     cell = empty_cell(
         phase="decode",
         context_tokens=context,
@@ -154,6 +164,7 @@ def predict_decode(
         finished.clear()
     start_t = max(r.token_times[0] for r in requests[:concurrency])
     end_t = start_t + window_s
+    drafts0, accepted0 = engine.counters.spec_drafts, engine.counters.spec_accepted
     active_area = 0.0
     last_t = start_t
     while True:
@@ -184,6 +195,9 @@ def predict_decode(
         if r.finished_at is not None and start_t <= r.finished_at <= end_t:
             completed += 1
     tbt = statistics.median(tbts) if tbts else None
+    drafts = engine.counters.spec_drafts - drafts0
+    if drafts:  # as the load generator reads vLLM's counters: 1 + accepted / drafts
+        cell["spec_acceptance_length"] = 1.0 + (engine.counters.spec_accepted - accepted0) / drafts
     cell.update(
         total_tok_s=window_tokens / window_s,
         per_request_tok_s=rate_median(tbts),
@@ -210,7 +224,7 @@ def predict_matrix(
     concurrencies: list[int],
     window_s: float = 30.0,
     max_output: int = 4096,
-    prompt_mode: str = "shared",
+    prompt_mode: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every cell of a matrix, prefill first, then decode row by row (the report's order)."""
     cells = [predict_prefill(profile, ctx, tag=i + 1) for i, ctx in enumerate(prefill_contexts)]

@@ -25,9 +25,29 @@ Keys (all optional except where noted; defaults in ``Profile``):
   latency before the engine sees a request, growing with the prompt and with the number of
   requests the server holds. A request waits ``delay(ctx, 1)``, then counts the requests held
   (n) and waits ``max(0, delay(ctx, n) - delay(ctx, 1))`` more. Interpolated in log2 space.
+- ``frontend.first_token_output_ms``: list of ``{context, requests, ms}``: the latency between
+  the engine computing a request's first token and the API server sending it (the request does
+  not decode meanwhile), at (prompt length, requests held when the token is computed);
+  interpolated like ``first_token_delay_ms``, so exact at each calibrated cell. Why: a first
+  token waits for the step under way, so the delay before the engine moves a TTFT only in whole
+  steps; a page whose steps are long next to its TTFT (speculative decoding: a step emits
+  several tokens) is met by this continuous part. ``sim calibrate`` fits it for such pages.
 - ``spec_decode``: null, or ``num_speculative_tokens`` (k), ``acceptance`` (per-position
-  conditional acceptance probabilities, length k), ``cost_factor`` (step time multiplier),
-  ``seed``.
+  conditional acceptance probabilities, length k: the *shape* of one step's draw),
+  ``cost_factor`` (step time multiplier), ``seed``, and ``acceptance_length`` (optional): the
+  acceptance of each request, because on real hardware one prompt's content decides how often
+  its drafts are accepted (so a C=1 cell scatters and many streams average out):
+  ``mean`` (list of ``{context, length}``: the mean acceptance length, 1 + accepted per draft,
+  of a request by its prompt length; interpolated in log2 space, clamped outside; absent =
+  the shape's own mean), ``spread`` (standard deviation of a request's acceptance length around
+  that mean; a Beta draw on [1, k + 1] seeded from the prompt's tokens, so the same prompt
+  always gets the same acceptance), and ``cells`` (list of ``{context, concurrency, length,
+  spread}``: a calibrated cell, which replaces the draw for every request whose prompt is
+  within 1% of that context while the engine holds exactly that many requests: its streams,
+  ranked by their prompts, take ``length`` but one, which is ``spread`` (signed) apart from the
+  others (the cell's mean kept), so a cell's streams differ as on the page they were fitted to,
+  whose total tok/s and median time between tokens disagree when they do). A step's draw
+  scales the shape (p_i ** theta) so that its mean is the request's acceptance length.
 - ``natural_stop_tokens``: null, or after how many output tokens a request without
   ``ignore_eos`` emits EOS (finish_reason "stop"), at the earliest token ``min_tokens + 1``
   (vLLM masks EOS until min_tokens are out); null means it always runs to max_tokens.
@@ -35,9 +55,12 @@ Keys (all optional except where noted; defaults in ``Profile``):
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import random
+import statistics
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,12 +137,142 @@ class LogGrid:
         return _interp(xs, ys, lx)
 
 
+@functools.lru_cache(maxsize=4096)
+def _normal_quantile(p: float) -> float:
+    return statistics.NormalDist().inv_cdf(p)
+
+
+CELL_CONTEXT_TOLERANCE = 0.01
+"""A prompt belongs to a calibrated cell's context when within 1% of it: the loadgen sends the
+label's exact token count, or one token short at max_model_len, never a neighbouring label."""
+
+
 @dataclass
 class SpecDecode:
+    """Speculative decoding: the shape of one step's draw and each request's acceptance."""
+
     num_speculative_tokens: int
     acceptance: list[float]
     cost_factor: float = 1.0
     seed: int = 0
+    mean_length: list[tuple[int, float]] = field(default_factory=list)
+    spread: float = 0.0
+    cells: list[tuple[int, int, float, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        k = self.num_speculative_tokens
+        for ctx, length in self.mean_length:
+            if ctx <= 0 or not 1.0 <= length <= k + 1:
+                raise ProfileError(f"spec_decode.acceptance_length.mean: length in [1, {k + 1}]")
+        for ctx, conc, length, _ in self.cells:
+            if ctx <= 0 or conc <= 0 or not 1.0 <= length <= k + 1:
+                raise ProfileError(f"spec_decode.acceptance_length.cells: length in [1, {k + 1}]")
+        if self.spread < 0:
+            raise ProfileError("spec_decode.acceptance_length.spread must be >= 0")
+        pts = sorted(self.mean_length)
+        self._mxs = [math.log2(c) for c, _ in pts]
+        self._mys = [v for _, v in pts]
+        self._cells = {(c, n): (v, sd) for c, n, v, sd in self.cells}
+        self._cell_ctxs = sorted({c for c, _, _, _ in self.cells})
+        self._survival: dict[float, list[float]] = {}
+
+    def shape_mean(self) -> float:
+        """Mean acceptance length of the shape itself (theta = 1)."""
+        return 1.0 + sum(math.prod(self.acceptance[: i + 1]) for i in range(len(self.acceptance)))
+
+    def mean_at(self, context: int) -> float:
+        """The mean acceptance length of a request with a prompt of `context` tokens."""
+        if not self._mxs:
+            return self.shape_mean()
+        return _interp(self._mxs, self._mys, math.log2(max(context, 1)))
+
+    def draw_length(self, context: int, key: int) -> float:
+        """A request's acceptance length: Beta on [1, k + 1] around mean_at(context).
+
+        `key` is a hash of the prompt's tokens: the same prompt draws the same acceptance (one
+        prompt's content decides it), distinct prompts scatter.
+        """
+        mean = self.mean_at(context)
+        if self.spread <= 0:
+            return mean
+        k = self.num_speculative_tokens
+        mu = min(max((mean - 1.0) / k, 1e-6), 1 - 1e-6)
+        var = min((self.spread / k) ** 2, 0.95 * mu * (1 - mu))
+        nu = mu * (1 - mu) / var - 1.0
+        rng = random.Random(self.seed * 1_000_003 + key)
+        return 1.0 + k * rng.betavariate(mu * nu, (1 - mu) * nu)
+
+    def cell_context(self, context: int) -> int | None:
+        """The calibrated cell context a prompt of `context` tokens belongs to, if any."""
+        if not self._cell_ctxs:
+            return None
+        best = min(self._cell_ctxs, key=lambda c: abs(math.log(context / c)))
+        return best if abs(context / best - 1.0) <= CELL_CONTEXT_TOLERANCE else None
+
+    def cell(self, cell_context: int | None, concurrency: int) -> tuple[float, float] | None:
+        """A calibrated cell's (mean acceptance length, spread); None: not a published cell."""
+        if cell_context is None:
+            return None
+        return self._cells.get((cell_context, concurrency))
+
+    def cell_length(self, mean: float, spread: float, rank: int, streams: int) -> float:
+        """The acceptance length of the stream ranked `rank` of `streams` in a calibrated cell."""
+        if spread == 0 or streams <= 1:
+            return mean
+        # one stream (the last ranked) apart from the others, the cell's mean kept: a fast
+        # outlier (spread > 0) or a slow one (< 0), which moves the median time between tokens
+        # against the total either way, as one prompt unlike the others does on real hardware
+        share = (streams - 1) / streams if rank == streams - 1 else -1.0 / streams
+        return min(max(mean + spread * share, 1.0), self.num_speculative_tokens + 1.0)
+
+    def survival(self, length: float) -> list[float]:
+        """P(position i accepted) for a step whose mean acceptance length is `length`.
+
+        The shape's conditional probabilities raised to theta, theta found by bisection so that
+        1 + sum(survival) = length (clamped to what the shape can reach). Cached per 1e-4.
+        """
+        key = round(length, 4)
+        hit = self._survival.get(key)
+        if hit is not None:
+            return hit
+
+        def surv(log_theta: float) -> list[float]:
+            theta = 2.0**log_theta
+            out, s = [], 1.0
+            for p in self.acceptance:
+                s *= p**theta if p > 0 else 0.0
+                out.append(s)
+            return out
+
+        lo, hi = -30.0, 30.0  # theta from ~0 (accept all) to huge (accept none)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if 1.0 + sum(surv(mid)) > key:
+                lo = mid
+            else:
+                hi = mid
+        result = surv((lo + hi) / 2)
+        if len(self._survival) < 100_000:
+            self._survival[key] = result
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "acceptance": self.acceptance,
+            "cost_factor": self.cost_factor,
+            "seed": self.seed,
+        }
+        if self.mean_length or self.spread or self.cells:
+            data["acceptance_length"] = {
+                "mean": [{"context": c, "length": round(v, 6)} for c, v in self.mean_length],
+                "spread": round(self.spread, 6),
+                "cells": [
+                    {"context": c, "concurrency": n, "length": round(v, 6), "spread": round(sd, 6)}
+                    for c, n, v, sd in self.cells
+                ],
+            }
+        return data
 
 
 @dataclass
@@ -146,6 +299,7 @@ class Profile:
     decode_correction: list[tuple[int, int, float]] = field(default_factory=list)
     min_step_s: float = 0.001
     first_token_delay_ms: list[tuple[int, int, float]] = field(default_factory=list)
+    first_token_output_ms: list[tuple[int, int, float]] = field(default_factory=list)
     spec_decode: SpecDecode | None = None
     natural_stop_tokens: int | None = None
     raw: dict[str, Any] = field(default_factory=dict)
@@ -162,6 +316,10 @@ class Profile:
         self._correction = LogGrid([(c, b, f) for c, b, f in self.decode_correction])
         self._delay = LogGrid(
             [(c, n, ms / 1000.0) for c, n, ms in self.first_token_delay_ms],
+            extrapolate_context=True,
+        )
+        self._output = LogGrid(
+            [(c, n, ms / 1000.0) for c, n, ms in self.first_token_output_ms],
             extrapolate_context=True,
         )
         if self.num_gpu_blocks < 2 or self.block_size < 1:
@@ -195,6 +353,13 @@ class Profile:
         if self.spec_decode is not None:
             t *= self.spec_decode.cost_factor
         return max(t, self.min_step_s)
+
+    def first_token_output(self, ctx: int, held: int) -> float:
+        """Seconds between the engine computing a first token and the server sending it, for a
+        prompt of ctx tokens with `held` requests held (0 when the profile has none)."""
+        if not self._output:
+            return 0.0
+        return max(0.0, self._output(ctx, held))
 
     def frontend_delay(self, ctx: int, held: int) -> float:
         """Seconds of API-server latency for a prompt of ctx tokens with `held` requests."""
@@ -231,9 +396,29 @@ class Profile:
                     raise ProfileError(
                         f"{origin}: spec_decode.acceptance needs {k} probabilities in [0, 1]"
                     )
-                spec_obj = SpecDecode(
-                    k, acc, float(spec.get("cost_factor", 1.0)), int(spec.get("seed", 0))
-                )
+                al = spec.get("acceptance_length") or {}
+                try:
+                    spec_obj = SpecDecode(
+                        k,
+                        acc,
+                        float(spec.get("cost_factor", 1.0)),
+                        int(spec.get("seed", 0)),
+                        mean_length=[
+                            (int(m["context"]), float(m["length"])) for m in al.get("mean") or []
+                        ],
+                        spread=float(al.get("spread") or 0.0),
+                        cells=[
+                            (
+                                int(m["context"]),
+                                int(m["concurrency"]),
+                                float(m["length"]),
+                                float(m.get("spread") or 0.0),
+                            )
+                            for m in al.get("cells") or []
+                        ],
+                    )
+                except ProfileError as exc:
+                    raise ProfileError(f"{origin}: {exc}") from exc
             defaults = cls.__dataclass_fields__
             return cls(
                 name=str(get("name", Path(origin).stem)),
@@ -265,6 +450,10 @@ class Profile:
                 first_token_delay_ms=[
                     (int(c["context"]), int(c["requests"]), float(c["ms"]))
                     for c in get("frontend.first_token_delay_ms", []) or []
+                ],
+                first_token_output_ms=[
+                    (int(c["context"]), int(c["requests"]), float(c["ms"]))
+                    for c in get("frontend.first_token_output_ms", []) or []
                 ],
                 spec_decode=spec_obj,
                 natural_stop_tokens=get("natural_stop_tokens"),
@@ -309,14 +498,13 @@ class Profile:
             "spec_decode": None,
             "natural_stop_tokens": self.natural_stop_tokens,
         }
+        if self.first_token_output_ms:  # only when fitted: the shipped profiles stay as they are
+            data["frontend"]["first_token_output_ms"] = [
+                {"context": c, "requests": n, "ms": round(ms, 3)}
+                for c, n, ms in self.first_token_output_ms
+            ]
         if self.spec_decode is not None:
-            s = self.spec_decode
-            data["spec_decode"] = {
-                "num_speculative_tokens": s.num_speculative_tokens,
-                "acceptance": s.acceptance,
-                "cost_factor": s.cost_factor,
-                "seed": s.seed,
-            }
+            data["spec_decode"] = self.spec_decode.to_dict()
         return data
 
 
