@@ -3,7 +3,8 @@
 All session-scoped, because each is slow to make and the tests only read from them:
 
 - ``sshd``: a private ``sshd -D`` on a free loopback port (its own config, host key and a
-  generated client key for root), exported as an Airflow connection through the env var
+  generated client key for root; other local users log in with the keys in their own
+  ``~/.ssh/authorized_keys``, as test_machine_lease.py's throwaway user does), exported as an Airflow connection through the env var
   ``AIRFLOW_CONN_<ID>`` (JSON form) so ``SSHHook(ssh_conn_id=sshd.conn_id)`` and
   ``speedmatrix.hosts.get_host(sshd.conn_id)`` work. The connection carries the server's host
   key, so host-key checking stays on. Yields an :class:`SshdInfo`.
@@ -114,7 +115,7 @@ def sshd() -> Iterator[SshdInfo]:
 ListenAddress 127.0.0.1
 HostKey {host_key}
 PidFile {work}/sshd.pid
-AuthorizedKeysFile {work}/authorized_keys
+AuthorizedKeysFile {work}/authorized_keys .ssh/authorized_keys
 StrictModes no
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
