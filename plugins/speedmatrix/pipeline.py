@@ -190,7 +190,8 @@ def secrets_of(resolved: Mapping[str, Any]) -> list[str]:
 
 
 def host_of(resolved: Mapping[str, Any]):
-    """A fresh Host for the run (`host_home` becomes $HOME there: envs, lease, server state)."""
+    """A fresh Host for the run (`host_home` becomes $HOME there: envs and server state; the
+    lease is the machine's whatever the HOME)."""
     from speedmatrix.hosts import get_host
 
     home = resolved.get("host_home")
