@@ -285,6 +285,11 @@ def server_records(
         where, _ = machine_dir(host, lease_dir)
     except LeaseError as exc:
         raise ServerError(f"cannot read the servers recorded on {host.name}: {exc}") from exc
+    return _records_in(host, servers_dir, where)
+
+
+def _records_in(host: Host, servers_dir: str, where: str) -> list[ServerRecord]:
+    """:func:`server_records` with the machine-wide directory already resolved."""
     res = host.run(
         f"bash -c {_q(_RECORDS_SH)} records {_q(host.resolve(servers_dir))} {_q(where)}",
         timeout_s=60,
@@ -428,7 +433,7 @@ def start_server(
         machine, uid = machine_dir(host, lease_dir)
     except LeaseError as exc:
         raise ServerError(f"cannot record a server on {host.name}: {exc}") from exc
-    for rec in server_records(host, servers_dir, lease_dir):
+    for rec in _records_in(host, servers_dir, machine):
         if rec.state in _OURS:
             by = f"started by {rec.owner}" + (f" for {rec.run}" if rec.run else "")
             raise ServerAlreadyRunning(

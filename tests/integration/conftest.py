@@ -310,7 +310,7 @@ def _worker() -> str:
 
 @pytest.fixture(scope="session")
 def vllm_cpu_server(
-    vllm_cpu_host, vllm_cpu_recipe, vllm_cpu_env, vllm_home
+    vllm_cpu_host, vllm_cpu_recipe, vllm_cpu_env, vllm_home, session_dir
 ) -> Iterator[VllmServer]:
     """Real vLLM on this CPU serving the tiny model, started once for the session.
 
@@ -334,6 +334,8 @@ def vllm_cpu_server(
         # one per xdist worker: each worker's session has a server of its own on this one
         # host, and start_server refuses a second server of ours in the same servers dir
         servers_dir=f"{vllm_home}/.speedmatrix/session-servers-{_worker()}",
+        # and a machine-wide registry of its own: the tests' servers beside it are not refused
+        lease_dir=str(session_dir / "vllm-session-machine"),
     )
     start_s = time.monotonic() - t0
     from speedmatrix.server import inspect_server
