@@ -135,8 +135,8 @@ PARAMS = {
         None,
         type=["null", "string"],
         pattern="^/",
-        description="$HOME on the host for engine envs, the lease and server state "
-        "(absolute path). Default: the SSH user's home.",
+        description="$HOME on the host for engine envs and server state (absolute path; "
+        "the host lease is the machine's, whatever the HOME). Default: the SSH user's home.",
     ),
     "port": Param(
         None,

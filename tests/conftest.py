@@ -8,6 +8,7 @@ the demo's .airflow/. Fixtures that need the metadata DB ask for `airflow_db`.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -26,6 +27,19 @@ os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
 os.environ.setdefault("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
 os.environ["SPEEDMATRIX_WAREHOUSE"] = str(_SESSION_DIR / "warehouse")
 Path(os.environ["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
+# The host lease and the record of running servers are machine-wide (/var/tmp/speedmatrix
+# unless SPEEDMATRIX_LEASE_DIR says otherwise): this process gets a "machine" of its own, and
+# each test another one (below), so that tests side by side (xdist workers, other checkouts
+# on this box) never wait for nor refuse one another. Session fixtures that start a server
+# name a directory of their own.
+os.environ["SPEEDMATRIX_LEASE_DIR"] = str(_SESSION_DIR / "machine")
+_machines = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _machine_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own machine-wide lease directory (created when first used)."""
+    monkeypatch.setenv("SPEEDMATRIX_LEASE_DIR", str(_SESSION_DIR / f"machine-{next(_machines)}"))
 
 
 @pytest.fixture(scope="session")

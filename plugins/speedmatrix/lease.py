@@ -1,18 +1,34 @@
-"""One benchmark per host: a lease kept on the host itself.
+"""One benchmark per machine: a lease kept on the host itself, machine-wide.
 
 Why on the host: Airflow pools and `max_active_tis_per_dagrun` cap tasks running at one moment,
 not the span from server start to server stop, and `max_active_runs` would serialise every host.
 A lease file on the machine being measured is seen by every worker, every scheduler and every
 SSH connection id that points at that machine.
 
+Why machine-wide, not under $HOME: the GPUs are the machine's. Two runs with a different
+`host_home`, or two SSH users of one box, must see one lease. It lives in one directory every
+user of the tool shares (:data:`MACHINE_DIR`, ``/var/tmp/speedmatrix``): /var/tmp is sticky
+1777 on every Linux and shared by all users' sessions. (/dev/shm loses a user's files when
+logind's RemoveIPC runs at their logout; /tmp is often a per-service or per-user namespace;
+/run/lock is 1777 on Debian/Ubuntu only.) /var/tmp survives a reboot, the runs and servers do
+not: every record carries the kernel's boot id, and a record of another boot is void at once.
+The first user makes the directory sticky 1777: anyone may add a record, no one may remove or
+rewrite another user's. Each user writes a record file of its own (``holder.<uid>``, 0644,
+readable by all); the lease's holder is the record with the latest expiry, so a second user
+reads the holder, takes the lease once it expired (its own record beside the stale one), and
+cannot remove a live one. Where /var/tmp is not shared (pam_namespace, PrivateTmp), the host
+names another directory in its own environment (``SPEEDMATRIX_LEASE_DIR``: sshd's SetEnv or
+/etc/environment, machine-wide, never per user), and the deployment's ``SPEEDMATRIX_LEASE_DIR``
+(the Airflow workers' env) is the default for hosts that do not say.
+
 How: one small bash script per operation, run through `Host.run`, holding `flock` on
-`<dir>/lock` while it reads and rewrites `<dir>/holder` (one line: holder, expiry, taken-at, all
-epoch seconds of the host's own clock, so worker clocks never matter). Taking is atomic; a lease
-past its expiry is free to take (its holder died); renewing or releasing a lease someone else
-now holds is refused and said so. The run renews the lease while its tasks work (a background
-thread, `Renewer`), the host itself extends it while the run's server lives (between tasks too:
-`keep_while_group`), and the teardown releases it; a run that disappears with its server stops
-renewing and its lease expires after `ttl_s`.
+`<dir>/lock` while it reads the records and rewrites its own (one line: holder, expiry,
+taken-at, all epoch seconds of the host's own clock, so worker clocks never matter, then the
+boot id). Taking is atomic; a lease past its expiry is free to take (its holder died);
+renewing or releasing a lease someone else now holds is refused and said so. The run renews the
+lease while its tasks work (a background thread, `Renewer`), the host itself extends it while
+the run's server lives (between tasks too: `keep_while_group`), and the teardown releases it; a
+run that disappears with its server stops renewing and its lease expires after `ttl_s`.
 """
 
 from __future__ import annotations
@@ -29,24 +45,63 @@ from speedmatrix.hosts import Host
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DIR = "$HOME/.speedmatrix/lease"
+MACHINE_DIR = "/var/tmp/speedmatrix"
+DIR_ENV = "SPEEDMATRIX_LEASE_DIR"
 DEFAULT_TTL_S = float(os.environ.get("SPEEDMATRIX_LEASE_TTL_S", "900"))
 _SAFE = re.compile(r"[^A-Za-z0-9._:+@=/-]")
 
-# $1 op, $2 dir, $3 holder, $4 ttl. Prints one status line: WORD holder expiry now.
-_SCRIPT = r"""
+# sm_machine_dir EXPLICIT DEFAULT: sets $d to the machine-wide directory (EXPLICIT when given,
+# else the host's own $SPEEDMATRIX_LEASE_DIR, else DEFAULT, the deployment's), made sticky
+# 1777 by whoever makes it; fails, saying why, when this user cannot write there.
+MACHINE_DIR_SH = r"""
+sm_machine_dir() {
+  d=${1:-${SPEEDMATRIX_LEASE_DIR:-$2}}
+  if [ ! -d "$d" ]; then
+    mkdir -p -m 1777 -- "$d" 2>/dev/null || [ -d "$d" ] || {
+      echo "cannot create the machine-wide lease directory $d as $(id -un)" >&2; return 1; }
+  fi
+  if [ ! -w "$d" ] || [ ! -x "$d" ]; then
+    echo "the machine-wide lease directory $d is not writable by $(id -un): every user of" \
+      "speedmatrix on this host must share it (chmod 1777 $d), or set SPEEDMATRIX_LEASE_DIR" \
+      "to a directory they all may write" >&2
+    return 1
+  fi
+}
+"""
+
+# $1 op, $2 explicit dir ("" for the machine-wide one), $3 the deployment's default dir,
+# $4 holder, $5 ttl. Prints one status line: WORD holder expiry now.
+_SCRIPT = (
+    MACHINE_DIR_SH
+    + r"""
 set -u
-op=$1; d=$2; me=$3; ttl=$4
-mkdir -p "$d" || exit 3
-exec 9>>"$d/lock"
+op=$1; me=$4; ttl=$5
+sm_machine_dir "$2" "$3" || { echo "LOCKFAIL - 0 0"; exit 3; }
+# the lock file is read-only for all but its maker: flock needs no write access
+[ -e "$d/lock" ] || ( umask 022; : >> "$d/lock" ) 2>/dev/null
+exec 9< "$d/lock" || { echo "LOCKFAIL - 0 0"; exit 3; }
 flock -w 60 9 || { echo "LOCKFAIL - 0 0"; exit 3; }
 now=$(date +%s)
-holder=""; exp=0
-if [ -s "$d/holder" ]; then read -r holder exp _ < "$d/holder" || true; fi
-case "$exp" in ''|*[!0-9]*) exp=0 ;; esac
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || true)
+uid=$(id -u)
+mine="$d/holder.$uid"
+# The holder: the record with the latest expiry, among those of this boot.
+holder=""; exp=0; from=""
+for f in "$d"/holder.*; do
+  [ -f "$f" ] && [ -s "$f" ] || continue
+  h=""; e=0; b=""
+  read -r h e _ b < "$f" || true
+  case "$e" in ''|*[!0-9]*) e=0 ;; esac
+  [ -n "$h" ] || continue
+  if [ -n "$b" ] && [ -n "$boot" ] && [ "$b" != "$boot" ]; then continue; fi
+  if [ "$e" -gt "$exp" ] || [ -z "$holder" ]; then holder=$h; exp=$e; from=$f; fi
+done
 live=0
 if [ -n "$holder" ] && [ "$exp" -gt "$now" ]; then live=1; fi
-write() { printf '%s %s %s\n' "$me" $((now + ttl)) "$now" > "$d/holder.tmp" && mv -f "$d/holder.tmp" "$d/holder"; }
+write() {
+  ( umask 022; printf '%s %s %s %s\n' "$me" $((now + ttl)) "$now" "$boot" > "$d/.tmp.holder.$uid" ) &&
+    mv -f "$d/.tmp.holder.$uid" "$mine"
+}
 case "$op" in
   acquire)
     if [ $live -eq 0 ] || [ "$holder" = "$me" ]; then
@@ -57,7 +112,10 @@ case "$op" in
     elif [ $live -eq 0 ]; then write && echo "RETAKEN $me $((now + ttl)) $now"
     else echo "LOST $holder $exp $now"; fi ;;
   release)
-    if [ "$holder" = "$me" ]; then rm -f "$d/holder" && echo "RELEASED $me 0 $now"
+    if [ "$holder" = "$me" ] && [ "$from" = "$mine" ]; then rm -f "$mine" && echo "RELEASED $me 0 $now"
+    elif [ "$holder" = "$me" ]; then
+      echo "the lease of $me is recorded by another user ($from); not released by $(id -un)" >&2
+      echo "NOTMINE $holder $exp $now"
     elif [ $live -eq 0 ]; then echo "FREE ${holder:--} $exp $now"
     else echo "NOTMINE $holder $exp $now"; fi ;;
   extend)
@@ -66,9 +124,10 @@ case "$op" in
   show) echo "SHOW ${holder:--} $exp $now" ;;
 esac
 """
+)
 
 # Detached on the host by `keep_while_group`: $1 the script above, $2 pgid, $3 interval, then
-# the script's dir, holder, ttl. Extends (never retakes) the lease every interval while the
+# the script's arguments after the op (explicit dir, default dir, holder, ttl). Extends (never retakes) the lease every interval while the
 # group lives; looks at the group every second or so, so it ends soon after the group is gone
 # (or as soon as the lease is no longer this holder's: released, or taken over).
 _KEEPER = r"""
@@ -115,6 +174,33 @@ def _shell_path(path: str) -> str:
     return shlex.quote(path)
 
 
+def deployment_dir() -> str:
+    """The machine-wide directory a host uses when its own environment names none: the
+    deployment's ``SPEEDMATRIX_LEASE_DIR`` (the workers' env), else :data:`MACHINE_DIR`."""
+    return os.environ.get(DIR_ENV) or MACHINE_DIR
+
+
+def dir_args(lease_dir: str | None = None) -> str:
+    """The two shell words :data:`MACHINE_DIR_SH` takes: an explicit directory (``''`` for
+    the machine-wide one) and the deployment's default."""
+    explicit = _shell_path(lease_dir) if lease_dir else "''"
+    return f"{explicit} {shlex.quote(deployment_dir())}"
+
+
+def machine_dir(host: Host, lease_dir: str | None = None) -> tuple[str, int]:
+    """The machine-wide directory on ``host`` (made when missing) and the SSH user's uid."""
+    res = host.run(
+        MACHINE_DIR_SH + f'sm_machine_dir {dir_args(lease_dir)} && printf "%s\\n" "$d" "$(id -u)"',
+        timeout_s=60,
+        idempotent=True,
+        stream=False,
+    )
+    lines = res.stdout.splitlines()
+    if res.rc != 0 or len(lines) < 2 or not lines[1].isdigit():
+        raise LeaseError(f"on {host.name}: {res.tail() or 'no machine-wide lease directory'}")
+    return lines[0], int(lines[1])
+
+
 def holder_id(*parts: str) -> str:
     """A holder name safe for the lease file: the run's identity, e.g. dag id + run id."""
     return _SAFE.sub("_", "/".join(p for p in parts if p))[:200]
@@ -128,8 +214,9 @@ class HostLease:
         host: Host,
         holder: str,
         ttl_s: float = DEFAULT_TTL_S,
-        lease_dir: str = DEFAULT_DIR,
+        lease_dir: str | None = None,
     ):
+        """``lease_dir`` None: the machine-wide directory (see the module docstring)."""
         if not holder or _SAFE.search(holder):
             raise ValueError(f"holder must match [A-Za-z0-9._:+@=/-]+, got {holder!r}")
         self.host = host
@@ -144,7 +231,7 @@ class HostLease:
                 shlex.quote(_SCRIPT),
                 "lease",
                 op,
-                _shell_path(self.lease_dir),
+                dir_args(self.lease_dir),
                 shlex.quote(self.holder),
                 str(self.ttl_s),
             ]
@@ -233,7 +320,7 @@ class HostLease:
             shlex.quote(_SCRIPT),
             str(int(pgid)),
             f"{every:g}",
-            _shell_path(self.lease_dir),
+            dir_args(self.lease_dir),
             shlex.quote(self.holder),
             str(self.ttl_s),
         ]

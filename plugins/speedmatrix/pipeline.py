@@ -195,7 +195,8 @@ def secrets_of(resolved: Mapping[str, Any]) -> list[str]:
 
 
 def host_of(resolved: Mapping[str, Any]):
-    """A fresh Host for the run (`host_home` becomes $HOME there: envs, lease, server state)."""
+    """A fresh Host for the run (`host_home` becomes $HOME there: envs and server state; the
+    lease is the machine's whatever the HOME)."""
     from speedmatrix.hosts import get_host
 
     home = resolved.get("host_home")
@@ -203,12 +204,12 @@ def host_of(resolved: Mapping[str, Any]):
 
 
 def host_lease(resolved: Mapping[str, Any]) -> HostLease:
-    """The run's lease on its host, on a connection of its own (see lease.Renewer)."""
+    """The run's lease on its host, on a connection of its own (see lease.Renewer). It covers
+    the machine, whatever the run's host_home (lease.py: the machine-wide directory)."""
     return HostLease(
         host_of(resolved),
         resolved["holder"],
         ttl_s=DEFAULT_TTL_S,  # the deployment's (SPEEDMATRIX_LEASE_TTL_S), never a conf's
-        lease_dir=os.environ.get("SPEEDMATRIX_LEASE_DIR", "$HOME/.speedmatrix/lease"),
     )
 
 
@@ -249,6 +250,7 @@ def setup(resolved: Mapping[str, Any]) -> dict[str, Any]:
             port=int(resolved["port"]) if resolved.get("port") else None,
             api_key=api_key(resolved),
             wait=True,
+            run=resolved["holder"],  # the teardown finds it by this, handle or not
         )
         # between tasks too, for as long as the server lives (the teardown releases it)
         lease.keep_while_group(int(handle.pid))
@@ -317,22 +319,57 @@ def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str,
 
 
 def teardown(resolved: Mapping[str, Any], server: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Stop the server (if one was started) and release the lease. Idempotent; always runs."""
-    from speedmatrix.server import stop_server
+    """Stop every server of this run, then release the lease. Idempotent; always runs.
 
-    out: dict[str, Any] = {"stopped": None, "lease": None}
+    The servers are the one in the setup's handle and those the host recorded as started by
+    this run (server.run_servers): a setup that failed after the launch (an SSH drop, a worker
+    killed during setup) hands no handle over, yet its server holds the GPUs. The lease is
+    released only once every stop is verified; when one failed (or the records could not be
+    read) the lease is kept, so that no other run starts beside a server that may still
+    hold the GPUs, and the task fails saying so (its retry tries again).
+    """
+    from speedmatrix.server import run_servers, stop_server
+
+    out: dict[str, Any] = {"stopped": None, "all_stopped": [], "from_records": [], "lease": None}
     errors = []
-    if server and server.get("handle"):
+    host = host_of(resolved)
+    handles = [_handle(server)] if server and server.get("handle") else []
+    try:
+        recorded = run_servers(host, resolved["holder"])
+    except Exception as exc:
+        errors.append(f"the host's server records could not be read: {exc}")
+        recorded = []
+    known = {(h.run_dir, int(h.pid)) for h in handles}
+    for rec in recorded:
+        if (rec.run_dir, rec.pid) not in known:
+            log.warning(
+                "teardown: server PID %d (%s, %s) of this run found in the host's records, "
+                "not in the setup's handle: stopping it",
+                rec.pid,
+                rec.run_dir,
+                rec.state,
+            )
+            handles.append(rec.handle(host))
+            out["from_records"].append(rec.run_dir)
+    for handle in handles:
         try:
-            out["stopped"] = stop_server(_handle(server), host=host_of(resolved))
+            stopped = stop_server(handle, host=host)
         except Exception as exc:
-            errors.append(f"stop failed: {exc}")
+            errors.append(f"stop of server PID {handle.pid} failed: {exc}")
+            continue
+        out["all_stopped"].append(stopped)
+        out["stopped"] = out["stopped"] or stopped
+    if errors:
+        out["lease"] = "kept"
+        raise RuntimeError(
+            "; ".join(errors) + f"; lease kept by {resolved['holder']} on {resolved['host']}: "
+            "it is released once the stop is verified (a retry of this task, or stop the "
+            "server by hand and clear the task)"
+        )
     try:
         out["lease"] = host_lease(resolved).release().status
     except Exception as exc:
-        errors.append(f"lease release failed: {exc}")
-    if errors:
-        raise RuntimeError("; ".join(errors))
+        raise RuntimeError(f"lease release failed: {exc}") from exc
     log.info("teardown: %s", out)
     return out
 

@@ -25,9 +25,19 @@ Why this shape:
   without nvidia-smi skips that check); safe when it already died.
 
 State per server lives in ``<servers_dir>/<port>/`` on the host (default
-``$HOME/.speedmatrix/servers``): ``pid``, ``pid.identity``, ``server.log``, ``launch.sh``,
-``command.txt`` (the redacted launch line), ``secrets.env``. "A previous server of ours" is any
-live group recorded under ``servers_dir``.
+``$HOME/.speedmatrix/servers``): ``pid``, ``pid.identity``, ``run`` (the run that started it:
+its lease holder), ``server.log``, ``launch.sh``, ``command.txt`` (the redacted launch line),
+``secrets.env``. The launcher also registers the server machine-wide, in the lease's directory
+(:mod:`speedmatrix.lease`, ``/var/tmp/speedmatrix``): ``server.<uid>.<port>``, readable by every
+user, holding its PID, identity, run dir and run. "A previous server of ours" is any live group
+recorded there or under ``servers_dir``: a server started with another HOME or by another SSH
+user of the box refuses a start as well, since the GPUs are the machine's. Before a start,
+nvidia-smi is asked for the GPUs' compute processes: any (nothing of this run is running yet)
+refuses the start; a host without nvidia-smi has no GPU to check (said in the log).
+
+Those records are also how a teardown finds a server whose handle never reached it (a setup
+that failed after the launch, a worker killed during setup): :func:`run_servers` lists the
+servers a run started, from the host alone.
 
 PID reuse: a pid file outlives its server (a crash, a reboot), and its number may later belong
 to an unrelated process group: signalling it would kill someone else's work. So the launcher
@@ -53,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 
 from speedmatrix.diagnose import Diagnosis, diagnose
 from speedmatrix.hosts import Host, get_host
+from speedmatrix.lease import LeaseError, machine_dir
 from speedmatrix.provision import ProvisionResult
 from speedmatrix.recipes import Recipe
 
@@ -101,6 +112,10 @@ class ServerAlreadyRunning(ServerError):
     """A previous server of ours is still alive on the host (nothing was launched)."""
 
 
+class GpuBusy(ServerError):
+    """nvidia-smi lists GPU compute processes before the start (nothing was launched)."""
+
+
 @dataclass
 class ServerHandle:
     """Everything needed to reach and stop a started server. JSON-able (``to_dict``)."""
@@ -122,6 +137,9 @@ class ServerHandle:
     # "<start time> <boot id>" of the group leader (see the module docstring); None in a
     # handle from before identities were recorded (then the run dir's pid.identity is used).
     identity: str | None = None
+    # The run that started it (its lease holder), and its machine-wide registry entry.
+    run: str | None = None
+    record: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -177,13 +195,13 @@ _RECORD_IDENTITY = (
 _STATE_SH = r"""
 sm_state() {
   local p=$1 ident=$2 want_start want_boot now= boot s grp=
+  ps -eo pgid= | awk -v g="$p" '$1 == g {f = 1} END {exit !f}' && grp=1
   if [ -z "$ident" ]; then
-    if kill -0 -- -"$p" 2>/dev/null; then echo alive; else echo dead; fi
+    if [ -n "$grp" ]; then echo alive; else echo dead; fi
     return 0
   fi
   set -- $ident; want_start=$1; want_boot=$2
   if s=$(cat /proc/"$p"/stat 2>/dev/null); then s=${s##*) }; set -- $s; now=${20}; fi
-  ps -eo pgid= | awk -v g="$p" '$1 == g {f = 1} END {exit !f}' && grp=1
   if [ -z "$now" ] && [ -z "$grp" ]; then echo dead; return 0; fi
   boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)
   if [ -n "$want_boot" ] && [ -n "$boot" ] && [ "$boot" != "$want_boot" ]; then
@@ -200,39 +218,139 @@ sm_state() {
 _OURS = ("alive", "orphans")
 
 
-def alive_servers(host: Host, servers_dir: str = DEFAULT_SERVERS_DIR) -> dict[str, int]:
-    """Run directories under ``servers_dir`` whose process group is still ours -> PID.
+@dataclass(frozen=True)
+class ServerRecord:
+    """A server as the host's own records tell it."""
 
-    A recorded PID that now belongs to another process (its start time or the boot differs
-    from ``pid.identity``) is not: the server is gone, which is logged.
-    """
-    d = host.resolve(servers_dir)
+    run_dir: str
+    pid: int
+    identity: str | None
+    run: str | None  # the run that started it (its lease holder), when recorded
+    owner: str  # the user who started it
+    state: str  # alive, orphans, dead or "gone: <why>" (see server_state)
+    entry: str | None  # its machine-wide registry file, when it has one
+
+    def handle(self, host: Host) -> ServerHandle:
+        """A handle :func:`stop_server` can use (what the server's run dir says)."""
+        port = os.path.basename(self.run_dir)
+        return ServerHandle(
+            host=host.name,
+            host_env=dict(host.env),
+            pid=self.pid,
+            run_dir=self.run_dir,
+            log_path=f"{self.run_dir}/server.log",
+            base_url="",
+            port=int(port) if port.isdigit() else 0,
+            served_name="",
+            python="",
+            api_key_env=None,
+            command="",
+            started_at=0.0,
+            identity=self.identity,
+            run=self.run,
+            record=self.entry,
+        )
+
+
+# $1 servers dir, $2 machine-wide dir. One tab-separated line per record: state, PID,
+# identity, run dir, owner, run, registry entry.
+_RECORDS_SH = (
+    _STATE_SH
+    + r"""
+line() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(sm_state "$1" "$2")" "$@"; }
+for f in "$1"/*/pid; do
+  [ -s "$f" ] || continue
+  rd=$(dirname "$f"); p=$(cat "$f")
+  case $p in ""|*[!0-9]*) continue ;; esac
+  line "$p" "$(cat "$rd/pid.identity" 2>/dev/null)" "$rd" "$(id -un)" \
+    "$(cat "$rd/run" 2>/dev/null)" ""
+done
+for f in "$2"/server.*; do
+  [ -f "$f" ] || continue
+  p=; i=; rd=; run=
+  { read -r p; read -r i; read -r rd; read -r run; } < "$f" 2>/dev/null
+  case $p in ""|*[!0-9]*) continue ;; esac
+  line "$p" "$i" "$rd" "$(stat -c %U "$f" 2>/dev/null)" "$run" "$f"
+done
+"""
+)
+
+
+def server_records(
+    host: Host, servers_dir: str = DEFAULT_SERVERS_DIR, lease_dir: str | None = None
+) -> list[ServerRecord]:
+    """Every server the host has a record of: in ``servers_dir`` (this HOME's) and in the
+    machine-wide registry (every HOME's, every user's), one per run dir and PID."""
+    try:
+        where, _ = machine_dir(host, lease_dir)
+    except LeaseError as exc:
+        raise ServerError(f"cannot read the servers recorded on {host.name}: {exc}") from exc
+    return _records_in(host, servers_dir, where)
+
+
+def _records_in(host: Host, servers_dir: str, where: str) -> list[ServerRecord]:
+    """:func:`server_records` with the machine-wide directory already resolved."""
     res = host.run(
-        _STATE_SH + f'for f in {_q(d)}/*/pid; do [ -s "$f" ] || continue; d=$(dirname "$f"); '
-        'p=$(cat "$f"); case $p in ""|*[!0-9]*) continue ;; esac; '
-        'i=$(cat "$d/pid.identity" 2>/dev/null); st=$(sm_state "$p" "$i"); '
-        'printf \'%s\\t%s\\t%s\\n\' "$st" "$p" "$d"; done',
+        f"bash -c {_q(_RECORDS_SH)} records {_q(host.resolve(servers_dir))} {_q(where)}",
         timeout_s=60,
         idempotent=True,
         stream=False,
     )
-    out: dict[str, int] = {}
+    if res.rc != 0:
+        raise ServerError(f"cannot read the servers recorded on {host.name}: {res.tail(5)}")
+    out: dict[tuple[str, int], ServerRecord] = {}
     for line in res.stdout.splitlines():
-        state, _, rest = line.partition("\t")
-        pid, _, path = rest.partition("\t")
-        if not pid.isdigit():
+        fields = line.split("\t")
+        if len(fields) != 7 or not fields[1].isdigit():
             continue
-        if state in _OURS:
-            out[path] = int(pid)
-        elif state.startswith("gone"):
+        state, pid, ident, run_dir, owner, run, entry = fields
+        rec = ServerRecord(
+            run_dir, int(pid), ident or None, run or None, owner, state, entry or None
+        )
+        key = (rec.run_dir, rec.pid)
+        seen = out.get(key)
+        out[key] = ServerRecord(
+            rec.run_dir,
+            rec.pid,
+            rec.identity or (seen.identity if seen else None),
+            rec.run or (seen.run if seen else None),
+            rec.owner if rec.entry else (seen.owner if seen else rec.owner),
+            rec.state,
+            rec.entry or (seen.entry if seen else None),
+        )
+    return list(out.values())
+
+
+def alive_servers(
+    host: Host, servers_dir: str = DEFAULT_SERVERS_DIR, lease_dir: str | None = None
+) -> dict[str, int]:
+    """Run directories of the servers on the machine whose process group is still ours ->
+    PID (:func:`server_records`: this HOME's and the machine-wide registry's).
+
+    A recorded PID that now belongs to another process (its start time or the boot differs
+    from ``pid.identity``) is not: the server is gone, which is logged.
+    """
+    out: dict[str, int] = {}
+    for rec in server_records(host, servers_dir, lease_dir):
+        if rec.state in _OURS:
+            out[rec.run_dir] = rec.pid
+        elif rec.state.startswith("gone"):
             log.warning(
                 "%s: the server recorded in %s (PID %s) is gone, %s; not ours, not signalled",
                 host.name,
-                path,
-                pid,
-                state.partition(": ")[2],
+                rec.run_dir,
+                rec.pid,
+                rec.state.partition(": ")[2],
             )
     return out
+
+
+def run_servers(
+    host: Host, run: str, servers_dir: str = DEFAULT_SERVERS_DIR, lease_dir: str | None = None
+) -> list[ServerRecord]:
+    """The servers the host recorded as started by ``run`` (its lease holder), whatever
+    became of them: what a teardown stops when no handle reached it."""
+    return [r for r in server_records(host, servers_dir, lease_dir) if r.run == run]
 
 
 def server_state(host: Host, handle: ServerHandle) -> str:
@@ -296,25 +414,36 @@ def start_server(
     check_port: bool = True,
     wait: bool = True,
     ready_timeout_s: float | None = None,
+    run: str | None = None,
+    lease_dir: str | None = None,
 ) -> ServerHandle:
     """Launch the recipe's server; by default also :func:`wait_ready` (stopping it on failure).
 
-    Refuses (nothing launched) when a server of ours under ``servers_dir`` is alive
-    (:class:`ServerAlreadyRunning`) or the port is taken (:class:`PortInUse`; skip with
-    ``check_port=False``, e.g. to see the engine's own diagnosis). The key comes from ``api_key``
-    or the environment variable the recipe names (``serve.api_key_secret``).
+    Refuses (nothing launched) when a server of ours is alive on the machine, under
+    ``servers_dir`` or in the machine-wide registry (:class:`ServerAlreadyRunning`), when
+    nvidia-smi lists a GPU compute process (:class:`GpuBusy`), or when the port is taken
+    (:class:`PortInUse`; skip with ``check_port=False``, e.g. to see the engine's own
+    diagnosis). The key comes from ``api_key`` or the environment variable the recipe names
+    (``serve.api_key_secret``). ``run`` (the run's lease holder) is recorded with the server,
+    so that the run's teardown finds it from the host alone (:func:`run_servers`);
+    ``lease_dir`` overrides the machine-wide directory (tests).
     """
     if isinstance(host, str):
         host = get_host(host)
     recipe = _with_port(recipe, port)
     ref = ref or prov.ref or recipe.engine.ref
-    alive = alive_servers(host, servers_dir)
-    if alive:
-        where, pid = next(iter(alive.items()))
-        raise ServerAlreadyRunning(
-            f"a previous server of ours is still alive on {host.name}: PID {pid} ({where}); "
-            "stop it first"
-        )
+    try:
+        machine, uid = machine_dir(host, lease_dir)
+    except LeaseError as exc:
+        raise ServerError(f"cannot record a server on {host.name}: {exc}") from exc
+    for rec in _records_in(host, servers_dir, machine):
+        if rec.state in _OURS:
+            by = f"started by {rec.owner}" + (f" for {rec.run}" if rec.run else "")
+            raise ServerAlreadyRunning(
+                f"a previous server of ours is still alive on {host.name}: PID {rec.pid} "
+                f"({rec.run_dir}, {by}); stop it first"
+            )
+    _check_gpus_free(host)
     s = recipe.serve
     if check_port and (who := port_holder(host, s.host, s.port)):
         raise PortInUse(f"port {s.port} on {host.name} is already in use ({who})")
@@ -358,6 +487,8 @@ def start_server(
         )
     host.put_text(secrets, f"{run_dir}/secrets.env", mode=0o600)
     host.put_text(shown + "\n", f"{run_dir}/command.txt", mode=0o644)
+    if run:
+        host.put_text(run + "\n", f"{run_dir}/run", mode=0o644)
     host.put_text(
         "#!/bin/bash\n"
         "# Written by speedmatrix.server: the recipe's launch command, secrets from secrets.env.\n"
@@ -371,7 +502,15 @@ def start_server(
     )
     log_path = f"{run_dir}/server.log"
     pid_path = f"{run_dir}/pid"
-    launcher = f"{_RECORD_IDENTITY}echo $$ > {_q(pid_path)}; exec bash ./launch.sh"
+    # The registry entry, machine-wide and readable by every user (see the module docstring):
+    # written by the launcher itself, so it exists as soon as the server does.
+    entry = f"{machine}/server.{uid}.{s.port}"
+    tmp = f"{machine}/.tmp.server.{uid}.{s.port}"
+    register = (
+        f'( umask 022; printf \'%s\\n\' "$$" "${{i:-}}" {_q(run_dir)} {_q(run or "")} '
+        f"> {_q(tmp)} ) 2>/dev/null && mv -f {_q(tmp)} {_q(entry)} 2>/dev/null; "
+    )
+    launcher = f"{_RECORD_IDENTITY}echo $$ > {_q(pid_path)}; {register}exec bash ./launch.sh"
     host.run(
         # The subshell's own output is redirected too: nothing keeps this command's pipes open.
         f"(cd {_q(run_dir)} && exec setsid bash -c {_q(launcher)}"
@@ -410,6 +549,8 @@ def start_server(
         command=shown,
         started_at=time.time(),
         identity=identity,
+        run=run,
+        record=entry,
     )
     log.info("%s: started server PID %d: %s", host.name, pid, shown)
     if wait:
@@ -787,6 +928,26 @@ def gpu_compute_apps(host: Host) -> tuple[str, list[dict]]:
     return "ok", apps
 
 
+def _check_gpus_free(host: Host) -> None:
+    """Refuse a start while a GPU compute process runs (see the module docstring)."""
+    status, apps = gpu_compute_apps(host)
+    if status == "absent":
+        log.info("%s: no nvidia-smi on the host: no GPU to check before the start", host.name)
+    elif status != "ok":
+        # No driver answering: no process can hold a GPU either; the engine's own start says
+        # whether it gets one.
+        log.warning("%s: could not check the GPUs before the start (%s)", host.name, status)
+    elif apps:
+        shown = ", ".join(f"PID {a['pid']} ({a['name']}, {a['memory']})" for a in apps)
+        raise GpuBusy(
+            f"the GPUs of {host.name} are busy: nvidia-smi lists compute processes that are "
+            f"not of this run: {shown}; a benchmark beside them would share the GPUs. Nothing "
+            "was started: stop them or wait for them, then run again"
+        )
+    else:
+        log.info("%s: nvidia-smi lists no GPU compute process: the GPUs are free", host.name)
+
+
 def stop_server(
     handle: ServerHandle,
     *,
@@ -887,6 +1048,15 @@ def stop_server(
         timeout_s=30,
         idempotent=True,
     )
+    if handle.record and not left:
+        # the machine-wide entry, when it still names this server (and is ours to remove)
+        host.run(
+            f'if [ "$(head -n 1 {_q(handle.record)} 2>/dev/null)" = {pg} ]; then '
+            f"rm -f {_q(handle.record)}; fi; true",
+            timeout_s=30,
+            idempotent=True,
+            stream=False,
+        )
     if left:
         raise ServerError(f"server group {pg} on {host.name} survived SIGKILL: PIDs {left}")
     if gpu_left:

@@ -10,9 +10,11 @@ What the deployment is given, as a user's env file would give it:
   every minute; a third one on no schedule for the bisection, whose simulator profile is
   picked by the engine ref from bisect-profiles/ (the test writes them); the GitHub API points
   at a fake on loopback (tests/github_fake.py);
-- HOME in a temp dir for the `local` host (its host lease and engine envs live there), and a
-  second "host": an OpenSSH server on 127.0.0.1 whose sessions get another HOME (so another
-  lease), reached through an Airflow SSH connection;
+- HOME in a temp dir for the `local` host (its engine envs live there), its machine-wide
+  lease directory (SPEEDMATRIX_LEASE_DIR, as a deployment whose hosts' /var/tmp is not shared
+  sets it), and a second "host": an OpenSSH server on 127.0.0.1 whose sessions get another
+  HOME and name another lease directory (so another machine as far as leases go), reached
+  through an Airflow SSH connection;
 - an airflow_local_settings.py whose task_instance_mutation_hook pins a run's tasks to one
   worker's queue when its run id says so (`…pin-worker1…`): how a test makes two runs of one
   host land on different workers for certain.
@@ -40,6 +42,7 @@ from deploy_env import (
     SSH_CONN_ID,
     Env,
     bisect_recipe,
+    slow_start_recipe,
     start_sshd,
     tiny_recipe,
 )
@@ -76,6 +79,7 @@ def env() -> Iterator[Env]:
     (recipes / "_schedule.yaml").write_text(SCHEDULE)
     (recipes / "sim" / "deploy-tiny.yaml").write_text(tiny_recipe(nightly=True, per_commit=True))
     (recipes / "sim" / "deploy-tiny-b.yaml").write_text(tiny_recipe(nightly=False, per_commit=True))
+    (recipes / "sim" / "deploy-slow-start.yaml").write_text(slow_start_recipe())
     (root / "bisect-profiles").mkdir()
     (recipes / "sim" / "deploy-bisect.yaml").write_text(
         bisect_recipe(root / "bisect-profiles", free_port())
@@ -84,7 +88,8 @@ def env() -> Iterator[Env]:
     for h in homes.values():
         h.mkdir()
     (root / "sshd").mkdir()
-    ssh, conn = start_sshd(root / "sshd", homes["b"])
+    machines = {n: root / f"machine-{n}" for n in ("local", "b")}
+    ssh, conn = start_sshd(root / "sshd", homes["b"], machines["b"])
     github = FakeGitHub().start()
     github.head = 1
     dep = Deployment(
@@ -92,6 +97,7 @@ def env() -> Iterator[Env]:
         dags,
         extra_env={
             "HOME": str(homes["local"]),
+            "SPEEDMATRIX_LEASE_DIR": str(machines["local"]),
             "SPEEDMATRIX_RECIPES": str(recipes),
             "SPEEDMATRIX_GITHUB_API_URL": github.base_url,
             "SPEEDMATRIX_API_KEY": "sk-deployment-test",

@@ -100,6 +100,19 @@ def tiny_recipe(nightly: bool, per_commit: bool, window_s: int = 2) -> str:
     return "\n".join(out) + "\n"
 
 
+def slow_start_recipe(delay_s: int = 60) -> str:
+    """tiny_recipe on no schedule whose server waits ``delay_s`` before the simulator starts
+    (bash sleeping in the server's process group, then exec): a setup that is still waiting
+    for it to be ready, long enough for a test to kill the worker running that setup."""
+    text = tiny_recipe(nightly=False, per_commit=False)
+    head = 'command: ["{python}",'
+    assert head in text and "  ready_timeout_s: 30\n" in text
+    text = text.replace(
+        head, f'command: [bash, -c, \'sleep {delay_s}; exec "$0" "$@"\', "{{python}}",'
+    )
+    return text.replace("  ready_timeout_s: 30\n", "  ready_timeout_s: 600\n")
+
+
 def bisect_recipe(profiles: Path, port: int) -> str:
     """tiny_recipe on no schedule whose simulator serves `<profiles>/<engine ref>.yaml`: a test
     writes one profile per "commit" and so plants a regression at the commit it chooses. Its
@@ -119,11 +132,14 @@ class SshHost:
     proc: subprocess.Popen
 
 
-def start_sshd(work: Path, home: Path) -> tuple[SshHost, dict]:
+def start_sshd(work: Path, home: Path, lease_dir: Path) -> tuple[SshHost, dict]:
     """An OpenSSH server on 127.0.0.1 whose sessions have HOME=`home`: a second host.
 
     Its sessions also find the project's venv first on PATH: the simulator recipe runs
-    `python3 -m speedmatrix sim serve` on the host, as a GPU host runs its engine env.
+    `python3 -m speedmatrix sim serve` on the host, as a GPU host runs its engine env. The
+    host lease is the machine's: this host names its own machine-wide directory (`lease_dir`,
+    SetEnv SPEEDMATRIX_LEASE_DIR, as a real host may), so it is another machine as far as
+    leases go, while being this box.
     """
     if not os.path.exists(SSHD):
         pytest.fail("sshd not installed: run `make test-deps`")
@@ -139,7 +155,8 @@ def start_sshd(work: Path, home: Path) -> tuple[SshHost, dict]:
         "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\nPasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\nUsePAM no\nSubsystem sftp internal-sftp\n"
         f"MaxSessions 50\nMaxStartups 50:30:100\nLogLevel ERROR\n"
-        f"SetEnv HOME={home} PATH={REPO / '.venv' / 'bin'}:/usr/local/bin:/usr/bin:/bin\n"
+        f"SetEnv HOME={home} PATH={REPO / '.venv' / 'bin'}:/usr/local/bin:/usr/bin:/bin "
+        f"SPEEDMATRIX_LEASE_DIR={lease_dir}\n"
     )
     proc = subprocess.Popen(
         [SSHD, "-D", "-e", "-f", str(work / "sshd_config")],

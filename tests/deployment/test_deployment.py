@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.deployment, pytest.mark.integration, pytest.mark.timeo
 SM = "speed_matrix"
 TINY = "sim/deploy-tiny"
 TINY_B = "sim/deploy-tiny-b"
+SLOW_START = "sim/deploy-slow-start"
 BISECT = "sim/deploy-bisect"
 BISECT_DAG = "speed_matrix_bisect"
 SIM_PROFILE = REPO / "include" / "sim-profiles" / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
@@ -189,8 +190,7 @@ def test_worker_killed_mid_decode_cell(env: Env) -> None:
     assert not _port_open(port), "teardown left the server running"
     servers = [p for p in dep.leftovers() if b"sim" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert not servers, f"simulated servers still running: {servers}"
-    lease = env.root / "home-local" / ".speedmatrix" / "lease" / "holder"
-    assert not lease.exists() or not lease.read_text().strip(), "host lease not released"
+    assert _lease_free(env.root / "machine-local"), "host lease not released"
 
     from speedmatrix.warehouse import Warehouse
 
@@ -204,6 +204,71 @@ def test_worker_killed_mid_decode_cell(env: Env) -> None:
     by_phase = {r["phase"]: r["status"] for r in rows}
     assert by_phase.get("prefill") == "valid", rows
     assert by_phase.get("decode") == "failed", rows
+
+
+def _lease_free(machine: Path) -> bool:
+    """No live record in a machine-wide lease directory (lease.py: holder.<uid> files, one
+    line: holder, expiry, ...)."""
+    now = time.time()
+    for record in machine.glob("holder.*"):
+        fields = record.read_text().split()
+        if len(fields) >= 2 and fields[1].isdigit() and int(fields[1]) > now:
+            return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def test_worker_killed_during_setup(env: Env) -> None:
+    """(#16 item 8) The worker running setup_server is SIGKILLed after the server was
+    launched and before it was ready: no handle ever reaches XCom, yet the teardown finds the
+    run's server in the host's own records, stops it, and only then releases the host."""
+    dep = env.dep
+    dep.wait_dag(SM)  # unpaused, so that the test also runs alone (-k)
+    port = free_port()
+    run_id = dep.trigger(
+        SM,
+        {"recipe": SLOW_START, "ssh_conn_id": "local", "port": port},
+        "manual__setupkill-pin-worker1",
+    )
+    pid_file = env.root / "home-local" / ".speedmatrix" / "servers" / str(port) / "pid"
+
+    def launched() -> bool:
+        return pid_file.is_file() and pid_file.read_text().strip().isdigit()
+
+    # the recipe's server sleeps 60 s before it serves: setup is waiting for it to be ready
+    dep.wait_for("the run's server to be launched", launched, timeout_s=600, every_s=0.5)
+    pgid = int(pid_file.read_text())
+    assert _tis(dep, run_id)[("setup_server", -1)]["state"] == "running"
+    dep.stop_component("worker1", signal.SIGKILL)
+    assert _group_alive(pgid), "the server should outlive the worker (its own session)"
+    time.sleep(3)
+    dep.start_component("worker1")
+    dep.wait_for("worker1 back", lambda: len(dep.celery_workers()) == 2, timeout_s=300, every_s=3)
+
+    def torn_down() -> bool:
+        ti = _tis(dep, run_id).get(("stop_server", -1), {})
+        return ti.get("state") in ("success", "failed", "upstream_failed")
+
+    dep.wait_for("the teardown", torn_down, timeout_s=900, every_s=2)
+    tis = _tis(dep, run_id)
+    assert tis[("setup_server", -1)]["state"] == "failed"
+    assert tis[("stop_server", -1)]["state"] == "success"
+    teardown = _xcom(dep, SM, run_id, "stop_server")
+    assert teardown["from_records"] == [str(pid_file.parent)], teardown
+    assert teardown["lease"] == "RELEASED", teardown
+    assert not _group_alive(pgid), "teardown left the server running"
+    assert _lease_free(env.root / "machine-local"), "host lease not released"
+    assert dep.wait_runs(SM, [run_id], timeout_s=900)[run_id] == "failed"
 
 
 def _plant(profiles: Path, commits: list[str], planted: int) -> None:

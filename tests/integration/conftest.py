@@ -3,7 +3,8 @@
 All session-scoped, because each is slow to make and the tests only read from them:
 
 - ``sshd``: a private ``sshd -D`` on a free loopback port (its own config, host key and a
-  generated client key for root), exported as an Airflow connection through the env var
+  generated client key for root; other local users log in with the keys in their own
+  ``~/.ssh/authorized_keys``, as test_machine_lease.py's throwaway user does), exported as an Airflow connection through the env var
   ``AIRFLOW_CONN_<ID>`` (JSON form) so ``SSHHook(ssh_conn_id=sshd.conn_id)`` and
   ``speedmatrix.hosts.get_host(sshd.conn_id)`` work. The connection carries the server's host
   key, so host-key checking stays on. Yields an :class:`SshdInfo`.
@@ -116,7 +117,7 @@ def _run_sshd(conn_id: str, *, sftp: bool = True) -> Iterator[SshdInfo]:
 ListenAddress 127.0.0.1
 HostKey {host_key}
 PidFile {work}/sshd.pid
-AuthorizedKeysFile {work}/authorized_keys
+AuthorizedKeysFile {work}/authorized_keys .ssh/authorized_keys
 StrictModes no
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
@@ -324,7 +325,7 @@ def _worker() -> str:
 
 @pytest.fixture(scope="session")
 def vllm_cpu_server(
-    vllm_cpu_host, vllm_cpu_recipe, vllm_cpu_env, vllm_home
+    vllm_cpu_host, vllm_cpu_recipe, vllm_cpu_env, vllm_home, session_dir
 ) -> Iterator[VllmServer]:
     """Real vLLM on this CPU serving the tiny model, started once for the session.
 
@@ -348,6 +349,8 @@ def vllm_cpu_server(
         # one per xdist worker: each worker's session has a server of its own on this one
         # host, and start_server refuses a second server of ours in the same servers dir
         servers_dir=f"{vllm_home}/.speedmatrix/session-servers-{_worker()}",
+        # and a machine-wide registry of its own: the tests' servers beside it are not refused
+        lease_dir=str(session_dir / "vllm-session-machine"),
     )
     start_s = time.monotonic() - t0
     from speedmatrix.server import inspect_server

@@ -553,6 +553,51 @@ def test_an_undefined_symbol_in_a_dead_process_is_its_diagnosis(local, tmp_path)
     assert err.diagnosis.code == "undefined_symbol"
 
 
+def test_a_busy_gpu_refuses_the_start(tmp_path, log_messages):
+    """Before a server starts, nvidia-smi is asked for the GPUs' compute processes: any (none
+    of this run can exist yet) refuses the start, naming them, and nothing is launched. A host
+    without nvidia-smi has no GPU to check: the log says so and the start goes on."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(_FAKE_NVIDIA_SMI)
+    (fake / "nvidia-smi").chmod(0o755)
+    (fake / "apps.csv").write_text("31337, /opt/other-team/bin/python3, 80211 MiB\n")
+    host = get_host("local", env={"HOME": str(tmp_path), "PATH": f"{fake}:{os.environ['PATH']}"})
+    recipe = _with_serve(load_recipe(SIM), command=_OBEDIENT)
+    with pytest.raises(ServerError, match="GPU") as exc:
+        start_server(recipe, _standin_prov(), host, port=_free_port(), api_key="k", wait=False)
+    assert "PID 31337 (/opt/other-team/bin/python3, 80211 MiB)" in str(exc.value)
+    assert not list(tmp_path.glob(".speedmatrix/servers/*/pid"))  # nothing launched
+
+    if shutil.which("nvidia-smi"):
+        return  # a real GPU host: the absent case cannot be shown here
+    bare = get_host("local", env={"HOME": str(tmp_path)})
+    with log_messages("speedmatrix.server") as msgs:
+        handle = start_server(
+            recipe, _standin_prov(), bare, port=_free_port(), api_key="k", wait=False
+        )
+    stop_server(handle, host=bare)
+    assert any("no nvidia-smi" in m and "no GPU to check" in m for m in msgs), msgs
+
+
+def test_a_server_of_another_home_on_the_machine_is_refused(tmp_path):
+    """ "A server of ours is already running" covers the machine: a server started with one
+    HOME (one host_home, one SSH user) refuses a start with another."""
+    homes = [tmp_path / "home-a", tmp_path / "home-b"]
+    a, b = (get_host("local", env={"HOME": str(h)}) for h in homes)
+    recipe = _with_serve(load_recipe(SIM), command=_OBEDIENT)
+    handle = start_server(recipe, _standin_prov(), a, port=_free_port(), api_key="k", wait=False)
+    try:
+        assert alive_servers(b) == {handle.run_dir: handle.pid}
+        with pytest.raises(ServerAlreadyRunning, match=f"PID {handle.pid}"):
+            start_server(recipe, _standin_prov(), b, port=_free_port(), api_key="k", wait=False)
+    finally:
+        stop_server(handle, host=a)
+    assert alive_servers(b) == {}
+    other = start_server(recipe, _standin_prov(), b, port=_free_port(), api_key="k", wait=False)
+    stop_server(other, host=b)
+
+
 # ---------------------------------------------------------------- inspect on a GPU host
 _GPUS = "NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887 MiB, 580.65.06\n" * 8
 

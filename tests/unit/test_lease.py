@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import stat
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from speedmatrix import lease as lease_mod
 from speedmatrix.hosts import get_host
 from speedmatrix.lease import HostLease, LeaseError, LeaseLost, holder_id
 
@@ -95,12 +97,56 @@ def test_acquire_waits_then_times_out(lease_dir):
         a.acquire(wait_s=0.5, poll_s=0.2)
 
 
-def test_default_dir_is_under_the_hosts_home(tmp_path):
-    host = get_host("local", env={"HOME": str(tmp_path)})
-    HostLease(host, "run-a").try_acquire()
-    line = (tmp_path / ".speedmatrix" / "lease" / "holder").read_text().split()
-    assert line[0] == "run-a"
-    assert int(line[1]) > int(line[2])
+def test_two_homes_on_one_machine_share_one_lease(tmp_path, monkeypatch):
+    """The lease is the machine's, not the $HOME's: two runs with a different host_home (or
+    two SSH users) on one box must not both hold it. The default directory is machine-wide
+    (/var/tmp/speedmatrix; the test points SPEEDMATRIX_LEASE_DIR at a directory of its own)."""
+    machine = tmp_path / "machine"
+    monkeypatch.setenv("SPEEDMATRIX_LEASE_DIR", str(machine))
+    homes = [tmp_path / "home-a", tmp_path / "home-b"]
+    a, b = (
+        HostLease(get_host("local", env={"HOME": str(h)}), name, ttl_s=60)
+        for h, name in zip(homes, ("run-a", "run-b"), strict=True)
+    )
+    assert a.try_acquire().status == "ACQUIRED"
+    held = b.try_acquire()
+    assert (held.status, held.holder) == ("HELD", "run-a")
+    assert b.release().status == "NOTMINE" and a.show().holder == "run-a"
+    assert a.release().status == "RELEASED"
+    assert b.try_acquire().status == "ACQUIRED"
+    # nothing under either HOME; the lease lives in the machine-wide directory, shared: a
+    # sticky 1777 directory (any user may add a record, none may remove another's), records
+    # readable by every user
+    assert not any((h / ".speedmatrix").exists() for h in homes)
+    assert stat.S_IMODE(machine.stat().st_mode) == 0o1777
+    records = list(machine.glob("holder*"))
+    assert records and all(stat.S_IMODE(f.stat().st_mode) == 0o644 for f in records)
+    assert stat.S_IMODE((machine / "lock").stat().st_mode) & 0o044 == 0o044
+    assert lease_mod.MACHINE_DIR == "/var/tmp/speedmatrix"
+
+
+def test_the_hosts_own_setting_names_its_machine_dir(tmp_path, monkeypatch):
+    """A host whose /var/tmp is not shared by its users says where instead, in its own
+    environment (sshd SetEnv, /etc/environment): it beats the deployment's default."""
+    monkeypatch.setenv("SPEEDMATRIX_LEASE_DIR", str(tmp_path / "deployment-default"))
+    own = tmp_path / "host-b-machine"
+    a = HostLease(get_host("local"), "run-a", ttl_s=60)
+    b = HostLease(get_host("local", env={"SPEEDMATRIX_LEASE_DIR": str(own)}), "run-b", ttl_s=60)
+    assert a.try_acquire().status == "ACQUIRED"
+    assert b.try_acquire().status == "ACQUIRED"  # another machine, as far as leases go
+    assert list(own.glob("holder*")) and list((tmp_path / "deployment-default").glob("holder*"))
+
+
+def test_a_lease_taken_before_a_reboot_is_void(lease_dir):
+    """The directory outlives a reboot (/var/tmp), the runs and servers do not: a record from
+    another boot is free at once, not after its TTL."""
+    a, b = lease("run-a", lease_dir, ttl=600), lease("run-b", lease_dir)
+    assert a.try_acquire().status == "ACQUIRED"
+    for record in Path(lease_dir).glob("holder*"):
+        holder, expiry, taken, *_ = record.read_text().split()
+        record.write_text(f"{holder} {expiry} {taken} 00000000-0000-0000-0000-000000000000\n")
+    assert b.try_acquire().status == "ACQUIRED"
+    assert b.show().holder == "run-b"
 
 
 def test_holder_names_are_checked_and_sanitised():
