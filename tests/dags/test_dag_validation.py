@@ -237,3 +237,14 @@ def test_speed_matrix_alerts_and_verdict_assets(dagbag):
         "speedmatrix://warehouse/comparisons",
         "speedmatrix://warehouse/noise",
     }
+
+
+def test_example_consumer_is_paused_and_follows_the_verdicts(dagbag):
+    """The example consumer is harmless (paused when created, reads only) and scheduled on
+    the Asset speed_matrix's `verdicts` emits, not on cells (which land before verdicts)."""
+    dag = dagbag.dags["example_consumer_verdicts"]
+    assert dag.is_paused_upon_creation is True
+    names = {getattr(a, "name", None) for a in dag.timetable.asset_condition.objects}
+    assert names == {"speedmatrix_comparisons"}
+    emitted = {a.name for a in dagbag.dags["speed_matrix"].task_dict["verdicts"].outlets}
+    assert names <= emitted
