@@ -175,11 +175,12 @@ def _listed(lines: list[str]) -> list[str]:
 
 
 def subject(s: RunSummary) -> str:
-    what = (
-        f"{len(s.regressions)} regression(s)"
-        if s.regressions
-        else ("run failed" if s.status == "failed" or s.reason else "run finished")
-    )
+    parts = []
+    if s.status == "failed" or (s.reason and not s.regressions):
+        parts.append("run failed")
+    if s.regressions:
+        parts.append(f"{len(s.regressions)} regression(s)")
+    what = ", ".join(parts) or "run finished"
     return f"[speedmatrix] {what}: {s.recipe_id or '?'} on {s.host or '?'} ({s.run_id or '?'})"
 
 
