@@ -4,7 +4,10 @@ resolve -> wait_for_host (lease; reschedules, holds no worker slot) -> setup_ser
 start) -> inspect -> plan -> prefill[8K…] -> decode[8K x 1…] -> stop_server (teardown: always,
 stops the server, releases the lease) ; validate (Great Expectations) -> land (Assets) ->
 report -> conclude (fails the run if a cell failed, after everything measured has landed);
-report -> regressions (compares with the baseline; fails the run on a regression).
+report -> regressions (compares with the baseline; fails the run on a regression) ->
+verdicts (a teardown: emits the comparisons / noise Assets whatever regressions decided).
+A failed DAG run (a failed cell, a regression, anything else) calls RunNotifier: mail and chat
+alerts where the deployment switched them on (speedmatrix.notify). A clean run sends nothing.
 
 With `repeats` > 1, prefill and decode also map the repeated cells after the matrix, one pass
 after another (map index `8K x 1 #2`); they land in cell_repeats (plan.plan_matrix).
@@ -19,10 +22,15 @@ from datetime import datetime, timedelta
 from airflow.sdk import Asset, Param, PokeReturnValue, dag, get_current_context, task
 
 from speedmatrix import pipeline
+from speedmatrix.notifier import RunNotifier
 
 ASSETS = [
     Asset(name=f"speedmatrix_{t}", uri=f"speedmatrix://warehouse/{t}", group="speedmatrix")
     for t in ("runs", "cells", "requests")
+]
+VERDICT_ASSETS = [
+    Asset(name=f"speedmatrix_{t}", uri=f"speedmatrix://warehouse/{t}", group="speedmatrix")
+    for t in ("comparisons", "noise")
 ]
 CELL_TIMEOUT = timedelta(hours=2)  # a cell bounds itself (window + first-token timeouts)
 HOST_STEP_TIMEOUT = timedelta(minutes=10)
@@ -168,6 +176,7 @@ def _label(cell: dict) -> None:
         "execution_timeout": timedelta(hours=1),
     },
     doc_md=__doc__,
+    on_failure_callback=[RunNotifier()],
 )
 def speed_matrix():
     @task(retries=0, execution_timeout=timedelta(minutes=2))
@@ -290,6 +299,23 @@ def speed_matrix():
         except RegressionError as err:
             raise AirflowFailException(str(err)) from err
 
+    @task(retries=1, outlets=VERDICT_ASSETS)
+    def verdicts(resolved: dict) -> dict:
+        """Emit the comparisons / noise Assets once `regressions` has landed them, also when
+        it failed on a regression (a failed task emits no Asset event, and a consumer must not
+        wait for a clean run to see a regressed one). A teardown, so its success never hides
+        the failed regressions task from the DAG run's state. Skipped (no event) when the run
+        landed neither table (e.g. regressions failed before landing)."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        landed = pipeline.verdicts_landed(resolved)
+        if landed is None:
+            raise AirflowSkipException("no comparisons or noise landed for this run")
+        events = get_current_context()["outlet_events"]
+        for asset in VERDICT_ASSETS:
+            events[asset].extra = landed
+        return landed
+
     resolved = resolve()
     lease = wait_for_host(resolved)
     server = setup_server(resolved, lease)
@@ -308,7 +334,7 @@ def speed_matrix():
     landed = land(resolved, checked)
     paths = report(resolved, landed)
     conclude(landed, paths)
-    paths >> regressions(resolved, landed)
+    paths >> regressions(resolved, landed) >> verdicts(resolved).as_teardown()
 
 
 speed_matrix()

@@ -633,8 +633,11 @@ def comparison_markdown(
 # the Warehouse's filesystem. Each file is written under _staging/ and renamed into place, so a
 # reader sees the old or the new file whole, and landing a run's file again replaces it. Files
 # of the older layout (…/recipe_id=<r>/run_date=<d>/<run_id>.parquet) are still read, and
-# replaced when their run lands again. Unlike the core tables, these files also hold
-# `recipe_id` as a column (read_extra filters on it without the path).
+# replaced when their run lands again. As in the core tables, the partition column `recipe_id`
+# lives in the directory name only (the tables' schemas keep it; land_extra drops it from the
+# file, read_extra puts it back from the path): files that hold it too make pandas' and
+# pyarrow's directory readers fail ("Field recipe_id has incompatible types"). Files landed
+# before that (with `recipe_id` inside) are still read here.
 
 EXTRA_TABLES = ("comparisons", "noise", "cell_repeats")
 
@@ -716,10 +719,18 @@ def land_extra(warehouse: Any, table: str, run: Mapping[str, Any], data: pa.Tabl
     import posixpath
     import uuid
 
-    from speedmatrix.warehouse import STAGING, data_file_name, partition_dirs, write_parquet
+    from speedmatrix.warehouse import (
+        PARTITION_KEYS,
+        STAGING,
+        data_file_name,
+        partition_dirs,
+        write_parquet,
+    )
 
     if not data.schema.equals(extra_schema(table), check_metadata=False):
         raise ValueError(f"{table}: rows do not have the table's schema")
+    # the hive convention: partition values in the directory names only (see above)
+    data = data.drop_columns([c for c in PARTITION_KEYS if c in data.column_names])
     run_id = str(run["run_id"])
     day = landed_run_date(warehouse, run)
     fs, base = warehouse.fs, warehouse.base
@@ -788,10 +799,17 @@ def read_extra(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from speedmatrix.warehouse import partition_of
+
     schema = extra_schema(table)
     parts = []
     for path in _extra_files(warehouse, table, run_id, recipe_id):
         t = pq.read_table(path, filesystem=warehouse.fs, partitioning=None, schema=schema)
+        where = partition_of(path)
+        if "recipe_id" in where:  # from the directory name (older files hold the same value)
+            i = schema.get_field_index("recipe_id")
+            value = pa.array([where["recipe_id"]] * t.num_rows, pa.string())
+            t = t.set_column(i, schema.field(i), value)
         if recipe_id is not None:
             t = t.filter(pc.equal(t["recipe_id"], recipe_id))
         parts.append(t)

@@ -858,3 +858,28 @@ def conclude(landed: Mapping[str, Any]) -> str:
     if landed.get("quarantined"):
         log.warning("run %s: %d cell(s) quarantined", landed["run_id"], len(landed["quarantined"]))
     return status
+
+
+def verdicts_landed(resolved: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the comparisons / noise Asset events say about this run (its id, baseline, how
+    many regressions and improvements, the warehouse), read back from the landed files; None
+    when neither table has a file of the run."""
+    from speedmatrix.compare import read_extra
+
+    wh = warehouse_of(resolved)
+    run_id = resolved["run_id"]
+    rows = read_extra(wh, "comparisons", run_id=run_id)
+    noise = read_extra(wh, "noise", run_id=run_id)
+    if rows.empty and noise.empty:
+        return None
+    verdicts = rows["verdict"].value_counts().to_dict() if not rows.empty else {}
+    baseline = rows["baseline_run_id"].iloc[0] if not rows.empty else None
+    return {
+        "run_id": run_id,
+        "baseline_run_id": baseline,
+        "regressions": int(verdicts.get("regression", 0)),
+        "improvements": int(verdicts.get("improvement", 0)),
+        "comparisons": len(rows),
+        "noise": len(noise),
+        "warehouse": wh.root,
+    }

@@ -215,3 +215,36 @@ def test_a_regression_fails_its_task_without_a_retry(dagbag, monkeypatch):
     monkeypatch.setattr(compare, "regressions_check", transient)
     with pytest.raises(ConnectionError):  # left to the retry
         task.python_callable({"warehouse": "/nonexistent"}, {"run_id": "run-b"})
+
+
+def test_speed_matrix_alerts_and_verdict_assets(dagbag):
+    """A failed run calls the alert notifier; the verdict Assets come from a teardown after
+    `regressions`, so they are emitted for a regressed run too and its success never makes a
+    regressed run look clean (regressions stays a leaf for the run's state)."""
+    from airflow.sdk import BaseNotifier
+
+    from speedmatrix.notifier import RunNotifier
+
+    dag = dagbag.dags["speed_matrix"]
+    callbacks = dag.on_failure_callback
+    assert isinstance(callbacks, list) and any(isinstance(c, RunNotifier) for c in callbacks)
+    assert all(isinstance(c, BaseNotifier) for c in callbacks)
+    assert not dag.on_success_callback  # a clean run sends nothing
+    t = dag.task_dict
+    assert t["verdicts"].upstream_task_ids == {"regressions", "resolve"}
+    assert t["verdicts"].is_teardown and not t["verdicts"].on_failure_fail_dagrun
+    assert {a.uri for a in t["verdicts"].outlets} == {
+        "speedmatrix://warehouse/comparisons",
+        "speedmatrix://warehouse/noise",
+    }
+
+
+def test_example_consumer_is_paused_and_follows_the_verdicts(dagbag):
+    """The example consumer is harmless (paused when created, reads only) and scheduled on
+    the Asset speed_matrix's `verdicts` emits, not on cells (which land before verdicts)."""
+    dag = dagbag.dags["example_consumer_verdicts"]
+    assert dag.is_paused_upon_creation is True
+    names = {getattr(a, "name", None) for a in dag.timetable.asset_condition.objects}
+    assert names == {"speedmatrix_comparisons"}
+    emitted = {a.name for a in dagbag.dags["speed_matrix"].task_dict["verdicts"].outlets}
+    assert names <= emitted

@@ -8,6 +8,7 @@ belong to the test. The matrix is small and the windows short: what is checked i
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from alert_catchers import MAIL_TO, start_catchers
 from speed_matrix_helpers import (
     KEY,
     finish,
@@ -51,6 +53,40 @@ def migrated(airflow_db: Path) -> Path:
     return airflow_db
 
 
+@pytest.fixture(scope="module")
+def catchers():
+    """A real SMTP server and a chat-webhook catcher on loopback, for the whole module."""
+    c, stop = start_catchers()
+    yield c
+    stop()
+
+
+@pytest.fixture
+def alerts(catchers, monkeypatch):
+    """The deployment's alert settings point at the catchers (the run's subprocess inherits
+    this environment: the settings are the deployment's, never the conf)."""
+    for key, value in catchers.env().items():
+        monkeypatch.setenv(key, value)
+    catchers.clear()
+    return catchers
+
+
+def assert_one_alert(alerts, *needles: str) -> str:
+    """One mail to the configured recipient and one webhook post, both saying `needles`."""
+    assert len(alerts.inbox.messages) == 1, alerts.mail_bodies()
+    assert len(alerts.posts) == 1, alerts.posts
+    mail = alerts.inbox.messages[0]
+    assert alerts.inbox.envelopes[0][1] == [MAIL_TO]
+    body = html.unescape(alerts.mail_bodies()[0])  # the mail is HTML
+    post = alerts.posts[0]
+    assert post["content_type"].startswith("application/json")
+    text = post["json"]["text"]
+    for needle in needles:
+        assert needle in body and needle in text, (needle, text)
+    assert mail["Subject"].startswith("[speedmatrix]")
+    return text
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     h = tmp_path / "home"
@@ -58,7 +94,7 @@ def home(tmp_path: Path) -> Path:
     return h
 
 
-def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home):
+def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, alerts):
     conf = {**CONF, "port": free_port()}
     proc, log, result = start_run(tmp_path, home, migrated, conf, "run")
     finish(proc)
@@ -74,9 +110,11 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home):
     }
     assert "prefill[8K]" in tasks
     assert tasks["stop_server"]["state"] == "success"
-    # landing emitted one Asset event per table, saying which run landed
+    # landing emitted one Asset event per table, saying which run landed; `verdicts` one for
+    # comparisons and noise once `regressions` had landed them
     events = {e["uri"]: e["extra"] for e in out["asset_events"]}
-    assert set(events) == {f"speedmatrix://warehouse/{t}" for t in ("runs", "cells", "requests")}
+    tables = ("runs", "cells", "requests", "comparisons", "noise")
+    assert set(events) == {f"speedmatrix://warehouse/{t}" for t in tables}
     assert {e["run_id"] for e in events.values()} == {out["xcom"]["resolve"]["run_id"]}
 
     run_id = out["xcom"]["resolve"]["run_id"]
@@ -101,6 +139,8 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home):
     assert Path(out["xcom"]["report"]["html"]).stat().st_size > 1000
     assert f"report: {out['xcom']['report']['md']}" in log.read_text()  # the log says where
     assert KEY not in log.read_text()
+    # a clean run: mail and webhook switched on, and nothing sent
+    assert alerts.inbox.messages == [] and alerts.posts == []
     no_server_left(home)
 
 
@@ -144,7 +184,9 @@ def test_repeated_cell_lands_in_cell_repeats_and_gives_its_own_noise(migrated, t
     no_server_left(home)
 
 
-def test_server_killed_mid_run_lands_measured_cells_and_fails_fast(migrated, tmp_path, home):
+def test_server_killed_mid_run_lands_measured_cells_and_fails_fast(
+    migrated, tmp_path, home, alerts
+):
     conf = {**CONF, "concurrencies": [1, 2], "port": free_port()}
     proc, log, result = start_run(tmp_path, home, migrated, conf, "killed")
     try:
@@ -188,6 +230,17 @@ def test_server_killed_mid_run_lands_measured_cells_and_fails_fast(migrated, tmp
     for _phase, label, conc in healthy_refusals:
         assert tasks[f"decode[{label} x {conc}]"]["duration_s"] < 20, tasks
     assert after_kill_s < 300
+    # the failed run was announced by mail and webhook: its cells and the page's link
+    bad = healthy_refusals[0]
+    text = assert_one_alert(
+        alerts,
+        "run failed",
+        run_id,
+        "status failed",
+        f"{bad[1]}x{bad[2]} failed: server not healthy before the cell",
+        "https://perf.example.test/artifacts/",
+    )
+    assert "/report.html" in text
     no_server_left(home)
 
 
@@ -226,7 +279,7 @@ def test_two_runs_for_one_host_are_serialised_by_the_lease(migrated, tmp_path, h
     no_server_left(home)
 
 
-def test_unknown_recipe_fails_in_resolve_before_touching_the_host(migrated, tmp_path, home):
+def test_unknown_recipe_fails_in_resolve_before_touching_the_host(migrated, tmp_path, home, alerts):
     conf = {"recipe": "no/such/recipe", "port": free_port()}
     proc, log, result = start_run(tmp_path, home, migrated, conf, "bad")
     finish(proc)
@@ -237,3 +290,75 @@ def test_unknown_recipe_fails_in_resolve_before_touching_the_host(migrated, tmp_
     assert tasks["setup_server"]["state"] == "upstream_failed"
     assert "recipe 'no/such/recipe' cannot be used" in log.read_text()
     assert not (home / ".speedmatrix").exists()  # no lease taken, no server state written
+    # a run that failed before it measured anything is announced too, with the reason
+    assert_one_alert(alerts, "run failed", "recipe 'no/such/recipe' cannot be used")
+
+
+def test_a_regression_alerts_by_mail_and_webhook_and_emits_the_verdict_assets(
+    migrated, tmp_path, home, alerts
+):
+    """A planted regression (the baseline in the warehouse is far faster than the simulator):
+    `regressions` fails the run, the alert names the regressed cell with its figures, the
+    baseline and the page; the verdict Assets are emitted all the same."""
+    from datetime import UTC, datetime, timedelta
+
+    from speedmatrix.records import empty_cell
+
+    wh_root = tmp_path / "wh"
+    recipe = CONF["recipe"]
+    wh = Warehouse(str(wh_root))
+    baseline = {
+        "run_id": "planted-baseline",
+        "recipe_id": recipe,
+        "trigger": "manual",
+        "status": "success",
+        "host": "local",
+        "engine_commit": "0" * 40,
+        "started_at": datetime.now(UTC) - timedelta(days=1),
+    }
+    fast = empty_cell(
+        phase="decode",
+        context_tokens=8192,
+        context_label="8K",
+        concurrency=1,
+        status="valid",
+        total_tok_s=1.0e6,
+        per_request_tok_s=1.0e6,
+        tbt_ms=0.001,
+        ttft_ms=1.0,
+        measured_s=2.0,
+    )
+    wh.land_run(baseline, [fast], [])
+    wh.close()
+    conf = {
+        **CONF,
+        "contexts": ["8K"],
+        "concurrencies": [1],
+        "warehouse": str(wh_root),
+        "port": free_port(),
+    }
+    proc, log, result = start_run(tmp_path, home, migrated, conf, "regressed")
+    finish(proc)
+    out = outcome(result)
+    assert out["state"] == "failed", log.read_text()[-4000:]
+    tasks = out["tasks"]
+    assert tasks["regressions"]["state"] == "failed"
+    assert tasks["conclude"]["state"] == "success"
+    assert tasks["verdicts"]["state"] == "success"
+    run_id = out["xcom"]["resolve"]["run_id"]
+    events = {e["uri"]: e["extra"] for e in out["asset_events"]}
+    verdict = events["speedmatrix://warehouse/comparisons"]
+    assert verdict["run_id"] == run_id and verdict["baseline_run_id"] == "planted-baseline"
+    assert verdict["regressions"] >= 1
+    assert events["speedmatrix://warehouse/noise"]["run_id"] == run_id
+
+    text = assert_one_alert(
+        alerts,
+        "regression(s)",
+        run_id,
+        "Baseline: run planted-baseline",
+        "8Kx1 total_tok_s: 1,000,000 -> ",
+        "https://perf.example.test/artifacts/",
+    )
+    assert "Regressions (" in text and "%)" in text
+    no_server_left(home)
