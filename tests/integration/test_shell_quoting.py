@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import sys
 import tarfile
 import time
@@ -207,6 +208,10 @@ def _provision_scripts(host, recipe: Recipe, kind: str, ref: str) -> list[str]:
     assert not Path(os.environ["SM_CANARY"]).exists(), f"provisioning ({kind}) ran a value"
     assert rc == 0, f"{kind}: the attempt stopped early (rc {rc}): {log.read_text()[-2000:]}"
     P.refresh_shipped(host, build.state_dir, ship.__class__(ship.loadgen, ship.include, {"x": "y"}))
+    # The stub python writes no marker, so the env it made is not ours by provisioning's rule
+    # (no marker, and the attempt record is gone once the attempt ended): the next kind would
+    # rightly refuse to touch it. Each kind starts from an empty env path, as a first install.
+    shutil.rmtree(env_dir, ignore_errors=True)
     return [plan.script]
 
 

@@ -322,6 +322,7 @@ def test_a_regression_alerts_by_mail_and_webhook_and_emits_the_verdict_assets(
         context_label="8K",
         concurrency=1,
         status="valid",
+        workload="article",  # cells of another workload are never compared
         total_tok_s=1.0e6,
         per_request_tok_s=1.0e6,
         tbt_ms=0.001,
