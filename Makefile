@@ -57,7 +57,7 @@ test-fast: venv
 	$(UV) run --frozen pytest -m "not integration" $(PYTEST_ARGS)
 
 demo: venv
-	$(UV) run --frozen python -m speedmatrix.demo
+	$(UV) run --frozen python -m speedmatrix.cli.demo
 
 lint: venv
 	$(UV) run --frozen ruff check .

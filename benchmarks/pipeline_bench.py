@@ -3,7 +3,7 @@
     uv run python benchmarks/pipeline_bench.py [--duration 30] [--short] [--runner local]
 
 Runs the DAG once, with a private HOME, Airflow home and warehouse, either through
-`python -m speedmatrix.demo` (`--runner dag-test`, the default: every task through Airflow's
+`python -m speedmatrix.cli.demo` (`--runner dag-test`, the default: every task through Airflow's
 task runner and execution API, one at a time, in one process; no scheduler; mapped cells in no
 fixed order) or (`--runner local`) on a real deployment with the LocalExecutor: PostgreSQL,
 api-server, scheduler, dag-processor and triggerer as separate processes (the deployment
@@ -53,7 +53,7 @@ def run(conf: dict) -> dict:
     }
     (work / "home").mkdir()
     result = work / "result.json"
-    cmd = [sys.executable, "-m", "speedmatrix.demo", "--conf", json.dumps(conf)]
+    cmd = [sys.executable, "-m", "speedmatrix.cli.demo", "--conf", json.dumps(conf)]
     cmd += ["--result-json", str(result), "--full"]  # conf's keys override the full matrix
     subprocess.run(
         [sys.executable, "-m", "airflow", "db", "migrate"],
@@ -144,7 +144,7 @@ def run_local_executor(conf: dict) -> dict:
 
 def analyse(out: dict) -> dict:
     sys.path.insert(0, str(REPO / "plugins"))
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.store.warehouse import Warehouse
 
     tasks = out["tasks"]
     resolved = out["xcom"]["resolve"]
@@ -206,7 +206,7 @@ def main() -> int:
     conf = {**FULL, "duration_s": args.duration}
     if args.short:
         conf.update(SHORT)
-    from speedmatrix.demo import free_port
+    from speedmatrix.cli.demo import free_port
 
     conf["port"] = free_port()
     out = run(conf) if args.runner == "dag-test" else run_local_executor(conf)

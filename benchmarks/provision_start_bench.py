@@ -19,10 +19,10 @@ import socket
 import tempfile
 import time
 
-from speedmatrix.hosts import get_host
-from speedmatrix.provision import provision
+from speedmatrix.engine.hosts import get_host
+from speedmatrix.engine.provision import provision
+from speedmatrix.engine.vllm_server import start_server, stop_server
 from speedmatrix.recipes import load_recipe
-from speedmatrix.server import start_server, stop_server
 
 
 def main() -> int:

@@ -19,10 +19,10 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from speedmatrix.compare import RegressionError, compare_in_warehouse, regressions_check
+from speedmatrix.analysis.compare import RegressionError, compare_in_warehouse, regressions_check
 from speedmatrix.sim.predict import predict_matrix
 from speedmatrix.sim.profile import load_profile
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.store.warehouse import Warehouse
 
 RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
 K = 1024

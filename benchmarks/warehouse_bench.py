@@ -282,7 +282,7 @@ from warehouse_bench import NARROW, QUERIES, PLAIN_VIEWS
 sql = (NARROW if {mode!r} == "narrow" else QUERIES)[{name!r}].replace("{{root}}", {root!r})
 mode = {mode!r}
 import duckdb, pandas, pyarrow.dataset  # imports are not the query's time
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.store.warehouse import Warehouse
 t = time.perf_counter()
 if mode in ("plain", "narrow"):
     con = duckdb.connect()

@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 def example_consumer_verdicts():
     @task
     def summarize() -> list[dict]:
-        from speedmatrix.compare import read_extra
-        from speedmatrix.warehouse import Warehouse
+        from speedmatrix.analysis.compare import read_extra
+        from speedmatrix.store.warehouse import Warehouse
 
         events = get_current_context()["triggering_asset_events"]
         out = []

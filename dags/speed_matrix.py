@@ -7,12 +7,12 @@ report -> conclude (fails the run if a cell failed, after everything measured ha
 report -> regressions (compares with the baseline; fails the run on a regression) ->
 verdicts (a teardown: emits the comparisons / noise Assets whatever regressions decided).
 A failed DAG run (a failed cell, a regression, anything else) calls RunNotifier: mail and chat
-alerts where the deployment switched them on (speedmatrix.notify). A clean run sends nothing.
+alerts where the deployment switched them on (speedmatrix.flows.notify). A clean run sends nothing.
 
 With `repeats` > 1, prefill and decode also map the repeated cells after the matrix, one pass
 after another (map index `8K x 1 #2`); they land in cell_repeats (plan.plan_matrix).
 
-Orchestration only: every task body is a function in `speedmatrix.pipeline`.
+Orchestration only: every task body is a function in `speedmatrix.flows.matrix`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, Param, PokeReturnValue, dag, get_current_context, task
 
-from speedmatrix import pipeline
-from speedmatrix.notifier import RunNotifier
+from speedmatrix.flows import matrix
+from speedmatrix.flows.notifier import RunNotifier
 
 ASSETS = [
     Asset(name=f"speedmatrix_{t}", uri=f"speedmatrix://warehouse/{t}", group="speedmatrix")
@@ -161,7 +161,7 @@ def _label(cell: dict) -> None:
 
 
 @dag(
-    dag_id=pipeline.DAG_ID,
+    dag_id=matrix.DAG_ID,
     description="Speed test matrix of one vLLM recipe x engine ref x host",
     schedule=None,
     start_date=datetime(2026, 1, 1),
@@ -184,9 +184,7 @@ def speed_matrix():
         """Validate the conf against the recipe: a bad conf fails here, touching no host."""
         ctx = get_current_context()
         dag_run = ctx["dag_run"]
-        return pipeline.resolve(
-            ctx["params"], dag_run_id=dag_run.run_id, run_after=dag_run.run_after
-        )
+        return matrix.resolve(ctx["params"], dag_run_id=dag_run.run_id, run_after=dag_run.run_after)
 
     @task.sensor(
         poke_interval=15,
@@ -196,21 +194,21 @@ def speed_matrix():
     )
     def wait_for_host(resolved: dict) -> PokeReturnValue:
         """Take the host lease; between attempts the task gives its worker slot back."""
-        got = pipeline.take_lease(resolved)
+        got = matrix.take_lease(resolved)
         return PokeReturnValue(is_done=got is not None, xcom_value=got)
 
     @task(retries=0, execution_timeout=timedelta(hours=4))
     def setup_server(resolved: dict, lease: dict) -> dict:
         """Provision the engine env (idempotent) and start the server; not retried."""
-        return pipeline.setup(resolved)
+        return matrix.setup(resolved)
 
     @task(retries=2, execution_timeout=HOST_STEP_TIMEOUT)
     def inspect(resolved: dict, server: dict) -> dict:
-        return pipeline.inspect(resolved, server)
+        return matrix.inspect(resolved, server)
 
     @task(retries=1, execution_timeout=timedelta(minutes=2))
     def plan(resolved: dict, info: dict) -> dict:
-        return pipeline.plan(resolved, info)
+        return matrix.plan(resolved, info)
 
     @task(multiple_outputs=False)
     def runnable(planned: dict, phase: str) -> list[dict]:
@@ -224,7 +222,7 @@ def speed_matrix():
     )
     def prefill(resolved: dict, server: dict, cell: dict) -> dict:
         _label(cell)
-        return pipeline.run_cell(resolved, server, cell)
+        return matrix.run_cell(resolved, server, cell)
 
     @task(
         max_active_tis_per_dagrun=1,
@@ -234,7 +232,7 @@ def speed_matrix():
     )
     def decode(resolved: dict, server: dict, cell: dict) -> dict:
         _label(cell)
-        return pipeline.run_cell(resolved, server, cell)
+        return matrix.run_cell(resolved, server, cell)
 
     @task(trigger_rule="all_done", retries=0)
     def prefill_done() -> None:
@@ -245,7 +243,7 @@ def speed_matrix():
     def stop_server(resolved: dict) -> dict:
         """Stop the server and release the lease, whatever failed before."""
         ti = get_current_context()["ti"]
-        return pipeline.teardown(resolved, ti.xcom_pull(task_ids="setup_server"))
+        return matrix.teardown(resolved, ti.xcom_pull(task_ids="setup_server"))
 
     @task(trigger_rule="all_done", retries=1)
     def validate(resolved: dict) -> dict:
@@ -253,7 +251,7 @@ def speed_matrix():
         # Every map index of both cell tasks (a list, in task then map-index order); a cell
         # whose task died left nothing and is recorded as failed by the pipeline.
         results = ti.xcom_pull(task_ids=["prefill", "decode"]) or []
-        return pipeline.validate(
+        return matrix.validate(
             resolved,
             ti.xcom_pull(task_ids="inspect"),
             ti.xcom_pull(task_ids="setup_server"),
@@ -264,7 +262,7 @@ def speed_matrix():
     @task(retries=2, outlets=ASSETS)
     def land(resolved: dict, validated: dict) -> dict:
         """Idempotent: landing a run again replaces it, so a retry never duplicates."""
-        landed = pipeline.land(resolved, validated)
+        landed = matrix.land(resolved, validated)
         events = get_current_context()["outlet_events"]
         for asset in ASSETS:
             events[asset].extra = {
@@ -276,11 +274,11 @@ def speed_matrix():
 
     @task(retries=2)
     def report(resolved: dict, landed: dict) -> dict:
-        return pipeline.report(resolved, landed)
+        return matrix.report(resolved, landed)
 
     @task(retries=0)
     def conclude(landed: dict, paths: dict) -> str:
-        return pipeline.conclude(landed)
+        return matrix.conclude(landed)
 
     @task(retries=1)
     def regressions(resolved: dict, landed: dict) -> dict:
@@ -290,11 +288,11 @@ def speed_matrix():
         would only say it again 30 s later)."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from speedmatrix.compare import RegressionError, regressions_check
+        from speedmatrix.analysis.compare import RegressionError, regressions_check
 
         try:
             return regressions_check(
-                pipeline.warehouse_of(resolved), landed["run_id"], fetch_commits=True
+                matrix.warehouse_of(resolved), landed["run_id"], fetch_commits=True
             )
         except RegressionError as err:
             raise AirflowFailException(str(err)) from err
@@ -308,7 +306,7 @@ def speed_matrix():
         landed neither table (e.g. regressions failed before landing)."""
         from airflow.sdk.exceptions import AirflowSkipException
 
-        landed = pipeline.verdicts_landed(resolved)
+        landed = matrix.verdicts_landed(resolved)
         if landed is None:
             raise AirflowSkipException("no comparisons or noise landed for this run")
         events = get_current_context()["outlet_events"]

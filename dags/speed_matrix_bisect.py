@@ -12,7 +12,7 @@ its end; in between the triggerer polls its state. A failed run counts as finish
 judge then says "skip" and the search goes around that commit) rather than failing the
 bisection.
 
-Orchestration only: every task body is a function in `speedmatrix.bisect`.
+Orchestration only: every task body is a function in `speedmatrix.analysis.bisection`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowSkipException
 
-from speedmatrix import bisect as bisection
+from speedmatrix.analysis import bisection
 
 COMMIT = r"^[0-9a-f]{7,40}$"
 

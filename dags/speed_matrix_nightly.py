@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import CronTriggerTimetable, dag, task
 
-from speedmatrix import triggers
+from speedmatrix.flows import triggers
 
 CFG = triggers.load_schedule_config()
 

@@ -1,7 +1,7 @@
 """vllm_commit_watch: run the per-commit recipes once for every new commit on vLLM main.
 
 Thin on purpose: what is new, what is skipped, the run ids and the state are decided in
-speedmatrix.triggers (see its docstring for why a commit is never benchmarked twice).
+speedmatrix.flows.triggers (see its docstring for why a commit is never benchmarked twice).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, task
 
-from speedmatrix import triggers
+from speedmatrix.flows import triggers
 
 CFG = triggers.load_schedule_config()
 

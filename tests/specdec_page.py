@@ -112,7 +112,7 @@ def calibrated(variant: str = "falling") -> tuple[Profile, str]:
     page = spec_page(variant)
     code = ROOT / "plugins" / "speedmatrix"
     h = hashlib.sha256(page.encode())
-    for f in sorted([*code.glob("sim/*.py"), *code.glob("report/*.py"), code / "cli.py"]):
+    for f in sorted([*code.glob("sim/*.py"), *code.glob("report/*.py"), *code.glob("cli/*.py")]):
         h.update(f.read_bytes())
     folder = Path(tempfile.gettempdir()) / "speedmatrix-specdec-calibrations"
     folder.mkdir(exist_ok=True)

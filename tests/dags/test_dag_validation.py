@@ -198,7 +198,7 @@ def test_a_regression_fails_its_task_without_a_retry(dagbag, monkeypatch):
     must fail at once (seen in the deployment: the alert came again 30 s later, by retry)."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    import speedmatrix.compare as compare
+    import speedmatrix.analysis.compare as compare
 
     def found(*args, **kwargs):
         raise compare.RegressionError("8Kx1 total_tok_s -30% vs baseline run-a")
@@ -223,7 +223,7 @@ def test_speed_matrix_alerts_and_verdict_assets(dagbag):
     regressed run look clean (regressions stays a leaf for the run's state)."""
     from airflow.sdk import BaseNotifier
 
-    from speedmatrix.notifier import RunNotifier
+    from speedmatrix.flows.notifier import RunNotifier
 
     dag = dagbag.dags["speed_matrix"]
     callbacks = dag.on_failure_callback

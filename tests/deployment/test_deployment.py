@@ -24,7 +24,7 @@ import yaml
 from deploy_env import SSH_CONN_ID, Env
 from deploy_harness import REPO, Deployment, free_port
 
-from speedmatrix.bisect import MAX_STEPS
+from speedmatrix.analysis.bisection import MAX_STEPS
 
 pytestmark = [pytest.mark.deployment, pytest.mark.integration, pytest.mark.timeout(1500)]
 
@@ -192,7 +192,7 @@ def test_worker_killed_mid_decode_cell(env: Env) -> None:
     assert not servers, f"simulated servers still running: {servers}"
     assert _lease_free(env.root / "machine-local"), "host lease not released"
 
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.store.warehouse import Warehouse
 
     wh_run_id = _xcom(dep, SM, run_id, "resolve")["run_id"]
     cells = Warehouse(str(dep.warehouse)).query(

@@ -6,7 +6,7 @@ All session-scoped, because each is slow to make and the tests only read from th
   generated client key for root; other local users log in with the keys in their own
   ``~/.ssh/authorized_keys``, as test_machine_lease.py's throwaway user does), exported as an Airflow connection through the env var
   ``AIRFLOW_CONN_<ID>`` (JSON form) so ``SSHHook(ssh_conn_id=sshd.conn_id)`` and
-  ``speedmatrix.hosts.get_host(sshd.conn_id)`` work. The connection carries the server's host
+  ``speedmatrix.engine.hosts.get_host(sshd.conn_id)`` work. The connection carries the server's host
   key, so host-key checking stays on. Yields an :class:`SshdInfo`.
 - ``ssh_conn_id``: just that connection id.
 - ``sshd_no_sftp``: a second such server without the SFTP subsystem (hardened hosts).
@@ -18,7 +18,7 @@ All session-scoped, because each is slow to make and the tests only read from th
 - ``vllm_cpu_server``: real vLLM serving the tiny model from that env, started once, stopped at
   the end of the session. Yields a :class:`VllmServer` with ``base_url``, ``model`` (the served
   name), ``api_key_env`` (name of the env var that holds the key; set in ``os.environ``),
-  ``api_key``, ``kv_cache_tokens`` and the ``handle`` that ``speedmatrix.server`` uses.
+  ``api_key``, ``kv_cache_tokens`` and the ``handle`` that ``speedmatrix.engine.vllm_server`` uses.
 
 Tests that use the vLLM fixtures must be marked ``@pytest.mark.integration`` and
 ``@pytest.mark.vllm``. No test changes the session's env: the rebuild test works on a copy of
@@ -271,7 +271,7 @@ def _host_env(home: str) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def vllm_cpu_host(ssh_conn_id: str, vllm_home: str):
     """The test sshd as a speedmatrix Host, HOME set to ``vllm_home``."""
-    from speedmatrix.hosts import get_host
+    from speedmatrix.engine.hosts import get_host
 
     host = get_host(ssh_conn_id, env=_host_env(vllm_home))
     yield host
@@ -282,7 +282,7 @@ def vllm_cpu_host(ssh_conn_id: str, vllm_home: str):
 def vllm_host_at(ssh_conn_id: str) -> Iterator[Callable[[str], object]]:
     """``vllm_host_at(home)``: the test sshd as a Host like ``vllm_cpu_host``, HOME ``home``
     (closed at the end of the test)."""
-    from speedmatrix.hosts import get_host
+    from speedmatrix.engine.hosts import get_host
 
     hosts = []
 
@@ -306,7 +306,7 @@ def vllm_cpu_recipe():
 def vllm_cpu_env(vllm_cpu_host, vllm_cpu_recipe):
     """``provision()`` of the CPU recipe through SSH (once per session). ``.elapsed_s`` is the
     provisioning time; ``.reused`` tells whether an env under SPEEDMATRIX_TEST_HOME was reused."""
-    from speedmatrix.provision import provision
+    from speedmatrix.engine.provision import provision
 
     # Under `make test` two pytest workers may both need the env (SPEEDMATRIX_TEST_HOME is
     # shared): provision() waits for the other's install (the env's lock) and reuses it.
@@ -334,7 +334,7 @@ def vllm_cpu_server(
     """
     import secrets
 
-    from speedmatrix.server import start_server, stop_server
+    from speedmatrix.engine.vllm_server import start_server, stop_server
 
     key = "sk-test-" + secrets.token_hex(8)
     old = os.environ.get(API_KEY_ENV)
@@ -353,7 +353,7 @@ def vllm_cpu_server(
         lease_dir=str(session_dir / "vllm-session-machine"),
     )
     start_s = time.monotonic() - t0
-    from speedmatrix.server import inspect_server
+    from speedmatrix.engine.vllm_server import inspect_server
 
     try:
         facts = inspect_server(handle, host=vllm_cpu_host)

@@ -1,4 +1,4 @@
-"""Helpers of the speed_matrix integration tests: run the DAG (via `python -m speedmatrix.demo`)
+"""Helpers of the speed_matrix integration tests: run the DAG (via `python -m speedmatrix.cli.demo`)
 in a subprocess with a private HOME and Airflow home, wait for log lines, read the outcome."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from speedmatrix.hosts import get_host
-from speedmatrix.lease import HostLease
+from speedmatrix.engine.hosts import get_host
+from speedmatrix.engine.lease import HostLease
 
 KEY = "sk-simtest-4242abcd"
 
@@ -40,7 +40,7 @@ def start_run(tmp: Path, home: Path, airflow_home: Path, conf: dict, name: str):
         [
             sys.executable,
             "-m",
-            "speedmatrix.demo",
+            "speedmatrix.cli.demo",
             "--conf",
             json.dumps(conf),
             "--result-json",

@@ -27,7 +27,7 @@ import pytest
 from github_fake import FakeGitHub
 
 from speedmatrix import recipes as recipes_mod
-from speedmatrix import triggers as T
+from speedmatrix.flows import triggers as T
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""speedmatrix.hosts on both transports: a real sshd on 127.0.0.1 and the local machine."""
+"""speedmatrix.engine.hosts on both transports: a real sshd on 127.0.0.1 and the local machine."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from speedmatrix import hosts
-from speedmatrix.hosts import (
+from speedmatrix.engine import hosts
+from speedmatrix.engine.hosts import (
     CommandError,
     CommandTimeout,
     HostConnectionError,
@@ -351,7 +351,7 @@ def test_lease_acquire_survives_a_drop(sshd, tmp_path):
     connection drops; the lock is let go after the drop and the retry takes the lease."""
     import fcntl
 
-    from speedmatrix.lease import HostLease
+    from speedmatrix.engine.lease import HostLease
 
     h = get_host(sshd.conn_id, env={"HOME": str(tmp_path)})
     h.run("true", check=True)
@@ -509,7 +509,7 @@ def test_shipping_the_load_generator_without_sftp(no_sftp_host, tmp_path):
     into place) lands whole on a host without SFTP, and the shipped load generator runs."""
     import sys
 
-    from speedmatrix.provision import build_shipment, refresh_shipped
+    from speedmatrix.engine.provision import build_shipment, refresh_shipped
 
     h = no_sftp_host
     state = f"{tmp_path}/state"

@@ -340,7 +340,7 @@ def test_replay_of_the_reference_matrix_within_5_percent() -> None:
 def test_a_repeated_prefill_cell_is_cold(wide_profile: Path) -> None:
     """The repeat of a prefill cell, sent as the pipeline sends it, finds nothing of its
     primary's prompt in the prefix cache (each pass has its own run tag and cache salt)."""
-    from speedmatrix import pipeline
+    from speedmatrix.flows import matrix
     from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 
     spec = MatrixSpec.build(
@@ -350,7 +350,7 @@ def test_a_repeated_prefill_cell_is_cold(wide_profile: Path) -> None:
     assert [c["repeat"] for c in planned] == [0, 1]
     resolved = {"host": "local", "served_model": "sim-specdec", "run_tag": "cold0test"}
     with sim(wide_profile) as url:
-        cells = [pipeline.measure(resolved, {"base_url": url}, c)[0] for c in planned]
+        cells = [matrix.measure(resolved, {"base_url": url}, c)[0] for c in planned]
     for cell in cells:
         assert cell["status"] == "valid", cell["error"]
         assert cell["prefix_cache_hit_rate"] == 0.0, cell

@@ -52,7 +52,7 @@ def test_prefill_at_max_model_len_is_sent_to_fit_and_valid(vllm_cpu_server) -> N
     max_model_len - 1 tokens, keeping its label, recorded with the count vLLM confirmed."""
     import requests
 
-    from speedmatrix import pipeline
+    from speedmatrix.flows import matrix
     from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 
     s = vllm_cpu_server
@@ -74,7 +74,7 @@ def test_prefill_at_max_model_len_is_sent_to_fit_and_valid(vllm_cpu_server) -> N
     resolved = {
         "host": "local", "served_model": s.model, "run_tag": "edge1", "api_key_env": s.api_key_env,
     }  # fmt: skip
-    cell, rows = pipeline.measure(resolved, {"base_url": s.base_url}, planned)
+    cell, rows = matrix.measure(resolved, {"base_url": s.base_url}, planned)
     assert cell["status"] == "valid", cell["error"]
     assert cell["context_tokens"] == rows[0]["prompt_tokens"] == max_len - 1
     assert cell["context_label"] == planned["label"] == "2K"

@@ -27,18 +27,18 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix import pipeline
-from speedmatrix.hosts import HostConnectionError, get_host
-from speedmatrix.lease import HostLease
-from speedmatrix.provision import ProvisionResult
-from speedmatrix.recipes import load_recipe
-from speedmatrix.server import (
+from speedmatrix.engine.hosts import HostConnectionError, get_host
+from speedmatrix.engine.lease import HostLease
+from speedmatrix.engine.provision import ProvisionResult
+from speedmatrix.engine.vllm_server import (
     ServerAlreadyRunning,
     alive_servers,
     group_pids,
     start_server,
     stop_server,
 )
+from speedmatrix.flows import matrix
+from speedmatrix.recipes import load_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -196,22 +196,22 @@ def test_a_setup_failed_after_the_launch_is_torn_down_from_the_hosts_records(tmp
     monkeypatch.setenv("SPEEDMATRIX_API_KEY", "sk-" + secrets.token_hex(8))
     home = tmp_path / "home"
     home.mkdir()
-    resolved = pipeline.resolve(
+    resolved = matrix.resolve(
         {"recipe": SIM, "host_home": str(home), "port": _free_port()},
         dag_run_id="manual__failed-setup",
         run_after=dt.datetime.now(dt.UTC),
     )
-    host = pipeline.host_of(resolved)
+    host = matrix.host_of(resolved)
     lease = HostLease(host, resolved["holder"])
 
     def dropped(self, pgid, interval_s=None):
         raise HostConnectionError("the SSH connection dropped while the lease keeper started")
 
     try:
-        assert pipeline.take_lease(resolved)
+        assert matrix.take_lease(resolved)
         monkeypatch.setattr(HostLease, "keep_while_group", dropped)
         with pytest.raises(HostConnectionError):
-            pipeline.setup(resolved)  # no handle reaches the teardown
+            matrix.setup(resolved)  # no handle reaches the teardown
         (run_dir, pid), *more = alive_servers(host).items()
         assert not more and group_pids(host, pid)
 
@@ -220,14 +220,14 @@ def test_a_setup_failed_after_the_launch_is_torn_down_from_the_hosts_records(tmp
         # the lease stays with the run.
         (fake / "apps.csv").write_text(f"{pid}, python3, 4000 MiB\n")
         with pytest.raises(RuntimeError, match="lease kept") as failed:
-            pipeline.teardown(resolved, None)
+            matrix.teardown(resolved, None)
         assert "GPU compute processes of ours" in str(failed.value)
         assert group_pids(host, pid) == []
         assert lease.show().holder == resolved["holder"]
 
         # The driver lets go: a retried teardown verifies the stop and only then releases.
         (fake / "apps.csv").write_text("")
-        out = pipeline.teardown(resolved, None)
+        out = matrix.teardown(resolved, None)
         assert out["lease"] == "RELEASED"
         assert out["stopped"]["pid"] == pid and out["from_records"] == [run_dir]
         assert lease.show().holder is None

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from gitrepo import upstream_with_pr
 
-from speedmatrix.hosts import get_host
-from speedmatrix.provision import (
+from speedmatrix.engine.hosts import get_host
+from speedmatrix.engine.provision import (
     ATTEMPT_RECORD,
     MARKER,
     RC_NO_FULL_BUILD,

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from speedmatrix.provision import MARKER, install_hash, provision
+from speedmatrix.engine.provision import MARKER, install_hash, provision
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

@@ -16,8 +16,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from test_regression_sim import profile_at
 
-from speedmatrix.bisect import bisect, max_measurements
-from speedmatrix.compare import (
+from speedmatrix.analysis.bisection import bisect, max_measurements
+from speedmatrix.analysis.compare import (
     RegressionError,
     compare_in_warehouse,
     compare_runs,
@@ -27,7 +27,7 @@ from speedmatrix.compare import (
 )
 from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_prefill
 from speedmatrix.sim.server import run_in_thread
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.store.warehouse import Warehouse
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.timing]
 

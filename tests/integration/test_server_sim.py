@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix.hosts import get_host
-from speedmatrix.provision import ProvisionResult, provision
-from speedmatrix.recipes import REPO_ROOT, load_recipe
-from speedmatrix.server import (
+from speedmatrix.engine.hosts import get_host
+from speedmatrix.engine.provision import ProvisionResult, provision
+from speedmatrix.engine.vllm_server import (
     NO_TELEMETRY_ENV,
     PortInUse,
     ServerAlreadyRunning,
@@ -33,6 +32,7 @@ from speedmatrix.server import (
     start_server,
     stop_server,
 )
+from speedmatrix.recipes import REPO_ROOT, load_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -660,7 +660,7 @@ def test_inspect_on_a_gpu_host_reports_gpus_kv_version_and_commit(tmp_path, sim)
 
 
 def test_no_gpu_on_a_host_with_nvidia_smi_gives_cpu_facts_only(tmp_path):
-    from speedmatrix.server import hardware_facts
+    from speedmatrix.engine.vllm_server import hardware_facts
 
     fake = tmp_path / "fakebin"
     fake.mkdir()

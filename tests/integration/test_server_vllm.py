@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix.server import (
+from speedmatrix.engine.vllm_server import (
     NO_TELEMETRY_ENV,
     PortInUse,
     ServerError,

@@ -39,10 +39,9 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from speed_matrix_helpers import free_port
 
-from speedmatrix import provision as P
-from speedmatrix.hosts import get_host
-from speedmatrix.recipes import Recipe, load_recipe_id
-from speedmatrix.server import (
+from speedmatrix.engine import provision as P
+from speedmatrix.engine.hosts import get_host
+from speedmatrix.engine.vllm_server import (
     ServerError,
     inspect_server,
     server_state,
@@ -50,6 +49,7 @@ from speedmatrix.server import (
     stop_server,
     wait_ready,
 )
+from speedmatrix.recipes import Recipe, load_recipe_id
 
 pytestmark = pytest.mark.integration
 

@@ -37,7 +37,7 @@ def _free_port() -> int:
 def test_ngram_speculative_decoding_chunks_and_acceptance(  # type: ignore[no-untyped-def]
     vllm_cpu_host, vllm_cpu_recipe, vllm_cpu_env, vllm_home
 ) -> None:
-    from speedmatrix.server import start_server, stop_server
+    from speedmatrix.engine.vllm_server import start_server, stop_server
 
     recipe = vllm_cpu_recipe.model_copy(
         update={

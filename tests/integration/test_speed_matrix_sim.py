@@ -1,6 +1,6 @@
 """speed_matrix end to end through Airflow (dag.test) on the `local` host, simulated engine.
 
-Each run is `python -m speedmatrix.demo --conf … --result-json …` in a subprocess (the code
+Each run is `python -m speedmatrix.cli.demo --conf … --result-json …` in a subprocess (the code
 path `make demo` uses) with a private HOME, so the host lease and the server state directory
 belong to the test. The matrix is small and the windows short: what is checked is the pipeline
 (plan, over capacity, mapped cells, validation, landing, report, teardown), not the numbers.
@@ -28,8 +28,8 @@ from speed_matrix_helpers import (
     wait_for_line,
 )
 
-from speedmatrix.compare import read_extra
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.analysis.compare import read_extra
+from speedmatrix.store.warehouse import Warehouse
 
 pytestmark = pytest.mark.integration
 

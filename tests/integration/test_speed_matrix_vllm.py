@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from speed_matrix_helpers import KEY, finish, free_port, outcome, start_run
 
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.store.warehouse import Warehouse
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timing]
 

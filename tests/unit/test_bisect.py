@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speedmatrix.bisect import bisect, max_measurements
+from speedmatrix.analysis.bisection import bisect, max_measurements
 
 
 def _commits(n):
@@ -78,7 +78,7 @@ def test_bad_input_is_refused():
 def test_state_round_trips_through_json_between_steps():
     import json
 
-    from speedmatrix.bisect import BisectState
+    from speedmatrix.analysis.bisection import BisectState
 
     commits = _commits(20)
     state = BisectState.start(commits, has_wheel=lambda c: c != commits[2])

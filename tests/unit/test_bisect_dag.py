@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix.bisect import MAX_STEPS, choose_step, conclude_job, judge_step, prepare_job
+from speedmatrix.analysis.bisection import (
+    MAX_STEPS,
+    choose_step,
+    conclude_job,
+    judge_step,
+    prepare_job,
+)
 from speedmatrix.records import empty_cell
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.store.warehouse import Warehouse
 
 RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
 COMMITS = [f"{i:040x}" for i in range(1, 34)]  # 33 commits: good is 0, bad is the last
@@ -180,7 +186,7 @@ def test_commits_between_reads_the_compare_api(monkeypatch):
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from speedmatrix.bisect import commits_between
+    from speedmatrix.analysis.bisection import commits_between
 
     seen = []
 
@@ -215,7 +221,7 @@ def test_a_sim_recipe_has_every_commit_without_asking_the_network(tmp_path, monk
     bisecting it needs no wheel index (nor any network)."""
     import requests
 
-    from speedmatrix.bisect import wheel_check
+    from speedmatrix.analysis.bisection import wheel_check
     from speedmatrix.recipes import load_recipe
 
     def no_network(*args, **kwargs):
@@ -245,7 +251,7 @@ def test_a_sim_recipe_has_every_commit_without_asking_the_network(tmp_path, monk
 def test_a_bisect_conf_cannot_choose_the_github_api(monkeypatch):
     """prepare_job refuses an api_url (it used to take one): the compare API's answer picks
     the commits measured, so it comes from the deployment only (issue #16 item 1)."""
-    import speedmatrix.bisect as bisection
+    import speedmatrix.analysis.bisection as bisection
 
     def no_network(*args, **kwargs):
         raise AssertionError("GitHub asked")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
-from speedmatrix.compare import (
+from speedmatrix.analysis.compare import (
     COMPARISONS_SCHEMA,
     RegressionError,
     compare_runs,
@@ -18,7 +18,7 @@ from speedmatrix.compare import (
     summarize,
     verdict_for,
 )
-from speedmatrix.noise import NoiseModel
+from speedmatrix.analysis.noise import NoiseModel
 from speedmatrix.records import empty_cell
 
 

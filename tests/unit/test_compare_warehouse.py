@@ -10,15 +10,15 @@ import duckdb
 import numpy as np
 import pytest
 
-from speedmatrix.cli import main
-from speedmatrix.compare import (
+from speedmatrix.analysis.compare import (
     RegressionError,
     compare_in_warehouse,
     read_extra,
     regressions_check,
 )
+from speedmatrix.cli import main
 from speedmatrix.records import empty_cell
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.store.warehouse import Warehouse
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 CELLS = [(8192, 1, 55.0), (8192, 4, 170.0), (65536, 2, 90.0)]
@@ -189,7 +189,7 @@ def test_trend_command(wh, capsys, tmp_path):
 
 
 def test_report_comparison_gives_the_report_its_baseline_and_verdicts(wh):
-    from speedmatrix.compare import ReportComparison, report_comparison
+    from speedmatrix.analysis.compare import ReportComparison, report_comparison
     from speedmatrix.report.render import render_html, render_markdown
 
     cmp = report_comparison(wh, "r2")
@@ -213,7 +213,7 @@ def test_report_comparison_gives_the_report_its_baseline_and_verdicts(wh):
 
 
 def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
-    import speedmatrix.bisect
+    import speedmatrix.analysis.bisection
 
     calls = []
 
@@ -221,7 +221,7 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
         calls.append((repo, a, b))
         return ["d" * 40, "b" * 40]
 
-    monkeypatch.setattr(speedmatrix.bisect, "commits_between", fake)
+    monkeypatch.setattr(speedmatrix.analysis.bisection, "commits_between", fake)
     with pytest.raises(RegressionError) as err:
         regressions_check(wh, "r2", fetch_commits=True)
     assert calls == [("vllm-project/vllm", "a" * 40, "b" * 40)]
@@ -230,7 +230,7 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("no network")
 
-    monkeypatch.setattr(speedmatrix.bisect, "commits_between", broken)
+    monkeypatch.setattr(speedmatrix.analysis.bisection, "commits_between", broken)
     with pytest.raises(RegressionError) as err:
         regressions_check(wh, "r2", fetch_commits=True)
     assert "commits between" not in str(err.value) and "/compare/" in str(err.value)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from speedmatrix.diagnose import SIGNATURES, diagnose
+from speedmatrix.engine.diagnose import SIGNATURES, diagnose
 
 ENGINE_WRAPPER = (
     "RuntimeError: Engine core initialization failed. See root cause above. "
@@ -209,7 +209,7 @@ METRICS = (
 
 
 def test_kv_tokens_from_the_start_up_log():
-    from speedmatrix.server import kv_tokens_from_log
+    from speedmatrix.engine.vllm_server import kv_tokens_from_log
 
     assert kv_tokens_from_log("noise\n" + KV_LOG) == 8192
     assert kv_tokens_from_log("GPU KV cache size: 1,234,560 tokens\n") == 1234560
@@ -217,7 +217,7 @@ def test_kv_tokens_from_the_start_up_log():
 
 
 def test_cache_config_info_labels_from_metrics():
-    from speedmatrix.server import parse_cache_config
+    from speedmatrix.engine.vllm_server import parse_cache_config
 
     labels = parse_cache_config(METRICS)
     assert labels["block_size"] == "128"

@@ -7,7 +7,7 @@ import time
 import pytest
 from github_fake import FakeGitHub
 
-from speedmatrix.github import (
+from speedmatrix.upstream.github import (
     Commit,
     GitHubClient,
     GitHubError,

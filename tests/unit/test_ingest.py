@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from speedmatrix.report.parse import parse_report
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.store.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"

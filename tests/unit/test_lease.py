@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix import lease as lease_mod
-from speedmatrix.hosts import get_host
-from speedmatrix.lease import HostLease, LeaseError, LeaseLost, holder_id
+from speedmatrix.engine import lease as lease_mod
+from speedmatrix.engine.hosts import get_host
+from speedmatrix.engine.lease import HostLease, LeaseError, LeaseLost, holder_id
 
 
 @pytest.fixture

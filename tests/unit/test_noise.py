@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from speedmatrix.noise import (
+from speedmatrix.analysis.noise import (
     NoiseModel,
     between_run_noise,
     bootstrap_interval,
@@ -183,7 +183,7 @@ def test_noise_model_falls_back_to_pooled_then_none():
 
 
 def test_noise_rows_join_within_intervals_and_between_spread():
-    from speedmatrix.noise import NOISE_SCHEMA, noise_rows, noise_table
+    from speedmatrix.analysis.noise import NOISE_SCHEMA, noise_rows, noise_table
 
     run = _run("a1", "aaa")
     cells = [

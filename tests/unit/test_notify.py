@@ -1,5 +1,5 @@
 """Run alerts without Airflow: the summary read from the warehouse, the message, the
-settings, and a delivery that never raises (speedmatrix.notify)."""
+settings, and a delivery that never raises (speedmatrix.flows.notify)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import logging
 import pytest
 from test_compare_warehouse import _land
 
-from speedmatrix.compare import RegressionError, regressions_check
-from speedmatrix.notify import NotifySettings, deliver, message_text, summarize_run
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.analysis.compare import RegressionError, regressions_check
+from speedmatrix.flows.notify import NotifySettings, deliver, message_text, summarize_run
+from speedmatrix.store.warehouse import Warehouse
 
 
 @pytest.fixture(scope="module")

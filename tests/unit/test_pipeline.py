@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix import pipeline
-from speedmatrix.pipeline import ResolveError
+from speedmatrix.flows import matrix
+from speedmatrix.flows.matrix import ResolveError
 
 WHEN = dt.datetime(2026, 11, 29, 20, 30, 5, tzinfo=dt.UTC)
 SIM = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
@@ -17,7 +17,7 @@ CPU = "cpu/tiny/llama-tiny"
 
 
 def resolve(conf, run_id="manual__2026-11-29T20:30:05+00:00"):
-    return pipeline.resolve(conf, dag_run_id=run_id, run_after=WHEN)
+    return matrix.resolve(conf, dag_run_id=run_id, run_after=WHEN)
 
 
 def test_resolve_uses_recipe_defaults_and_makes_readable_stable_ids():
@@ -64,7 +64,7 @@ def test_resolve_applies_overrides_and_trigger_from_run_id():
     assert (r["host"], r["warehouse"]) == ("gpu7", "/tmp/wh")
     # the recipe's workload (article) unless the conf says otherwise
     assert resolve({"recipe": CPU}, run_id="manual__x")["matrix"]["workload"] == "article"
-    assert pipeline.trigger_of("commit__x__abc") == "commit"
+    assert matrix.trigger_of("commit__x__abc") == "commit"
 
 
 @pytest.mark.parametrize(
@@ -110,15 +110,15 @@ PLANNED = {
         for c in (1, 2)
     ],
     "over_capacity": [
-        pipeline.failed_cell({"phase": "decode", "context_tokens": 512, "concurrency": 64}, "x")
+        matrix.failed_cell({"phase": "decode", "context_tokens": 512, "concurrency": 64}, "x")
         | {"status": "over_capacity"}
     ],
 }
 
 
 def test_collect_cells_keeps_every_planned_cell_once_in_report_order():
-    measured = pipeline.failed_cell(PLANNED["decode"][1], "stream disconnected")
-    cells, requests = pipeline.collect_cells(
+    measured = matrix.failed_cell(PLANNED["decode"][1], "stream disconnected")
+    cells, requests = matrix.collect_cells(
         PLANNED, [{"cell": measured, "requests": [{"phase": "decode", "x": 1}]}, None]
     )
     assert [(c["phase"], c["concurrency"], c["status"]) for c in cells] == [
@@ -151,9 +151,9 @@ def test_the_workload_reaches_every_cell_and_the_load_generator(monkeypatch):
     cells = planned["prefill"] + planned["decode"] + planned["over_capacity"]
     assert cells and {c["workload"] for c in cells} == {"continuation"}
     server = {"base_url": "http://127.0.0.1:9", "loadgen": "/x/loadgen.pyz"}
-    cfg = pipeline._loadgen_config(r, server, planned["decode"][0])
+    cfg = matrix._loadgen_config(r, server, planned["decode"][0])
     assert cfg.workload == "continuation"
-    assert pipeline.failed_cell(planned["decode"][0], "x")["workload"] == "continuation"
+    assert matrix.failed_cell(planned["decode"][0], "x")["workload"] == "continuation"
     sent: list[str] = []
 
     class FakeHost:
@@ -161,18 +161,18 @@ def test_the_workload_reaches_every_cell_and_the_load_generator(monkeypatch):
             sent.append(cmd)
             raise RuntimeError("stop here")
 
-    monkeypatch.setattr(pipeline, "host_of", lambda resolved: FakeHost())
+    monkeypatch.setattr(matrix, "host_of", lambda resolved: FakeHost())
     with pytest.raises(RuntimeError, match="stop here"):
-        pipeline._measure_remote(r, server, planned["decode"][0], cfg)
+        matrix._measure_remote(r, server, planned["decode"][0], cfg)
     assert "--workload continuation" in sent[0]
-    assert pipeline.run_row(r, {}, {}, "success")["workload"] == "continuation"
+    assert matrix.run_row(r, {}, {}, "success")["workload"] == "continuation"
 
 
 def test_run_status():
-    assert pipeline.run_status([{"status": "valid"}, {"status": "over_capacity"}]) == "success"
-    assert pipeline.run_status([{"status": "valid"}], quarantined=1) == "partial"
-    assert pipeline.run_status([{"status": "invalid"}]) == "partial"
-    assert pipeline.run_status([{"status": "valid"}, {"status": "failed"}]) == "failed"
+    assert matrix.run_status([{"status": "valid"}, {"status": "over_capacity"}]) == "success"
+    assert matrix.run_status([{"status": "valid"}], quarantined=1) == "partial"
+    assert matrix.run_status([{"status": "invalid"}]) == "partial"
+    assert matrix.run_status([{"status": "valid"}, {"status": "failed"}]) == "failed"
 
 
 def test_run_row_has_every_field_and_no_secret(monkeypatch):
@@ -184,7 +184,7 @@ def test_run_row_has_every_field_and_no_secret(monkeypatch):
         "kv_block_size": 16,
         "kv_cache_tokens": 266240,
     }
-    row = pipeline.run_row(r, info, {"engine_commit": None}, "success")
+    row = matrix.run_row(r, info, {"engine_commit": None}, "success")
     from speedmatrix.records import RUN_FIELDS
 
     assert set(row) == {f.name for f in RUN_FIELDS}
@@ -192,16 +192,16 @@ def test_run_row_has_every_field_and_no_secret(monkeypatch):
     assert "sk-secret-123" not in str(row)
     assert (row["hardware_gpu_count"], row["kv_cache_tokens"]) == (8, 266240)
     assert row["source"].startswith("airflow:speed_matrix/")
-    assert pipeline.secrets_of(r) == ["sk-secret-123"]
+    assert matrix.secrets_of(r) == ["sk-secret-123"]
 
 
 def test_conclude_fails_a_failed_run_after_landing():
     with pytest.raises(RuntimeError, match="decode 8K x 4: server died"):
-        pipeline.conclude(
+        matrix.conclude(
             {"run_id": "r", "status": "failed", "failed": ["decode 8K x 4: server died"]}
         )
-    assert pipeline.conclude({"run_id": "r", "status": "success"}) == "success"
-    assert pipeline.conclude({"run_id": "r", "status": "partial", "quarantined": [{}]}) == "partial"
+    assert matrix.conclude({"run_id": "r", "status": "success"}) == "success"
+    assert matrix.conclude({"run_id": "r", "status": "partial", "quarantined": [{}]}) == "partial"
 
 
 def _request(c: int, i: int) -> dict:
@@ -226,21 +226,21 @@ def test_a_cell_failing_validation_is_quarantined_with_its_requests_and_the_rest
         }
     )
     info = {"kv_num_blocks": 16640, "kv_block_size": 16, "kv_cache_tokens": 266240}
-    planned = pipeline.plan(r, info)
+    planned = matrix.plan(r, info)
     results = [
         result(prefill()),
         result(decode(c=1), requests=[_request(1, 0)]),
         result(decode(c=2, avg_active_requests=0.4), requests=[_request(2, 0), _request(2, 1)]),
     ]
-    validated = pipeline.validate(r, info, None, planned, results)
+    validated = matrix.validate(r, info, None, planned, results)
     assert validated["run"]["status"] == "partial"
     [q] = validated["quarantined"]
     assert (q["phase"], q["concurrency"]) == ("decode", 2)
     assert q["reasons"] == ["expect_column_values_to_be_between(active_ratio)"]
-    landed = pipeline.land(r, validated)
+    landed = matrix.land(r, validated)
     assert (landed["status"], landed["cells"], landed["requests"]) == ("partial", 2, 1)
 
-    wh = pipeline.warehouse_of(r)
+    wh = matrix.warehouse_of(r)
     run, cells, requests = wh.read_run(r["run_id"])
     assert run["status"] == "partial"
     assert [(c["phase"], c["concurrency"]) for c in cells] == [("prefill", 1), ("decode", 1)]
@@ -254,5 +254,5 @@ def test_a_cell_failing_validation_is_quarantined_with_its_requests_and_the_rest
     assert sorted(q["request_index"] for q in rows) == [0, 1]
     gx = Path(validated["gx_results"]).read_text()  # kept next to the run
     assert json.loads(gx) and "active_ratio" in gx
-    assert pipeline.conclude(landed) == "partial"
+    assert matrix.conclude(landed) == "partial"
     wh.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from gitrepo import git, upstream_with_pr
 
-from speedmatrix.provision import (
+from speedmatrix.engine.provision import (
     DEFAULT_REPO_URL,
     ENV_REPO_URL,
     ENV_WHEEL_INDEX,

@@ -326,7 +326,7 @@ def test_the_workload_is_declared_article_by_default(tmp_path: Path) -> None:
     import io
     import tarfile
 
-    from speedmatrix.provision import _include_tarball
+    from speedmatrix.engine.provision import _include_tarball
 
     with tarfile.open(fileobj=io.BytesIO(_include_tarball())) as tar:
         assert "chat-templates/tiny-llama.jinja" in tar.getnames()

@@ -9,9 +9,7 @@ import json
 import duckdb
 import pytest
 
-from speedmatrix import pipeline
-from speedmatrix.cli import main
-from speedmatrix.compare import (
+from speedmatrix.analysis.compare import (
     CELL_REPEATS_SCHEMA,
     EXTRA_TABLES,
     cell_repeats_table,
@@ -20,8 +18,10 @@ from speedmatrix.compare import (
     read_extra,
     regressions_check,
 )
-from speedmatrix.noise import NOISE_SCHEMA, NoiseModel, between_run_noise, noise_table
-from speedmatrix.pipeline import ResolveError
+from speedmatrix.analysis.noise import NOISE_SCHEMA, NoiseModel, between_run_noise, noise_table
+from speedmatrix.cli import main
+from speedmatrix.flows import matrix
+from speedmatrix.flows.matrix import ResolveError
 from speedmatrix.plan import (
     KvCapacity,
     MatrixSpec,
@@ -33,7 +33,7 @@ from speedmatrix.plan import (
 )
 from speedmatrix.quality import validate_run
 from speedmatrix.records import empty_cell
-from speedmatrix.warehouse import Warehouse, view_schema
+from speedmatrix.store.warehouse import Warehouse, view_schema
 
 K = 1024
 SIM = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
@@ -103,7 +103,7 @@ def test_each_pass_sends_its_own_run_tag_and_cache_salt():
     server = {"base_url": "http://127.0.0.1:1"}
     sent = {}
     for cell in [*plan.prefill, *plan.decode]:
-        cfg = pipeline._loadgen_config(resolved, server, cell)
+        cfg = matrix._loadgen_config(resolved, server, cell)
         cfg.validate()
         sent.setdefault(cell["repeat"], set()).add((cfg.run_tag, cfg.salt))
     assert sent[0] == {("0123456789", "speedmatrix-0123456789")}  # the primary: as before
@@ -150,7 +150,7 @@ def test_repeats_is_an_integer_from_1_to_10(bad):
 
 
 def resolve(conf):
-    return pipeline.resolve(
+    return matrix.resolve(
         {"recipe": SIM, **conf}, dag_run_id="manual__2026-11-29T20:30:05+00:00", run_after=WHEN
     )
 
@@ -234,7 +234,7 @@ def prefill(ctx=8 * K, **over):
 
 
 def result(record, repeat=0, requests=()):
-    return {"cell": pipeline._jsonable(record), "requests": list(requests), "repeat": repeat}
+    return {"cell": matrix._jsonable(record), "requests": list(requests), "repeat": repeat}
 
 
 def test_collect_splits_primaries_from_repeats_and_fails_the_missing():
@@ -251,14 +251,14 @@ def test_collect_splits_primaries_from_repeats_and_fails_the_missing():
         result(decode(c=2, scale=1.01), 1, requests=[{"phase": "decode", "request_index": 0}]),
         None,  # the third pass's task died
     ]
-    cells, requests = pipeline.collect_cells(planned, results)
+    cells, requests = matrix.collect_cells(planned, results)
     assert [(c["phase"], c["concurrency"], c["total_tok_s"]) for c in cells] == [
         ("prefill", 1, 6206.0),
         ("decode", 1, 54.9),
         ("decode", 2, 109.8),
     ]
     assert len(requests) == 1  # a repeat's requests are not kept
-    repeats = pipeline.collect_repeats(planned, results)
+    repeats = matrix.collect_repeats(planned, results)
     assert [(r["concurrency"], r["repeat"], r["status"]) for r in repeats] == [
         (2, 1, "valid"),
         (2, 2, "failed"),
@@ -473,7 +473,7 @@ def test_one_run_with_repeats_lands_them_and_gives_its_cells_their_own_noise(tmp
         }
     )
     info = {"kv_num_blocks": 16640, "kv_block_size": 16, "kv_cache_tokens": 266240}
-    planned = pipeline.plan(r, info)
+    planned = matrix.plan(r, info)
     assert keys(planned["decode"])[2:] == [("8K x 2 #2", 1), ("8K x 2 #3", 2)]
     measured = {
         ("decode", 1, 0): decode(c=1),
@@ -485,13 +485,13 @@ def test_one_run_with_repeats_lands_them_and_gives_its_cells_their_own_noise(tmp
         result(measured[(p["phase"], p["concurrency"], p["repeat"])], p["repeat"])
         for p in planned["decode"]
     ]
-    validated = pipeline.validate(r, info, None, planned, results)
+    validated = matrix.validate(r, info, None, planned, results)
     assert validated["run"]["status"] == "success"  # the matrix itself is whole
     assert [(q["concurrency"], q["repeat"]) for q in validated["quarantined"]] == [(2, 2)]
-    landed = pipeline.land(r, validated)
+    landed = matrix.land(r, validated)
     assert (landed["cells"], landed["repeats"]) == (3, 1)
 
-    wh = pipeline.warehouse_of(r)
+    wh = matrix.warehouse_of(r)
     run, cells, _ = wh.read_run(r["run_id"])
     assert run["status"] == "success"
     assert [c["total_tok_s"] for c in cells if c["concurrency"] == 2] == [pytest.approx(109.8)]

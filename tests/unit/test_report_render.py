@@ -14,7 +14,7 @@ import pytest
 from speedmatrix.report import formats as F
 from speedmatrix.report.parse import HEADER_LABELS, SECTIONS, parse_report
 from speedmatrix.report.render import render_html, render_markdown
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.store.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"

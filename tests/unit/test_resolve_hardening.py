@@ -14,8 +14,8 @@ import shutil
 
 import pytest
 
-from speedmatrix import pipeline
-from speedmatrix.pipeline import ResolveError
+from speedmatrix.flows import matrix
+from speedmatrix.flows.matrix import ResolveError
 from speedmatrix.recipes import RECIPES_DIR, RecipeError, load_recipe_id
 
 WHEN = dt.datetime(2026, 11, 29, 20, 30, 5, tzinfo=dt.UTC)
@@ -24,7 +24,7 @@ CPU = "cpu/tiny/llama-tiny"
 
 
 def resolve(conf):
-    return pipeline.resolve(conf, dag_run_id="manual__2026-11-29T20:30:05+00:00", run_after=WHEN)
+    return matrix.resolve(conf, dag_run_id="manual__2026-11-29T20:30:05+00:00", run_after=WHEN)
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_the_declared_params_are_the_conf_keys_resolve_takes():
     import importlib.util
     from pathlib import Path
 
-    from speedmatrix.runconf import CONF_KEYS
+    from speedmatrix.flows.runconf import CONF_KEYS
 
     path = Path(__file__).resolve().parents[2] / "dags" / "speed_matrix.py"
     spec = importlib.util.spec_from_file_location("speed_matrix_dag_for_keys", path)

@@ -11,8 +11,8 @@ import pytest
 from github_fake import FakeGitHub, load_history
 
 from speedmatrix import recipes as recipes_mod
-from speedmatrix import triggers as T
-from speedmatrix.github import Commit, CommitPage
+from speedmatrix.flows import triggers as T
+from speedmatrix.upstream.github import Commit, CommitPage
 
 NOW = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)
 HISTORY = [Commit.from_api(c) for c in load_history()]  # oldest first

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS, empty_cell
-from speedmatrix.warehouse import (
+from speedmatrix.store.warehouse import (
     CELLS_SCHEMA,
     LOCK_FILE,
     REQUESTS_SCHEMA,
@@ -334,7 +334,7 @@ KILLER = textwrap.dedent(
     import os, signal, sys
     sys.path.insert(0, {tests!r})
     from test_warehouse import APRIL, make_run, make_cells, make_requests
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.store.warehouse import Warehouse
     wh = Warehouse({root!r})
     def fault(at):
         if at == {step!r}:
@@ -375,7 +375,7 @@ def test_kill_halfway(tmp_path, step):
 
 
 def test_abandoned_staging_is_cleaned(tmp_path, monkeypatch):
-    import speedmatrix.warehouse as W
+    import speedmatrix.store.warehouse as W
 
     wh = Warehouse(tmp_path)
     wh._fault = lambda at: (_ for _ in ()).throw(SystemExit(1)) if at == "staged:cells" else None
@@ -431,7 +431,7 @@ def test_query_sees_landings_from_elsewhere(tmp_path, views):
     code = (
         "import sys; sys.path.insert(0, sys.argv[2]);"
         "from test_warehouse import make_run, make_cells;"
-        "from speedmatrix.warehouse import Warehouse;"
+        "from speedmatrix.store.warehouse import Warehouse;"
         "w = Warehouse(sys.argv[1]); w.land_run(make_run('c', day=21), make_cells(), []);"
         "w.delete_run('a')"
     )

@@ -14,14 +14,14 @@ from pathlib import Path
 from pyarrow._fs import _MockFileSystem
 from test_warehouse import make_cells, make_requests, make_run
 
-from speedmatrix.warehouse import Warehouse, WarehouseError
+from speedmatrix.store.warehouse import Warehouse, WarehouseError
 
 WORKER = textwrap.dedent(
     """
     import json, sys, time, traceback
     sys.path.insert(0, {tests!r})
     from test_warehouse import make_run, make_cells, make_requests
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.store.warehouse import Warehouse
 
     N_CELLS = len(make_cells())
     wh = Warehouse({root!r})

@@ -13,9 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 from test_compare_warehouse import _land
 
-from speedmatrix.compare import RegressionError, land_cell_repeats, read_extra, regressions_check
+from speedmatrix.analysis.compare import (
+    RegressionError,
+    land_cell_repeats,
+    read_extra,
+    regressions_check,
+)
 from speedmatrix.records import empty_cell
-from speedmatrix.warehouse import PARTITION_KEYS, Warehouse
+from speedmatrix.store.warehouse import PARTITION_KEYS, Warehouse
 
 TABLES = ("runs", "cells", "requests", "comparisons", "noise", "cell_repeats")
 RECIPE = "sim/wh-test"
@@ -98,7 +103,7 @@ def test_duckdb_reads_every_table_directory(wh, table):
 def test_files_landed_the_old_way_still_read_through_this_package(tmp_path):
     """Before issue #18, extra files held `recipe_id` inside: read_extra and the query views
     still read them (only plain pandas / pyarrow over the directory need them re-landed)."""
-    from speedmatrix.noise import noise_table
+    from speedmatrix.analysis.noise import noise_table
 
     w = Warehouse(str(tmp_path / "wh"))
     _land(w, "r0", "a" * 40, 0, seed=0)

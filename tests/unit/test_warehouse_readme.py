@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from speedmatrix.warehouse import Warehouse
+from speedmatrix.store.warehouse import Warehouse
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_warehouse import make_cells, make_run

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from speedmatrix import cli
-from speedmatrix.warehouse import Warehouse, WarehouseError
+from speedmatrix.store.warehouse import Warehouse, WarehouseError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_warehouse import make_cells, make_requests, make_run

@@ -65,13 +65,13 @@ def register(subparsers: argparse._SubParsersAction, name: str) -> None:
 
 
 def _warehouse(root: str | None) -> Any:
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.store.warehouse import Warehouse
 
     return Warehouse(root)
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from speedmatrix.compare import compare_in_warehouse
+    from speedmatrix.analysis.compare import compare_in_warehouse
 
     wh = _warehouse(args.warehouse)
     if args.run_b is not None and args.baseline is not None:
@@ -106,7 +106,7 @@ def render_comparison(
     *,
     show_all: bool = False,
 ) -> str:
-    from speedmatrix.compare import (
+    from speedmatrix.analysis.compare import (
         comparison_markdown,
         display_rows,
         notable,
@@ -175,8 +175,8 @@ def _numeric(text: str) -> bool:
 
 
 def run_trend(args: argparse.Namespace) -> int:
-    from speedmatrix.compare import read_history
-    from speedmatrix.trend import trend, trend_chart_svg
+    from speedmatrix.analysis.compare import read_history
+    from speedmatrix.analysis.trend import trend, trend_chart_svg
 
     wh = _warehouse(args.warehouse)
     runs, cells, comparisons, noise = read_history(wh, args.recipe, args.host)

@@ -170,7 +170,7 @@ is parsed, so it is set in the DAG processor's environment; a bad value fails th
 
 
 def _decode_and_prefill(cells: Sequence[str]) -> tuple[list[tuple[str, str, int]], dict]:
-    from speedmatrix.trend import parse_cell
+    from speedmatrix.analysis.trend import parse_cell
 
     parsed = [parse_cell(c) for c in cells]
     if not parsed:
@@ -199,7 +199,7 @@ def commits_between(repo: str, good: str, bad: str) -> list[str]:
     (`triggers.github_api_url`), never a conf's: its answer chooses what gets measured."""
     import requests
 
-    from speedmatrix.triggers import github_api_url
+    from speedmatrix.flows.triggers import github_api_url
 
     base = github_api_url().rstrip("/")
     resp = requests.get(f"{base}/repos/{repo}/compare/{good}...{bad}", timeout=20)
@@ -231,9 +231,9 @@ def wheel_check(recipe: Any) -> Callable[[str], bool]:
 
 def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) -> dict:
     """Check the params and build the job: commits, wheels, good run, conf of a step's run."""
-    from speedmatrix.compare import recipe_threshold, select_baseline
+    from speedmatrix.analysis.compare import recipe_threshold, select_baseline
     from speedmatrix.recipes import load_recipe_id
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.store.warehouse import Warehouse
 
     if params.get("api_url") is not None:
         raise ValueError(
@@ -302,8 +302,8 @@ def choose_step(job: dict, step: int, salt: str = "") -> dict | None:
 
 def judge_step(chosen: dict, warehouse: Any | None = None) -> dict:
     """Read the step's landed run, compare the regressed cells with the good run, record."""
-    from speedmatrix.compare import compare_runs, read_history
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.analysis.compare import compare_runs, read_history
+    from speedmatrix.store.warehouse import Warehouse
 
     job, commit = chosen["job"], chosen["commit"]
     wh = warehouse or Warehouse(job["warehouse"])

@@ -15,14 +15,14 @@ from collections.abc import Sequence
 
 # command name -> (module providing register(subparsers), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "recipes": ("speedmatrix.recipes_cli", "validate and render recipes"),
-    "sim": ("speedmatrix.sim.cli", "the simulated vLLM engine"),
+    "recipes": ("speedmatrix.cli.recipes", "validate and render recipes"),
+    "sim": ("speedmatrix.cli.sim", "the simulated vLLM engine"),
     "loadgen": ("speedmatrix.loadgen.cli", "measure one prefill or decode cell"),
-    "ingest": ("speedmatrix.report.cli", "land published Speed test matrix reports"),
-    "report": ("speedmatrix.report.cli", "render a run from the warehouse"),
-    "query": ("speedmatrix.warehouse_cli", "SQL over the runs / cells / requests tables"),
-    "compare": ("speedmatrix.compare_cli", "compare a run with its baseline, cell by cell"),
-    "trend": ("speedmatrix.compare_cli", "one cell over a recipe's runs, with verdicts"),
+    "ingest": ("speedmatrix.cli.report", "land published Speed test matrix reports"),
+    "report": ("speedmatrix.cli.report", "render a run from the warehouse"),
+    "query": ("speedmatrix.cli.warehouse", "SQL over the runs / cells / requests tables"),
+    "compare": ("speedmatrix.cli.compare", "compare a run with its baseline, cell by cell"),
+    "trend": ("speedmatrix.cli.compare", "one cell over a recipe's runs, with verdicts"),
 }
 
 

@@ -108,7 +108,7 @@ SCHEMA_VERSION = 1
 
 TABLES = ("runs", "cells", "requests")
 """The tables land_run writes. Other code lands more beside them, in the same layout
-(speedmatrix.compare.EXTRA_TABLES: comparisons, noise, cell_repeats): :func:`view_tables`."""
+(speedmatrix.analysis.compare.EXTRA_TABLES: comparisons, noise, cell_repeats): :func:`view_tables`."""
 PARTITION_KEYS = ("recipe_id", "run_month")
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 RUN_STATUSES = ("success", "failed", "partial")
@@ -245,8 +245,8 @@ def partition_of(path: str) -> dict[str, Any]:
 
 def view_tables() -> tuple[str, ...]:
     """Every table :meth:`Warehouse.connect` defines a view of: the three core tables, then the
-    extra ones other code lands beside them (speedmatrix.compare.EXTRA_TABLES)."""
-    from speedmatrix.compare import EXTRA_TABLES
+    extra ones other code lands beside them (speedmatrix.analysis.compare.EXTRA_TABLES)."""
+    from speedmatrix.analysis.compare import EXTRA_TABLES
 
     return (*TABLES, *EXTRA_TABLES)
 
@@ -256,7 +256,7 @@ def view_schema(table: str) -> pa.Schema:
     plus ``run_date`` and ``run_month`` (from its path) where its files lack them."""
     if table in SCHEMAS:
         return SCHEMAS[table]
-    from speedmatrix.compare import extra_schema
+    from speedmatrix.analysis.compare import extra_schema
 
     schema = extra_schema(table)
     for f in (_RUN_DATE, _RUN_MONTH):
@@ -872,7 +872,7 @@ class Warehouse:
     def _has_files(self, table: str) -> bool:
         if self.is_local:
             # run_month=: an extra table may still hold files of its older run_date= layout,
-            # which the views leave out (speedmatrix.compare reads them)
+            # which the views leave out (speedmatrix.analysis.compare reads them)
             pattern = posixpath.join(
                 glob.escape(self.table_dir(table)), "*", "run_month=*", "*.parquet"
             )
@@ -1122,7 +1122,7 @@ def _glob_columns(table: str) -> str:
     table in view_schema's order, run_date from the file name when its files lack it."""
     if table in SCHEMAS:
         return "* EXCLUDE (filename)"
-    from speedmatrix.compare import extra_schema
+    from speedmatrix.analysis.compare import extra_schema
 
     stored = set(extra_schema(table).names)
     cols = []

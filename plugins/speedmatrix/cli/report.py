@@ -61,7 +61,7 @@ def _cli_error(message: str) -> Exception:
 def cmd_ingest(args: argparse.Namespace) -> int:
     from speedmatrix.quality import check_for_landing
     from speedmatrix.report.parse import parse_report
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.store.warehouse import Warehouse
 
     parsed = []
     for path in args.reports:
@@ -107,7 +107,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from speedmatrix.report.render import render_html, render_markdown
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.store.warehouse import Warehouse
 
     wh = Warehouse(args.warehouse)
     try:

@@ -91,7 +91,7 @@ from dataclasses import asdict, dataclass, field
 
 import requests
 
-from speedmatrix.hosts import Host, HostError, get_host
+from speedmatrix.engine.hosts import Host, HostError, get_host
 from speedmatrix.recipes import (  # noqa: F401 (wheel_index_for: part of this API too)
     DEFAULT_WHEEL_INDEX,
     ENV_WHEEL_INDEX,
@@ -186,8 +186,8 @@ def resolve_commit(
     if _HEX40.match(ref):
         return ref
     if resolver is None:
-        from speedmatrix.github import GitHubClient
-        from speedmatrix.triggers import github_api_url
+        from speedmatrix.flows.triggers import github_api_url
+        from speedmatrix.upstream.github import GitHubClient
 
         def resolver(r: str) -> str:
             return GitHubClient(base_url=github_api_url()).head_commit(repo, r).sha

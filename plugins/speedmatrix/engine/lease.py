@@ -41,9 +41,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from speedmatrix.hosts import Host
+from speedmatrix.engine.hosts import Host
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("speedmatrix.lease")
 
 MACHINE_DIR = "/var/tmp/speedmatrix"
 DIR_ENV = "SPEEDMATRIX_LEASE_DIR"

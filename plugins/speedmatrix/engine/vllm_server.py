@@ -17,7 +17,7 @@ Why this shape:
   served name, the key refused, the completion refused with a 4xx) fails the start at once too.
 - Every launcher exports vLLM's usage-stats opt-outs (:data:`NO_TELEMETRY_ENV`): a server we
   start contacts nothing but loopback.
-- A failed start ends with a one-line diagnosis (:mod:`speedmatrix.diagnose`) and the log's
+- A failed start ends with a one-line diagnosis (:mod:`speedmatrix.engine.diagnose`) and the log's
   tail, and the half-started server is stopped.
 - ``stop`` is TERM to the group, wait, KILL (logged, and told in its result), then verify no
   process of the group is left and, on GPU hosts, that nvidia-smi lists no compute process of
@@ -28,7 +28,7 @@ State per server lives in ``<servers_dir>/<port>/`` on the host (default
 ``$HOME/.speedmatrix/servers``): ``pid``, ``pid.identity``, ``run`` (the run that started it:
 its lease holder), ``server.log``, ``launch.sh``, ``command.txt`` (the redacted launch line),
 ``secrets.env``. The launcher also registers the server machine-wide, in the lease's directory
-(:mod:`speedmatrix.lease`, ``/var/tmp/speedmatrix``): ``server.<uid>.<port>``, readable by every
+(:mod:`speedmatrix.engine.lease`, ``/var/tmp/speedmatrix``): ``server.<uid>.<port>``, readable by every
 user, holding its PID, identity, run dir and run. "A previous server of ours" is any live group
 recorded there or under ``servers_dir``: a server started with another HOME or by another SSH
 user of the box refuses a start as well, since the GPUs are the machine's. Before a start,
@@ -61,10 +61,10 @@ import shlex
 import time
 from dataclasses import asdict, dataclass, field
 
-from speedmatrix.diagnose import Diagnosis, diagnose
-from speedmatrix.hosts import Host, get_host
-from speedmatrix.lease import LeaseError, machine_dir
-from speedmatrix.provision import ProvisionResult
+from speedmatrix.engine.diagnose import Diagnosis, diagnose
+from speedmatrix.engine.hosts import Host, get_host
+from speedmatrix.engine.lease import LeaseError, machine_dir
+from speedmatrix.engine.provision import ProvisionResult
 from speedmatrix.recipes import Recipe
 
 log = logging.getLogger("speedmatrix.server")
@@ -491,7 +491,7 @@ def start_server(
         host.put_text(run + "\n", f"{run_dir}/run", mode=0o644)
     host.put_text(
         "#!/bin/bash\n"
-        "# Written by speedmatrix.server: the recipe's launch command, secrets from secrets.env.\n"
+        "# Written by speedmatrix.engine.vllm_server: the recipe's launch command, secrets from secrets.env.\n"
         f"set -a; . {_q(run_dir + '/secrets.env')}; set +a\n"
         f"unset {_PROBE_KEY_VAR}\n"
         "# No usage stats, no telemetry: the server contacts nothing but loopback.\n"

@@ -4,7 +4,7 @@ Users ask one question (*did the last commit make this model slower on this hard
 run that answers "yes", or that failed, must say so where they look: by mail and in a chat
 channel. This module builds the message from the warehouse (the run row, its failed / invalid
 cells, its `comparisons` verdicts) and delivers it; it does not import Airflow, so it is
-tested without it. The Airflow side is one notifier (speedmatrix.notifier.RunNotifier,
+tested without it. The Airflow side is one notifier (speedmatrix.flows.notifier.RunNotifier,
 attached to the DAG's ``on_failure_callback``) that calls :func:`deliver`.
 
 Deployment settings (environment of the scheduler / DAG processor; never a run's conf, since a
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("speedmatrix.notify")
 
 WEBHOOK_TIMEOUT_S = 10.0
 MAX_LISTED = 20
@@ -102,7 +102,7 @@ class RunSummary:
 def report_link(warehouse: Any, run_id: str, base_url: str | None = None) -> str:
     """The run page's URL under the published ``artifacts/`` base, else its path/URI."""
     if base_url:
-        from speedmatrix.warehouse import file_name
+        from speedmatrix.store.warehouse import file_name
 
         run_dir = urllib.parse.quote(file_name(run_id)[: -len(".parquet")], safe="")
         return f"{base_url.rstrip('/')}/{run_dir}/report.html"
@@ -119,7 +119,7 @@ def summarize_run(
     failed_task: str | None = None,
 ) -> RunSummary:
     """The summary of a landed run (KeyError when it is not in the warehouse)."""
-    from speedmatrix.compare import read_extra
+    from speedmatrix.analysis.compare import read_extra
 
     run, cells, _ = warehouse.read_run(run_id)
     rows = read_extra(warehouse, "comparisons", run_id=run_id).to_dict("records")
@@ -147,7 +147,7 @@ def summarize_run(
 
 
 def _cell(r: Mapping[str, Any]) -> str:
-    from speedmatrix.compare import cell_name
+    from speedmatrix.analysis.compare import cell_name
 
     return cell_name(
         r.get("phase"), r.get("context_label") or r.get("context_tokens"), r.get("concurrency")
@@ -155,7 +155,7 @@ def _cell(r: Mapping[str, Any]) -> str:
 
 
 def _change_line(r: Mapping[str, Any]) -> str:
-    from speedmatrix.compare import STATUS_METRIC, _fmt, _num
+    from speedmatrix.analysis.compare import STATUS_METRIC, _fmt, _num
 
     if r.get("metric") == STATUS_METRIC:
         return f"{_cell(r)}: {r.get('reason') or r.get('status')}"

@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from speedmatrix.noise import CELL_KEY, Z_95, Interval, NoiseModel, frame, within_window
+from speedmatrix.analysis.noise import CELL_KEY, Z_95, Interval, NoiseModel, frame, within_window
 from speedmatrix.records import context_label
 
 DEFAULT_THRESHOLD = 0.03
@@ -644,7 +644,7 @@ EXTRA_TABLES = ("comparisons", "noise", "cell_repeats")
 
 def _cell_repeats_schema() -> pa.Schema:
     from speedmatrix.records import CELL_FIELDS
-    from speedmatrix.warehouse import CELLS_SCHEMA, SCHEMA_VERSION
+    from speedmatrix.store.warehouse import CELLS_SCHEMA, SCHEMA_VERSION
 
     cell = [CELLS_SCHEMA.field(f.name) for f in CELL_FIELDS]
     repeat = pa.field(
@@ -674,7 +674,7 @@ row in `cells`. Key: run_id, phase, context_tokens, concurrency, repeat."""
 
 def extra_schema(table: str) -> pa.Schema:
     """The schema of an extra table's files (the warehouse's views add `run_month`)."""
-    from speedmatrix.noise import NOISE_SCHEMA
+    from speedmatrix.analysis.noise import NOISE_SCHEMA
 
     schemas = {
         "comparisons": COMPARISONS_SCHEMA,
@@ -693,7 +693,7 @@ def landed_run_date(warehouse: Any, run: Mapping[str, Any]) -> date:
     """The date under which the run's files are filed: its `run_date` when the row came from
     the warehouse, else the date of its landed runs file, else its start (finish) date, else
     today (what land_run does for a run without dates). Extra files go next to the run's."""
-    from speedmatrix.warehouse import run_date_of
+    from speedmatrix.store.warehouse import run_date_of
 
     value = run.get("run_date")
     if isinstance(value, datetime):
@@ -719,7 +719,7 @@ def land_extra(warehouse: Any, table: str, run: Mapping[str, Any], data: pa.Tabl
     import posixpath
     import uuid
 
-    from speedmatrix.warehouse import (
+    from speedmatrix.store.warehouse import (
         PARTITION_KEYS,
         STAGING,
         data_file_name,
@@ -776,7 +776,7 @@ def _extra_files(
 
     import pyarrow.fs as pafs
 
-    from speedmatrix.warehouse import file_name, partition_value
+    from speedmatrix.store.warehouse import file_name, partition_value
 
     where = posixpath.join(warehouse.base, table)
     if recipe_id is not None:  # one recipe's directory, not the whole table
@@ -799,7 +799,7 @@ def read_extra(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from speedmatrix.warehouse import partition_of
+    from speedmatrix.store.warehouse import partition_of
 
     schema = extra_schema(table)
     parts = []
@@ -823,7 +823,12 @@ def cell_repeats_table(run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
     Each pass goes through the cells table's own checks (warehouse.build_table: types,
     phase/status values, one row per cell), so a repeat lands only if it would land as a cell.
     """
-    from speedmatrix.warehouse import SCHEMA_VERSION, WarehouseError, build_table, run_month_of
+    from speedmatrix.store.warehouse import (
+        SCHEMA_VERSION,
+        WarehouseError,
+        build_table,
+        run_month_of,
+    )
 
     fixed = {
         "run_id": str(run["run_id"]),
@@ -926,7 +931,7 @@ def compare_in_warehouse(
     when there is nothing to compare with, or ValueError when a named baseline is not found.
     The noise rows do not need a baseline: a first run (with repeats) has its noise too.
     `with_noise=False` skips them (their bootstraps) for a caller that only shows verdicts."""
-    from speedmatrix.noise import noise_rows
+    from speedmatrix.analysis.noise import noise_rows
 
     run, cells, requests = warehouse.read_run(run_id)
     runs_all = warehouse.query("SELECT * FROM runs")
@@ -972,7 +977,7 @@ def regressions_check(
     summary keeps the compare URL only)."""
     result = compare_in_warehouse(warehouse, run_id, baseline_ref=baseline_ref, threshold=threshold)
     if result.noise:
-        from speedmatrix.noise import noise_table
+        from speedmatrix.analysis.noise import noise_table
 
         land_extra(warehouse, "noise", result.run, noise_table(result.noise))
     if result.baseline is None:
@@ -996,7 +1001,7 @@ def regressions_check(
 def _write_charts(warehouse: Any, result: ComparisonResult) -> None:
     """comparison.svg (the diff heat map of total tok/s) and one trend-<cell>.svg per
     regressed cell, next to the run's report, for the HTML report and for the alert's reader."""
-    from speedmatrix.trend import diff_heatmap_svg
+    from speedmatrix.analysis.trend import diff_heatmap_svg
 
     run_id = result.run["run_id"]
     heat = diff_heatmap_svg(result.rows)
@@ -1019,7 +1024,7 @@ def _trend_svgs(
 ) -> list[tuple[str, str]]:
     """(cell name, SVG) of each cell's tok/s over the recipe's runs, verdicts marked; this
     run's verdicts included, since the report draws them before `regressions` lands them."""
-    from speedmatrix.trend import trend, trend_chart_svg
+    from speedmatrix.analysis.trend import trend, trend_chart_svg
 
     runs, cells, stored, noise = read_history(
         warehouse, result.run.get("recipe_id"), result.run.get("host")
@@ -1077,12 +1082,16 @@ def report_comparison(warehouse: Any, run_id: str) -> ReportComparison:
             return ReportComparison()
         _, base_cells, _ = warehouse.read_run(result.baseline["run_id"])
     except Exception as exc:
-        logging.getLogger(__name__).warning("no comparison in the report of %s: %s", run_id, exc)
+        logging.getLogger("speedmatrix.compare").warning(
+            "no comparison in the report of %s: %s", run_id, exc
+        )
         return ReportComparison()
     try:
         figures = comparison_figures(warehouse, result)
     except Exception as exc:  # a chart must never cost the report
-        logging.getLogger(__name__).warning("no comparison charts for %s: %s", run_id, exc)
+        logging.getLogger("speedmatrix.compare").warning(
+            "no comparison charts for %s: %s", run_id, exc
+        )
         figures = []
     return ReportComparison(
         baseline=(result.baseline, base_cells),
@@ -1096,7 +1105,7 @@ def report_comparison(warehouse: Any, run_id: str) -> ReportComparison:
 def comparison_figures(warehouse: Any, result: ComparisonResult) -> list[dict[str, str]]:
     """The diff heat map of total tok/s, then one trend per cell that changed beyond its
     noise (this run's verdicts included: they are not in the warehouse until `regressions`)."""
-    from speedmatrix.trend import diff_heatmap_svg
+    from speedmatrix.analysis.trend import diff_heatmap_svg
 
     out: list[dict[str, str]] = []
     heat = diff_heatmap_svg(result.rows)
@@ -1141,7 +1150,7 @@ def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[
     """Commits after the baseline's engine commit up to the run's, or None when unknown."""
     import logging
 
-    from speedmatrix.bisect import commits_between
+    from speedmatrix.analysis.bisection import commits_between
 
     a, b = baseline.get("engine_commit"), run.get("engine_commit")
     repo = str(run.get("engine_repository") or baseline.get("engine_repository") or "")
@@ -1151,5 +1160,7 @@ def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[
     try:
         return commits_between(path, str(a), str(b))
     except Exception as exc:  # network, rate limit, unknown commit: the URL still names them
-        logging.getLogger(__name__).warning("could not list commits %s...%s: %s", a, b, exc)
+        logging.getLogger("speedmatrix.compare").warning(
+            "could not list commits %s...%s: %s", a, b, exc
+        )
         return None

@@ -32,12 +32,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from speedmatrix import __version__
-from speedmatrix.lease import DEFAULT_TTL_S, HostLease, LeaseLost, holder_id
+from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost, holder_id
 from speedmatrix.plan import KvCapacity, MatrixSpec, check_matrix, ordered_cells, plan_matrix
 from speedmatrix.quality import run_status
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS, empty_cell
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("speedmatrix.pipeline")
 
 DAG_ID = "speed_matrix"
 HEALTH_TIMEOUT_S = 10.0
@@ -84,8 +84,8 @@ def resolve(
 
     Raises ResolveError naming every problem (unknown recipe, bad ref, impossible matrix).
     """
+    from speedmatrix.flows.runconf import conf_problems
     from speedmatrix.recipes import RecipeError, classify_ref, load_recipe_id
-    from speedmatrix.runconf import conf_problems
 
     recipe_name = conf.get("recipe")
     if not recipe_name:
@@ -197,7 +197,7 @@ def secrets_of(resolved: Mapping[str, Any]) -> list[str]:
 def host_of(resolved: Mapping[str, Any]):
     """A fresh Host for the run (`host_home` becomes $HOME there: envs and server state; the
     lease is the machine's whatever the HOME)."""
-    from speedmatrix.hosts import get_host
+    from speedmatrix.engine.hosts import get_host
 
     home = resolved.get("host_home")
     return get_host(resolved["host"], env={"HOME": home} if home else None)
@@ -231,8 +231,8 @@ def setup(resolved: Mapping[str, Any]) -> dict[str, Any]:
     is not this run's (a setup retried after its lease expired must not start a second server).
     `start_server` waits until the server is ready and stops it itself when it is not.
     """
-    from speedmatrix.provision import provision
-    from speedmatrix.server import start_server
+    from speedmatrix.engine.provision import provision
+    from speedmatrix.engine.vllm_server import start_server
 
     lease = host_lease(resolved)
     lease.renew()  # raises LeaseLost when another run holds the host
@@ -275,14 +275,14 @@ def setup(resolved: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _handle(server: Mapping[str, Any]):
-    from speedmatrix.server import ServerHandle
+    from speedmatrix.engine.vllm_server import ServerHandle
 
     return ServerHandle.from_dict(dict(server["handle"]))
 
 
 def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str, Any]:
     """What the server says about itself: version, KV capacity, hardware, max_model_len."""
-    from speedmatrix.server import inspect_server
+    from speedmatrix.engine.vllm_server import inspect_server
 
     facts = inspect_server(_handle(server), host=host_of(resolved))
     blocks, block = facts.get("num_gpu_blocks"), facts.get("block_size")
@@ -328,7 +328,7 @@ def teardown(resolved: Mapping[str, Any], server: Mapping[str, Any] | None) -> d
     read) the lease is kept, so that no other run starts beside a server that may still
     hold the GPUs, and the task fails saying so (its retry tries again).
     """
-    from speedmatrix.server import run_servers, stop_server
+    from speedmatrix.engine.vllm_server import run_servers, stop_server
 
     out: dict[str, Any] = {"stopped": None, "all_stopped": [], "from_records": [], "lease": None}
     errors = []
@@ -758,7 +758,7 @@ def run_row(
 
 
 def warehouse_of(resolved: Mapping[str, Any]):
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.store.warehouse import Warehouse
 
     return Warehouse(resolved.get("warehouse") or None)
 
@@ -792,7 +792,7 @@ def validate(
 
 def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str, Any]:
     """Land the run atomically; landing it again replaces it (idempotent, safe to retry)."""
-    from speedmatrix.compare import land_cell_repeats
+    from speedmatrix.analysis.compare import land_cell_repeats
 
     wh = warehouse_of(resolved)
     wh.land_run(dict(validated["run"]), list(validated["cells"]), list(validated["requests"]))
@@ -831,7 +831,7 @@ def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str,
 
 def report(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> dict[str, str]:
     """Render the landed run (md + html) next to it in the warehouse; log where."""
-    from speedmatrix.compare import report_comparison
+    from speedmatrix.analysis.compare import report_comparison
     from speedmatrix.report.render import render_html, render_markdown
 
     wh = warehouse_of(resolved)
@@ -864,7 +864,7 @@ def verdicts_landed(resolved: Mapping[str, Any]) -> dict[str, Any] | None:
     """What the comparisons / noise Asset events say about this run (its id, baseline, how
     many regressions and improvements, the warehouse), read back from the landed files; None
     when neither table has a file of the run."""
-    from speedmatrix.compare import read_extra
+    from speedmatrix.analysis.compare import read_extra
 
     wh = warehouse_of(resolved)
     run_id = resolved["run_id"]

@@ -1,6 +1,6 @@
 """`make demo`: the speed_matrix DAG end to end on this machine, against the simulated engine.
 
-`python -m speedmatrix.demo` runs the real DAG with `dag.test()` (every task through Airflow's
+`python -m speedmatrix.cli.demo` runs the real DAG with `dag.test()` (every task through Airflow's
 task runner, on the `local` host) against the simulator calibrated from the published reference
 report (recipe sim/kimi-k2.7-nvfp4-rtxpro6k-x8), with short windows, then prints where the report
 is and how to query the tables.
@@ -180,7 +180,7 @@ def _xcom(result: dict, task_id: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m speedmatrix.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m speedmatrix.cli.demo", description=__doc__)
     parser.add_argument("--full", action="store_true", help="the whole reference matrix")
     parser.add_argument("--duration", type=float, default=None, help="decode window, s")
     parser.add_argument("--conf", help="JSON conf for speed_matrix (overrides the demo's)")

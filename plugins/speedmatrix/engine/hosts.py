@@ -10,7 +10,7 @@ the demo's default). Both transports:
 - tell a total timeout from a command that exited 124 or was SIGKILLed for another reason
   (an OOM kill reads 137): ``timeout --verbose`` writes to a stream of its own, and only when
   it did send a signal does the wrapper add a once-only marker line;
-- capture stdout/stderr and the exit code, and stream lines to the ``speedmatrix.hosts`` logger
+- capture stdout/stderr and the exit code, and stream lines to the ``speedmatrix.engine.hosts`` logger
   (which an Airflow task log shows);
 - copy files both ways (``put``/``get``), and write small text files with a mode (``put_text``,
   e.g. a 0600 secrets file, so a key never shows in a command line);

@@ -5,7 +5,7 @@ DAG's callback list is called with the context when the DAG run ends. speed_matr
 a cell failed (``conclude``) or a regression was found (``regressions``); both end the DAG
 run failed, so one failure callback covers both, and a clean run sends nothing.
 
-The message is built by speedmatrix.notify from the warehouse; the mail goes through the SMTP
+The message is built by speedmatrix.flows.notify from the warehouse; the mail goes through the SMTP
 provider's SmtpNotifier (its connection holds the server and credentials). Whatever fails
 here is logged and swallowed: the run's own result (and its other callbacks) stand.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 from airflow.sdk import BaseNotifier
 
-from speedmatrix import notify
+from speedmatrix.flows import notify
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("speedmatrix.notifier")
 
 
 def _smtp_send(s: notify.RunSummary, settings: notify.NotifySettings) -> None:
@@ -49,7 +49,7 @@ def _webhook_url(settings: notify.NotifySettings) -> str | None:
 def summary_from_context(context: Any, settings: notify.NotifySettings) -> notify.RunSummary:
     """Which run the DAG run measured (resolved again from its conf: resolve touches no host,
     and a DAG callback cannot rely on XCom), and what it found."""
-    from speedmatrix import pipeline
+    from speedmatrix.flows import matrix
 
     dag_run = context.get("dag_run")
     ti = context.get("ti")
@@ -59,7 +59,7 @@ def summary_from_context(context: Any, settings: notify.NotifySettings) -> notif
     params = dict(context.get("params") or {})
     params.update(getattr(dag_run, "conf", None) or {})
     try:
-        resolved = pipeline.resolve(params, dag_run_id=dag_run_id, run_after=dag_run.run_after)
+        resolved = matrix.resolve(params, dag_run_id=dag_run_id, run_after=dag_run.run_after)
     except Exception as exc:
         return notify.RunSummary(
             run_id=None,
@@ -69,7 +69,7 @@ def summary_from_context(context: Any, settings: notify.NotifySettings) -> notif
             dag_run_id=dag_run_id,
             failed_task=failed_task,
         )
-    wh = pipeline.warehouse_of(resolved)
+    wh = matrix.warehouse_of(resolved)
     try:
         return notify.summarize_run(
             wh,
@@ -93,7 +93,7 @@ def summary_from_context(context: Any, settings: notify.NotifySettings) -> notif
 
 
 class RunNotifier(BaseNotifier):
-    """Mail and chat alert for a failed or regressed speed_matrix run (see speedmatrix.notify
+    """Mail and chat alert for a failed or regressed speed_matrix run (see speedmatrix.flows.notify
     for the deployment settings that switch each channel on)."""
 
     def notify(self, context: Any) -> None:

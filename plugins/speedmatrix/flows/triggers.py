@@ -32,9 +32,9 @@ import requests
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from speedmatrix.github import DEFAULT_API_URL, Commit, CommitPage, GitHubClient
+from speedmatrix.upstream.github import DEFAULT_API_URL, Commit, CommitPage, GitHubClient
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("speedmatrix.triggers")
 
 TARGET_DAG_ID = "speed_matrix"
 STATE_VARIABLE = "speedmatrix_vllm_commit_watch"
@@ -481,7 +481,7 @@ def run_commit_poll(params: dict[str, Any] | None = None) -> dict:
     from airflow.sdk import Variable
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-    from speedmatrix.github import GitHubError, GitHubUnavailable
+    from speedmatrix.upstream.github import GitHubError, GitHubUnavailable
 
     params = {k: v for k, v in (params or {}).items() if v is not None}
     refuse_conf_api_url(params)
@@ -537,7 +537,7 @@ def run_nightly_resolve(params: dict[str, Any] | None = None) -> str:
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    from speedmatrix.github import GitHubError, GitHubUnavailable
+    from speedmatrix.upstream.github import GitHubError, GitHubUnavailable
 
     params = {k: v for k, v in (params or {}).items() if v is not None}
     refuse_conf_api_url(params)

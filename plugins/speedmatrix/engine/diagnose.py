@@ -8,7 +8,7 @@ line; the log's tail still comes along for the rest.
 Signatures are ordered from specific to generic: "engine initialisation failed" is vLLM's
 wrapper around most start-up errors, so it only wins when nothing more precise matched.
 
-Fatal or not: while a server starts, :func:`speedmatrix.server.wait_ready` stops waiting at
+Fatal or not: while a server starts, :func:`speedmatrix.engine.vllm_server.wait_ready` stops waiting at
 once on a line that is fatal by itself (``fatal_only=True``): the engine has failed and will
 not come up. Fatal in vLLM's own terms: only a line vLLM's logger wrote at ERROR or CRITICAL
 level counts on sight (its format, vllm/logger.py: ``[prefix](<process> pid=<pid>) LEVEL

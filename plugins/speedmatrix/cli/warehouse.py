@@ -1,6 +1,6 @@
 """``speedmatrix query "SQL" [--warehouse W] [--format table|csv|json]``: DuckDB over the views
 ``runs``, ``cells`` and ``requests`` of the warehouse, and ``comparisons``, ``noise`` and
-``cell_repeats`` beside them (see speedmatrix.warehouse)."""
+``cell_repeats`` beside them (see speedmatrix.store.warehouse)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
     from speedmatrix.cli import CliError
-    from speedmatrix.warehouse import Warehouse
+    from speedmatrix.store.warehouse import Warehouse
 
     wh = Warehouse(args.warehouse)
     try:

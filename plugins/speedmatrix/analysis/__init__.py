@@ -1,0 +1,1 @@
+"""What the measurements mean: noise, verdicts against a baseline, trends, bisection."""

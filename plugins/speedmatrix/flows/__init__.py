@@ -1,0 +1,1 @@
+"""Airflow task bodies: the only code that knows XCom shapes (matrix, bisect, triggers, notifications)."""

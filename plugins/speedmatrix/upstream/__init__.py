@@ -1,0 +1,1 @@
+"""The vLLM project upstream: GitHub (commits, pull requests) and its published wheels."""
