@@ -19,6 +19,7 @@ testable without a warehouse; `comparisons_table` turns rows into the Parquet ta
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ import pyarrow as pa
 
 from speedmatrix.analysis.noise import CELL_KEY, Z_95, Interval, NoiseModel, frame, within_window
 from speedmatrix.records import context_label
+
+log = logging.getLogger("speedmatrix.compare")
 
 DEFAULT_THRESHOLD = 0.03
 SCHEDULED_TRIGGERS = ("nightly", "commit")
@@ -1074,7 +1077,6 @@ def report_comparison(warehouse: Any, run_id: str) -> ReportComparison:
 
     A comparison that cannot be made is logged, not raised: the report must still be written,
     and the `regressions` task that follows raises the same error where it belongs."""
-    import logging
 
     try:
         result = compare_in_warehouse(warehouse, run_id, with_noise=False)
@@ -1082,16 +1084,12 @@ def report_comparison(warehouse: Any, run_id: str) -> ReportComparison:
             return ReportComparison()
         _, base_cells, _ = warehouse.read_run(result.baseline["run_id"])
     except Exception as exc:
-        logging.getLogger("speedmatrix.compare").warning(
-            "no comparison in the report of %s: %s", run_id, exc
-        )
+        log.warning("no comparison in the report of %s: %s", run_id, exc)
         return ReportComparison()
     try:
         figures = comparison_figures(warehouse, result)
     except Exception as exc:  # a chart must never cost the report
-        logging.getLogger("speedmatrix.compare").warning(
-            "no comparison charts for %s: %s", run_id, exc
-        )
+        log.warning("no comparison charts for %s: %s", run_id, exc)
         figures = []
     return ReportComparison(
         baseline=(result.baseline, base_cells),
@@ -1148,7 +1146,6 @@ def _inline(svg: str) -> str:
 
 def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str] | None:
     """Commits after the baseline's engine commit up to the run's, or None when unknown."""
-    import logging
 
     from speedmatrix.analysis.bisection import commits_between
 
@@ -1160,7 +1157,5 @@ def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[
     try:
         return commits_between(path, str(a), str(b))
     except Exception as exc:  # network, rate limit, unknown commit: the URL still names them
-        logging.getLogger("speedmatrix.compare").warning(
-            "could not list commits %s...%s: %s", a, b, exc
-        )
+        log.warning("could not list commits %s...%s: %s", a, b, exc)
         return None
