@@ -136,7 +136,7 @@ def test_a_command_that_exits_124_itself_is_not_a_timeout(host):
 def test_total_timeout_kills_a_command_that_ignores_sigterm(host, tmp_path, monkeypatch):
     """TERM is ignored, so timeout's KILL after -k ends it (timeout dies by that KILL too,
     137): still reported as the total timeout, and nothing is left."""
-    monkeypatch.setattr(hosts, "_KILL_AFTER_S", 1)
+    monkeypatch.setattr(hosts.wrapper, "_KILL_AFTER_S", 1)
     pidfile = tmp_path / "cmd.pid"
     t0 = time.monotonic()
     with pytest.raises(CommandTimeout, match="total timeout of 1 s") as exc:
@@ -260,7 +260,7 @@ def _stops_growing(path, within_s: float = 2.0, quiet_s: float = 0.6) -> bool:
 
 def _session_gone(sid: int, within_s: float = 2.0) -> bool:
     deadline = time.monotonic() + within_s
-    while hosts._session_pids(sid):
+    while hosts.local._session_pids(sid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -495,7 +495,7 @@ def test_files_go_through_the_command_channel_without_sftp(no_sftp_host, tmp_pat
 
 def test_without_sftp_the_first_copy_says_so_in_the_log(sshd_no_sftp, tmp_path, log_messages):
     h = get_host(sshd_no_sftp.conn_id, env={"HOME": str(tmp_path)})
-    hosts._NO_SFTP_SAID.discard(h.name)  # as in a fresh worker process
+    hosts.ssh._NO_SFTP_SAID.discard(h.name)  # as in a fresh worker process
     with log_messages("speedmatrix.hosts") as msgs:
         h.put_text("a", "$HOME/a.txt")
         h.put_text("b", "$HOME/b.txt")

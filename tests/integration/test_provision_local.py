@@ -29,7 +29,7 @@ from speedmatrix.engine.provision import (
     build_shipment,
     install_hash,
     provision,
-    ship_loadgen,
+    refresh_shipped,
 )
 from speedmatrix.recipes import load_recipe
 
@@ -197,15 +197,16 @@ def test_a_load_generator_that_cannot_be_shipped_is_an_error(tmp_path):
     host = get_host("local", env={"HOME": str(tmp_path)})
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the state directory should be")
-    with pytest.raises(ProvisionError, match="cannot build or ship the load generator zipapp"):
-        ship_loadgen(host, str(blocker))
+    with pytest.raises(ProvisionError, match="cannot ship the load generator zipapp"):
+        refresh_shipped(host, str(blocker), build_shipment())
     assert blocker.read_text().startswith("a file")
 
 
 def test_the_shipped_load_generator_runs(tmp_path):
     host = get_host("local", env={"HOME": str(tmp_path)})
-    path = ship_loadgen(host, f"{tmp_path}/state")
-    assert path == f"{tmp_path}/state/loadgen.pyz"
+    shipped = refresh_shipped(host, f"{tmp_path}/state", build_shipment())
+    assert sorted(shipped) == ["include", "loadgen"]
+    path = f"{tmp_path}/state/loadgen.pyz"
     res = host.run(f"{sys.executable} {path} --help", timeout_s=120, stream=False)
     assert res.rc == 0 and "decode" in res.stdout, res.tail()
 

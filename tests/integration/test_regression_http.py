@@ -1,5 +1,5 @@
 """Planted regressions measured for real: the load generator (in-process) against the simulator
-served over loopback HTTP (speedmatrix.sim.server.run_in_thread), landed in a warehouse.
+served over loopback HTTP (speedmatrix.sim.runner.run_in_thread), landed in a warehouse.
 
 Same plant as test_regression_sim.py (one cell 10% slower from one commit on; seeded run-to-run
 variation), but every figure now comes through HTTP streaming and the wall clock, with per-request
@@ -26,7 +26,7 @@ from speedmatrix.analysis.compare import (
     regressions_check,
 )
 from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_prefill
-from speedmatrix.sim.server import run_in_thread
+from speedmatrix.sim.runner import run_in_thread
 from speedmatrix.store.warehouse import Warehouse
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.timing]

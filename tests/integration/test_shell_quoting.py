@@ -10,8 +10,8 @@ is set hostile all at once, and the real host functions run against this machine
 host, a temporary HOME, a PATH whose python/uv/git are stubs that record their arguments and
 make what the real tools make, so each script runs to its end):
 
-- provisioning: the attempt's wrapper and body (`provision.attempt_scripts`, run by the real
-  `_run_attempt`) for the install kinds pip, release, wheel (a commit) and pr, and the
+- provisioning: the attempt's wrapper and body (`provision.scripts.attempt_scripts`, run by
+  the real `provision.orchestrate.run_attempt`) for the install kinds pip, release, wheel (a commit) and pr, and the
   re-shipping script (`refresh_shipped`);
 - the server: `start_server` (the alive-servers and port-holder checks, the run directory,
   launch.sh and its launcher), `wait_ready`, `inspect_server` and `stop_server`.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import shutil
 import sys
 import tarfile
@@ -41,6 +42,8 @@ from speed_matrix_helpers import free_port
 
 from speedmatrix.engine import provision as P
 from speedmatrix.engine.hosts import get_host
+from speedmatrix.engine.provision.orchestrate import run_attempt
+from speedmatrix.engine.provision.scripts import Build
 from speedmatrix.engine.vllm_server import (
     ServerError,
     inspect_server,
@@ -201,9 +204,9 @@ def _provision_scripts(host, recipe: Recipe, kind: str, ref: str) -> list[str]:
     model_path = host.resolve(recipe.model_location(ref)) if recipe.model.path else None
     ship = _shipment()
     # forced after the first kind: the stub python would pass the under-lock marker check
-    build = P._Build(recipe, ref, plan, "h", ship, env_dir, model_path, kind != "pip")
-    host.run(f"mkdir -p {P._q(build.state_dir)}", 60, check=True)
-    rc = P._run_attempt(host, build, time.monotonic() + 120, 120, 0.2)
+    build = Build(recipe, ref, plan, "h", ship, env_dir, model_path, kind != "pip")
+    host.run(f"mkdir -p {shlex.quote(build.state_dir)}", 60, check=True)
+    rc = run_attempt(host, build, time.monotonic() + 120, 120, 0.2)
     log = Path(build.state_dir, "provision.log")
     assert not Path(os.environ["SM_CANARY"]).exists(), f"provisioning ({kind}) ran a value"
     assert rc == 0, f"{kind}: the attempt stopped early (rc {rc}): {log.read_text()[-2000:]}"

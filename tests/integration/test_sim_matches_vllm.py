@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from speedmatrix.sim.server import run_in_thread
+from speedmatrix.sim.runner import run_in_thread
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

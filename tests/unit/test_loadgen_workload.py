@@ -25,7 +25,7 @@ from speedmatrix.loadgen.control import ControlClient
 from speedmatrix.loadgen.prompts import BodyBuilder, PromptSet, build_prompts
 from speedmatrix.loadgen.stats import COPY_NGRAM, CopyCheck, word_ngrams
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS, WORKLOADS
-from speedmatrix.sim.server import run_in_thread
+from speedmatrix.sim.runner import run_in_thread
 
 PROFILE = "include/sim-profiles/synthetic-specdec-not-calibrated.yaml"
 MODEL = "sim-specdec"

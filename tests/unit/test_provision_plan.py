@@ -17,7 +17,6 @@ from gitrepo import git, upstream_with_pr
 from speedmatrix.engine.provision import (
     DEFAULT_REPO_URL,
     ENV_REPO_URL,
-    ENV_WHEEL_INDEX,
     RC_NO_FULL_BUILD,
     RC_PR_MOVED,
     ProvisionError,
@@ -30,9 +29,8 @@ from speedmatrix.engine.provision import (
     resolve_commit,
     resolve_pr_head,
     wheel_base_url,
-    wheel_index_for,
 )
-from speedmatrix.recipes import load_recipe
+from speedmatrix.recipes import ENV_WHEEL_INDEX, load_recipe, wheel_index_for
 
 SHA = "9fedd24fa864a1b2c3d4e5f60718293a4b5c6d7e"
 MERGE_BASE = "1111111111111111111111111111111111111111"

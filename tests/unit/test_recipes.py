@@ -326,9 +326,9 @@ def test_the_workload_is_declared_article_by_default(tmp_path: Path) -> None:
     import io
     import tarfile
 
-    from speedmatrix.engine.provision import _include_tarball
+    from speedmatrix.engine.provision.shipping import include_tarball
 
-    with tarfile.open(fileobj=io.BytesIO(_include_tarball())) as tar:
+    with tarfile.open(fileobj=io.BytesIO(include_tarball())) as tar:
         assert "chat-templates/tiny-llama.jinja" in tar.getnames()
     data = _cpu_data()
     del data["matrix"]["workload"]

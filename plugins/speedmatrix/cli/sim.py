@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from speedmatrix.sim.profile import load_profile
-    from speedmatrix.sim.server import serve
+    from speedmatrix.sim.runner import serve
 
     if args.time_scale <= 0:
         raise ValueError("--time-scale must be positive")

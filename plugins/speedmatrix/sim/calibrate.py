@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from speedmatrix.sim.predict import over_capacity, predict_decode, predict_prefill
+from speedmatrix.sim.predict import predict_decode, predict_prefill
 from speedmatrix.sim.profile import Profile, SpecDecode
 
 SPEC_SHAPE = 0.8
@@ -436,8 +436,3 @@ def _close(pub: Any, pred: Any, tol: float = 0.05) -> bool:
     if pred is None:
         return False
     return math.isclose(pred, pub, rel_tol=tol)
-
-
-def over_capacity_for(profile: Profile, context: int, concurrency: int, max_out: int) -> bool:
-    """Re-exported for callers that only import calibrate."""
-    return over_capacity(profile, context, concurrency, max_out)

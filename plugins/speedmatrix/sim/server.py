@@ -60,172 +60,48 @@ in the text (``repetition_every``); the prompt echoed as the output (``echo_ever
 503, new requests 500 EngineDeadError, open streams dropped). Preemption needs no switch: a
 profile with fewer KV blocks than the load needs preempts by itself.
 
-In-process use: ``run_in_thread(profile, port=0, api_key=None, time_scale=1.0, faults=None)``
-is a context manager yielding the base URL (a ``str`` with ``.server``, the ``SimServer``, and
-``.call(fn)`` to run ``fn(server)`` on the server's loop thread).
+One job, hence its length: the server of the simulated engine, i.e. the engine's clock driven
+by the event loop and vLLM's routes answered from it (whole responses and streams). Running it
+(on a thread, or as the process) is :mod:`speedmatrix.sim.runner`; the wire rules
+(error bodies, request checks) are :mod:`speedmatrix.sim.api`; ``/metrics`` is rendered by
+:mod:`speedmatrix.sim.metrics`; the loop-lag figures come from :mod:`speedmatrix.sim.lag`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
-import os
-import signal
-import sys
-import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
+from speedmatrix.sim.api import (
+    ApiError,
+    chat_text,
+    completion_params,
+    dumps,
+    error_response,
+    loads,
+    prompt_ids,
+)
 from speedmatrix.sim.engine import FINISHED, Engine, Request
 from speedmatrix.sim.faults import Faults
-from speedmatrix.sim.profile import Profile, load_profile
+from speedmatrix.sim.lag import LagMonitor
+from speedmatrix.sim.profile import Profile
 from speedmatrix.sim.tokenizer import Tokenizer, output_words
 
-try:
-    import orjson
-
-    def _dumps(obj: Any) -> bytes:
-        return orjson.dumps(obj)
-
-    _loads = orjson.loads
-except ImportError:  # pragma: no cover - orjson is a project dependency
-
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
-
-    _loads = json.loads
-
 CATCH_UP_S = 0.005  # wall seconds behind schedule before catching up in bigger bites
+
+
 CATCH_UP_EVENTS = 16  # ~8 steps per callback: about 1.5 ms at 128 sequences
+
+
 WAKE_SLICE = 8  # streams woken per loop iteration (vLLM chunks its output processing too)
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, etype: str = "BadRequestError", param=None):
-        super().__init__(message)
-        self.status, self.message, self.etype, self.param = status, message, etype, param
-
-
-def error_response(status: int, message: str, etype: str, param: str | None = None):
-    body = {"error": {"message": message, "type": etype, "param": param, "code": status}}
-    return web.Response(status=status, body=_dumps(body), content_type="application/json")
-
-
-def _flag(data: dict[str, Any], name: str, *, nullable: bool) -> bool:
-    """A boolean field read as vLLM's pydantic request model reads it.
-
-    pydantic's lax mode lets "true", "no", 1 or 0 through, so a client that sends them works
-    against vLLM and must work here; anything else is the 400 vLLM's validation handler writes.
-    """
-    value = data.get(name, False)
-    if value is True or value is False or (value is None and nullable):
-        return bool(value)
-    from pydantic import TypeAdapter, ValidationError  # rare path: keep it off the import
-
-    try:
-        return TypeAdapter(bool).validate_python(value)
-    except ValidationError as exc:
-        e = exc.errors()[0]
-        err = {"type": e["type"], "loc": ("body", name), "msg": e["msg"], "input": value}
-        raise ApiError(400, f"1 validation error:\n  {err} {[err]}", "Bad Request") from exc
-
-
-class _LagProbe(asyncio.DatagramProtocol):
-    """Receives stamped datagrams: 8 bytes, the sender's CLOCK_MONOTONIC in ns, big-endian."""
-
-    def __init__(self, sink: deque[float]):
-        self.sink = sink
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        if len(data) == 8 and addr[0] in ("127.0.0.1", "::1"):
-            sent = int.from_bytes(data, "big")
-            self.sink.append(max(0, time.monotonic_ns() - sent) / 1e9)
-
-
-class LagMonitor:
-    """Event-loop lag, three ways; keeps the last 20,000 samples of each.
-
-    - timer lag: how late a 5 ms sleep wakes. libuv keeps its clock and its timeouts in whole
-      milliseconds, so a timer fires up to ~1 ms early or late of the time asked for even on
-      an idle loop (an idle uvloop's 5 ms sleeps here: -0.9 to +1.6 ms): this figure has a
-      floor near 1 ms at p99 that no work of the simulator's is in.
-    - queue lag: how long a callback made ready now waits to run (``sleep(0)`` round trip):
-      the work already queued ahead of it, i.e. how long the loop is blocked.
-    - I/O lag: how long an event from outside waits for the loop, which is what a client
-      sees: another process sends a datagram stamped with CLOCK_MONOTONIC to UDP
-      ``<host>:<port>`` (the HTTP port's number; benchmarks/sim_bench.py does, every 5 ms) and
-      the loop's read callback takes the difference (same clock, nanoseconds). No samples
-      when nobody sends.
-    All are wall clock: on a machine whose CPUs are busy with other processes they include the
-    time the process waited to be scheduled.
-    """
-
-    def __init__(self, period_s: float = 0.005):
-        self.period = period_s
-        self.samples: deque[float] = deque(maxlen=20_000)
-        self.queue: deque[float] = deque(maxlen=20_000)
-        self.io: deque[float] = deque(maxlen=20_000)
-        self._task: asyncio.Task | None = None
-        self._probe: asyncio.DatagramTransport | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def listen(self, host: str, port: int) -> None:
-        """Open the I/O-lag probe's UDP socket; a port that cannot be bound means no probe."""
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(OSError):
-            self._probe, _ = await loop.create_datagram_endpoint(
-                lambda: _LagProbe(self.io), local_addr=(host, port)
-            )
-
-    async def _run(self) -> None:
-        clock = time.perf_counter  # uvloop's loop.time() only has millisecond resolution
-        while True:
-            t = clock()
-            await asyncio.sleep(self.period)
-            t1 = clock()
-            self.samples.append(max(0.0, t1 - t - self.period))
-            await asyncio.sleep(0)
-            self.queue.append(clock() - t1)
-
-    def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-        if self._probe is not None:
-            self._probe.close()
-
-    def reset(self) -> None:
-        self.samples.clear()
-        self.queue.clear()
-        self.io.clear()
-
-    @staticmethod
-    def _summary(values: deque[float]) -> dict[str, float | int | None]:
-        s = sorted(values)
-        if not s:
-            return {"samples": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
-
-        def q(p: float) -> float:
-            return s[min(len(s) - 1, int(p * len(s)))] * 1000.0
-
-        return {"samples": len(s), "p50_ms": q(0.5), "p99_ms": q(0.99), "max_ms": s[-1] * 1000}
-
-    def summary(self) -> dict[str, float | int | None]:
-        return self._summary(self.samples)
-
-    def queue_summary(self) -> dict[str, float | int | None]:
-        return self._summary(self.queue)
-
-    def io_summary(self) -> dict[str, float | int | None]:
-        return self._summary(self.io)
 
 
 class SimServer:
@@ -440,7 +316,7 @@ class SimServer:
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
         try:
-            data = _loads(await request.read())
+            data = loads(await request.read())
         except ValueError as exc:
             raise ApiError(400, f"invalid JSON body: {exc}") from exc
         if not isinstance(data, dict):
@@ -451,7 +327,7 @@ class SimServer:
         data = await self._json(request)
         if "messages" in data:
             generation = data.get("add_generation_prompt", True)
-            ids = self.tokenizer.encode(self._chat_text(data["messages"], bool(generation)))
+            ids = self.tokenizer.encode(chat_text(data["messages"], bool(generation)))
         elif isinstance(data.get("prompt"), str):
             ids = self.tokenizer.encode(data["prompt"])
         else:
@@ -462,7 +338,7 @@ class SimServer:
             "tokens": ids,
             "token_strs": None,
         }
-        return web.Response(body=_dumps(body), content_type="application/json")
+        return web.Response(body=dumps(body), content_type="application/json")
 
     async def detokenize(self, request: web.Request) -> web.Response:
         data = await self._json(request)
@@ -516,7 +392,7 @@ class SimServer:
         if request.query.get("reset_lag"):
             self.lag.reset()
             self.step_cpu.clear()
-        return web.Response(body=_dumps(body), content_type="application/json")
+        return web.Response(body=dumps(body), content_type="application/json")
 
     async def requests(self, request: web.Request) -> web.Response:
         detail = request.query.get("detail") in ("1", "true")
@@ -528,13 +404,13 @@ class SimServer:
                 for key in ("token_times", "steps", "accepted", "chunks"):
                     gt.pop(key)
             out.append(gt)
-        return web.Response(body=_dumps(out), content_type="application/json")
+        return web.Response(body=dumps(out), content_type="application/json")
 
     async def request_detail(self, request: web.Request) -> web.Response:
         r = self.engine.get(request.match_info["rid"])
         if r is None:
             raise ApiError(404, f"no request {request.match_info['rid']}", "NotFoundError")
-        return web.Response(body=_dumps(r.ground_truth()), content_type="application/json")
+        return web.Response(body=dumps(r.ground_truth()), content_type="application/json")
 
     async def get_faults(self, request: web.Request) -> web.Response:
         return web.json_response(self.faults.to_dict())
@@ -548,21 +424,6 @@ class SimServer:
         return web.json_response(faults.to_dict())
 
     # --- completions ----------------------------------------------------------------------------
-    @staticmethod
-    def _chat_text(messages: Any, add_generation_prompt: bool = True) -> str:
-        """The simulator's chat template: ``<|role|> content`` per message, one per line, then
-        ``<|assistant|>`` when a generation prompt is asked for (vLLM's default)."""
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "'messages' must be a non-empty list", param="messages")
-        parts = []
-        for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
-                raise ApiError(
-                    400, "each message needs a role and string content", param="messages"
-                )
-            parts.append(f"<|{m.get('role', 'user')}|> {m.get('content', '')}")
-        return "\n".join(parts) + ("\n<|assistant|>" if add_generation_prompt else "")
-
     def _text(self, req: Request, start: int, count: int) -> str:
         """Output tokens start..start+count as text: made-up words, or (the echo fault) the
         request's own prompt from its start, as a model that copies it would write."""
@@ -570,84 +431,6 @@ class SimServer:
         if ids:
             return self.tokenizer.decode([ids[i % len(ids)] for i in range(start, start + count)])
         return output_words(req.index, start, count, req.fault_repeat)
-
-    def _prompt_ids(self, prompt: Any) -> list[int]:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, list):
-            ids = prompt
-            bad = self.tokenizer.out_of_vocab(ids)
-            if bad is not None:
-                raise ApiError(400, f"Token id {bad} is out of vocabulary", param="prompt")
-        else:
-            raise ApiError(
-                400, "prompt must be a string or a list of token ids (one prompt)", param="prompt"
-            )
-        if not ids:
-            raise ApiError(400, "You must pass at least one prompt")
-        return ids
-
-    def _common(self, data: dict[str, Any], ids: list[int], default_max: int | None):
-        p = self.profile
-        model = data.get("model")
-        if model is not None and model != p.served_model_name:
-            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        # vLLM 0.32's boundary: more than max_model_len prompt tokens is refused here (the
-        # renderer's length check); exactly max_model_len passes it, and then has no room
-        # for one output token: max_tokens is clamped to max_model_len - prompt = 0, which
-        # SamplingParams refuses ("max_tokens must be at least 1, got 0.").
-        if len(ids) > p.max_model_len:
-            # vLLM words a count of exactly max_model_len + 1 "at least" (its tokenizer stops
-            # there for text; it says so for token ids too)
-            least = "at least " if len(ids) == p.max_model_len + 1 else ""
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {p.max_model_len} tokens. However, "
-                f"your prompt contains {least}{len(ids)} input tokens, which exceeds this limit even "
-                "without any output tokens. Please reduce the length of the input prompt. "
-                f"(parameter=input_tokens, value={len(ids)})",
-                param="input_tokens",
-            )
-        max_tokens = data.get("max_tokens", data.get("max_completion_tokens", default_max))
-        if max_tokens is None:
-            max_tokens = p.max_model_len - len(ids)
-        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
-            # vLLM's get_max_tokens: what would pass max_model_len is shortened, silently
-            max_tokens = min(max_tokens, p.max_model_len - len(ids))
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise ApiError(
-                400,
-                f"max_tokens must be at least 1, got {max_tokens}. "
-                f"(parameter=max_tokens, value={max_tokens})",
-                param="max_tokens",
-            )
-        # vLLM raises these two without naming a parameter: param is null.
-        min_tokens = data.get("min_tokens", 0)
-        if not isinstance(min_tokens, int) or min_tokens < 0:
-            raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
-        if min_tokens > max_tokens:
-            raise ApiError(
-                400,
-                f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
-                f"got {min_tokens}.",
-            )
-        stream = _flag(data, "stream", nullable=True)
-        ignore_eos = _flag(data, "ignore_eos", nullable=False)
-        opts = data.get("stream_options")
-        if opts is not None and not stream:
-            raise ApiError(
-                400,
-                "Stream options can only be defined when `stream=True`.",
-                param="stream_options",
-            )
-        if opts is not None and not isinstance(opts, dict):
-            raise ApiError(400, "stream_options must be an object", param="stream_options")
-        salt = data.get("cache_salt")
-        if salt is not None and (not isinstance(salt, str) or not salt):
-            raise ApiError(400, "cache_salt must be a non-empty string", param="cache_salt")
-        return max_tokens, min_tokens, ignore_eos, stream, opts or {}, salt
 
     def _new_request(
         self, request: web.Request, ids, max_tokens, min_tokens, ignore_eos, salt, prefix
@@ -687,18 +470,18 @@ class SimServer:
         data = await self._json(request)
         if "prompt" not in data:
             raise ApiError(400, "'prompt' is required", param="prompt")
-        ids = self._prompt_ids(data["prompt"])
+        ids = prompt_ids(self.tokenizer, data["prompt"])
         return await self._serve(request, data, ids, chat=False, default_max=16, arrived=arrived)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         arrived = self.sim_now()
         data = await self._json(request)
-        ids = self.tokenizer.encode(self._chat_text(data.get("messages")))
+        ids = self.tokenizer.encode(chat_text(data.get("messages")))
         return await self._serve(request, data, ids, chat=True, default_max=None, arrived=arrived)
 
     async def _serve(self, request, data, ids, *, chat: bool, default_max, arrived: float):
-        max_tokens, min_tokens, ignore_eos, stream, opts, salt = self._common(
-            data, ids, default_max
+        max_tokens, min_tokens, ignore_eos, stream, opts, salt = completion_params(
+            self.profile, data, ids, default_max
         )
         prefix = "chatcmpl" if chat else "cmpl"
         req = self._new_request(request, ids, max_tokens, min_tokens, ignore_eos, salt, prefix)
@@ -790,7 +573,7 @@ class SimServer:
         if chat:
             body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
         body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
-        return web.Response(body=_dumps(body), content_type="application/json", headers=headers)
+        return web.Response(body=dumps(body), content_type="application/json", headers=headers)
 
     async def _stream(self, request, req: Request, chat: bool, opts, headers):
         include_usage = bool(opts.get("include_usage"))
@@ -886,148 +669,3 @@ class SimServer:
         except ConnectionResetError:
             pass  # finished; the client left before the last bytes
         return resp
-
-
-# --- running it ------------------------------------------------------------------------------
-def _new_loop() -> asyncio.AbstractEventLoop:
-    """uvloop where importable; SPEEDMATRIX_SIM_LOOP=asyncio picks the standard loop."""
-    if os.environ.get("SPEEDMATRIX_SIM_LOOP") == "asyncio":
-        return asyncio.new_event_loop()
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover
-        return asyncio.new_event_loop()
-
-
-async def _start(server: SimServer, host: str, port: int) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    sockets = site._server.sockets if site._server else []
-    bound = sockets[0].getsockname()[1] if sockets else port
-    await server.lag.listen(host, bound)
-    return runner, bound
-
-
-class SimHandle(str):
-    """The base URL, with the server attached for tests (``.server``, ``.call``)."""
-
-    server: SimServer
-    loop: asyncio.AbstractEventLoop
-
-    def call(self, fn: Callable[[SimServer], Any], timeout: float = 10.0) -> Any:
-        """Run fn(server) on the server's loop thread and return its result."""
-
-        async def run() -> Any:
-            self.server.sync()
-            return fn(self.server)
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
-
-
-@contextlib.contextmanager
-def run_in_thread(
-    profile: Profile | str | dict[str, Any],
-    port: int = 0,
-    api_key: str | None = None,
-    time_scale: float = 1.0,
-    faults: Faults | dict[str, Any] | None = None,
-    host: str = "127.0.0.1",
-    keep_finished: int = 2_000,
-) -> Iterator[SimHandle]:
-    """Serve the simulator on a background thread; yields its base URL (http://host:port).
-
-    `keep_finished`: how many finished requests keep their ground truth (oldest dropped).
-    """
-    server = SimServer(
-        load_profile(profile),
-        api_key=api_key,
-        time_scale=time_scale,
-        faults=faults,
-        keep_finished=keep_finished,
-    )
-    loop = _new_loop()
-    ready = threading.Event()
-    state: dict[str, Any] = {}
-    stop = asyncio.Event()
-
-    def target() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            runner, bound = loop.run_until_complete(_start(server, host, port))
-        except BaseException as exc:
-            state["error"] = exc
-            ready.set()
-            return
-        state["port"] = bound
-        ready.set()
-        try:
-            loop.run_until_complete(stop.wait())
-        finally:
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-    thread = threading.Thread(target=target, name="speedmatrix-sim", daemon=True)
-    thread.start()
-    ready.wait(30)
-    if "error" in state:
-        raise state["error"]
-    handle = SimHandle(f"http://{host}:{state['port']}")
-    handle.server = server
-    handle.loop = loop
-    try:
-        yield handle
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(30)
-
-
-def serve(
-    profile: Profile,
-    host: str,
-    port: int,
-    *,
-    api_key: str | None = None,
-    time_scale: float = 1.0,
-    faults: Faults | dict[str, Any] | None = None,
-) -> int:
-    """Run until SIGTERM / SIGINT; prints vLLM-like start-up lines (KV cache size) to stderr."""
-    server = SimServer(profile, api_key=api_key, time_scale=time_scale, faults=faults)
-    loop = _new_loop()
-    asyncio.set_event_loop(loop)
-    stop = asyncio.Event()
-
-    async def main() -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            runner, bound = await _start(server, host, port)
-        except OSError as exc:  # port in use, bad address: a one-line CLI error
-            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-        import gc
-
-        gc.freeze()  # start-up objects never need collecting: keeps full collections short
-        p = profile
-        log = sys.stderr
-        print(f"INFO speedmatrix sim {p.name}: serving {p.served_model_name}", file=log)
-        print(f"INFO GPU KV cache size: {p.kv_cache_tokens:,} tokens", file=log)
-        print(
-            f"INFO Maximum concurrency for {p.max_model_len:,} tokens per request: "
-            f"{p.kv_cache_tokens / p.max_model_len:.2f}x",
-            file=log,
-        )
-        print(f"INFO time scale {time_scale:g} (simulated seconds per wall second)", file=log)
-        print(f"INFO Uvicorn running on http://{host}:{bound} (Press CTRL+C to quit)", file=log)
-        print("INFO Application startup complete.", file=log, flush=True)
-        await stop.wait()
-        print("INFO Shutting down", file=log, flush=True)
-        await runner.cleanup()
-
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
-    return 0
