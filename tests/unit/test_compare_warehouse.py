@@ -10,14 +10,11 @@ import duckdb
 import numpy as np
 import pytest
 
-from speedmatrix.analysis.compare import (
-    RegressionError,
-    compare_in_warehouse,
-    read_extra,
-    regressions_check,
-)
+from speedmatrix.analysis.compare import compare_in_warehouse, regressions_check
+from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.cli import main
 from speedmatrix.records import empty_cell
+from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)

@@ -106,7 +106,7 @@ def render_comparison(
     *,
     show_all: bool = False,
 ) -> str:
-    from speedmatrix.analysis.compare import (
+    from speedmatrix.analysis.display import (
         comparison_markdown,
         display_rows,
         notable,
@@ -175,7 +175,7 @@ def _numeric(text: str) -> bool:
 
 
 def run_trend(args: argparse.Namespace) -> int:
-    from speedmatrix.analysis.compare import read_history
+    from speedmatrix.analysis.baseline import read_history
     from speedmatrix.analysis.trend import trend, trend_chart_svg
 
     wh = _warehouse(args.warehouse)

@@ -193,6 +193,23 @@ class GitHubClient:
         resp = self._get(f"/repos/{repo}/commits/{branch}", None, None)
         return Commit.from_api(_json(resp))
 
+    def compare_commits(self, repo: str, base: str, head: str) -> list[str]:
+        """The shas after `base` up to and including `head`, oldest first (GitHub's compare
+        API: up to 250, enough for the ranges a nightly can open)."""
+        data = _json(self._get(f"/repos/{repo}/compare/{base}...{head}", None, None))
+        if not isinstance(data, dict):
+            raise GitHubError(f"expected a comparison from GitHub, got {type(data).__name__}")
+        return [c["sha"] for c in data.get("commits", [])]
+
+
+def github_repo(url: Any) -> str | None:
+    """`owner/name` of a github.com repository URL (`https://github.com/o/n.git` -> `o/n`),
+    None for anything else: the repositories whose commits and compare pages we can name."""
+    text = str(url or "")
+    if "github.com/" not in text:
+        return None
+    return text.split("github.com/", 1)[1].removesuffix(".git").strip("/") or None
+
 
 def _json(resp: requests.Response) -> Any:
     try:
