@@ -25,6 +25,7 @@ from speedmatrix.plan import parse_cell
 from speedmatrix.recipes import load_recipe_id, wheel_index_for
 from speedmatrix.store.warehouse import Warehouse
 from speedmatrix.upstream.github import GitHubClient
+from speedmatrix.upstream.schedule import github_api_url
 
 BAD_VERDICTS = frozenset({"bad", "regression"})
 GOOD_VERDICTS = frozenset({"good", "noise", "improvement"})
@@ -202,11 +203,7 @@ def _tokens(label: str) -> int:
 def commits_between(repo: str, good: str, bad: str) -> list[str]:
     """Commits after `good` up to and including `bad`, oldest first, from GitHub's compare API
     (up to 250; enough for the ranges a nightly can open). The API is the deployment's
-    (`triggers.github_api_url`), never a conf's: its answer chooses what gets measured."""
-    # flows.triggers holds the deployment's schedule config (where the API URL is set); it sits
-    # above analysis, so this import stays here until that config moves below flows/
-    from speedmatrix.flows.triggers import github_api_url
-
+    (`upstream.schedule.github_api_url`), never a conf's: its answer chooses what gets measured."""
     return GitHubClient(base_url=github_api_url(), timeout_s=20).compare_commits(repo, good, bad)
 
 

@@ -6,7 +6,7 @@ answers do not count against the rate limit) and a precise split of failures int
 "try again at the next poll" (rate limit, 5xx, timeouts: `GitHubUnavailable`) and
 "misconfigured, tell a human" (401/404/garbage: `GitHubError`). The base URL is a parameter,
 so tests and GitHub Enterprise work the same way; callers take it from the deployment
-(`triggers.github_api_url`), never from a run's conf, and the token is bound to that base's
+(`upstream.schedule.github_api_url`), never from a run's conf, and the token is bound to that base's
 origin (`OriginToken`): it is never sent anywhere else, not on a redirect, not to any other URL.
 """
 
