@@ -351,11 +351,3 @@ def build_table(table: str, rows: list[dict], fixed: dict[str, Any]) -> pa.Table
                 )
             seen[key] = i
     return out
-
-
-def _deliberate_cycle() -> tuple[str, ...]:
-    """THROWAWAY (issue #17): a hidden, function-level store -> analysis import, the shape of
-    the old warehouse -> compare cycle, to show lint-imports failing on it. Reverted next."""
-    from speedmatrix.analysis.verdict import VERDICTS
-
-    return VERDICTS
