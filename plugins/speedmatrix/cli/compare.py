@@ -13,6 +13,9 @@ Exit codes: 0 when the comparison ran (regressions or not: this is a viewer; the
 
 from __future__ import annotations
 
+# The speedmatrix imports sit inside the command functions on purpose: `speedmatrix <cmd>
+# --help` and the other commands must not pay for pyarrow, pandas, DuckDB or matplotlib;
+# CliError comes from speedmatrix.cli, which imports this module (a cycle if at the top).
 import argparse
 import json
 import math

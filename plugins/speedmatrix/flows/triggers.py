@@ -28,7 +28,14 @@ from typing import Any, Literal
 
 import requests
 
-from speedmatrix.upstream.github import Commit, CommitPage, GitHubClient
+from speedmatrix.recipes import RecipeError, list_recipe_ids, load_recipe, wheel_index_for
+from speedmatrix.upstream.github import (
+    Commit,
+    CommitPage,
+    GitHubClient,
+    GitHubError,
+    GitHubUnavailable,
+)
 from speedmatrix.upstream.schedule import GitHubConfig, load_schedule_config
 
 log = logging.getLogger("speedmatrix.triggers")
@@ -62,8 +69,6 @@ def scheduled_recipes(kind: ScheduleKind) -> list[ScheduledRecipe]:
     A recipe that does not load is logged and left out: one broken file must not stop the
     nightly run of every other recipe (and `speedmatrix recipes validate` names it).
     """
-    from speedmatrix.recipes import RecipeError, list_recipe_ids, load_recipe, wheel_index_for
-
     out: list[ScheduledRecipe] = []
     for rid in list_recipe_ids():
         try:
@@ -407,8 +412,6 @@ def run_commit_poll(params: dict[str, Any] | None = None) -> dict:
     from airflow.sdk import Variable
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-    from speedmatrix.upstream.github import GitHubError, GitHubUnavailable
-
     params = {k: v for k, v in (params or {}).items() if v is not None}
     refuse_conf_api_url(params)
     cfg = load_schedule_config()
@@ -462,8 +465,6 @@ def run_nightly_resolve(params: dict[str, Any] | None = None) -> str:
     at once without retries. Without a head, nothing is triggered.
     """
     from airflow.sdk.exceptions import AirflowFailException
-
-    from speedmatrix.upstream.github import GitHubError, GitHubUnavailable
 
     params = {k: v for k, v in (params or {}).items() if v is not None}
     refuse_conf_api_url(params)
