@@ -1,4 +1,9 @@
-"""The Parquet warehouse: table schemas, atomic and idempotent landing, the analyst query layer.
+"""The Parquet warehouse: atomic and idempotent landing, recovery, the writers' lock, artifacts.
+
+One job: writing the warehouse safely (and reading one run back whole). Beside it in store/:
+schemas.py (every table's schema, rows -> tables), layout.py (directory and file names),
+query.py (the analysts' read-only DuckDB views, mixed into :class:`Warehouse`), extra.py (the
+comparisons / noise / cell_repeats tables, landed under this module's lock).
 
 Layout (``<root>`` is a local path or any URI pyarrow's filesystems open, e.g. ``s3://bucket/wh``)::
 
@@ -66,8 +71,9 @@ Stable API (used by the DAGs and the regressions code): ``Warehouse(root)``,
 ``land_run(run, cells, requests)``, ``read_run(run_id[, recipe_id])``, ``query(sql)``,
 ``has_run(run_id)``, ``delete_run(run_id)``, ``find_run_files(run_id)``, ``recover()``,
 ``quarantine(run_id, table, rows, result)``, ``artifact_path(run_id, name)``,
-``write_artifact(run_id, name, data)``, ``read_artifact(run_id, name)``; the schemas
-``RUNS_SCHEMA``, ``CELLS_SCHEMA``, ``REQUESTS_SCHEMA`` and ``SCHEMA_VERSION``.
+``write_artifact(run_id, name, data)``, ``read_artifact(run_id, name)``, ``writer_lock()``; the
+schemas ``RUNS_SCHEMA``, ``CELLS_SCHEMA``, ``REQUESTS_SCHEMA`` and ``SCHEMA_VERSION`` live in
+speedmatrix.store.schemas.
 """
 
 from __future__ import annotations
