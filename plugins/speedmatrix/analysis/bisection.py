@@ -19,11 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedmatrix.analysis.baseline import read_history, recipe_threshold, select_baseline
-from speedmatrix.analysis.verdict import compare_runs
 from speedmatrix.plan import parse_cell
 from speedmatrix.recipes import load_recipe_id, wheel_index_for
-from speedmatrix.store.warehouse import Warehouse
 from speedmatrix.upstream.github import GitHubClient
 from speedmatrix.upstream.schedule import github_api_url
 
@@ -229,6 +226,10 @@ def wheel_check(recipe: Any) -> Callable[[str], bool]:
 
 def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) -> dict:
     """Check the params and build the job: commits, wheels, good run, conf of a step's run."""
+    # pandas and pyarrow come with these: the bisect DAG file imports this module when it is
+    # parsed, and parsing must stay light (tests/dags: no heavy imports)
+    from speedmatrix.analysis.baseline import recipe_threshold, select_baseline
+    from speedmatrix.store.warehouse import Warehouse
 
     if params.get("api_url") is not None:
         raise ValueError(
@@ -297,6 +298,11 @@ def choose_step(job: dict, step: int, salt: str = "") -> dict | None:
 
 def judge_step(chosen: dict, warehouse: Any | None = None) -> dict:
     """Read the step's landed run, compare the regressed cells with the good run, record."""
+    # pandas and pyarrow come with these: the bisect DAG file imports this module when it is
+    # parsed, and parsing must stay light (tests/dags: no heavy imports)
+    from speedmatrix.analysis.baseline import read_history
+    from speedmatrix.analysis.verdict import compare_runs
+    from speedmatrix.store.warehouse import Warehouse
 
     job, commit = chosen["job"], chosen["commit"]
     wh = warehouse or Warehouse(job["warehouse"])
