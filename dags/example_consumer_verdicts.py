@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 def example_consumer_verdicts():
     @task
     def summarize() -> list[dict]:
-        from speedmatrix.analysis.compare import read_extra
+        from speedmatrix.store.extra import read_extra
         from speedmatrix.store.warehouse import Warehouse
 
         events = get_current_context()["triggering_asset_events"]

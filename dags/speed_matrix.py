@@ -288,7 +288,8 @@ def speed_matrix():
         would only say it again 30 s later)."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from speedmatrix.analysis.compare import RegressionError, regressions_check
+        from speedmatrix.analysis.compare import regressions_check
+        from speedmatrix.analysis.verdict import RegressionError
 
         try:
             return regressions_check(

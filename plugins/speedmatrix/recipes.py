@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from speedmatrix.plan import MatrixSpec, PlanError, fits_model, repeat_keys
 from speedmatrix.records import PROMPT_MODES, parse_context
 
 # vLLM's per-commit wheel index, and the variable a deployment sets to redirect every recipe
@@ -361,8 +362,6 @@ class Recipe(_Strict):
 
     # ---------------------------------------------------------------- semantic checks
     def _repeat_problems(self) -> Iterator[tuple[str, str]]:
-        from speedmatrix.plan import MatrixSpec, PlanError, repeat_keys
-
         m = self.matrix
         if m.repeats < 2:
             yield "matrix.repeat_cells", "names cells to repeat but repeats is 1"
@@ -380,8 +379,6 @@ class Recipe(_Strict):
 
     def problems(self) -> Iterator[tuple[str, str]]:
         """(field, reason) for every rule the structure alone cannot express."""
-        from speedmatrix.plan import fits_model  # the plan's rule: sent to fit, label kept
-
         m, mml = self.matrix, self.model.max_model_len
         if not m.contexts and not m.prefill_contexts:
             yield "matrix", "empty matrix: no prefill_contexts and no contexts"

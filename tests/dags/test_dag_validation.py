@@ -199,9 +199,10 @@ def test_a_regression_fails_its_task_without_a_retry(dagbag, monkeypatch):
     from airflow.sdk.exceptions import AirflowFailException
 
     import speedmatrix.analysis.compare as compare
+    from speedmatrix.analysis.verdict import RegressionError
 
     def found(*args, **kwargs):
-        raise compare.RegressionError("8Kx1 total_tok_s -30% vs baseline run-a")
+        raise RegressionError("8Kx1 total_tok_s -30% vs baseline run-a")
 
     monkeypatch.setattr(compare, "regressions_check", found)
     task = dagbag.dags["speed_matrix"].get_task("regressions")

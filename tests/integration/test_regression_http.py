@@ -16,17 +16,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from test_regression_sim import profile_at
 
+from speedmatrix.analysis.baseline import read_history
 from speedmatrix.analysis.bisection import bisect, max_measurements
-from speedmatrix.analysis.compare import (
-    RegressionError,
-    compare_in_warehouse,
-    compare_runs,
-    read_extra,
-    read_history,
-    regressions_check,
-)
+from speedmatrix.analysis.compare import compare_in_warehouse, regressions_check
+from speedmatrix.analysis.verdict import RegressionError, compare_runs
 from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_prefill
 from speedmatrix.sim.runner import run_in_thread
+from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.timing]

@@ -16,9 +16,10 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
+from speedmatrix.analysis.baseline import select_baseline
 from speedmatrix.analysis.bisection import bisect, max_measurements
-from speedmatrix.analysis.compare import compare_runs, select_baseline, summarize
 from speedmatrix.analysis.noise import NoiseModel
+from speedmatrix.analysis.verdict import compare_runs, summarize
 from speedmatrix.sim.predict import predict_decode, predict_prefill
 from speedmatrix.sim.profile import Profile, load_profile
 

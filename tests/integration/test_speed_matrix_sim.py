@@ -28,7 +28,7 @@ from speed_matrix_helpers import (
     wait_for_line,
 )
 
-from speedmatrix.analysis.compare import read_extra
+from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse
 
 pytestmark = pytest.mark.integration

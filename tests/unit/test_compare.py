@@ -7,19 +7,19 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
-from speedmatrix.analysis.compare import (
-    COMPARISONS_SCHEMA,
+from speedmatrix.analysis.baseline import select_baseline
+from speedmatrix.analysis.noise import NoiseModel
+from speedmatrix.analysis.verdict import (
     RegressionError,
     compare_runs,
     compare_url,
     comparisons_table,
     raise_on_regressions,
-    select_baseline,
     summarize,
     verdict_for,
 )
-from speedmatrix.analysis.noise import NoiseModel
 from speedmatrix.records import empty_cell
+from speedmatrix.store.schemas import COMPARISONS_SCHEMA
 
 
 def _run(run_id="new", commit="bbbbbbb", kv=1_000_000, started="2026-11-02T00:00:00Z", **kw):

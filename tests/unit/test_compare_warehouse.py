@@ -10,14 +10,11 @@ import duckdb
 import numpy as np
 import pytest
 
-from speedmatrix.analysis.compare import (
-    RegressionError,
-    compare_in_warehouse,
-    read_extra,
-    regressions_check,
-)
+from speedmatrix.analysis.compare import compare_in_warehouse, regressions_check
+from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.cli import main
 from speedmatrix.records import empty_cell
+from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -234,3 +231,43 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
     with pytest.raises(RegressionError) as err:
         regressions_check(wh, "r2", fetch_commits=True)
     assert "commits between" not in str(err.value) and "/compare/" in str(err.value)
+
+
+def test_an_extra_table_lands_under_the_writers_lock(tmp_path):
+    """land_extra renames its file into place under <root>/_warehouse.lock, as a landing, a
+    delete and a recovery do: while another process holds the lock, no file appears; once it
+    is released, the file lands (and no staged copy is left behind)."""
+    import fcntl
+    import glob
+    import os
+    import threading
+
+    from speedmatrix.analysis.verdict import comparisons_table
+    from speedmatrix.store.extra import land_extra
+    from speedmatrix.store.layout import LOCK_FILE
+
+    wh = Warehouse(str(tmp_path / "wh"))
+    run = {"run_id": "r1", "recipe_id": "sim/wh-test", "run_date": "2026-11-01"}
+    os.makedirs(wh.base, exist_ok=True)
+    fd = os.open(os.path.join(wh.base, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another writer, as far as flock can tell (own open file)
+    landed: list[str] = []
+    writer = threading.Thread(
+        target=lambda: landed.append(land_extra(wh, "comparisons", run, comparisons_table([])))
+    )
+    try:
+        writer.start()
+        writer.join(0.5)
+        assert writer.is_alive(), "land_extra did not wait for the writers' lock"
+        assert (
+            glob.glob(os.path.join(wh.base, "comparisons", "**", "*.parquet"), recursive=True) == []
+        )
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    writer.join(30)
+    assert not writer.is_alive()
+    assert landed and landed[0].endswith("/run_month=2026-11/2026-11-01_r1.parquet")
+    assert os.path.exists(landed[0])
+    assert glob.glob(os.path.join(wh.base, "_staging", "*.parquet")) == []
+    wh.close()

@@ -8,7 +8,8 @@ import logging
 import pytest
 from test_compare_warehouse import _land
 
-from speedmatrix.analysis.compare import RegressionError, regressions_check
+from speedmatrix.analysis.compare import regressions_check
+from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.flows.notify import NotifySettings, deliver, message_text, summarize_run
 from speedmatrix.store.warehouse import Warehouse
 

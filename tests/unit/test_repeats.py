@@ -9,15 +9,7 @@ import json
 import duckdb
 import pytest
 
-from speedmatrix.analysis.compare import (
-    CELL_REPEATS_SCHEMA,
-    EXTRA_TABLES,
-    cell_repeats_table,
-    land_cell_repeats,
-    land_extra,
-    read_extra,
-    regressions_check,
-)
+from speedmatrix.analysis.compare import regressions_check
 from speedmatrix.analysis.noise import NOISE_SCHEMA, NoiseModel, between_run_noise, noise_table
 from speedmatrix.cli import main
 from speedmatrix.flows import matrix
@@ -33,7 +25,9 @@ from speedmatrix.plan import (
 )
 from speedmatrix.quality import validate_run
 from speedmatrix.records import empty_cell
-from speedmatrix.store.warehouse import Warehouse, view_schema
+from speedmatrix.store.extra import cell_repeats_table, land_cell_repeats, land_extra, read_extra
+from speedmatrix.store.schemas import CELL_REPEATS_SCHEMA, EXTRA_TABLES, view_schema
+from speedmatrix.store.warehouse import Warehouse
 
 K = 1024
 SIM = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"

@@ -17,15 +17,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS, empty_cell
-from speedmatrix.store.warehouse import (
+from speedmatrix.store.layout import LOCK_FILE
+from speedmatrix.store.schemas import (
     CELLS_SCHEMA,
-    LOCK_FILE,
     REQUESTS_SCHEMA,
     RUNS_SCHEMA,
     SCHEMA_VERSION,
-    Warehouse,
     WarehouseError,
 )
+from speedmatrix.store.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
 

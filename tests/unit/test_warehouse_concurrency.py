@@ -14,7 +14,8 @@ from pathlib import Path
 from pyarrow._fs import _MockFileSystem
 from test_warehouse import make_cells, make_requests, make_run
 
-from speedmatrix.store.warehouse import Warehouse, WarehouseError
+from speedmatrix.store.schemas import WarehouseError
+from speedmatrix.store.warehouse import Warehouse
 
 WORKER = textwrap.dedent(
     """

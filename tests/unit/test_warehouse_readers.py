@@ -13,14 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 from test_compare_warehouse import _land
 
-from speedmatrix.analysis.compare import (
-    RegressionError,
-    land_cell_repeats,
-    read_extra,
-    regressions_check,
-)
+from speedmatrix.analysis.compare import regressions_check
+from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.records import empty_cell
-from speedmatrix.store.warehouse import PARTITION_KEYS, Warehouse
+from speedmatrix.store.extra import land_cell_repeats, read_extra
+from speedmatrix.store.schemas import PARTITION_KEYS
+from speedmatrix.store.warehouse import Warehouse
 
 TABLES = ("runs", "cells", "requests", "comparisons", "noise", "cell_repeats")
 RECIPE = "sim/wh-test"

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from speedmatrix import cli
-from speedmatrix.store.warehouse import Warehouse, WarehouseError
+from speedmatrix.store.schemas import WarehouseError
+from speedmatrix.store.warehouse import Warehouse
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_warehouse import make_cells, make_requests, make_run

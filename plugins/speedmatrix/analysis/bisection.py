@@ -19,6 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedmatrix.plan import parse_cell
+from speedmatrix.recipes import load_recipe_id, wheel_index_for
+from speedmatrix.upstream.github import GitHubClient
+from speedmatrix.upstream.schedule import github_api_url
+
 BAD_VERDICTS = frozenset({"bad", "regression"})
 GOOD_VERDICTS = frozenset({"good", "noise", "improvement"})
 SKIP_VERDICTS = frozenset({"skip", "not_comparable"})
@@ -170,7 +175,6 @@ is parsed, so it is set in the DAG processor's environment; a bad value fails th
 
 
 def _decode_and_prefill(cells: Sequence[str]) -> tuple[list[tuple[str, str, int]], dict]:
-    from speedmatrix.analysis.trend import parse_cell
 
     parsed = [parse_cell(c) for c in cells]
     if not parsed:
@@ -196,15 +200,8 @@ def _tokens(label: str) -> int:
 def commits_between(repo: str, good: str, bad: str) -> list[str]:
     """Commits after `good` up to and including `bad`, oldest first, from GitHub's compare API
     (up to 250; enough for the ranges a nightly can open). The API is the deployment's
-    (`triggers.github_api_url`), never a conf's: its answer chooses what gets measured."""
-    import requests
-
-    from speedmatrix.flows.triggers import github_api_url
-
-    base = github_api_url().rstrip("/")
-    resp = requests.get(f"{base}/repos/{repo}/compare/{good}...{bad}", timeout=20)
-    resp.raise_for_status()
-    return [c["sha"] for c in resp.json().get("commits", [])]
+    (`upstream.schedule.github_api_url`), never a conf's: its answer chooses what gets measured."""
+    return GitHubClient(base_url=github_api_url(), timeout_s=20).compare_commits(repo, good, bad)
 
 
 def wheel_check(recipe: Any) -> Callable[[str], bool]:
@@ -214,8 +211,6 @@ def wheel_check(recipe: Any) -> Callable[[str], bool]:
     if install.kind != "wheel":
         return lambda _c: True
     import requests
-
-    from speedmatrix.recipes import wheel_index_for
 
     index = wheel_index_for(recipe).rstrip("/")
 
@@ -231,8 +226,9 @@ def wheel_check(recipe: Any) -> Callable[[str], bool]:
 
 def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) -> dict:
     """Check the params and build the job: commits, wheels, good run, conf of a step's run."""
-    from speedmatrix.analysis.compare import recipe_threshold, select_baseline
-    from speedmatrix.recipes import load_recipe_id
+    # pandas and pyarrow come with these: the bisect DAG file imports this module when it is
+    # parsed, and parsing must stay light (tests/dags: no heavy imports)
+    from speedmatrix.analysis.baseline import recipe_threshold, select_baseline
     from speedmatrix.store.warehouse import Warehouse
 
     if params.get("api_url") is not None:
@@ -302,7 +298,10 @@ def choose_step(job: dict, step: int, salt: str = "") -> dict | None:
 
 def judge_step(chosen: dict, warehouse: Any | None = None) -> dict:
     """Read the step's landed run, compare the regressed cells with the good run, record."""
-    from speedmatrix.analysis.compare import compare_runs, read_history
+    # pandas and pyarrow come with these: the bisect DAG file imports this module when it is
+    # parsed, and parsing must stay light (tests/dags: no heavy imports)
+    from speedmatrix.analysis.baseline import read_history
+    from speedmatrix.analysis.verdict import compare_runs
     from speedmatrix.store.warehouse import Warehouse
 
     job, commit = chosen["job"], chosen["commit"]

@@ -31,6 +31,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from speedmatrix.store.schemas import NOISE_SCHEMA
+
 CELL_KEY: tuple[str, ...] = ("phase", "context_tokens", "concurrency")
 """What identifies a cell within a run (the cells and requests tables share these columns)."""
 
@@ -377,32 +379,6 @@ class NoiseModel:
         pooled = {g: math.sqrt(ss / dof) for g, (ss, dof) in sums.items() if dof}
         self._cache = (own, pooled)
         return self._cache
-
-
-NOISE_SCHEMA = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("recipe_id", pa.string()),
-        pa.field("host", pa.string()),
-        pa.field("engine_commit", pa.string()),
-        pa.field("phase", pa.string(), nullable=False),
-        pa.field("context_tokens", pa.int64(), nullable=False),
-        pa.field("context_label", pa.string()),
-        pa.field("concurrency", pa.int64(), nullable=False),
-        pa.field("metric", pa.string(), nullable=False),
-        pa.field("value", pa.float64()),
-        pa.field("ci_low", pa.float64()),
-        pa.field("ci_high", pa.float64()),
-        pa.field("ci_rel_halfwidth", pa.float64()),
-        pa.field("ci_samples", pa.int64()),
-        pa.field("confidence", pa.float64()),
-        pa.field("between_rel_sd", pa.float64()),
-        pa.field("between_source", pa.string()),
-    ]
-)
-"""The `noise` table: one row per (run, valid cell, metric): the cell's within-window bootstrap
-interval (null when the cell has fewer than two samples) and the between-run relative spread
-that applied when the run was compared (`between_source`: cell, pooled or none)."""
 
 
 def noise_rows(

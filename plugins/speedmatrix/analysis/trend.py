@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from speedmatrix.analysis.compare import DEFAULT_THRESHOLD, METRIC_BY_NAME, verdict_for
 from speedmatrix.analysis.noise import Z_95, NoiseModel, frame
+from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD, METRIC_BY_NAME, verdict_for
 from speedmatrix.plan import parse_cell
 
 TREND_COLUMNS = (

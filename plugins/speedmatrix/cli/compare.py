@@ -13,6 +13,9 @@ Exit codes: 0 when the comparison ran (regressions or not: this is a viewer; the
 
 from __future__ import annotations
 
+# The speedmatrix imports sit inside the command functions on purpose: `speedmatrix <cmd>
+# --help` and the other commands must not pay for pyarrow, pandas, DuckDB or matplotlib;
+# CliError comes from speedmatrix.cli, which imports this module (a cycle if at the top).
 import argparse
 import json
 import math
@@ -106,7 +109,7 @@ def render_comparison(
     *,
     show_all: bool = False,
 ) -> str:
-    from speedmatrix.analysis.compare import (
+    from speedmatrix.analysis.display import (
         comparison_markdown,
         display_rows,
         notable,
@@ -175,7 +178,7 @@ def _numeric(text: str) -> bool:
 
 
 def run_trend(args: argparse.Namespace) -> int:
-    from speedmatrix.analysis.compare import read_history
+    from speedmatrix.analysis.baseline import read_history
     from speedmatrix.analysis.trend import trend, trend_chart_svg
 
     wh = _warehouse(args.warehouse)

@@ -12,6 +12,9 @@ another run; ``--save`` also keeps the page as the run's ``report.md`` / ``repor
 
 from __future__ import annotations
 
+# The speedmatrix imports sit inside the command functions on purpose: `speedmatrix <cmd>
+# --help` and the other commands must not pay for pyarrow, pandas, DuckDB or matplotlib;
+# CliError comes from speedmatrix.cli, which imports this module (a cycle if at the top).
 import argparse
 import os
 import sys

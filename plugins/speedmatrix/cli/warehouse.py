@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+# The speedmatrix imports sit inside the command functions on purpose: `speedmatrix <cmd>
+# --help` and the other commands must not pay for pyarrow, pandas, DuckDB or matplotlib;
+# CliError comes from speedmatrix.cli, which imports this module (a cycle if at the top).
 import argparse
 import sys
 

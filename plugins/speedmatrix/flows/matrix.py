@@ -792,7 +792,7 @@ def validate(
 
 def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str, Any]:
     """Land the run atomically; landing it again replaces it (idempotent, safe to retry)."""
-    from speedmatrix.analysis.compare import land_cell_repeats
+    from speedmatrix.store.extra import land_cell_repeats
 
     wh = warehouse_of(resolved)
     wh.land_run(dict(validated["run"]), list(validated["cells"]), list(validated["requests"]))
@@ -864,7 +864,7 @@ def verdicts_landed(resolved: Mapping[str, Any]) -> dict[str, Any] | None:
     """What the comparisons / noise Asset events say about this run (its id, baseline, how
     many regressions and improvements, the warehouse), read back from the landed files; None
     when neither table has a file of the run."""
-    from speedmatrix.analysis.compare import read_extra
+    from speedmatrix.store.extra import read_extra
 
     wh = warehouse_of(resolved)
     run_id = resolved["run_id"]

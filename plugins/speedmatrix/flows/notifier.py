@@ -49,6 +49,8 @@ def _webhook_url(settings: notify.NotifySettings) -> str | None:
 def summary_from_context(context: Any, settings: notify.NotifySettings) -> notify.RunSummary:
     """Which run the DAG run measured (resolved again from its conf: resolve touches no host,
     and a DAG callback cannot rely on XCom), and what it found."""
+    # flows.matrix loads the engine, GX and the warehouse: only a DAG callback that fires pays
+    # for it, not every DAG file that builds a notifier at parse time
     from speedmatrix.flows import matrix
 
     dag_run = context.get("dag_run")

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger("speedmatrix.notify")
+# The warehouse and verdict imports sit inside the functions: they bring pandas and pyarrow,
+# and speed_matrix's DAG file imports this module (through the notifier) when it is parsed.
 
 WEBHOOK_TIMEOUT_S = 10.0
 MAX_LISTED = 20
@@ -102,7 +104,7 @@ class RunSummary:
 def report_link(warehouse: Any, run_id: str, base_url: str | None = None) -> str:
     """The run page's URL under the published ``artifacts/`` base, else its path/URI."""
     if base_url:
-        from speedmatrix.store.warehouse import file_name
+        from speedmatrix.store.layout import file_name
 
         run_dir = urllib.parse.quote(file_name(run_id)[: -len(".parquet")], safe="")
         return f"{base_url.rstrip('/')}/{run_dir}/report.html"
@@ -119,7 +121,7 @@ def summarize_run(
     failed_task: str | None = None,
 ) -> RunSummary:
     """The summary of a landed run (KeyError when it is not in the warehouse)."""
-    from speedmatrix.analysis.compare import read_extra
+    from speedmatrix.store.extra import read_extra
 
     run, cells, _ = warehouse.read_run(run_id)
     rows = read_extra(warehouse, "comparisons", run_id=run_id).to_dict("records")
@@ -147,7 +149,7 @@ def summarize_run(
 
 
 def _cell(r: Mapping[str, Any]) -> str:
-    from speedmatrix.analysis.compare import cell_name
+    from speedmatrix.analysis.verdict import cell_name
 
     return cell_name(
         r.get("phase"), r.get("context_label") or r.get("context_tokens"), r.get("concurrency")
@@ -155,7 +157,7 @@ def _cell(r: Mapping[str, Any]) -> str:
 
 
 def _change_line(r: Mapping[str, Any]) -> str:
-    from speedmatrix.analysis.compare import STATUS_METRIC, _fmt, _num
+    from speedmatrix.analysis.verdict import STATUS_METRIC, _fmt, _num
 
     if r.get("metric") == STATUS_METRIC:
         return f"{_cell(r)}: {r.get('reason') or r.get('status')}"

@@ -20,19 +20,23 @@ plain functions over plain data, so it is tested without Airflow and reused by b
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 from typing import Any, Literal
 
 import requests
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
 
-from speedmatrix.upstream.github import DEFAULT_API_URL, Commit, CommitPage, GitHubClient
+from speedmatrix.recipes import RecipeError, list_recipe_ids, load_recipe, wheel_index_for
+from speedmatrix.upstream.github import (
+    Commit,
+    CommitPage,
+    GitHubClient,
+    GitHubError,
+    GitHubUnavailable,
+)
+from speedmatrix.upstream.schedule import GitHubConfig, load_schedule_config
 
 log = logging.getLogger("speedmatrix.triggers")
 
@@ -43,70 +47,6 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.~:+-]+$")
 MAX_SKIPPED_KEPT = 500
 
 ScheduleKind = Literal["nightly", "per_commit"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Configuration: include/recipes/_schedule.yaml
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NightlyConfig(_Strict):
-    cron: str = "0 2 * * *"
-
-
-class CommitWatchConfig(_Strict):
-    cron: str = "*/15 * * * *"
-    max_commits_per_poll: int = Field(default=5, ge=1, le=100)
-    wait_for_wheel: bool = False
-    wheel_url: str = "{wheel_index}/{sha}/vllm/"
-    wheel_max_wait_s: float = Field(default=21600, ge=0)
-
-
-class GitHubConfig(_Strict):
-    api_url: str = DEFAULT_API_URL
-    repo: str = Field(default="vllm-project/vllm", pattern=r"^[\w.-]+/[\w.-]+$")
-    branch: str = "main"
-    conn_id: str | None = "github_default"
-    timeout_s: float = Field(default=10, gt=0)
-    retries: int = Field(default=2, ge=0, le=10)
-
-
-class ScheduleConfig(_Strict):
-    nightly: NightlyConfig = NightlyConfig()
-    commit_watch: CommitWatchConfig = CommitWatchConfig()
-    github: GitHubConfig = GitHubConfig()
-
-
-def schedule_config_path() -> Path:
-    """`$SPEEDMATRIX_SCHEDULE`, else `_schedule.yaml` beside the recipes."""
-    env = os.environ.get("SPEEDMATRIX_SCHEDULE")
-    if env:
-        return Path(env)
-    from speedmatrix.recipes import RECIPES_DIR
-
-    return Path(RECIPES_DIR) / "_schedule.yaml"
-
-
-def load_schedule_config(path: str | os.PathLike[str] | None = None) -> ScheduleConfig:
-    """Read the schedule config; a missing file means the defaults (02:00 UTC nightly).
-
-    `$SPEEDMATRIX_GITHUB_API_URL` overrides github.api_url (GitHub Enterprise, tests).
-    """
-    p = Path(path) if path else schedule_config_path()
-    data: dict[str, Any] = {}
-    if p.is_file():
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{p}: expected a mapping at the top level")
-        data = loaded
-    cfg = ScheduleConfig.model_validate(data)
-    env_url = os.environ.get("SPEEDMATRIX_GITHUB_API_URL")
-    if env_url:
-        cfg = cfg.model_copy(update={"github": cfg.github.model_copy(update={"api_url": env_url})})
-    return cfg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,8 +69,6 @@ def scheduled_recipes(kind: ScheduleKind) -> list[ScheduledRecipe]:
     A recipe that does not load is logged and left out: one broken file must not stop the
     nightly run of every other recipe (and `speedmatrix recipes validate` names it).
     """
-    from speedmatrix.recipes import RecipeError, list_recipe_ids, load_recipe, wheel_index_for
-
     out: list[ScheduledRecipe] = []
     for rid in list_recipe_ids():
         try:
@@ -407,13 +345,6 @@ def github_token(conn_id: str | None) -> str | None:
     return conn.password or None
 
 
-def github_api_url() -> str:
-    """The GitHub API base of this deployment: `$SPEEDMATRIX_GITHUB_API_URL`, else
-    github.api_url of the schedule config, else GitHub's. Never a run's conf: the token of
-    `github_default` goes to this host, and its answers choose what gets benchmarked."""
-    return load_schedule_config().github.api_url
-
-
 def refuse_conf_api_url(params: dict[str, Any]) -> None:
     """Fail a run whose conf names a GitHub API (a key the DAGs used to take): whoever may
     trigger a DAG must not receive the token or pick the commits."""
@@ -473,15 +404,13 @@ def run_commit_poll(params: dict[str, Any] | None = None) -> dict:
     """The body of vllm_commit_watch's `poll` task; returns CommitPlan.to_json().
 
     Params (all optional, None = the schedule config): max_commits, wait_for_wheel. An
-    api_url in the conf fails the poll (the API is the deployment's: `github_api_url`).
+    api_url in the conf fails the poll (the API is the deployment's: `upstream.schedule.github_api_url`).
     A rate limit, a 5xx or a timeout ends the poll as *skipped* with the reason in the log:
     nothing is triggered and the state is untouched, so the next poll simply tries again.
     Misconfiguration (401, 404, a non-GitHub answer) fails the task, because it needs a human.
     """
     from airflow.sdk import Variable
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-
-    from speedmatrix.upstream.github import GitHubError, GitHubUnavailable
 
     params = {k: v for k, v in (params or {}).items() if v is not None}
     refuse_conf_api_url(params)
@@ -536,8 +465,6 @@ def run_nightly_resolve(params: dict[str, Any] | None = None) -> str:
     at once without retries. Without a head, nothing is triggered.
     """
     from airflow.sdk.exceptions import AirflowFailException
-
-    from speedmatrix.upstream.github import GitHubError, GitHubUnavailable
 
     params = {k: v for k, v in (params or {}).items() if v is not None}
     refuse_conf_api_url(params)

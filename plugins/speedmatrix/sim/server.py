@@ -92,6 +92,7 @@ from speedmatrix.sim.api import (
 from speedmatrix.sim.engine import FINISHED, Engine, Request
 from speedmatrix.sim.faults import Faults
 from speedmatrix.sim.lag import LagMonitor
+from speedmatrix.sim.metrics import render_metrics
 from speedmatrix.sim.profile import Profile
 from speedmatrix.sim.tokenizer import Tokenizer, output_words
 
@@ -357,8 +358,6 @@ class SimServer:
             if not f.metrics_error_reads or self._metrics_reads <= f.metrics_error_reads:
                 return web.Response(status=f.metrics_error, text="simulated /metrics fault")
         self.sync()
-        from speedmatrix.sim.metrics import render_metrics
-
         text = render_metrics(self.engine, self.profile, generation_tokens=self.tokens_out)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 

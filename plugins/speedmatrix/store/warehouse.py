@@ -1,4 +1,9 @@
-"""The Parquet warehouse: table schemas, atomic and idempotent landing, the analyst query layer.
+"""The Parquet warehouse: atomic and idempotent landing, recovery, the writers' lock, artifacts.
+
+One job: writing the warehouse safely (and reading one run back whole). Beside it in store/:
+schemas.py (every table's schema, rows -> tables), layout.py (directory and file names),
+query.py (the analysts' read-only DuckDB views, mixed into :class:`Warehouse`), extra.py (the
+comparisons / noise / cell_repeats tables, landed under this module's lock).
 
 Layout (``<root>`` is a local path or any URI pyarrow's filesystems open, e.g. ``s3://bucket/wh``)::
 
@@ -66,8 +71,9 @@ Stable API (used by the DAGs and the regressions code): ``Warehouse(root)``,
 ``land_run(run, cells, requests)``, ``read_run(run_id[, recipe_id])``, ``query(sql)``,
 ``has_run(run_id)``, ``delete_run(run_id)``, ``find_run_files(run_id)``, ``recover()``,
 ``quarantine(run_id, table, rows, result)``, ``artifact_path(run_id, name)``,
-``write_artifact(run_id, name, data)``, ``read_artifact(run_id, name)``; the schemas
-``RUNS_SCHEMA``, ``CELLS_SCHEMA``, ``REQUESTS_SCHEMA`` and ``SCHEMA_VERSION``.
+``write_artifact(run_id, name, data)``, ``read_artifact(run_id, name)``, ``writer_lock()``; the
+schemas ``RUNS_SCHEMA``, ``CELLS_SCHEMA``, ``REQUESTS_SCHEMA`` and ``SCHEMA_VERSION`` live in
+speedmatrix.store.schemas.
 """
 
 from __future__ import annotations
@@ -77,350 +83,51 @@ import datetime as dt
 import fcntl
 import glob
 import json
-import math
 import os
 import posixpath
-import re
 import threading
 import time
-import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from speedmatrix.records import (
-    CELL_FIELDS,
-    PHASES,
-    REQUEST_FIELDS,
-    RUN_FIELDS,
-    STATUSES,
-    TRIGGERS,
-    Field,
+from speedmatrix.store.layout import (
+    ARTIFACTS,
+    LOCK_FILE,
+    QUARANTINE,
+    STAGING,
+    _is_data_file_of,
+    data_file_name,
+    default_root,
+    file_name,
+    partition_dirs,
+    partition_of,
+    partition_value,
+    run_month_of,
+)
+from speedmatrix.store.query import DEFAULT_VIEWS, WarehouseQueries
+from speedmatrix.store.schemas import (
+    PARTITION_KEYS,
+    SCHEMA_VERSION,
+    SCHEMAS,
+    TABLES,
+    WarehouseError,
+    _clean,
+    build_table,
+    run_date_of,
+    view_tables,
 )
 
-SCHEMA_VERSION = 1
-"""Bumped when a table's columns change; stored in every row (``schema_version``)."""
-
-TABLES = ("runs", "cells", "requests")
-"""The tables land_run writes. Other code lands more beside them, in the same layout
-(speedmatrix.analysis.compare.EXTRA_TABLES: comparisons, noise, cell_repeats): :func:`view_tables`."""
-PARTITION_KEYS = ("recipe_id", "run_month")
-NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
-RUN_STATUSES = ("success", "failed", "partial")
-STAGING = "_staging"
-QUARANTINE = "_quarantine"
-ARTIFACTS = "artifacts"
-VIEW_MAX_AGE_S = 60.0
-"""Datasets behind the query views are discovered again at least this often."""
-DEFAULT_VIEWS = "dataset"
-"""How :meth:`Warehouse.query` defines its views (see :meth:`Warehouse.connect`)."""
 ABANDONED_AFTER_S = 3600.0
 """An uncommitted staging directory older than this is a crashed landing and is removed."""
 WRITER_LIVE_S = 600.0
 """Non-local filesystems (s3://): a staging directory with a file younger than this is another
 writer's landing in progress (a landing stages, commits and moves in seconds); older, its writer
 is taken for dead and recovery may roll it forward."""
-LOCK_FILE = "_warehouse.lock"
-"""``<root>/_warehouse.lock``: the writers' cross-process lock on a local or shared filesystem
-(:meth:`Warehouse._writer_lock`)."""
-
-_PA_TYPES = {
-    "str": pa.string(),
-    "int": pa.int64(),
-    "float": pa.float64(),
-    "bool": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-}
-
-
-class WarehouseError(ValueError):
-    """Rows that do not fit the tables, or a warehouse that cannot be used; nothing landed."""
-
-
-def _field(f: Field) -> pa.Field:
-    return pa.field(f.name, _PA_TYPES[f.type], nullable=f.nullable, metadata={"doc": f.doc})
-
-
-_RUN_ID = Field("run_id", "str", False, "the run this row belongs to")
-_RECIPE = Field("recipe_id", "str", False, "partition key: the run's recipe")
-_SCHEMA_VERSION = pa.field(
-    "schema_version", pa.int32(), nullable=False, metadata={"doc": "table schema version"}
-)
-_RUN_DATE = pa.field(
-    "run_date",
-    pa.date32(),
-    nullable=False,
-    metadata={
-        "doc": "UTC date of the run's started_at (else finished_at, else the day it was landed)"
-    },
-)
-_RUN_MONTH = pa.field(
-    "run_month",
-    pa.string(),
-    nullable=False,
-    metadata={"doc": "partition key: run_date's YYYY-MM"},
-)
-_LANDED_AT = pa.field(
-    "landed_at",
-    pa.timestamp("us", tz="UTC"),
-    nullable=False,
-    metadata={"doc": "when this copy of the run was landed (UTC)"},
-)
-
-RUNS_SCHEMA = pa.schema(
-    [*(_field(f) for f in RUN_FIELDS), _RUN_DATE, _RUN_MONTH, _LANDED_AT, _SCHEMA_VERSION],
-    metadata={"table": "runs", "schema_version": str(SCHEMA_VERSION)},
-)
-CELLS_SCHEMA = pa.schema(
-    [
-        _field(_RUN_ID),
-        *(_field(f) for f in CELL_FIELDS),
-        _field(_RECIPE),
-        _RUN_DATE,
-        _RUN_MONTH,
-        _SCHEMA_VERSION,
-    ],
-    metadata={"table": "cells", "schema_version": str(SCHEMA_VERSION)},
-)
-REQUESTS_SCHEMA = pa.schema(
-    [
-        _field(_RUN_ID),
-        *(_field(f) for f in REQUEST_FIELDS),
-        _field(_RECIPE),
-        _RUN_DATE,
-        _RUN_MONTH,
-        _SCHEMA_VERSION,
-    ],
-    metadata={"table": "requests", "schema_version": str(SCHEMA_VERSION)},
-)
-SCHEMAS: dict[str, pa.Schema] = {
-    "runs": RUNS_SCHEMA,
-    "cells": CELLS_SCHEMA,
-    "requests": REQUESTS_SCHEMA,
-}
-# Columns the warehouse fills itself (callers may pass them back from read_run; overwritten).
-_DERIVED = {"run_id", "recipe_id", "run_date", "run_month", "schema_version", "landed_at"}
-_KEYS = {
-    "cells": ("phase", "context_tokens", "concurrency"),
-    "requests": ("phase", "context_tokens", "concurrency", "request_index"),
-}
-_HIVE_TYPES = "{'recipe_id': VARCHAR, 'run_month': VARCHAR}"
-
-
-def default_root() -> str:
-    """``$SPEEDMATRIX_WAREHOUSE``, else ``warehouse/`` in the checkout (else in the cwd)."""
-    env = os.environ.get("SPEEDMATRIX_WAREHOUSE")
-    if env:
-        return env
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "pyproject.toml").exists():
-        return str(checkout / "warehouse")
-    return str(Path.cwd() / "warehouse")
-
-
-def partition_value(value: Any) -> str:
-    """The directory-name form of a partition value (URL-encoded; null -> hive default)."""
-    if value is None:
-        return NULL_PARTITION
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    return urllib.parse.quote(str(value), safe="-_.~+=,@")
-
-
-def partition_of(path: str) -> dict[str, Any]:
-    """``…/recipe_id=cpu%2Ftiny/run_month=2026-03/x.parquet`` -> the decoded partition values."""
-    out: dict[str, Any] = {}
-    for segment in path.replace("\\", "/").split("/")[-3:-1]:
-        key, sep, raw = segment.partition("=")
-        if not sep or key not in PARTITION_KEYS:
-            continue
-        out[key] = None if raw == NULL_PARTITION else urllib.parse.unquote(raw)
-    return out
-
-
-def view_tables() -> tuple[str, ...]:
-    """Every table :meth:`Warehouse.connect` defines a view of: the three core tables, then the
-    extra ones other code lands beside them (speedmatrix.analysis.compare.EXTRA_TABLES)."""
-    from speedmatrix.analysis.compare import EXTRA_TABLES
-
-    return (*TABLES, *EXTRA_TABLES)
-
-
-def view_schema(table: str) -> pa.Schema:
-    """The columns of ``table``'s view: a core table's schema; an extra table's file columns
-    plus ``run_date`` and ``run_month`` (from its path) where its files lack them."""
-    if table in SCHEMAS:
-        return SCHEMAS[table]
-    from speedmatrix.analysis.compare import extra_schema
-
-    schema = extra_schema(table)
-    for f in (_RUN_DATE, _RUN_MONTH):
-        if f.name not in schema.names:
-            schema = schema.append(f)
-    return schema
-
-
-def run_month_of(run_date: dt.date) -> str:
-    return f"{run_date.year:04d}-{run_date.month:02d}"
-
-
-def partition_dirs(recipe_id: str, run_date: dt.date) -> str:
-    """``recipe_id=<encoded>/run_month=<YYYY-MM>``: where a run's files go in every table
-    (also for tables other code lands beside runs / cells / requests)."""
-    return (
-        f"recipe_id={partition_value(recipe_id)}/"
-        f"run_month={partition_value(run_month_of(run_date))}"
-    )
-
-
-def data_file_name(run_id: str, run_date: dt.date) -> str:
-    """``<run_date>_<run_id>.parquet``: the name of a run's file in runs / cells / requests.
-    The date in front lets a plain glob pick one day's runs
-    (``cells/*/run_month=2026-03/2026-03-14_*.parquet``) without opening the month's others."""
-    return f"{run_date.isoformat()}_{file_name(run_id)}"
-
-
-def _is_data_file_of(basename: str, name: str) -> bool:
-    """Is ``basename`` ``<YYYY-MM-DD>_<name>``?"""
-    return (
-        len(basename) == 11 + len(name)
-        and basename[10] == "_"
-        and basename.endswith(name)
-        and basename[4] == "-"
-        and basename[7] == "-"
-    )
-
-
-def file_name(run_id: str) -> str:
-    """``<run_id>.parquet`` with characters unsafe in a path segment URL-encoded."""
-    return urllib.parse.quote(run_id, safe="-_.~+=,@:") + ".parquet"
-
-
-def _utc(value: Any, what: str) -> dt.datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, str):
-        try:
-            value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise WarehouseError(f"{what}: not an ISO timestamp: {value!r}") from None
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        value = dt.datetime.fromtimestamp(value, tz=dt.UTC)
-    if not isinstance(value, dt.datetime):
-        raise WarehouseError(f"{what}: not a timestamp: {value!r}")
-    if value.tzinfo is None:
-        return value.replace(tzinfo=dt.UTC)
-    return value.astimezone(dt.UTC)
-
-
-def run_date_of(run: dict) -> dt.date | None:
-    """The UTC date of a run's ``started_at`` (else ``finished_at``); None when it has neither
-    (an ingested page): land_run then uses the landing date."""
-    for key in ("started_at", "finished_at"):
-        when = _utc(run.get(key), f"runs.{key}")
-        if when:
-            return when.date()
-    return None
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if hasattr(value, "item") and not isinstance(value, str | bytes):  # numpy scalars
-        with contextlib.suppress(Exception):
-            return _clean(value.item())
-    return value
-
-
-def build_table(table: str, rows: list[dict], fixed: dict[str, Any]) -> pa.Table:
-    """Rows (dicts keyed by the records.py field names) -> a pyarrow table of ``table``'s
-    schema, with ``fixed`` columns (run_id, partition keys, schema_version…) set on every row.
-
-    Refuses unknown keys, missing non-nullable values, values of the wrong type, unknown
-    phase / status / trigger values and duplicate cell or request keys, naming the table, the
-    row and the column. Missing nullable keys are null."""
-    schema = SCHEMAS[table]
-    names = set(schema.names)
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise WarehouseError(f"{table} row {i}: not a dict: {type(row).__name__}")
-        unknown = set(row) - names
-        if unknown:
-            raise WarehouseError(f"{table} row {i}: unknown fields {sorted(unknown)}")
-        for key in _DERIVED & set(row) & set(fixed):
-            given = _clean(row[key])
-            want = fixed[key]
-            if key == "run_id" and given is not None and given != want:
-                raise WarehouseError(
-                    f"{table} row {i}: run_id {given!r} differs from the run's {want!r}"
-                )
-    columns = []
-    for f in schema:
-        if f.name in fixed:
-            values = [fixed[f.name]] * len(rows)
-        else:
-            values = [_clean(row.get(f.name)) for row in rows]
-        if pa.types.is_timestamp(f.type):
-            values = [_utc(v, f"{table}.{f.name}") for v in values]
-        if not f.nullable:
-            missing = next((i for i, v in enumerate(values) if v is None), None)
-            if missing is not None:
-                raise WarehouseError(f"{table} row {missing}: {f.name} is required (null given)")
-        if pa.types.is_integer(f.type):
-            for i, v in enumerate(values):
-                if isinstance(v, float) and v.is_integer():
-                    values[i] = int(v)
-                elif isinstance(v, bool) or (v is not None and not isinstance(v, int)):
-                    raise WarehouseError(f"{table} row {i}: {f.name} must be an integer, got {v!r}")
-        elif pa.types.is_floating(f.type):
-            for i, v in enumerate(values):
-                if isinstance(v, bool) or (v is not None and not isinstance(v, int | float)):
-                    raise WarehouseError(f"{table} row {i}: {f.name} must be a number, got {v!r}")
-        elif pa.types.is_string(f.type):
-            for i, v in enumerate(values):
-                if v is not None and not isinstance(v, str):
-                    raise WarehouseError(f"{table} row {i}: {f.name} must be a string, got {v!r}")
-        try:
-            columns.append(pa.array(values, type=f.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-            raise WarehouseError(f"{table}: column {f.name}: {exc}") from None
-    out = pa.Table.from_arrays(columns, schema=schema)
-    enums = {"phase": PHASES, "status": STATUSES if table != "runs" else RUN_STATUSES}
-    if table == "runs":
-        enums["trigger"] = TRIGGERS
-    for name, allowed in enums.items():
-        if name not in names:
-            continue
-        for i, v in enumerate(out.column(name).to_pylist()):
-            if v is not None and v not in allowed:
-                raise WarehouseError(f"{table} row {i}: {name} {v!r} is not one of {allowed}")
-    if table in _KEYS and len(rows) > 1:
-        keys = list(zip(*(out.column(k).to_pylist() for k in _KEYS[table]), strict=True))
-        seen: dict[tuple, int] = {}
-        for i, key in enumerate(keys):
-            if key in seen:
-                raise WarehouseError(
-                    f"{table} rows {seen[key]} and {i}: duplicate {dict(zip(_KEYS[table], key, strict=True))}"
-                )
-            seen[key] = i
-    return out
-
-
-def file_schema(table: str) -> pa.Schema:
-    """The columns stored in a file of ``table``: the table's schema without the partition
-    columns, which live in the directory names only (the hive convention: a column in both
-    places makes pandas' and pyarrow's dataset discovery fail on the type clash)."""
-    schema = SCHEMAS[table]
-    for key in PARTITION_KEYS:
-        schema = schema.remove(schema.get_field_index(key))
-    return schema
 
 
 def without_partition_columns(table: pa.Table) -> pa.Table:
@@ -447,7 +154,7 @@ def _rows(table: pa.Table) -> list[dict]:
     return table.to_pylist()
 
 
-class Warehouse:
+class Warehouse(WarehouseQueries):
     """The warehouse at ``root`` (None -> :func:`default_root`): a local path or a URI that
     ``pyarrow.fs.FileSystem.from_uri`` opens (``s3://bucket/prefix``…). ``filesystem`` may be
     given instead of a URI scheme (root is then a path inside it; used by tests)."""
@@ -613,6 +320,15 @@ class Warehouse:
             "cells": build_table("cells", list(cells), fixed),
             "requests": build_table("requests", list(requests), fixed),
         }
+
+    @contextlib.contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        """Hold the writers' lock (this process's threads and every other process): for code
+        that writes files beside the core tables (store/extra.py), so that its rename and its
+        removal of older copies never interleave with a landing, a delete or a recovery.
+        Not re-entrant across calls: never take it while holding it."""
+        with self._lock, self._writer_lock():
+            yield
 
     @contextlib.contextmanager
     def _writer_lock(self, blocking: bool = True) -> Iterator[bool]:
@@ -835,201 +551,6 @@ class Warehouse:
             out[table] = _rows(self._read_file(table, paths[-1])) if paths else []
         return run, out["cells"], out["requests"]
 
-    def connect(self, views: str | None = None):
-        """A new DuckDB connection with views ``runs``, ``cells``, ``requests`` over this
-        warehouse, and ``comparisons``, ``noise``, ``cell_repeats`` (:func:`view_tables`; an
-        empty view of the right columns while a table has no file). ``views``: ``"glob"`` (DuckDB's own Parquet reader over a glob with hive
-        partitioning: what a plain DuckDB user writes; lists every file at every query) or
-        ``"dataset"`` (:meth:`dataset`: the files listed once and registered as pyarrow
-        datasets whose fragments know their recipe_id, run_month, run_date and run_id; DuckDB
-        pushes filters into them, so a filter on any of those opens only the matching files
-        and nothing is listed again until a landing; the only choice for non-local
-        filesystems). Default: this Warehouse's ``views``."""
-        import duckdb
-
-        con = duckdb.connect()
-        con.execute("SET enable_progress_bar = false")
-        with contextlib.suppress(Exception):
-            con.execute("SET parquet_metadata_cache = true")
-        self._lock_down(con)
-        self._define_views(con, views or self.views)
-        return con
-
-    def _lock_down(self, con) -> None:
-        """Analysts' SQL reads the warehouse and nothing else: no file outside it, no
-        database attached, no extension installed or loaded, and the settings locked so a
-        query cannot undo this. A local warehouse is the one allowed directory (the glob
-        views read it); a remote one is read through pyarrow datasets registered as views,
-        so DuckDB itself needs no file access at all. Writing into the warehouse is refused
-        by :func:`check_read_only` (DuckDB's own settings still allow ``COPY … TO`` there)."""
-        allowed = [os.path.join(self.base, "")] if self.is_local else []
-        con.execute("SET allowed_directories = ?", [allowed])
-        con.execute("SET enable_external_access = false")
-        con.execute("SET autoload_known_extensions = false")
-        con.execute("SET autoinstall_known_extensions = false")
-        con.execute("SET lock_configuration = true")
-
-    def _has_files(self, table: str) -> bool:
-        if self.is_local:
-            # run_month=: an extra table may still hold files of its older run_date= layout,
-            # which the views leave out (speedmatrix.analysis.compare reads them)
-            pattern = posixpath.join(
-                glob.escape(self.table_dir(table)), "*", "run_month=*", "*.parquet"
-            )
-            return next(iter(glob.iglob(pattern)), None) is not None
-        return any(
-            i.type == pafs.FileType.File and i.path.endswith(".parquet")
-            for i in self._list(self.table_dir(table))
-        )
-
-    def table_files(self, table: str) -> list[tuple[str, str, str, dt.date, str]]:
-        """Every data file of ``table`` as (path, recipe_id, run_month, run_date, run_id),
-        read from the directory and file names alone (no file is opened)."""
-        out = []
-        base = self.table_dir(table)
-        if self.is_local:
-            paths = []
-            with contextlib.suppress(FileNotFoundError):
-                for r in os.scandir(base):
-                    if not r.is_dir():
-                        continue
-                    for m in os.scandir(r.path):
-                        if m.is_dir():
-                            paths += [f.path for f in os.scandir(m.path) if f.is_file()]
-        else:
-            paths = [i.path for i in self._list(base) if i.type == pafs.FileType.File]
-        for path in paths:
-            parts = path[len(base) + 1 :].split("/")
-            if len(parts) != 3 or not parts[2].endswith(".parquet") or len(parts[2]) < 20:
-                continue
-            recipe, month, name = parts
-            if not recipe.startswith("recipe_id=") or not month.startswith("run_month="):
-                continue
-            try:
-                day = dt.date.fromisoformat(name[:10])
-            except ValueError:
-                continue
-            if name[10] != "_":
-                continue
-            out.append(
-                (
-                    path,
-                    urllib.parse.unquote(recipe[len("recipe_id=") :]),
-                    urllib.parse.unquote(month[len("run_month=") :]),
-                    day,
-                    urllib.parse.unquote(name[11 : -len(".parquet")]),
-                )
-            )
-        return out
-
-    def dataset(self, table: str):
-        """``table`` as a pyarrow dataset of the full schema, one fragment per file, each
-        fragment knowing its recipe_id, run_month, run_date and run_id from its path: a filter
-        on any of them (one run, one date, one recipe's months) skips the other files without
-        opening them. Missing partition columns are filled from the path; columns an older
-        file lacks are null."""
-        import pyarrow.dataset as ds
-
-        # files are small (one run): read each whole at once instead of pre-buffering column
-        # chunk ranges (measured ~25% faster on the benchmark warehouse)
-        fmt = ds.ParquetFileFormat(
-            default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False)
-        )
-        fragments = []
-        partitions: dict[tuple[str, str], Any] = {}
-        run_date, run_id_field = ds.field("run_date"), ds.field("run_id")
-        dates: dict[dt.date, Any] = {}
-        for path, recipe, month, day, run_id in self.table_files(table):
-            part = partitions.get((recipe, month))
-            if part is None:
-                part = (ds.field("recipe_id") == recipe) & (ds.field("run_month") == month)
-                partitions[(recipe, month)] = part
-            on_day = dates.get(day)
-            if on_day is None:
-                on_day = dates[day] = run_date == pa.scalar(day, pa.date32())
-            known = part & on_day & (run_id_field == run_id)
-            fragments.append(
-                fmt.make_fragment(path, filesystem=self.fs, partition_expression=known)
-            )
-        return ds.FileSystemDataset(fragments, view_schema(table), fmt, self.fs)
-
-    def _signature(self) -> float | None:
-        """Changes whenever a landing or a delete starts or ends, in any process: both create
-        and remove a directory in ``_staging/``, which moves that directory's mtime."""
-        if not self.is_local:
-            return None
-        try:
-            return os.stat(self._join(STAGING)).st_mtime_ns
-        except FileNotFoundError:
-            return 0
-
-    def _define_views(self, con, mode: str) -> None:
-        if mode not in ("glob", "dataset"):
-            raise WarehouseError(f"views must be 'glob' or 'dataset', got {mode!r}")
-        if not self.is_local:
-            mode = "dataset"
-        state = {"mode": mode, "signature": self._signature(), "at": time.monotonic()}
-        for table in view_tables():
-            has = self._has_files(table)
-            state[table] = has
-            if not has:
-                con.register(f"_{table}_empty", view_schema(table).empty_table())
-                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_empty")
-            elif mode == "glob":
-                pattern = posixpath.join(
-                    self.table_dir(table), "*", "run_month=*", "*.parquet"
-                ).replace("'", "''")
-                source = (
-                    f"read_parquet('{pattern}', hive_partitioning = true, "
-                    f"hive_types = {_HIVE_TYPES}, filename = true)"
-                )
-                con.execute(
-                    f"CREATE OR REPLACE VIEW {table} AS SELECT {_glob_columns(table)} FROM {source}"
-                )
-            else:
-                con.register(f"_{table}_dataset", self.dataset(table))
-                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_dataset")
-        self._view_state = state
-
-    def _views_stale(self) -> bool:
-        state = self._view_state
-        if not all(state[t] for t in TABLES):
-            return True  # a table that had no file may have one now
-        if state["mode"] == "glob":
-            if all(state[t] for t in view_tables()):
-                return False  # DuckDB lists the files again at every query
-            # an extra table without a file (many warehouses never get one): look again only
-            # after a landing, not at every query
-            return self._signature() != state["signature"]
-        if not self.is_local or time.monotonic() - state["at"] > VIEW_MAX_AGE_S:
-            return True
-        return self._signature() != state["signature"]
-
-    def query(self, sql: str, params: Iterable[Any] | None = None):
-        """Run SQL over the views (``runs``, ``cells``, ``requests`` and the extra tables, see
-        :meth:`connect`); returns a pandas DataFrame.
-
-        The connection is kept between calls (DuckDB's Parquet metadata cache stays warm).
-        Views follow this Warehouse's ``views`` mode (see :meth:`connect`); datasets are
-        discovered again when a landing happened since (any process; see ``_signature``),
-        after VIEW_MAX_AGE_S, and at every query on a non-local filesystem."""
-        check_read_only(sql)
-        with self._lock:
-            self._recover_if_free()
-            if self._con is None:
-                self._con = self.connect()
-            elif self._views_stale():
-                self._define_views(self._con, self._view_state["mode"])
-            # the connection itself, not a cursor: registered Arrow objects (empty tables,
-            # pyarrow datasets) are visible to it only
-            result = self._con.execute(sql, list(params) if params is not None else None)
-            return result.df()
-
-    def close(self) -> None:
-        if self._con is not None:
-            self._con.close()
-            self._con = None
-
     # -- quarantine and artifacts -----------------------------------------------------------
 
     def quarantine(self, run_id: str, table: str, rows: list[dict], result: dict) -> str:
@@ -1084,54 +605,6 @@ class Warehouse:
 
     def read_artifact(self, run_id: str, name: str) -> bytes:
         return self._read_bytes(self._artifact(run_id, name))
-
-
-_EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(ANALY[SZ]E\s+|\([^)]*\)\s*)?", re.I)
-
-
-def check_read_only(sql: str) -> None:
-    """Raise WarehouseError unless every statement of ``sql`` only reads (SELECT, or EXPLAIN of
-    a SELECT: ``EXPLAIN ANALYZE`` runs what it explains). DuckDB's statement types, not a
-    keyword scan: ``WITH``, ``FROM x``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE`` are SELECTs."""
-    import duckdb
-
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise WarehouseError(str(exc).strip().splitlines()[0]) from None
-    for st in statements:
-        kind = st.type.name
-        if kind == "EXPLAIN":
-            inner = _EXPLAIN.sub("", st.query, count=1)
-            if inner != st.query:
-                try:
-                    check_read_only(inner)
-                    continue
-                except WarehouseError:
-                    pass
-        if kind != "SELECT":
-            shown = " ".join(st.query.split())[:60]
-            raise WarehouseError(
-                f"the warehouse is read-only: only SELECT (and EXPLAIN of one) is accepted, "
-                f"not {kind} ({shown})"
-            )
-
-
-def _glob_columns(table: str) -> str:
-    """The select list of a glob view: the core tables as read (hive columns last); an extra
-    table in view_schema's order, run_date from the file name when its files lack it."""
-    if table in SCHEMAS:
-        return "* EXCLUDE (filename)"
-    from speedmatrix.analysis.compare import extra_schema
-
-    stored = set(extra_schema(table).names)
-    cols = []
-    for name in view_schema(table).names:
-        if name == "run_date" and name not in stored:
-            cols.append("CAST(left(parse_filename(filename), 10) AS DATE) AS run_date")
-        else:
-            cols.append(f'"{name}"')
-    return ", ".join(cols)
 
 
 def _clean_json(value: Any) -> Any:

@@ -6,7 +6,7 @@ answers do not count against the rate limit) and a precise split of failures int
 "try again at the next poll" (rate limit, 5xx, timeouts: `GitHubUnavailable`) and
 "misconfigured, tell a human" (401/404/garbage: `GitHubError`). The base URL is a parameter,
 so tests and GitHub Enterprise work the same way; callers take it from the deployment
-(`triggers.github_api_url`), never from a run's conf, and the token is bound to that base's
+(`upstream.schedule.github_api_url`), never from a run's conf, and the token is bound to that base's
 origin (`OriginToken`): it is never sent anywhere else, not on a redirect, not to any other URL.
 """
 
@@ -192,6 +192,23 @@ class GitHubClient:
         """The commit `branch` points at now."""
         resp = self._get(f"/repos/{repo}/commits/{branch}", None, None)
         return Commit.from_api(_json(resp))
+
+    def compare_commits(self, repo: str, base: str, head: str) -> list[str]:
+        """The shas after `base` up to and including `head`, oldest first (GitHub's compare
+        API: up to 250, enough for the ranges a nightly can open)."""
+        data = _json(self._get(f"/repos/{repo}/compare/{base}...{head}", None, None))
+        if not isinstance(data, dict):
+            raise GitHubError(f"expected a comparison from GitHub, got {type(data).__name__}")
+        return [c["sha"] for c in data.get("commits", [])]
+
+
+def github_repo(url: Any) -> str | None:
+    """`owner/name` of a github.com repository URL (`https://github.com/o/n.git` -> `o/n`),
+    None for anything else: the repositories whose commits and compare pages we can name."""
+    text = str(url or "")
+    if "github.com/" not in text:
+        return None
+    return text.split("github.com/", 1)[1].removesuffix(".git").strip("/") or None
 
 
 def _json(resp: requests.Response) -> Any:

@@ -36,8 +36,8 @@ def resolve_commit(
     if _HEX40.match(ref):
         return ref
     if resolver is None:
-        from speedmatrix.flows.triggers import github_api_url
         from speedmatrix.upstream.github import GitHubClient
+        from speedmatrix.upstream.schedule import github_api_url
 
         def resolver(r: str) -> str:
             return GitHubClient(base_url=github_api_url()).head_commit(repo, r).sha

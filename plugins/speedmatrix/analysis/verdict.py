@@ -1,0 +1,444 @@
+"""Cell-by-cell comparison of a run with its baseline, with a noise-aware verdict per figure.
+
+A change is a `regression` or an `improvement` only when it exceeds BOTH the relative
+threshold (recipe-configurable, default 3%) AND the combined noise of the two cells; otherwise
+it is `noise`. Each cell's noise is the larger of its within-window bootstrap half-width and
+1.96 x the between-run relative spread (noise.py), and for decode total tok/s at least the
+counting resolution (one token per stream at the window's edges); the combined noise of a
+difference is the root-sum-square of the two sides (the half-width of the difference's
+interval). Where within-window intervals exist, neither value may lie inside the other's
+interval either (a skewed spread, e.g. a median TTFT over a few requests, fools the symmetric
+half-width). Verdicts are direction-aware: lower TTFT / time-between-tokens is better, higher
+tok/s, acceptance and KV capacity are better. A KV-capacity change shows twice: as a run-level
+`kv_cache_tokens` row and as `status` rows for the cells it turned over capacity (a
+regression) or back (an improvement).
+
+Everything here works on plain rows (dicts or DataFrames with records.py names), so it is
+testable without a warehouse; `comparisons_table` turns rows into the Parquet table.
+
+One job: the verdict rule, and the text a failing `regressions` task shows
+(`summarize`). Baselines: analysis/baseline.py; display rows: analysis/display.py; the
+warehouse tables: store/extra.py; the orchestration: analysis/compare.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from speedmatrix.analysis.noise import CELL_KEY, Z_95, Interval, NoiseModel, frame, within_window
+from speedmatrix.records import context_label
+from speedmatrix.store.schemas import COMPARISON_FIELDS, COMPARISONS_SCHEMA
+from speedmatrix.upstream.github import github_repo
+
+DEFAULT_THRESHOLD = 0.03
+VERDICTS = ("regression", "improvement", "noise", "not_comparable")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A compared figure: the cell column it reads, the phases it applies to, its direction."""
+
+    name: str
+    column: str
+    phases: tuple[str, ...]
+    higher_is_better: bool
+    label: str
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("total_tok_s", "total_tok_s", ("decode",), True, "total tok/s"),
+    Metric("per_request_tok_s", "per_request_tok_s", ("decode",), True, "per request tok/s"),
+    Metric("ttft_ms", "ttft_ms", ("decode",), False, "TTFT ms"),
+    Metric("tbt_ms", "tbt_ms", ("decode",), False, "time between tokens ms"),
+    Metric("prefill_tok_s", "total_tok_s", ("prefill",), True, "prefill tok/s"),
+    Metric(
+        "spec_acceptance_length", "spec_acceptance_length", ("decode",), True, "spec acceptance"
+    ),
+)
+METRIC_BY_NAME = {m.name: m for m in METRICS}
+KV_METRIC = Metric("kv_cache_tokens", "kv_cache_tokens", ("run",), True, "KV cache tokens")
+STATUS_METRIC = "status"
+
+
+def cell_name(phase: str | None, context: Any, concurrency: Any) -> str:
+    """`64Kx16` for a decode cell, `prefill 64K` for a prefill cell (as `trend --cell` takes)."""
+    if phase == "run":
+        return "run"
+    label = context if isinstance(context, str) else context_label(int(context))
+    return f"prefill {label}" if phase == "prefill" else f"{label}x{int(concurrency)}"
+
+
+def _num(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _threshold_for(threshold: float | Mapping[str, float], metric: str) -> float:
+    if isinstance(threshold, Mapping):
+        return float(threshold.get(metric, threshold.get("default", DEFAULT_THRESHOLD)))
+    return float(threshold)
+
+
+def verdict_for(
+    value: float,
+    baseline: float,
+    higher_is_better: bool,
+    threshold: float,
+    noise: float,
+    intervals: tuple[Interval | None, Interval | None] = (None, None),
+) -> tuple[str, float]:
+    """(verdict, relative change): the rule of the module docstring, in one place.
+
+    `intervals` are the within-window intervals of (value, baseline) where known: a change
+    with either value inside the other's interval is noise whatever its size (a skewed
+    spread, e.g. a median TTFT over a few restarts, fools the symmetric half-width `noise`).
+    """
+    if baseline == 0:
+        return ("noise" if value == 0 else "not_comparable"), (0.0 if value == 0 else math.inf)
+    change = (value - baseline) / abs(baseline)
+    if abs(change) <= threshold or abs(change) <= noise:
+        return "noise", change
+    ci_value, ci_baseline = intervals
+    if (ci_value is not None and ci_value.low <= baseline <= ci_value.high) or (
+        ci_baseline is not None and ci_baseline.low <= value <= ci_baseline.high
+    ):
+        return "noise", change
+    better = change > 0 if higher_is_better else change < 0
+    return ("improvement" if better else "regression"), change
+
+
+@dataclass
+class _Side:
+    run: Mapping[str, Any]
+    cells: dict[tuple[Any, ...], dict[str, Any]]
+    within: dict[tuple[Any, ...], dict[str, Interval]]
+
+
+def _index_cells(cells: pd.DataFrame) -> dict[tuple[Any, ...], dict[str, Any]]:
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in cells.to_dict("records"):
+        key = (row["phase"], int(row["context_tokens"]), int(row["concurrency"]))
+        out[key] = row
+    return out
+
+
+def _within(
+    cells: dict[tuple[Any, ...], dict[str, Any]], requests: pd.DataFrame
+) -> dict[tuple[Any, ...], dict[str, Interval]]:
+    if requests.empty:
+        return {}
+    out: dict[tuple[Any, ...], dict[str, Interval]] = {}
+    for key, group in requests.groupby(list(CELL_KEY)):
+        key = (key[0], int(key[1]), int(key[2]))
+        cell = cells.get(key)
+        if cell is not None and cell.get("status") == "valid":
+            out[key] = within_window(group, _num(cell.get("measured_s")))
+    return out
+
+
+def _side(run: Mapping[str, Any], cells: Any, requests: Any) -> _Side:
+    idx = _index_cells(frame(cells))
+    return _Side(run, idx, _within(idx, frame(requests)))
+
+
+def compare_runs(
+    run: Mapping[str, Any],
+    cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    baseline_run: Mapping[str, Any],
+    baseline_cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    *,
+    requests: pd.DataFrame | Iterable[Mapping[str, Any]] | None = None,
+    baseline_requests: pd.DataFrame | Iterable[Mapping[str, Any]] | None = None,
+    noise: NoiseModel | None = None,
+    threshold: float | Mapping[str, float] = DEFAULT_THRESHOLD,
+    compared_at: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Compare every cell of `run` with the same cell of `baseline_run`.
+
+    Returns comparison rows (COMPARISON_FIELDS keys). `threshold` is a fraction (0.03) or a
+    mapping metric -> fraction with an optional "default". `noise` supplies between-run spread;
+    requests supply within-window intervals; either may be missing (noise_source says which
+    were used; with none, the threshold alone decides).
+    """
+    noise = noise or NoiseModel.empty()
+    now = compared_at or datetime.now(UTC)
+    new, old = _side(run, cells, requests), _side(baseline_run, baseline_cells, baseline_requests)
+    common = {
+        "run_id": run.get("run_id"),
+        "baseline_run_id": baseline_run.get("run_id"),
+        "recipe_id": run.get("recipe_id"),
+        "host": run.get("host"),
+        "engine_commit": run.get("engine_commit"),
+        "baseline_engine_commit": baseline_run.get("engine_commit"),
+        "compared_at": now,
+    }
+    rows: list[dict[str, Any]] = []
+
+    def emit(**values: Any) -> None:
+        row = {name: None for name in COMPARISON_FIELDS}
+        row.update(common)
+        row.update(values)
+        rows.append(row)
+
+    kv_new, kv_old = _num(run.get("kv_cache_tokens")), _num(baseline_run.get("kv_cache_tokens"))
+    kv_note = ""
+    if kv_new is not None and kv_old is not None:
+        t = _threshold_for(threshold, KV_METRIC.name)
+        verdict, change = verdict_for(kv_new, kv_old, True, t, 0.0)
+        kv_note = f" (KV cache {kv_old:,.0f} -> {kv_new:,.0f} tokens)" if kv_new != kv_old else ""
+        emit(
+            phase="run",
+            metric=KV_METRIC.name,
+            higher_is_better=True,
+            value=kv_new,
+            baseline_value=kv_old,
+            change_abs=kv_new - kv_old,
+            change_pct=change * 100,
+            threshold_pct=t * 100,
+            noise_pct=0.0,
+            noise_source="exact",
+            verdict=verdict,
+            reason=f"KV capacity{kv_note}" if kv_note else None,
+        )
+
+    for key in sorted(set(new.cells) | set(old.cells), key=_sort_key):
+        phase, ctx, conc = key
+        a, b = new.cells.get(key), old.cells.get(key)
+        cell_common = {
+            "phase": phase,
+            "context_tokens": ctx,
+            "context_label": (a or b or {}).get("context_label") or context_label(ctx),
+            "concurrency": conc,
+            "status": (a or {}).get("status"),
+            "baseline_status": (b or {}).get("status"),
+        }
+        status_row = _status_change(a, b, kv_note)
+        if status_row is not None:
+            emit(**cell_common, metric=STATUS_METRIC, threshold_pct=None, **status_row)
+            continue
+        assert a is not None and b is not None
+        if a.get("metric_version") != b.get("metric_version"):
+            emit(
+                **cell_common,
+                metric=STATUS_METRIC,
+                verdict="not_comparable",
+                reason=f"metric_version {b.get('metric_version')} -> {a.get('metric_version')}",
+            )
+            continue
+        if a.get("workload") != b.get("workload"):
+            # an article and a continuation measure different things on a speculative
+            # decoder (measurement.md rule 11): never a regression or an improvement
+            emit(
+                **cell_common,
+                metric=STATUS_METRIC,
+                verdict="not_comparable",
+                reason=f"workload {b.get('workload')} -> {a.get('workload')}",
+            )
+            continue
+        for metric in METRICS:
+            if phase not in metric.phases:
+                continue
+            va, vb = _num(a.get(metric.column)), _num(b.get(metric.column))
+            if va is None and vb is None:
+                continue
+            t = _threshold_for(threshold, metric.name)
+            if va is None or vb is None:
+                emit(
+                    **cell_common,
+                    metric=metric.name,
+                    higher_is_better=metric.higher_is_better,
+                    value=va,
+                    baseline_value=vb,
+                    threshold_pct=t * 100,
+                    verdict="not_comparable",
+                    reason="missing in " + ("this run" if va is None else "the baseline"),
+                )
+                continue
+            ci_a = new.within.get(key, {}).get(metric.column)
+            ci_b = old.within.get(key, {}).get(metric.column)
+            rel_sd, sd_source = noise.lookup(
+                run.get("recipe_id"), run.get("host"), phase, ctx, conc, metric.column
+            )
+            q_a = _resolution(a, metric) if metric.column == "total_tok_s" else 0.0
+            q_b = _resolution(b, metric) if metric.column == "total_tok_s" else 0.0
+            h_a = max(_half_width(ci_a, rel_sd), q_a)
+            h_b = max(_half_width(ci_b, rel_sd), q_b)
+            combined = math.hypot(h_a, h_b)
+            verdict, change = verdict_for(
+                va, vb, metric.higher_is_better, t, combined, intervals=(ci_a, ci_b)
+            )
+            reason = None
+            if verdict == "noise" and abs(change) > max(t, combined):
+                reason = "each value inside the other's confidence interval"
+            sources = [
+                s
+                for s, on in (
+                    ("within", ci_a is not None or ci_b is not None),
+                    (f"between-{sd_source}", rel_sd is not None),
+                    ("resolution", bool(q_a or q_b)),
+                )
+                if on
+            ]
+            emit(
+                **cell_common,
+                metric=metric.name,
+                higher_is_better=metric.higher_is_better,
+                value=va,
+                baseline_value=vb,
+                change_abs=va - vb,
+                change_pct=change * 100 if math.isfinite(change) else None,
+                threshold_pct=t * 100,
+                noise_pct=combined * 100,
+                ci_low=ci_a.low if ci_a else None,
+                ci_high=ci_a.high if ci_a else None,
+                baseline_ci_low=ci_b.low if ci_b else None,
+                baseline_ci_high=ci_b.high if ci_b else None,
+                between_rel_sd=rel_sd,
+                noise_source="+".join(sources) or "none",
+                verdict=verdict,
+                reason=reason,
+            )
+    return rows
+
+
+def _sort_key(key: tuple[Any, ...]) -> tuple[int, int, int]:
+    phase, ctx, conc = key
+    return (0 if phase == "prefill" else 1, ctx, conc)
+
+
+def _resolution(cell: Mapping[str, Any], metric: Metric) -> float:
+    """The counting resolution of a decode cell's total tok/s, relative: each of the C streams'
+    in-window token count is uncertain by one token at the window's edges, so C / tokens. It
+    matters for short windows and slow cells (a 3 s window of 440 tokens at C=4 is +-0.9%), and
+    keeps a cell whose bootstrap and history happen to show no spread from claiming zero noise."""
+    if cell.get("phase") != "decode":
+        return 0.0
+    tokens, conc = _num(cell.get("output_tokens")), _num(cell.get("concurrency"))
+    return conc / tokens if tokens and conc else 0.0
+
+
+def _half_width(ci: Interval | None, rel_sd: float | None) -> float:
+    """A cell's relative noise: the wider of its bootstrap half-width and 1.96 x between-run sd."""
+    within = ci.rel_halfwidth if ci is not None else 0.0
+    between = Z_95 * rel_sd if rel_sd is not None else 0.0
+    within = within if math.isfinite(within) else 0.0
+    return max(within, between)
+
+
+def _status_change(
+    a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, kv_note: str
+) -> dict[str, Any] | None:
+    """A status row when the cell cannot be compared figure by figure; None when it can."""
+    if a is None:
+        return {"verdict": "not_comparable", "reason": "cell not in this run"}
+    if b is None:
+        return {"verdict": "not_comparable", "reason": "cell not in the baseline"}
+    sa, sb = a.get("status"), b.get("status")
+    if sa == "valid" and sb == "valid":
+        return None
+    if sa == sb == "over_capacity":
+        return {"verdict": "noise", "reason": "over capacity in both"}
+    if sb == "valid" and sa == "over_capacity":
+        return {"verdict": "regression", "reason": "now over capacity" + kv_note}
+    if sb == "over_capacity" and sa == "valid":
+        return {"verdict": "improvement", "reason": "now runs, was over capacity" + kv_note}
+    why = a.get("error") if sa != "valid" else b.get("error")
+    return {
+        "verdict": "not_comparable",
+        "reason": f"status {sb} -> {sa}" + (f": {why}" if why else ""),
+    }
+
+
+def comparisons_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """Rows -> a pyarrow Table with COMPARISONS_SCHEMA (columns in schema order)."""
+    cols = {name: [r.get(name) for r in rows] for name in COMPARISON_FIELDS}
+    return pa.Table.from_pydict(cols, schema=COMPARISONS_SCHEMA)
+
+
+def regressions(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in rows if r.get("verdict") == "regression"]
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def compare_url(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> str | None:
+    """The repository's compare page between the two engine commits, when both are known."""
+    a, b = baseline.get("engine_commit"), run.get("engine_commit")
+    path = github_repo(run.get("engine_repository") or baseline.get("engine_repository"))
+    if not (a and b and path):
+        return None
+    return f"https://github.com/{path}/compare/{a}...{b}"
+
+
+def _fmt(value: Any) -> str:
+    v = _num(value)
+    if v is None:
+        return "—"
+    return f"{v:,.1f}" if abs(v) < 1e5 else f"{v:,.0f}"
+
+
+def summarize(
+    rows: Sequence[Mapping[str, Any]],
+    run: Mapping[str, Any],
+    baseline: Mapping[str, Any],
+    commits: Sequence[str] | None = None,
+) -> str:
+    """The text a failing `regressions` task shows: cells, baseline, commits between them."""
+    bad = regressions(rows)
+    head = (
+        f"{len(bad)} regression(s) in run {run.get('run_id')} "
+        f"(recipe {run.get('recipe_id')}, host {run.get('host')}) "
+        f"against baseline {baseline.get('run_id')}"
+    )
+    lines = [head]
+    for r in bad:
+        where = cell_name(
+            r.get("phase"), r.get("context_label") or r.get("context_tokens"), r.get("concurrency")
+        )
+        if r.get("metric") == STATUS_METRIC:
+            lines.append(f"  {where}: {r.get('reason')}")
+            continue
+        lines.append(
+            f"  {where}: {r.get('metric')} {_fmt(r.get('baseline_value'))} -> {_fmt(r.get('value'))}"
+            f" ({r.get('change_pct'):+.1f}%; threshold {r.get('threshold_pct'):.1f}%,"
+            f" noise ±{(r.get('noise_pct') or 0):.1f}%)"
+        )
+    a = baseline.get("engine_commit") or baseline.get("engine_version") or "?"
+    b = run.get("engine_commit") or run.get("engine_version") or "?"
+    lines.append(f"engine: baseline {a} -> this run {b}")
+    if commits:
+        shown = list(commits)
+        lines.append(f"commits between ({len(shown)}): " + ", ".join(c[:12] for c in shown[:50]))
+        if len(shown) > 50:
+            lines.append(f"  … and {len(shown) - 50} more")
+    url = compare_url(baseline, run)
+    if url:
+        lines.append(f"compare: {url}")
+    return "\n".join(lines)
+
+
+class RegressionError(RuntimeError):
+    """Raised by the `regressions` task so that Airflow's alerting sees a failed task."""
+
+
+def raise_on_regressions(
+    rows: Sequence[Mapping[str, Any]],
+    run: Mapping[str, Any],
+    baseline: Mapping[str, Any],
+    commits: Sequence[str] | None = None,
+) -> None:
+    if regressions(rows):
+        raise RegressionError(summarize(rows, run, baseline, commits))

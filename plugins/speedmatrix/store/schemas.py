@@ -1,0 +1,353 @@
+"""Every warehouse table's pyarrow schema, and the conversion of rows into one.
+
+One job: what a table holds. The core tables (runs, cells, requests, landed by
+store/warehouse.py) and the extra ones landed beside them (comparisons, noise, cell_repeats:
+store/extra.py) are defined here, in the lowest store module, so that the warehouse, the
+query layer and the analysis all take them from one place and the store never imports the
+analysis (the import cycle bisect <-> compare <-> trend <-> warehouse of issue #17).
+:func:`build_table` checks and converts rows (records.py field names) into a table's schema.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+from typing import Any
+
+import pyarrow as pa
+
+from speedmatrix.records import (
+    CELL_FIELDS,
+    PHASES,
+    REQUEST_FIELDS,
+    RUN_FIELDS,
+    STATUSES,
+    TRIGGERS,
+    Field,
+)
+
+SCHEMA_VERSION = 1
+"""Bumped when a table's columns change; stored in every row (``schema_version``)."""
+
+
+TABLES = ("runs", "cells", "requests")
+"""The tables land_run writes. Other code lands more beside them, in the same layout
+(EXTRA_TABLES: comparisons, noise, cell_repeats; store/extra.py): :func:`view_tables`."""
+EXTRA_TABLES = ("comparisons", "noise", "cell_repeats")
+"""Tables landed beside the core ones, one file per run (store/extra.py)."""
+PARTITION_KEYS = ("recipe_id", "run_month")
+RUN_STATUSES = ("success", "failed", "partial")
+
+_PA_TYPES = {
+    "str": pa.string(),
+    "int": pa.int64(),
+    "float": pa.float64(),
+    "bool": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+}
+
+
+class WarehouseError(ValueError):
+    """Rows that do not fit the tables, or a warehouse that cannot be used; nothing landed."""
+
+
+def _field(f: Field) -> pa.Field:
+    return pa.field(f.name, _PA_TYPES[f.type], nullable=f.nullable, metadata={"doc": f.doc})
+
+
+_RUN_ID = Field("run_id", "str", False, "the run this row belongs to")
+_RECIPE = Field("recipe_id", "str", False, "partition key: the run's recipe")
+_SCHEMA_VERSION = pa.field(
+    "schema_version", pa.int32(), nullable=False, metadata={"doc": "table schema version"}
+)
+_RUN_DATE = pa.field(
+    "run_date",
+    pa.date32(),
+    nullable=False,
+    metadata={
+        "doc": "UTC date of the run's started_at (else finished_at, else the day it was landed)"
+    },
+)
+_RUN_MONTH = pa.field(
+    "run_month",
+    pa.string(),
+    nullable=False,
+    metadata={"doc": "partition key: run_date's YYYY-MM"},
+)
+_LANDED_AT = pa.field(
+    "landed_at",
+    pa.timestamp("us", tz="UTC"),
+    nullable=False,
+    metadata={"doc": "when this copy of the run was landed (UTC)"},
+)
+
+RUNS_SCHEMA = pa.schema(
+    [*(_field(f) for f in RUN_FIELDS), _RUN_DATE, _RUN_MONTH, _LANDED_AT, _SCHEMA_VERSION],
+    metadata={"table": "runs", "schema_version": str(SCHEMA_VERSION)},
+)
+CELLS_SCHEMA = pa.schema(
+    [
+        _field(_RUN_ID),
+        *(_field(f) for f in CELL_FIELDS),
+        _field(_RECIPE),
+        _RUN_DATE,
+        _RUN_MONTH,
+        _SCHEMA_VERSION,
+    ],
+    metadata={"table": "cells", "schema_version": str(SCHEMA_VERSION)},
+)
+REQUESTS_SCHEMA = pa.schema(
+    [
+        _field(_RUN_ID),
+        *(_field(f) for f in REQUEST_FIELDS),
+        _field(_RECIPE),
+        _RUN_DATE,
+        _RUN_MONTH,
+        _SCHEMA_VERSION,
+    ],
+    metadata={"table": "requests", "schema_version": str(SCHEMA_VERSION)},
+)
+SCHEMAS: dict[str, pa.Schema] = {
+    "runs": RUNS_SCHEMA,
+    "cells": CELLS_SCHEMA,
+    "requests": REQUESTS_SCHEMA,
+}
+# Columns the warehouse fills itself (callers may pass them back from read_run; overwritten).
+_DERIVED = {"run_id", "recipe_id", "run_date", "run_month", "schema_version", "landed_at"}
+_KEYS = {
+    "cells": ("phase", "context_tokens", "concurrency"),
+    "requests": ("phase", "context_tokens", "concurrency", "request_index"),
+}
+
+COMPARISONS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("baseline_run_id", pa.string(), nullable=False),
+        pa.field("recipe_id", pa.string()),
+        pa.field("host", pa.string()),
+        pa.field("engine_commit", pa.string()),
+        pa.field("baseline_engine_commit", pa.string()),
+        pa.field("phase", pa.string(), nullable=False),
+        pa.field("context_tokens", pa.int64()),
+        pa.field("context_label", pa.string()),
+        pa.field("concurrency", pa.int64()),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("higher_is_better", pa.bool_()),
+        pa.field("status", pa.string()),
+        pa.field("baseline_status", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("baseline_value", pa.float64()),
+        pa.field("change_abs", pa.float64()),
+        pa.field("change_pct", pa.float64()),
+        pa.field("threshold_pct", pa.float64()),
+        pa.field("noise_pct", pa.float64()),
+        pa.field("ci_low", pa.float64()),
+        pa.field("ci_high", pa.float64()),
+        pa.field("baseline_ci_low", pa.float64()),
+        pa.field("baseline_ci_high", pa.float64()),
+        pa.field("between_rel_sd", pa.float64()),
+        pa.field("noise_source", pa.string()),
+        pa.field("verdict", pa.string(), nullable=False),
+        pa.field("reason", pa.string()),
+        pa.field("compared_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+"""One row per (run, cell, metric) plus run-level rows (phase `run`): the numbers behind
+every verdict. `*_pct` columns are percentages (3.0 = 3%)."""
+
+COMPARISON_FIELDS = tuple(COMPARISONS_SCHEMA.names)
+
+NOISE_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("recipe_id", pa.string()),
+        pa.field("host", pa.string()),
+        pa.field("engine_commit", pa.string()),
+        pa.field("phase", pa.string(), nullable=False),
+        pa.field("context_tokens", pa.int64(), nullable=False),
+        pa.field("context_label", pa.string()),
+        pa.field("concurrency", pa.int64(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64()),
+        pa.field("ci_low", pa.float64()),
+        pa.field("ci_high", pa.float64()),
+        pa.field("ci_rel_halfwidth", pa.float64()),
+        pa.field("ci_samples", pa.int64()),
+        pa.field("confidence", pa.float64()),
+        pa.field("between_rel_sd", pa.float64()),
+        pa.field("between_source", pa.string()),
+    ]
+)
+"""The `noise` table: one row per (run, valid cell, metric): the cell's within-window bootstrap
+interval (null when the cell has fewer than two samples) and the between-run relative spread
+that applied when the run was compared (`between_source`: cell, pooled or none)."""
+
+
+def _cell_repeats_schema() -> pa.Schema:
+    cell = [CELLS_SCHEMA.field(f.name) for f in CELL_FIELDS]
+    repeat = pa.field(
+        "repeat",
+        pa.int64(),
+        nullable=False,
+        metadata={"doc": "which pass of the run measured it: 1, 2… (0, the primary, is in cells)"},
+    )
+    return pa.schema(
+        [
+            CELLS_SCHEMA.field("run_id"),
+            *cell,
+            repeat,
+            CELLS_SCHEMA.field("recipe_id"),
+            CELLS_SCHEMA.field("run_date"),
+            CELLS_SCHEMA.field("schema_version"),
+        ],
+        metadata={"table": "cell_repeats", "schema_version": str(SCHEMA_VERSION)},
+    )
+
+
+CELL_REPEATS_SCHEMA = _cell_repeats_schema()
+"""The `cell_repeats` table: the repeats (pass >= 1) of a run's cells (the speed_matrix
+`repeats` option), full cell records as in `cells` plus `repeat`; the primary (pass 0) is the
+row in `cells`. Key: run_id, phase, context_tokens, concurrency, repeat."""
+
+
+def extra_schema(table: str) -> pa.Schema:
+    """The schema of an extra table's files (the warehouse's views add `run_month`)."""
+    schemas = {
+        "comparisons": COMPARISONS_SCHEMA,
+        "noise": NOISE_SCHEMA,
+        "cell_repeats": CELL_REPEATS_SCHEMA,
+    }
+    if table not in schemas:
+        raise ValueError(f"unknown table {table!r}: one of {', '.join(EXTRA_TABLES)}")
+    return schemas[table]
+
+
+def view_tables() -> tuple[str, ...]:
+    """Every table the query layer defines a view of: the three core tables, then the
+    extra ones landed beside them (EXTRA_TABLES)."""
+    return (*TABLES, *EXTRA_TABLES)
+
+
+def view_schema(table: str) -> pa.Schema:
+    """The columns of ``table``'s view: a core table's schema; an extra table's file columns
+    plus ``run_date`` and ``run_month`` (from its path) where its files lack them."""
+    if table in SCHEMAS:
+        return SCHEMAS[table]
+    schema = extra_schema(table)
+    for f in (_RUN_DATE, _RUN_MONTH):
+        if f.name not in schema.names:
+            schema = schema.append(f)
+    return schema
+
+
+def _utc(value: Any, what: str) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise WarehouseError(f"{what}: not an ISO timestamp: {value!r}") from None
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        value = dt.datetime.fromtimestamp(value, tz=dt.UTC)
+    if not isinstance(value, dt.datetime):
+        raise WarehouseError(f"{what}: not a timestamp: {value!r}")
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC)
+
+
+def run_date_of(run: dict) -> dt.date | None:
+    """The UTC date of a run's ``started_at`` (else ``finished_at``); None when it has neither
+    (an ingested page): land_run then uses the landing date."""
+    for key in ("started_at", "finished_at"):
+        when = _utc(run.get(key), f"runs.{key}")
+        if when:
+            return when.date()
+    return None
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if hasattr(value, "item") and not isinstance(value, str | bytes):  # numpy scalars
+        with contextlib.suppress(Exception):
+            return _clean(value.item())
+    return value
+
+
+def build_table(table: str, rows: list[dict], fixed: dict[str, Any]) -> pa.Table:
+    """Rows (dicts keyed by the records.py field names) -> a pyarrow table of ``table``'s
+    schema, with ``fixed`` columns (run_id, partition keys, schema_version…) set on every row.
+
+    Refuses unknown keys, missing non-nullable values, values of the wrong type, unknown
+    phase / status / trigger values and duplicate cell or request keys, naming the table, the
+    row and the column. Missing nullable keys are null."""
+    schema = SCHEMAS[table]
+    names = set(schema.names)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise WarehouseError(f"{table} row {i}: not a dict: {type(row).__name__}")
+        unknown = set(row) - names
+        if unknown:
+            raise WarehouseError(f"{table} row {i}: unknown fields {sorted(unknown)}")
+        for key in _DERIVED & set(row) & set(fixed):
+            given = _clean(row[key])
+            want = fixed[key]
+            if key == "run_id" and given is not None and given != want:
+                raise WarehouseError(
+                    f"{table} row {i}: run_id {given!r} differs from the run's {want!r}"
+                )
+    columns = []
+    for f in schema:
+        if f.name in fixed:
+            values = [fixed[f.name]] * len(rows)
+        else:
+            values = [_clean(row.get(f.name)) for row in rows]
+        if pa.types.is_timestamp(f.type):
+            values = [_utc(v, f"{table}.{f.name}") for v in values]
+        if not f.nullable:
+            missing = next((i for i, v in enumerate(values) if v is None), None)
+            if missing is not None:
+                raise WarehouseError(f"{table} row {missing}: {f.name} is required (null given)")
+        if pa.types.is_integer(f.type):
+            for i, v in enumerate(values):
+                if isinstance(v, float) and v.is_integer():
+                    values[i] = int(v)
+                elif isinstance(v, bool) or (v is not None and not isinstance(v, int)):
+                    raise WarehouseError(f"{table} row {i}: {f.name} must be an integer, got {v!r}")
+        elif pa.types.is_floating(f.type):
+            for i, v in enumerate(values):
+                if isinstance(v, bool) or (v is not None and not isinstance(v, int | float)):
+                    raise WarehouseError(f"{table} row {i}: {f.name} must be a number, got {v!r}")
+        elif pa.types.is_string(f.type):
+            for i, v in enumerate(values):
+                if v is not None and not isinstance(v, str):
+                    raise WarehouseError(f"{table} row {i}: {f.name} must be a string, got {v!r}")
+        try:
+            columns.append(pa.array(values, type=f.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+            raise WarehouseError(f"{table}: column {f.name}: {exc}") from None
+    out = pa.Table.from_arrays(columns, schema=schema)
+    enums = {"phase": PHASES, "status": STATUSES if table != "runs" else RUN_STATUSES}
+    if table == "runs":
+        enums["trigger"] = TRIGGERS
+    for name, allowed in enums.items():
+        if name not in names:
+            continue
+        for i, v in enumerate(out.column(name).to_pylist()):
+            if v is not None and v not in allowed:
+                raise WarehouseError(f"{table} row {i}: {name} {v!r} is not one of {allowed}")
+    if table in _KEYS and len(rows) > 1:
+        keys = list(zip(*(out.column(k).to_pylist() for k in _KEYS[table]), strict=True))
+        seen: dict[tuple, int] = {}
+        for i, key in enumerate(keys):
+            if key in seen:
+                raise WarehouseError(
+                    f"{table} rows {seen[key]} and {i}: duplicate {dict(zip(_KEYS[table], key, strict=True))}"
+                )
+            seen[key] = i
+    return out
