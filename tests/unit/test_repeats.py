@@ -27,12 +27,11 @@ from speedmatrix.plan import (
     MatrixSpec,
     PlanError,
     check_repeats,
-    parse_cell,
     plan_matrix,
     repeat_keys,
 )
 from speedmatrix.quality import validate_run
-from speedmatrix.records import empty_cell
+from speedmatrix.records import empty_cell, parse_cell
 from speedmatrix.store.warehouse import Warehouse, view_schema
 
 K = 1024

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedmatrix.records import parse_cell, parse_context
+
 BAD_VERDICTS = frozenset({"bad", "regression"})
 GOOD_VERDICTS = frozenset({"good", "noise", "improvement"})
 SKIP_VERDICTS = frozenset({"skip", "not_comparable"})
@@ -170,14 +172,12 @@ is parsed, so it is set in the DAG processor's environment; a bad value fails th
 
 
 def _decode_and_prefill(cells: Sequence[str]) -> tuple[list[tuple[str, str, int]], dict]:
-    from speedmatrix.analysis.trend import parse_cell
-
     parsed = [parse_cell(c) for c in cells]
     if not parsed:
         raise ValueError("name at least one regressed cell, e.g. 64Kx16 or 'prefill 64K'")
     decode = [p for p in parsed if p[0] == "decode"]
-    prefill = sorted({p[1] for p in parsed if p[0] == "prefill"}, key=_tokens)
-    contexts = sorted({p[1] for p in decode}, key=_tokens)
+    prefill = sorted({p[1] for p in parsed if p[0] == "prefill"}, key=parse_context)
+    contexts = sorted({p[1] for p in decode}, key=parse_context)
     concurrencies = sorted({p[2] for p in decode})
     conf = {
         # The smallest context stands in when no prefill cell regressed: the parameter cannot
@@ -187,10 +187,6 @@ def _decode_and_prefill(cells: Sequence[str]) -> tuple[list[tuple[str, str, int]
         "concurrencies": concurrencies or [1],
     }
     return parsed, conf
-
-
-def _tokens(label: str) -> int:
-    return int(label[:-1]) * 1024 if label.upper().endswith("K") else int(label)
 
 
 def commits_between(repo: str, good: str, bad: str) -> list[str]:

@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedmatrix.records import cell_name
+
 log = logging.getLogger("speedmatrix.notify")
 
 WEBHOOK_TIMEOUT_S = 10.0
@@ -147,8 +149,6 @@ def summarize_run(
 
 
 def _cell(r: Mapping[str, Any]) -> str:
-    from speedmatrix.analysis.compare import cell_name
-
     return cell_name(
         r.get("phase"), r.get("context_label") or r.get("context_tokens"), r.get("concurrency")
     )
