@@ -191,38 +191,27 @@ def _decode_and_prefill(cells: Sequence[str]) -> tuple[list[tuple[str, str, int]
 
 def commits_between(repo: str, good: str, bad: str) -> list[str]:
     """Commits after `good` up to and including `bad`, oldest first, from GitHub's compare API
-    (up to 250; enough for the ranges a nightly can open). The API is the deployment's
-    (`triggers.github_api_url`), never a conf's: its answer chooses what gets measured."""
-    import requests
-
+    through the project's client (upstream.github: retries, rate limits, checked shas). The
+    API is the deployment's (`triggers.github_api_url`), never a conf's: its answer chooses
+    what gets measured."""
     from speedmatrix.flows.triggers import github_api_url
+    from speedmatrix.upstream.github import GitHubClient
 
-    base = github_api_url().rstrip("/")
-    resp = requests.get(f"{base}/repos/{repo}/compare/{good}...{bad}", timeout=20)
-    resp.raise_for_status()
-    return [c["sha"] for c in resp.json().get("commits", [])]
+    return [c.sha for c in GitHubClient(github_api_url(), timeout_s=20).compare(repo, good, bad)]
 
 
 def wheel_check(recipe: Any) -> Callable[[str], bool]:
-    """Whether a commit can be installed cheaply: a published wheel for wheel recipes (HEAD on
-    `<wheel_index>/<sha>/vllm/`, as vllm_commit_watch checks); always for the others."""
+    """Whether a commit can be installed cheaply: a published wheel for wheel recipes, by the
+    rule provisioning applies (upstream.wheels: the commit's page, variant included, lists a
+    wheel), so a chosen commit is never one provisioning refuses; always for the others."""
     install = recipe.engine.install
     if install.kind != "wheel":
         return lambda _c: True
-    import requests
-
     from speedmatrix.recipes import wheel_index_for
+    from speedmatrix.upstream.wheels import wheel_published
 
-    index = wheel_index_for(recipe).rstrip("/")
-
-    def has(commit: str) -> bool:
-        try:
-            resp = requests.head(f"{index}/{commit}/vllm/", timeout=10, allow_redirects=True)
-        except requests.RequestException:
-            return False
-        return 200 <= resp.status_code < 300
-
-    return has
+    index, variant = wheel_index_for(recipe), recipe.engine.variant
+    return lambda commit: wheel_published(index, commit, variant)
 
 
 def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) -> dict:

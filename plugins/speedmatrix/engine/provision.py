@@ -89,8 +89,6 @@ import zipfile
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field
 
-import requests
-
 from speedmatrix.engine.hosts import Host, HostError, get_host
 from speedmatrix.recipes import (  # noqa: F401 (wheel_index_for: part of this API too)
     DEFAULT_WHEEL_INDEX,
@@ -100,6 +98,7 @@ from speedmatrix.recipes import (  # noqa: F401 (wheel_index_for: part of this A
     classify_ref,
     wheel_index_for,
 )
+from speedmatrix.upstream import wheels
 
 log = logging.getLogger("speedmatrix.provision")
 
@@ -245,35 +244,6 @@ def repo_url_for(repo_url: str | None = None) -> str:
     return repo_url or os.environ.get(ENV_REPO_URL) or DEFAULT_REPO_URL
 
 
-def wheel_base_url(wheel_index: str, commit: str, variant: str | None) -> str:
-    """``<index>/<commit>[/<variant>]``: the extra index that holds that commit's wheels."""
-    base = f"{wheel_index.rstrip('/')}/{commit}"
-    return f"{base}/{variant}" if variant else base
-
-
-def check_wheel(base_url: str, timeout_s: float = 30) -> str:
-    """Make sure the wheel index serves a vLLM wheel at ``base_url``; return its page URL.
-
-    The index is PEP 503 "simple": ``<base>/vllm/`` lists the wheels. A 404 or a page without
-    any wheel means the build for that commit has not finished (or never ran).
-    """
-    url = f"{base_url.rstrip('/')}/vllm/"
-    try:
-        resp = requests.get(url, timeout=timeout_s)
-    except requests.RequestException as exc:
-        raise ProvisionError(f"wheel index unreachable at {url}: {exc}") from exc
-    if resp.status_code == 404:
-        raise WheelNotFound(
-            f"no vLLM wheel at {url} (HTTP 404): the per-commit build has not finished or "
-            "never ran for this commit/variant; try again later or pick another commit"
-        )
-    if resp.status_code != 200:
-        raise ProvisionError(f"wheel index answered HTTP {resp.status_code} for {url}")
-    if not re.search(r"vllm-[^\"'<>/]*\.whl", resp.text):
-        raise WheelNotFound(f"the wheel index page {url} lists no vllm wheel (yet)")
-    return url
-
-
 def install_hash(recipe: Recipe, ref: str, commit: str | None) -> str:
     """Hash of every input that decides what the env holds."""
     facts = {
@@ -394,8 +364,13 @@ def plan_install(
         return InstallPlan("release", ref, None, "\n".join([*head, *body, *tail]) + "\n")
     if kind in ("commit", "main") and inst.kind != "pr":
         commit = resolve_commit(value, resolver)
-        base = wheel_base_url(index, commit, recipe.engine.variant)
-        url = check_wheel(base) if check else f"{base}/vllm/"
+        base = wheels.index_url(index, commit, recipe.engine.variant)
+        try:
+            url = wheels.check_wheel(base) if check else wheels.page_url(base)
+        except wheels.WheelNotFound as exc:
+            raise WheelNotFound(str(exc)) from None
+        except wheels.WheelIndexError as exc:
+            raise ProvisionError(str(exc)) from exc
         body = [
             *_uv_lines(recipe.engine.python),
             f'"$UV" pip install --python "$ENV/bin/python" vllm --torch-backend=auto '
