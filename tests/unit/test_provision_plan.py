@@ -4,15 +4,14 @@ bootstrap with stand-in tools, the URLs' configuration and the shipped files' di
 
 from __future__ import annotations
 
-import http.server
 import shlex
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from gitrepo import git, upstream_with_pr
+from wheel_index import serve_index, wheel_link
 
 from speedmatrix.engine.provision import (
     DEFAULT_REPO_URL,
@@ -36,43 +35,22 @@ SHA = "9fedd24fa864a1b2c3d4e5f60718293a4b5c6d7e"
 MERGE_BASE = "1111111111111111111111111111111111111111"
 
 
-class _Index(http.server.BaseHTTPRequestHandler):
-    """Serves PEP 503 pages: /<SHA>/cu130/vllm/ has a wheel; /<SHA>/empty/vllm/ has none;
-    /<SHA>/broken/... answers 500; anything else 404."""
-
-    def do_GET(self):
-        if self.path == f"/{SHA}/cu130/vllm/":
-            body = (
-                f'<a href="vllm-0.33.0.dev1+g{SHA[:9]}.cu130-cp38-abi3-manylinux_2_28_x86_64.whl">'
-                "wheel</a>"
-            )
-            self._send(200, body)
-        elif self.path == f"/{SHA}/empty/vllm/":
-            self._send(200, "<html><body></body></html>")
-        elif self.path.startswith(f"/{SHA}/broken/"):
-            self._send(500, "oops")
-        else:
-            self._send(404, "not found")
-
-    def _send(self, code: int, body: str) -> None:
-        data = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+def _route(path: str) -> tuple[int, str]:
+    """/<SHA>/cu130/vllm/ has a wheel; /<SHA>/empty/vllm/ has none; /<SHA>/broken/... answers
+    500; anything else 404."""
+    if path == f"/{SHA}/cu130/vllm/":
+        return 200, wheel_link(SHA)
+    if path == f"/{SHA}/empty/vllm/":
+        return 200, "<html><body></body></html>"
+    if path.startswith(f"/{SHA}/broken/"):
+        return 500, "oops"
+    return 404, "not found"
 
 
 @pytest.fixture(scope="module")
 def wheel_index() -> Iterator[str]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Index)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with serve_index(_route) as url:
+        yield url
 
 
 def _recipe_with(recipe_id: str, **install):

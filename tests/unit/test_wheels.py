@@ -4,12 +4,11 @@ per-commit PEP 503 wheel index (no network)."""
 
 from __future__ import annotations
 
-import http.server
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
+from wheel_index import serve_index, wheel_link
 
 from speedmatrix.analysis.bisection import wheel_check
 from speedmatrix.engine.provision import ProvisionError, WheelNotFound, plan_install
@@ -22,49 +21,23 @@ UPLOADING = "b" * 40  # the page exists but lists no wheel yet: HEAD said 200 al
 NO_VARIANT = "c" * 40  # a wheel only at <sha>/vllm/, none under the recipe's variant
 MISSING = "d" * 40  # 404
 BROKEN = "e" * 40  # 500
-WHEEL = '<a href="vllm-0.33.0.dev1+g{}.cu130-cp38-abi3-manylinux_2_28_x86_64.whl">w</a>'
-
-
 PAGES = {
-    f"/{READY}/cu130/vllm/": WHEEL.format(READY[:9]),
+    f"/{READY}/cu130/vllm/": wheel_link(READY),
     f"/{UPLOADING}/cu130/vllm/": "<html><body></body></html>",
-    f"/{NO_VARIANT}/vllm/": WHEEL.format(NO_VARIANT[:9]),
+    f"/{NO_VARIANT}/vllm/": wheel_link(NO_VARIANT),
 }
 
 
-class _Index(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self._answer(body=True)
-
-    def do_HEAD(self):
-        self._answer(body=False)
-
-    def _answer(self, body: bool) -> None:
-        if self.path.startswith(f"/{BROKEN}/"):
-            code, text = 500, "oops"
-        elif self.path in PAGES:
-            code, text = 200, PAGES[self.path]
-        else:
-            code, text = 404, "not found"
-        data = text.encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+def _route(path: str) -> tuple[int, str]:
+    if path.startswith(f"/{BROKEN}/"):
+        return 500, "oops"
+    return (200, PAGES[path]) if path in PAGES else (404, "not found")
 
 
 @pytest.fixture(scope="module")
 def index() -> Iterator[str]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Index)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with serve_index(_route) as url:
+        yield url
 
 
 def _dead_url() -> str:
