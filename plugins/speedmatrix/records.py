@@ -242,13 +242,13 @@ def parse_context(value: int | str) -> int:
     caller's to check, so a plan can name every problem at once. ValueError otherwise.
     """
     if isinstance(value, bool):
-        raise ValueError(f"not a context length: {value!r}")
+        raise ValueError(f"not a token count: {value!r}")
     if isinstance(value, int):
         return value
     text = str(value).strip().replace(",", "").replace("_", "")
     match = _CONTEXT_RE.fullmatch(text)
     if match is None:
-        raise ValueError(f"not a context length: {value!r} (write 8192 or 8K)")
+        raise ValueError(f"not a token count: {value!r} (write 8192 or 8K)")
     return int(match.group(1)) * (K if match.group(2) else 1)
 
 

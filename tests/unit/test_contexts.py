@@ -36,7 +36,7 @@ def test_parse_context_reads_every_written_form(text, tokens):
 
 @pytest.mark.parametrize("bad", ["64M", "", "abc", "1.5K", "K", "-8K", True, "8KK"])
 def test_parse_context_refuses_what_is_not_a_context(bad):
-    with pytest.raises(ValueError, match="not a context length"):
+    with pytest.raises(ValueError, match="not a token count"):
         parse_context(bad)
 
 
@@ -71,7 +71,7 @@ def test_the_plan_uses_the_rule_and_names_its_error():
     )
     assert spec.prefill_contexts == (8192, 1024) and spec.contexts == (65536,)
     for bad in ("64M", "1.5K", True):
-        with pytest.raises(PlanError, match="not a context length"):
+        with pytest.raises(PlanError, match="not a token count"):
             MatrixSpec.build(
                 prefill_contexts=[bad],
                 contexts=[8192],
