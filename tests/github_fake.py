@@ -100,7 +100,10 @@ class FakeGitHub:
                 }
                 if url.path.startswith("/wheels/"):
                     sha = url.path.split("/")[2]
-                    self._send(200 if sha in fake.wheels else 404, b"", {})
+                    # a PEP 503 page listing the commit's wheel, as the real index serves it
+                    page = f'<a href="vllm-0.1.dev1+g{sha[:9]}-cp38-abi3-linux_x86_64.whl">w</a>'
+                    found = sha in fake.wheels
+                    self._send(200 if found else 404, page.encode() if found else b"", {})
                     return
                 if fake.token and self.headers.get("Authorization") != f"Bearer {fake.token}":
                     body = {"message": "Bad credentials", "status": "401"}
@@ -130,7 +133,16 @@ class FakeGitHub:
                     self._send(200, b"<html>captive portal</html>", {"Content-Type": "text/html"})
                     return
                 prefix = f"/repos/{REPO}/commits"
-                if url.path == prefix:
+                compare = f"/repos/{REPO}/compare/"
+                if url.path.startswith(compare):  # base...head: commits after base, oldest first
+                    base, _, head = url.path[len(compare) :].partition("...")
+                    shas = [c["sha"] for c in fake.history[: fake.head]]
+                    if base not in shas or head not in shas:
+                        self._send(404, b'{"message": "Not Found"}', limits)
+                        return
+                    commits = fake.history[shas.index(base) + 1 : shas.index(head) + 1]
+                    body = json.dumps({"status": "ahead", "commits": commits}).encode()
+                elif url.path == prefix:
                     per_page = int(self._query.get("per_page", ["30"])[0])
                     body = json.dumps(fake.page(per_page), indent=1).encode()
                 elif url.path.startswith(prefix + "/"):

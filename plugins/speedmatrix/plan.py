@@ -12,7 +12,6 @@ back, so C requests of ctx + max_out tokens fit only when
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -20,15 +19,14 @@ from speedmatrix.records import (
     DEFAULT_WORKLOAD,
     PROMPT_MODES,
     WORKLOADS,
+    cell_name,
+    cell_sort_key,
     context_label,
     empty_cell,
+    parse_cell,
+    parse_context,
 )
 
-_TOKENS_RE = re.compile(r"^\s*(\d+)\s*([kK])?\s*$")
-_CELL_RE = re.compile(
-    r"^\s*(?:(?P<prefill>prefill)[\s@:]*(?P<pctx>\d+K?)|(?P<ctx>\d+K?)\s*[xX×]\s*(?P<conc>\d+))\s*$",
-    re.IGNORECASE,
-)
 MAX_REPEATS = 10
 """Upper bound of the `repeats` option: each pass costs a whole matrix's worth of windows."""
 
@@ -53,34 +51,17 @@ class KvCapacity:
         return self.num_blocks * self.block_size
 
 
-def parse_tokens(value: int | str) -> int:
-    """`65536`, `"65536"` or `"64K"` -> 65536 (K = 1024, as the published reports count)."""
-    if isinstance(value, bool):
-        raise PlanError(f"not a token count: {value!r}")
-    if isinstance(value, int):
-        return value
-    match = _TOKENS_RE.match(str(value))
-    if not match:
-        raise PlanError(f"not a token count: {value!r} (use 65536 or 64K)")
-    return int(match.group(1)) * (1024 if match.group(2) else 1)
+def _tokens(value: int | str) -> int:
+    """`records.parse_context`, its error as a PlanError (the matrix's fault)."""
+    try:
+        return parse_context(value)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def cell_label(context_tokens: int, concurrency: int) -> str:
     """`64K x 16`: the readable Airflow map index of a decode cell."""
     return f"{context_label(context_tokens)} x {concurrency}"
-
-
-def parse_cell(spec: str) -> tuple[str, str, int]:
-    """`64Kx16` -> (decode, 64K, 16); `prefill 64K` / `prefill@64K` -> (prefill, 64K, 1).
-
-    One syntax for naming a cell everywhere (`trend --cell`, bisection, `repeat_cells`), so a
-    name copied from one place works in the others."""
-    m = _CELL_RE.match(spec) if isinstance(spec, str) else None
-    if not m:
-        raise ValueError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
-    if m.group("prefill"):
-        return "prefill", m.group("pctx").upper(), 1
-    return "decode", m.group("ctx").upper(), int(m.group("conc"))
 
 
 def blocks_needed(context_tokens: int, max_output_tokens: int, block_size: int) -> int:
@@ -121,9 +102,9 @@ class MatrixSpec:
         workload: str = DEFAULT_WORKLOAD,
     ) -> MatrixSpec:
         return cls(
-            prefill_contexts=tuple(parse_tokens(c) for c in prefill_contexts),
-            contexts=tuple(parse_tokens(c) for c in contexts),
-            concurrencies=tuple(parse_tokens(c) for c in concurrencies),
+            prefill_contexts=tuple(_tokens(c) for c in prefill_contexts),
+            contexts=tuple(_tokens(c) for c in contexts),
+            concurrencies=tuple(_tokens(c) for c in concurrencies),
             max_output_tokens=int(max_output_tokens),
             window_s=float(window_s),
             prompt_mode=prompt_mode,
@@ -244,27 +225,6 @@ def _planned(spec: MatrixSpec, phase: str, context: int, concurrency: int) -> di
     }
 
 
-def cell_spec(phase: str, context_tokens: int, concurrency: int) -> str:
-    """The name parse_cell reads back: `64Kx16` (decode) or `prefill 64K`."""
-    label = context_label(context_tokens)
-    return f"prefill {label}" if phase == "prefill" else f"{label}x{concurrency}"
-
-
-def _names(label: str, context_tokens: int) -> bool:
-    """Does a spec's context (`64K`, `65536`) name this context? Labels round (251K), so the
-    label and the exact token count are both accepted."""
-    if label == context_label(context_tokens):
-        return True
-    try:
-        return parse_tokens(label) == context_tokens
-    except PlanError:
-        return False
-
-
-def _key_rank(key: tuple[str, int, int]) -> tuple[int, int, int]:
-    return (0 if key[0] == "prefill" else 1, key[1], key[2])
-
-
 def check_repeats(repeats: object) -> int:
     """`repeats` as an int in 1..MAX_REPEATS (None -> 1); PlanError otherwise."""
     if repeats is None:
@@ -300,9 +260,9 @@ def repeat_keys(
             problems.append(str(exc))
             continue
         if phase == "prefill":
-            hits = [c for c in spec.prefill_contexts if _names(label, c)]
+            hits = [c for c in spec.prefill_contexts if context_label(c) == label]
         else:
-            hits = [c for c in spec.contexts if _names(label, c)]
+            hits = [c for c in spec.contexts if context_label(c) == label]
             hits = hits if conc in spec.concurrencies else []
         if hits:
             keys.add((phase, hits[0], conc))
@@ -314,7 +274,7 @@ def repeat_keys(
             f"prefill {[context_label(c) for c in spec.prefill_contexts]}"
         )
         raise PlanError("repeat_cells: " + "; ".join(problems) + f" (the matrix: {matrix})")
-    return sorted(keys, key=_key_rank)
+    return sorted(keys, key=cell_sort_key)
 
 
 def _repeat(cell: dict, repeat: int) -> dict:
@@ -388,7 +348,7 @@ def _add_repeats(plan: Plan, repeats: int, chosen: list[tuple[str, int, int]] | 
         over = [k for k in chosen if k not in runnable]
         if over:
             raise PlanError(
-                f"repeat_cells: {', '.join(cell_spec(*k) for k in over)} "
+                f"repeat_cells: {', '.join(cell_name(*k) for k in over)} "
                 f"{'is' if len(over) == 1 else 'are'} over capacity on this server (not run), "
                 "so cannot be repeated"
             )
@@ -420,9 +380,5 @@ def _over_capacity(
 
 
 def ordered_cells(cells: Sequence[dict]) -> list[dict]:
-    """Cell records in the report's order: prefill by context, then decode by context, C."""
-    phase_rank = {"prefill": 0, "decode": 1}
-    return sorted(
-        cells,
-        key=lambda c: (phase_rank.get(str(c["phase"]), 2), c["context_tokens"], c["concurrency"]),
-    )
+    """Cell records in the report's order (`records.cell_sort_key`)."""
+    return sorted(cells, key=cell_sort_key)

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,11 +32,11 @@ from speedmatrix.records import (
     TRIGGERS,
     WORKLOADS,
 )
+from speedmatrix.redact import SECRET_PATTERNS, redact
 
 log = logging.getLogger(__name__)
 
 RUN_STATUSES = ("success", "failed", "partial")
-REDACTED = "<redacted>"
 
 # Tolerances (issue 7): active requests within 10% of C; measured seconds within 2% of the
 # window; output tokens = total tok/s x window up to rounding; per-request tok/s vs 1/TBT within
@@ -60,13 +60,6 @@ REQUIRED_RUN_FIELDS = (
     "host",
 )
 MEASURED_ONLY_RUN_FIELDS = ("started_at", "host")
-
-# A credential-looking flag or variable whose value is not the redaction marker.
-SECRET_PATTERNS = (
-    r"--api-key(?:=|\s+)(?!<redacted>)\S",
-    r"(?i)\b[A-Z0-9_]*(?:API_KEY|TOKEN|SECRET|PASSWORD)=(?!<redacted>)\S",
-    r"(?i)\bBearer\s+(?!<redacted>)\S",
-)
 
 
 @dataclass
@@ -100,22 +93,6 @@ class Validation:
     @property
     def results_json(self) -> dict[str, Any]:
         return {"cells": self.cells.result, "runs": self.runs.result}
-
-
-def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
-    """Replace known secret values and credential-looking values with `<redacted>`."""
-    if text is None:
-        return None
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
-    text = re.sub(r"(--api-key(?:=|\s+))(?!<redacted>)\S+", rf"\g<1>{REDACTED}", text)
-    text = re.sub(
-        r"(?i)(\b[A-Z0-9_]*(?:API_KEY|TOKEN|SECRET|PASSWORD)=)(?!<redacted>)\S+",
-        rf"\g<1>{REDACTED}",
-        text,
-    )
-    return re.sub(r"(?i)(\bBearer\s+)(?!<redacted>)\S+", rf"\g<1>{REDACTED}", text)
 
 
 def _ratio(num: Any, den: Any) -> float:

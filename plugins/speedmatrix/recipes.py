@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from speedmatrix.plan import MatrixSpec, PlanError, fits_model, repeat_keys
 from speedmatrix.records import PROMPT_MODES, parse_context
+from speedmatrix.redact import REDACTED, SECRET_FLAGS, is_secret_name, looks_like_secret
 
 # vLLM's per-commit wheel index, and the variable a deployment sets to redirect every recipe
 DEFAULT_WHEEL_INDEX = "https://wheels.vllm.ai"
@@ -32,7 +33,6 @@ ENV_WHEEL_INDEX = "SPEEDMATRIX_WHEEL_INDEX"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = Path(os.environ.get("SPEEDMATRIX_RECIPES", REPO_ROOT / "include" / "recipes"))
 
-REDACTED = "<redacted>"
 PLACEHOLDERS = (
     "env_dir",
     "model",
@@ -51,13 +51,6 @@ being served, exactly as asked for (the run's engine_ref, else the recipe's engi
 simulator recipe can stand in for different commits by picking a profile per commit (how a
 regression is planted at one commit to test a bisection)."""
 
-# Env var names that hold secrets: their values must come from the environment, never the file.
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
-# Values that look like a credential written in clear (HF, OpenAI, GitHub, AWS, bearer).
-_SECRET_VALUE = re.compile(
-    r"^(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|AKIA[0-9A-Z]{12,})"
-)
-_SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
 
 _RELEASE = re.compile(r"^v\d+\.\d+\.\d+([.\-+]?[0-9A-Za-z.]+)?$")
 _COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
@@ -418,7 +411,7 @@ class Recipe(_Strict):
         tokens = [*self.serve.command, *self.serve.args]
         for i, tok in enumerate(tokens):
             flag = tok.split("=", 1)[0]
-            if flag in _SECRET_FLAGS:
+            if flag in SECRET_FLAGS:
                 value = (
                     tok.split("=", 1)[1]
                     if "=" in tok
@@ -430,7 +423,7 @@ class Recipe(_Strict):
                         f"{flag} written in clear: use {flag} {{api_key}} and name the secret in "
                         "serve.api_key_secret",
                     )
-            if _SECRET_VALUE.match(tok):
+            if looks_like_secret(tok):
                 yield (
                     f"serve.args[{i - len(self.serve.command)}]",
                     "looks like a credential written in clear",
@@ -444,7 +437,7 @@ class Recipe(_Strict):
                     "only a whole value $NAME or ${NAME} is expanded (from the host's "
                     "environment, when the server starts); anything else is passed literally",
                 )
-            elif (_SECRET_NAME.search(k) and v and not v.startswith("$")) or _SECRET_VALUE.match(v):
+            elif (is_secret_name(k) and v and not v.startswith("$")) or looks_like_secret(v):
                 yield (
                     f"serve.env.{k}",
                     "a secret written in clear: write $NAME, expanded from the host's "
@@ -666,9 +659,6 @@ def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Recipe
             except RecipeError as exc:
                 problems += exc.problems
     return recipes, problems
-
-
-PROMPT_MODE_CHOICES = PROMPT_MODES
 
 
 def wheel_index_for(recipe: Recipe, wheel_index: str | None = None) -> str:

@@ -9,6 +9,8 @@ breaks loudly in one place.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 METRIC_VERSION = 2
@@ -133,8 +135,6 @@ CELL_FIELDS: tuple[Field, ...] = (
     ),
 )
 
-CELL_CONTRACT_FIELDS = tuple(f.name for f in CELL_FIELDS[:14])
-
 # One row per request of a measured cell (distributions); keyed by run_id + cell keys.
 REQUEST_FIELDS: tuple[Field, ...] = (
     Field("phase", "str", False, "prefill or decode"),
@@ -205,30 +205,106 @@ RUN_FIELDS: tuple[Field, ...] = (
 )
 
 
+K = 1024
+"""Tokens per `K` in a context label: the published reports count in 1024s (8K = 8192)."""
+
+_CONTEXT_RE = re.compile(r"(\d+)\s*([kK]?)")
+_CELL_RE = re.compile(
+    r"^\s*(?:(?P<prefill>prefill)[\s@:]*(?P<pctx>\d+\s*K?)"
+    r"|(?P<ctx>\d+\s*K?)\s*[xX\u00d7]\s*(?P<conc>\d+))\s*$",
+    re.IGNORECASE,
+)
+_PHASE_RANK = {"prefill": 0, "decode": 1}
+
+CellKey = tuple[str, str, int]
+"""(phase, context label, concurrency): what names the same cell in two runs."""
+
+
 def context_label(tokens: int) -> str:
     """`8K`, `251K`: tokens / 1024 to the nearest whole K, as the published reports label them.
 
     Nearest, not floor: a prefill at max-model-len 262,144 sends 262,143 prompt tokens (one
-    is left for the output token) and the published page still calls it `256K`.
+    is left for the output token) and the published page still calls it `256K`. Below 1K the
+    count itself (`512`), as the CPU recipes write it.
     """
-    if tokens >= 1024:
-        return f"{round(tokens / 1024)}K"
+    if tokens >= K:
+        return f"{round(tokens / K)}K"
     return str(tokens)
 
 
 def parse_context(value: int | str) -> int:
-    """`8K` -> 8192, `251K` -> 257024, `4096` / 4096 -> 4096 (labels as the reports write them)."""
+    """`8K` / `8k` / `8 K` -> 8192, `4096` / `4,096` / `4_096` / 4096 -> 4096.
+
+    The one reading of a context (or token count) wherever a person or a page writes one:
+    recipes, DAG conf, `repeat_cells` / `--cell` names, the load generator's flags, ingested
+    reports. Whole K only: labels are whole (context_label never writes `1.5K`), so a
+    fractional K is a typo rather than a context. Ranges (positive, fits the model) are the
+    caller's to check, so a plan can name every problem at once. ValueError otherwise.
+    """
     if isinstance(value, bool):
-        raise ValueError(f"not a context length: {value!r}")
+        raise ValueError(f"not a token count: {value!r}")
     if isinstance(value, int):
         return value
-    text = str(value).strip().upper().replace(",", "")
-    try:
-        if text.endswith("K"):
-            return int(float(text[:-1]) * 1024)
-        return int(text)
-    except ValueError:
-        raise ValueError(f"not a context length: {value!r} (write 8192 or 8K)") from None
+    text = str(value).strip().replace(",", "").replace("_", "")
+    match = _CONTEXT_RE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not a token count: {value!r} (write 8192 or 8K)")
+    return int(match.group(1)) * (K if match.group(2) else 1)
+
+
+def cell_name(phase: str | None, context: int | str, concurrency: object) -> str:
+    """`64Kx16` for a decode cell, `prefill 64K` for a prefill cell, `run` for run-level rows.
+
+    The one way a cell is written for people (`trend --cell`, `repeat_cells`, bisection,
+    notifications); `parse_cell` reads it back. `context` is tokens or a label (canonicalised).
+    """
+    if phase == "run":
+        return "run"
+    label = context_label(parse_context(context))
+    return f"prefill {label}" if phase == "prefill" else f"{label}x{int(concurrency)}"  # type: ignore[call-overload]
+
+
+def parse_cell(spec: str) -> CellKey:
+    """`64Kx16` -> (decode, 64K, 16); `prefill 64K` / `prefill@65536` -> (prefill, 64K, 1).
+
+    The label comes back canonical (`65536x16` names `64K`), so a name matches a stored
+    cell's `context_label` whichever way it was written. ValueError when it names no cell.
+    """
+    m = _CELL_RE.match(spec) if isinstance(spec, str) else None
+    if not m:
+        raise ValueError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
+    if m.group("prefill"):
+        return "prefill", context_label(parse_context(m.group("pctx"))), 1
+    return "decode", context_label(parse_context(m.group("ctx"))), int(m.group("conc"))
+
+
+def cell_key(cell: Mapping[str, object]) -> CellKey:
+    """(phase, label, concurrency) of a cell record: what pairs a cell with a baseline's.
+
+    By label, not token count: our 256K prefill is sent as 262,143 tokens while a published
+    page ingested as 256K says 262,144; both are the page's `256K` cell. The stored label is
+    used when present (an ingested page's own), else the label of `context_tokens`.
+    """
+    label = cell.get("context_label") or context_label(int(cell["context_tokens"]))  # type: ignore[call-overload]
+    return str(cell["phase"]), str(label), int(cell.get("concurrency") or 1)  # type: ignore[call-overload]
+
+
+def cell_sort_key(cell: Mapping[str, object] | Sequence[object]) -> tuple[int, int, int]:
+    """The report's order: prefill before decode, then by context, then by concurrency.
+
+    Takes a cell record or a key tuple (phase, context tokens or label, concurrency).
+    """
+    if isinstance(cell, Mapping):
+        tokens = cell.get("context_tokens")
+        context = tokens if tokens is not None else cell.get("context_label")
+        phase, conc = cell.get("phase"), cell.get("concurrency")
+    else:
+        phase, context, conc = cell
+    if context is None:
+        tokens = 0
+    else:
+        tokens = parse_context(context) if isinstance(context, str) else int(context)  # type: ignore[call-overload]
+    return _PHASE_RANK.get(str(phase), 2), tokens, int(conc or 0)  # type: ignore[call-overload]
 
 
 def empty_cell(**values: object) -> dict[str, object]:

@@ -199,3 +199,25 @@ def test_the_token_is_attached_only_to_the_configured_origin():
         assert elsewhere.seen == [("/x", None)]
     finally:
         elsewhere.stop()
+
+
+def test_compare_lists_the_commits_between_oldest_first(fake):
+    gh = client(fake)
+    commits = gh.compare(REPO, fake.sha(0), fake.sha(3))
+    assert [c.sha for c in commits] == [fake.sha(i) for i in (1, 2, 3)]
+    assert commits[0].title and commits[0].date
+    with pytest.raises(GitHubError, match="404"):
+        gh.compare(REPO, fake.sha(0), "f" * 40)
+
+
+def test_commits_between_goes_through_the_client(fake, monkeypatch):
+    """analysis.bisection asked GitHub with a bare requests.get (no retries, no rate-limit
+    handling, any JSON taken); it now asks the client, at the deployment's API."""
+    from speedmatrix.analysis.bisection import commits_between
+
+    monkeypatch.setenv("SPEEDMATRIX_GITHUB_API_URL", fake.base_url)
+    assert commits_between(REPO, fake.sha(0), fake.sha(2)) == [fake.sha(1), fake.sha(2)]
+    assert fake.requests[-1].headers["User-Agent"] == "speedmatrix-commit-watch"
+    fake.mode = "ratelimit"
+    with pytest.raises(RateLimited):
+        commits_between(REPO, fake.sha(0), fake.sha(2))

@@ -13,7 +13,6 @@ from speedmatrix.plan import (
     check_matrix,
     fits,
     ordered_cells,
-    parse_tokens,
     plan_matrix,
 )
 from speedmatrix.records import CELL_FIELDS
@@ -112,16 +111,6 @@ def test_labels_and_order():
     assert plan.decode[0]["window_s"] == 30.0
     shuffled = [*plan.decode[::-1], *plan.prefill]
     assert [c["phase"] for c in ordered_cells(shuffled)][:2] == ["prefill", "prefill"]
-
-
-def test_parse_tokens():
-    assert parse_tokens("64K") == 65536
-    assert parse_tokens(" 8k ") == 8192
-    assert parse_tokens("1000") == 1000
-    assert parse_tokens(7) == 7
-    for bad in ("64M", "", "abc", True):
-        with pytest.raises(PlanError):
-            parse_tokens(bad)
 
 
 def test_impossible_matrix_names_every_problem():

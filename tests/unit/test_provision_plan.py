@@ -4,15 +4,14 @@ bootstrap with stand-in tools, the URLs' configuration and the shipped files' di
 
 from __future__ import annotations
 
-import http.server
 import shlex
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from gitrepo import git, upstream_with_pr
+from wheel_index import serve_index, wheel_link
 
 from speedmatrix.engine.provision import (
     DEFAULT_REPO_URL,
@@ -22,13 +21,11 @@ from speedmatrix.engine.provision import (
     ProvisionError,
     WheelNotFound,
     build_shipment,
-    check_wheel,
     install_hash,
     plan_install,
     repo_url_for,
     resolve_commit,
     resolve_pr_head,
-    wheel_base_url,
 )
 from speedmatrix.recipes import ENV_WHEEL_INDEX, load_recipe, wheel_index_for
 
@@ -36,43 +33,22 @@ SHA = "9fedd24fa864a1b2c3d4e5f60718293a4b5c6d7e"
 MERGE_BASE = "1111111111111111111111111111111111111111"
 
 
-class _Index(http.server.BaseHTTPRequestHandler):
-    """Serves PEP 503 pages: /<SHA>/cu130/vllm/ has a wheel; /<SHA>/empty/vllm/ has none;
-    /<SHA>/broken/... answers 500; anything else 404."""
-
-    def do_GET(self):
-        if self.path == f"/{SHA}/cu130/vllm/":
-            body = (
-                f'<a href="vllm-0.33.0.dev1+g{SHA[:9]}.cu130-cp38-abi3-manylinux_2_28_x86_64.whl">'
-                "wheel</a>"
-            )
-            self._send(200, body)
-        elif self.path == f"/{SHA}/empty/vllm/":
-            self._send(200, "<html><body></body></html>")
-        elif self.path.startswith(f"/{SHA}/broken/"):
-            self._send(500, "oops")
-        else:
-            self._send(404, "not found")
-
-    def _send(self, code: int, body: str) -> None:
-        data = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+def _route(path: str) -> tuple[int, str]:
+    """/<SHA>/cu130/vllm/ has a wheel; /<SHA>/empty/vllm/ has none; /<SHA>/broken/... answers
+    500; anything else 404."""
+    if path == f"/{SHA}/cu130/vllm/":
+        return 200, wheel_link(SHA)
+    if path == f"/{SHA}/empty/vllm/":
+        return 200, "<html><body></body></html>"
+    if path.startswith(f"/{SHA}/broken/"):
+        return 500, "oops"
+    return 404, "not found"
 
 
 @pytest.fixture(scope="module")
 def wheel_index() -> Iterator[str]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Index)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with serve_index(_route) as url:
+        yield url
 
 
 def _recipe_with(recipe_id: str, **install):
@@ -232,38 +208,18 @@ def test_resolver_answer_must_be_40_hex():
 
 
 def test_missing_wheel_is_a_clear_error(wheel_index):
+    """Provisioning asks upstream.wheels (tests/unit/test_wheels.py holds the rule's cases)
+    and keeps its own error types: WheelNotFound, or ProvisionError for a broken index."""
     other = "2" * 40
-    with pytest.raises(WheelNotFound, match=r"HTTP 404.*not finished"):
-        check_wheel(wheel_base_url(wheel_index, other, "cu130"))
     r = _recipe_with("nvidia-h200/moonshotai/kimi-k2.7-code-int4-dflash", kind="wheel")
     with pytest.raises(WheelNotFound, match=other):
         plan_install(r, other, wheel_index=wheel_index)
-
-
-def test_wheel_index_page_without_a_wheel_is_not_found(wheel_index):
-    with pytest.raises(WheelNotFound, match="lists no vllm wheel"):
-        check_wheel(wheel_base_url(wheel_index, SHA, "empty"))
-
-
-def test_wheel_index_server_error_and_unreachable_index(wheel_index):
+    eng = r.engine.model_copy(update={"variant": "broken"})
     with pytest.raises(ProvisionError, match="HTTP 500") as exc:
-        check_wheel(wheel_base_url(wheel_index, SHA, "broken"))
+        plan_install(r.model_copy(update={"engine": eng}), SHA, wheel_index=wheel_index)
     assert not isinstance(exc.value, WheelNotFound)
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
-    with pytest.raises(ProvisionError, match="unreachable"):
-        check_wheel(f"http://127.0.0.1:{dead}/{SHA}", timeout_s=5)
 
 
-def test_wheel_base_url_with_and_without_variant():
-    assert wheel_base_url("https://w.example/", SHA, None) == f"https://w.example/{SHA}"
-    assert wheel_base_url("https://w.example", SHA, "cpu") == f"https://w.example/{SHA}/cpu"
-
-
-# ---------------------------------------------------------------- pull requests
 def test_pr_plan_fetches_head_and_main_and_uses_precompiled_merge_base():
     r = load_recipe("nvidia-rtxpro6k/deepseek-ai/deepseek-v4.1-flash-1017")
     asked = []

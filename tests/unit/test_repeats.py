@@ -19,12 +19,11 @@ from speedmatrix.plan import (
     MatrixSpec,
     PlanError,
     check_repeats,
-    parse_cell,
     plan_matrix,
     repeat_keys,
 )
 from speedmatrix.quality import validate_run
-from speedmatrix.records import empty_cell
+from speedmatrix.records import empty_cell, parse_cell
 from speedmatrix.store.extra import cell_repeats_table, land_cell_repeats, land_extra, read_extra
 from speedmatrix.store.schemas import CELL_REPEATS_SCHEMA, EXTRA_TABLES, view_schema
 from speedmatrix.store.warehouse import Warehouse

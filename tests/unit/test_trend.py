@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from speedmatrix.analysis.trend import parse_cell, trend, trend_chart_svg
+from speedmatrix.analysis.trend import trend, trend_chart_svg
 from speedmatrix.records import empty_cell
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -52,15 +52,6 @@ def _history(values, recipe="sim/x", host="local", statuses=None):
             | {"run_id": rid}
         )
     return runs, cells
-
-
-def test_parse_cell():
-    assert parse_cell("64Kx16") == ("decode", "64K", 16)
-    assert parse_cell("8k X 1") == ("decode", "8K", 1)
-    assert parse_cell("prefill 251K") == ("prefill", "251K", 1)
-    assert parse_cell("prefill@8K") == ("prefill", "8K", 1)
-    with pytest.raises(ValueError, match="not a cell"):
-        parse_cell("64K by 16")
 
 
 def test_trend_orders_runs_and_marks_the_step():

@@ -19,10 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedmatrix.plan import parse_cell
 from speedmatrix.recipes import load_recipe_id, wheel_index_for
+from speedmatrix.records import parse_cell, parse_context
 from speedmatrix.upstream.github import GitHubClient
 from speedmatrix.upstream.schedule import github_api_url
+from speedmatrix.upstream.wheels import wheel_published
 
 BAD_VERDICTS = frozenset({"bad", "regression"})
 GOOD_VERDICTS = frozenset({"good", "noise", "improvement"})
@@ -175,13 +176,12 @@ is parsed, so it is set in the DAG processor's environment; a bad value fails th
 
 
 def _decode_and_prefill(cells: Sequence[str]) -> tuple[list[tuple[str, str, int]], dict]:
-
     parsed = [parse_cell(c) for c in cells]
     if not parsed:
         raise ValueError("name at least one regressed cell, e.g. 64Kx16 or 'prefill 64K'")
     decode = [p for p in parsed if p[0] == "decode"]
-    prefill = sorted({p[1] for p in parsed if p[0] == "prefill"}, key=_tokens)
-    contexts = sorted({p[1] for p in decode}, key=_tokens)
+    prefill = sorted({p[1] for p in parsed if p[0] == "prefill"}, key=parse_context)
+    contexts = sorted({p[1] for p in decode}, key=parse_context)
     concurrencies = sorted({p[2] for p in decode})
     conf = {
         # The smallest context stands in when no prefill cell regressed: the parameter cannot
@@ -193,35 +193,23 @@ def _decode_and_prefill(cells: Sequence[str]) -> tuple[list[tuple[str, str, int]
     return parsed, conf
 
 
-def _tokens(label: str) -> int:
-    return int(label[:-1]) * 1024 if label.upper().endswith("K") else int(label)
-
-
 def commits_between(repo: str, good: str, bad: str) -> list[str]:
     """Commits after `good` up to and including `bad`, oldest first, from GitHub's compare API
-    (up to 250; enough for the ranges a nightly can open). The API is the deployment's
-    (`upstream.schedule.github_api_url`), never a conf's: its answer chooses what gets measured."""
-    return GitHubClient(base_url=github_api_url(), timeout_s=20).compare_commits(repo, good, bad)
+    through the project's client (upstream.github: retries, rate limits, checked shas). The
+    API is the deployment's (`upstream.schedule.github_api_url`), never a conf's: its answer
+    chooses what gets measured."""
+    return [c.sha for c in GitHubClient(github_api_url(), timeout_s=20).compare(repo, good, bad)]
 
 
 def wheel_check(recipe: Any) -> Callable[[str], bool]:
-    """Whether a commit can be installed cheaply: a published wheel for wheel recipes (HEAD on
-    `<wheel_index>/<sha>/vllm/`, as vllm_commit_watch checks); always for the others."""
+    """Whether a commit can be installed cheaply: a published wheel for wheel recipes, by the
+    rule provisioning applies (upstream.wheels: the commit's page, variant included, lists a
+    wheel), so a chosen commit is never one provisioning refuses; always for the others."""
     install = recipe.engine.install
     if install.kind != "wheel":
         return lambda _c: True
-    import requests
-
-    index = wheel_index_for(recipe).rstrip("/")
-
-    def has(commit: str) -> bool:
-        try:
-            resp = requests.head(f"{index}/{commit}/vllm/", timeout=10, allow_redirects=True)
-        except requests.RequestException:
-            return False
-        return 200 <= resp.status_code < 300
-
-    return has
+    index, variant = wheel_index_for(recipe), recipe.engine.variant
+    return lambda commit: wheel_published(index, commit, variant)
 
 
 def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) -> dict:

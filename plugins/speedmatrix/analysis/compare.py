@@ -28,12 +28,12 @@ from speedmatrix.analysis.display import (
 from speedmatrix.analysis.noise import noise_rows, noise_table
 from speedmatrix.analysis.trend import diff_heatmap_svg, trend, trend_chart_svg
 from speedmatrix.analysis.verdict import (
-    cell_name,
     compare_runs,
     comparisons_table,
     raise_on_regressions,
     regressions,
 )
+from speedmatrix.records import cell_name, cell_sort_key
 from speedmatrix.store.extra import land_extra
 from speedmatrix.upstream.github import github_repo
 
@@ -141,7 +141,7 @@ def _write_charts(warehouse: Any, result: ComparisonResult) -> None:
     if not bad:
         return
     title = "{name}: " + run_id.replace("{", "{{").replace("}", "}}")
-    for name, svg in _trend_svgs(warehouse, result, sorted(bad), title=title):
+    for name, svg in _trend_svgs(warehouse, result, sorted(bad, key=cell_sort_key), title=title):
         warehouse.write_artifact(run_id, f"trend-{name.replace(' ', '-')}.svg", svg)
 
 
@@ -239,7 +239,8 @@ def comparison_figures(warehouse: Any, result: ComparisonResult) -> list[dict[st
             for r in notable(result.rows)
             if r.get("phase") in ("prefill", "decode")
             and r.get("metric") in ("total_tok_s", "prefill_tok_s")
-        }
+        },
+        key=cell_sort_key,
     )
     if not changed:
         return out

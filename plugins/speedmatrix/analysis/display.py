@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from speedmatrix.analysis.verdict import VERDICTS, _fmt, _num, cell_name
+from speedmatrix.analysis.verdict import VERDICTS, _fmt, _num
+from speedmatrix.records import cell_name
 
 _VERDICT_MARK = {"regression": "▼ regression", "improvement": "▲ improvement"}
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from speedmatrix.analysis.noise import Z_95, NoiseModel, frame
 from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD, METRIC_BY_NAME, verdict_for
-from speedmatrix.plan import parse_cell
+from speedmatrix.records import parse_cell
 
 TREND_COLUMNS = (
     "run_id",

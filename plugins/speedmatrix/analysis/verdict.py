@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 
 from speedmatrix.analysis.noise import CELL_KEY, Z_95, Interval, NoiseModel, frame, within_window
-from speedmatrix.records import context_label
+from speedmatrix.records import cell_key, cell_name, cell_sort_key
 from speedmatrix.store.schemas import COMPARISON_FIELDS, COMPARISONS_SCHEMA
 from speedmatrix.upstream.github import github_repo
 
@@ -65,14 +65,6 @@ METRICS: tuple[Metric, ...] = (
 METRIC_BY_NAME = {m.name: m for m in METRICS}
 KV_METRIC = Metric("kv_cache_tokens", "kv_cache_tokens", ("run",), True, "KV cache tokens")
 STATUS_METRIC = "status"
-
-
-def cell_name(phase: str | None, context: Any, concurrency: Any) -> str:
-    """`64Kx16` for a decode cell, `prefill 64K` for a prefill cell (as `trend --cell` takes)."""
-    if phase == "run":
-        return "run"
-    label = context if isinstance(context, str) else context_label(int(context))
-    return f"prefill {label}" if phase == "prefill" else f"{label}x{int(concurrency)}"
 
 
 def _num(value: Any) -> float | None:
@@ -129,8 +121,7 @@ class _Side:
 def _index_cells(cells: pd.DataFrame) -> dict[tuple[Any, ...], dict[str, Any]]:
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in cells.to_dict("records"):
-        key = (row["phase"], int(row["context_tokens"]), int(row["concurrency"]))
-        out[key] = row
+        out[cell_key(row)] = row
     return out
 
 
@@ -141,7 +132,7 @@ def _within(
         return {}
     out: dict[tuple[Any, ...], dict[str, Interval]] = {}
     for key, group in requests.groupby(list(CELL_KEY)):
-        key = (key[0], int(key[1]), int(key[2]))
+        key = cell_key(dict(zip(CELL_KEY, key, strict=True)))
         cell = cells.get(key)
         if cell is not None and cell.get("status") == "valid":
             out[key] = within_window(group, _num(cell.get("measured_s")))
@@ -213,13 +204,15 @@ def compare_runs(
             reason=f"KV capacity{kv_note}" if kv_note else None,
         )
 
-    for key in sorted(set(new.cells) | set(old.cells), key=_sort_key):
-        phase, ctx, conc = key
+    # paired by label (records.cell_key): a 256K sent as 262,143 tokens is a page's 262,144
+    for key in sorted(set(new.cells) | set(old.cells), key=cell_sort_key):
+        phase, label, conc = key
         a, b = new.cells.get(key), old.cells.get(key)
+        ctx = int((a or b or {})["context_tokens"])
         cell_common = {
             "phase": phase,
             "context_tokens": ctx,
-            "context_label": (a or b or {}).get("context_label") or context_label(ctx),
+            "context_label": label,
             "concurrency": conc,
             "status": (a or {}).get("status"),
             "baseline_status": (b or {}).get("status"),
@@ -311,11 +304,6 @@ def compare_runs(
                 reason=reason,
             )
     return rows
-
-
-def _sort_key(key: tuple[Any, ...]) -> tuple[int, int, int]:
-    phase, ctx, conc = key
-    return (0 if phase == "prefill" else 1, ctx, conc)
 
 
 def _resolution(cell: Mapping[str, Any], metric: Metric) -> float:

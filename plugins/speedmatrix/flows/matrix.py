@@ -35,7 +35,14 @@ from speedmatrix import __version__
 from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost, holder_id
 from speedmatrix.plan import KvCapacity, MatrixSpec, check_matrix, ordered_cells, plan_matrix
 from speedmatrix.quality import run_status
-from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS, empty_cell
+from speedmatrix.records import (
+    CELL_FIELDS,
+    REQUEST_FIELDS,
+    RUN_FIELDS,
+    cell_name,
+    context_label,
+    empty_cell,
+)
 
 log = logging.getLogger("speedmatrix.pipeline")
 
@@ -151,7 +158,7 @@ def resolve(
 def _repeats(conf: Mapping[str, Any], m: Any, spec: MatrixSpec) -> tuple[int, list[str] | None]:
     """(repeats, the canonical names of the cells to repeat or None for all), checked against
     the matrix now so that a typo fails before a host is touched."""
-    from speedmatrix.plan import PlanError, cell_spec, check_repeats, repeat_keys
+    from speedmatrix.plan import PlanError, check_repeats, repeat_keys
 
     named = conf.get("repeat_cells")
     try:
@@ -167,7 +174,7 @@ def _repeats(conf: Mapping[str, Any], m: Any, spec: MatrixSpec) -> tuple[int, li
         raise ResolveError(str(exc)) from exc
     if repeats < 2:
         return 1, None
-    return repeats, None if keys is None else [cell_spec(*k) for k in keys]
+    return repeats, None if keys is None else [cell_name(*k) for k in keys]
 
 
 def _recipe(resolved: Mapping[str, Any]):
@@ -411,7 +418,7 @@ def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> dict[str
     return empty_cell(
         phase=phase,
         context_tokens=int(cell["context_tokens"]),
-        context_label=_label(int(cell["context_tokens"])),
+        context_label=context_label(int(cell["context_tokens"])),
         concurrency=int(cell["concurrency"]),
         status="failed",
         error=reason,
@@ -421,12 +428,6 @@ def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> dict[str
         workload=cell.get("workload"),
         **values,
     )
-
-
-def _label(tokens: int) -> str:
-    from speedmatrix.records import context_label
-
-    return context_label(tokens)
 
 
 def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -661,7 +662,9 @@ def collect_cells(
             cell = _jsonable(failed_cell(p, "the cell's task ended without a result"))
         else:
             # The record says what was measured; the plan says which cell it was.
-            cell.update(context_tokens=key[1], concurrency=key[2], context_label=_label(key[1]))
+            cell.update(
+                context_tokens=key[1], concurrency=key[2], context_label=context_label(key[1])
+            )
         cells.append(cell)
     return ordered_cells(cells), requests
 
@@ -689,7 +692,9 @@ def collect_repeats(
         if cell is None:
             cell = _jsonable(failed_cell(p, "the cell's task ended without a result"))
         else:
-            cell.update(context_tokens=key[1], concurrency=key[2], context_label=_label(key[1]))
+            cell.update(
+                context_tokens=key[1], concurrency=key[2], context_label=context_label(key[1])
+            )
         out.append({**cell, "repeat": key[3]})
     rank = {"prefill": 0, "decode": 1}
     return sorted(

@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedmatrix.records import cell_name
+
 log = logging.getLogger("speedmatrix.notify")
 # The warehouse and verdict imports sit inside the functions: they bring pandas and pyarrow,
 # and speed_matrix's DAG file imports this module (through the notifier) when it is parsed.
@@ -149,8 +151,6 @@ def summarize_run(
 
 
 def _cell(r: Mapping[str, Any]) -> str:
-    from speedmatrix.analysis.verdict import cell_name
-
     return cell_name(
         r.get("phase"), r.get("context_label") or r.get("context_tokens"), r.get("concurrency")
     )

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import requests
 
 from speedmatrix.recipes import RecipeError, list_recipe_ids, load_recipe, wheel_index_for
+from speedmatrix.upstream import wheels
 from speedmatrix.upstream.github import (
     Commit,
     CommitPage,
@@ -301,27 +302,24 @@ def plan_commit_triggers(
     )
 
 
-def wheel_url(template: str, recipe: ScheduledRecipe, sha: str) -> str:
-    """The URL whose existence means 'the wheel for `sha` is published'."""
+def wheel_url(template: str | None, recipe: ScheduledRecipe, sha: str) -> str:
+    """The index page that lists `sha`'s wheels: by default the one provisioning installs from
+    (`<wheel_index>/<sha>[/<variant>]/vllm/`); a deployment's template for another layout."""
+    if template is None:
+        return wheels.page_url(wheels.index_url(recipe.wheel_index or "", sha, recipe.variant))
     return template.format(
         wheel_index=(recipe.wheel_index or "").rstrip("/"), sha=sha, variant=recipe.variant or ""
     )
 
 
 def make_wheel_check(
-    template: str, timeout_s: float = 10, session: requests.Session | None = None
+    template: str | None, timeout_s: float = 10, session: requests.Session | None = None
 ) -> WheelCheck:
-    """A WheelCheck doing HEAD on the wheel URL: 2xx means published; anything else, not yet."""
+    """A WheelCheck with provisioning's rule (upstream.wheels): the page lists a vLLM wheel."""
     http = session or requests.Session()
 
     def ready(recipe: ScheduledRecipe, sha: str) -> bool:
-        url = wheel_url(template, recipe, sha)
-        try:
-            resp = http.head(url, timeout=timeout_s, allow_redirects=True)
-        except requests.RequestException as exc:
-            log.warning("wheel check %s failed: %s (treated as not yet published)", url, exc)
-            return False
-        return 200 <= resp.status_code < 300
+        return wheels.is_published(wheel_url(template, recipe, sha), timeout_s, http)
 
     return ready
 

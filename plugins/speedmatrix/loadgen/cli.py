@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from speedmatrix.records import ACTIVE_TOLERANCE, DEFAULT_WORKLOAD, WORKLOADS
+from speedmatrix.records import ACTIVE_TOLERANCE, DEFAULT_WORKLOAD, WORKLOADS, parse_context
 
 from .config import CellConfig, DecodeConfig, PrefillConfig, new_run_tag
 from .control import CellNotAttempted
@@ -38,13 +38,10 @@ class _Help(argparse.HelpFormatter):
 
 
 def parse_tokens(value: str) -> int:
-    """`8192`, `8K` (= 8192) or `512k`; what argparse calls for --context and --max-output."""
-    text = value.strip().replace(",", "").replace("_", "")
-    scale = 1
-    if text[-1:] in ("k", "K"):
-        text, scale = text[:-1], 1024
+    """`8192`, `8K` (= 8192) or `512k` (records.parse_context), positive; argparse's type for
+    --context and --max-output."""
     try:
-        tokens = int(text) * scale
+        tokens = parse_context(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a token count: {value!r}") from None
     if tokens < 1:

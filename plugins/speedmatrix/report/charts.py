@@ -13,6 +13,8 @@ import math
 import re
 from collections.abc import Sequence
 
+from speedmatrix.records import cell_key
+
 _COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
@@ -107,7 +109,7 @@ def decode_chart(
         for c in group:
             if c.get("phase") == "decode" and c.get("status") == "valid" and _ok(c.get(metric)):
                 by_ctx.setdefault(c["context_tokens"], []).append((c["concurrency"], c[metric]))
-                labels[c["context_tokens"]] = c.get("context_label") or f"{c['context_tokens']}"
+                labels[c["context_tokens"]] = cell_key(c)[1]
         return {k: (labels[k], sorted(v)) for k, v in sorted(by_ctx.items())}
 
     mine = lines(cells)

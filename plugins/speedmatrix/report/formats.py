@@ -108,18 +108,6 @@ def parse_tokens(text: str) -> int | None:
     return parse_int(s)
 
 
-def parse_context_label(text: str) -> int:
-    """``8K`` -> 8 * 1024 tokens: the pages give only the label (tokens // 1024), so the exact
-    prompt length is not recoverable; label * 1024 is the value the label stands for."""
-    s = text.strip()
-    m = re.fullmatch(r"(\d+)K", s)
-    if m:
-        return int(m.group(1)) * 1024
-    if re.fullmatch(r"\d+", s):
-        return int(s)
-    raise QuantityError(f"not a context length label (like 8K): {s!r}")
-
-
 # ---------------------------------------------------------------------------------------------
 # formatting
 

@@ -32,9 +32,12 @@ from speedmatrix.records import (
     DEFAULT_WORKLOAD,
     RUN_FIELDS,
     WORKLOADS,
+    cell_sort_key,
     context_label,
     empty_cell,
+    parse_context,
 )
+from speedmatrix.redact import redact
 from speedmatrix.report import formats as F
 
 TITLE = "Speed test matrix"
@@ -369,8 +372,8 @@ def _cell_from_row(row: list[str], ln: _Line, run: dict, source: str | None) -> 
         except F.QuantityError as exc:
             raise bad(column, str(exc)) from None
     try:
-        context_tokens = F.parse_context_label(col["Context"])
-    except F.QuantityError as exc:
+        context_tokens = parse_context(col["Context"])
+    except ValueError as exc:
         raise bad("Context", str(exc)) from None
     concurrency = values["Requests at once"]
     if concurrency is None or concurrency < 1:
@@ -548,7 +551,7 @@ def _check_matrix(lines: list[_Line], cells: list[dict], source: str | None) -> 
                     ln.no,
                     source,
                 )
-    missing = sorted(set(decode) - seen, key=lambda k: (F.parse_context_label(k[0]), k[1]))
+    missing = sorted(set(decode) - seen, key=lambda k: cell_sort_key(("decode", *k)))
     if missing:
         at = row_lines[-1].no if row_lines else None
         label, conc = missing[0]
@@ -611,16 +614,6 @@ def _launch(lines: list[_Line]) -> tuple[str | None, str | None]:
     if text:
         text = redact(text)
     return text, ("\n".join(comment) or None)
-
-
-_SECRET_FLAG = re.compile(r"(--api-key(?:=|\s+))(?!<redacted>)(\"[^\"]*\"|'[^']*'|\S+)")
-_SECRET_ENV = re.compile(r"\b((?:VLLM_API_KEY|HF_TOKEN|OPENAI_API_KEY)=)(?!<redacted>)(\S+)")
-
-
-def redact(command: str) -> str:
-    """Replace any API key / token in a launch command with ``<redacted>``."""
-    command = _SECRET_FLAG.sub(r"\1<redacted>", command)
-    return _SECRET_ENV.sub(r"\1<redacted>", command)
 
 
 def _from_launch(command: str | None) -> dict:
@@ -789,12 +782,3 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
         subtitle=" ".join(ln.text for ln in head[1:]) or None,
         launch_comment=comment,
     )
-
-
-def parse_report_file(path: str) -> ParsedReport:
-    """Read and parse one report file; ``source`` is the file's name (not its directory)."""
-    import os
-
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    return parse_report(text, source=os.path.basename(path))

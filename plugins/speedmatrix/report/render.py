@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from speedmatrix.records import DEFAULT_WORKLOAD, context_label
+from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
 from speedmatrix.report import formats as F
 
 OVER_CAPACITY_NOTE = (
@@ -52,23 +52,12 @@ def _v(run: dict, key: str) -> Any:
 
 
 def sort_cells(cells: Sequence[dict]) -> list[dict]:
-    """Page order: prefill then decode; by context, then concurrency."""
-    order = {"prefill": 0, "decode": 1}
-    return sorted(
-        cells,
-        key=lambda c: (
-            order.get(c.get("phase"), 2),
-            c.get("context_tokens") or 0,
-            c.get("concurrency") or 0,
-        ),
-    )
+    """Page order (`records.cell_sort_key`): prefill then decode; by context, then concurrency."""
+    return sorted(cells, key=cell_sort_key)
 
 
 def _label(cell: dict) -> str:
-    label = cell.get("context_label")
-    if label:
-        return str(label)
-    return context_label(int(cell["context_tokens"]))
+    return cell_key(cell)[1]
 
 
 def _vram_text(run: dict) -> str | None:
@@ -207,11 +196,12 @@ def _pct(new: Any, old: Any) -> str:
 
 
 def comparison_rows(cells: Sequence[dict], baseline_cells: Sequence[dict]) -> list[dict]:
-    """Cells of both runs matched on (phase, context label, concurrency), with changes."""
-    base = {(c.get("phase"), _label(c), c.get("concurrency")): c for c in baseline_cells}
+    """Cells of both runs matched by `records.cell_key` (phase, context label, concurrency),
+    as analysis.compare pairs them, with changes."""
+    base = {cell_key(c): c for c in baseline_cells}
     rows = []
     for c in sort_cells(cells):
-        b = base.get((c.get("phase"), _label(c), c.get("concurrency")))
+        b = base.get(cell_key(c))
         if b is None:
             continue
         rows.append(

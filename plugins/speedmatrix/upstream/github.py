@@ -188,18 +188,20 @@ class GitHubClient:
             )
         return CommitPage(commits=[Commit.from_api(c) for c in data], etag=resp.headers.get("ETag"))
 
+    def compare(self, repo: str, base: str, head: str) -> list[Commit]:
+        """Commits after `base` up to and including `head`, oldest first (the compare API;
+        GitHub lists up to 250, enough for the ranges a nightly can open)."""
+        resp = self._get(f"/repos/{repo}/compare/{base}...{head}", None, None)
+        data = _json(resp)
+        commits = data.get("commits") if isinstance(data, dict) else None
+        if not isinstance(commits, list):
+            raise GitHubError(f"expected a compare object with commits from {resp.url}")
+        return [Commit.from_api(c) for c in commits]
+
     def head_commit(self, repo: str, branch: str = "main") -> Commit:
         """The commit `branch` points at now."""
         resp = self._get(f"/repos/{repo}/commits/{branch}", None, None)
         return Commit.from_api(_json(resp))
-
-    def compare_commits(self, repo: str, base: str, head: str) -> list[str]:
-        """The shas after `base` up to and including `head`, oldest first (GitHub's compare
-        API: up to 250, enough for the ranges a nightly can open)."""
-        data = _json(self._get(f"/repos/{repo}/compare/{base}...{head}", None, None))
-        if not isinstance(data, dict):
-            raise GitHubError(f"expected a comparison from GitHub, got {type(data).__name__}")
-        return [c["sha"] for c in data.get("commits", [])]
 
 
 def github_repo(url: Any) -> str | None:

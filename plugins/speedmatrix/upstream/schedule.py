@@ -33,7 +33,8 @@ class CommitWatchConfig(_Strict):
     cron: str = "*/15 * * * *"
     max_commits_per_poll: int = Field(default=5, ge=1, le=100)
     wait_for_wheel: bool = False
-    wheel_url: str = "{wheel_index}/{sha}/vllm/"
+    # None: the page provisioning installs from (upstream.wheels), variant included
+    wheel_url: str | None = None
     wheel_max_wait_s: float = Field(default=21600, ge=0)
 
 

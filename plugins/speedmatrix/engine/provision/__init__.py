@@ -104,11 +104,9 @@ from speedmatrix.engine.provision.resolve import (
     DEFAULT_GITHUB_REPO,
     DEFAULT_REPO_URL,
     ENV_REPO_URL,
-    check_wheel,
     repo_url_for,
     resolve_commit,
     resolve_pr_head,
-    wheel_base_url,
 )
 from speedmatrix.engine.provision.scripts import attempt_scripts
 from speedmatrix.engine.provision.shipping import Shipment, build_shipment, refresh_shipped
@@ -134,7 +132,6 @@ __all__ = [
     "WheelNotFound",
     "attempt_scripts",
     "build_shipment",
-    "check_wheel",
     "install_hash",
     "plan_install",
     "provision",
@@ -143,5 +140,4 @@ __all__ = [
     "repo_url_for",
     "resolve_commit",
     "resolve_pr_head",
-    "wheel_base_url",
 ]

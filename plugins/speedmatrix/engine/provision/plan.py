@@ -20,15 +20,15 @@ from speedmatrix.engine.provision.contract import (
     RC_PR_MOVED,
     InstallPlan,
     ProvisionError,
+    WheelNotFound,
 )
 from speedmatrix.engine.provision.resolve import (
-    check_wheel,
     repo_url_for,
     resolve_commit,
     resolve_pr_head,
-    wheel_base_url,
 )
 from speedmatrix.recipes import Recipe, classify_ref, wheel_index_for
+from speedmatrix.upstream import wheels
 
 # Paths whose change in a PR means the precompiled binaries of the merge base do not fit.
 COMPILED_PATHS_RE = r"^(csrc/|cmake/|CMakeLists\.txt$|setup\.py$)|\.(cu|cuh|cpp|cc|c|h|hpp)$"
@@ -154,8 +154,13 @@ def plan_install(
         return InstallPlan("release", ref, None, "\n".join([*head, *body, *tail]) + "\n")
     if kind in ("commit", "main") and inst.kind != "pr":
         commit = resolve_commit(value, resolver)
-        base = wheel_base_url(index, commit, recipe.engine.variant)
-        url = check_wheel(base) if check else f"{base}/vllm/"
+        base = wheels.index_url(index, commit, recipe.engine.variant)
+        try:
+            url = wheels.check_wheel(base) if check else wheels.page_url(base)
+        except wheels.WheelNotFound as exc:
+            raise WheelNotFound(str(exc)) from None
+        except wheels.WheelIndexError as exc:
+            raise ProvisionError(str(exc)) from exc
         body = [
             *_uv_lines(recipe.engine.python),
             f'"$UV" pip install --python "$ENV/bin/python" vllm --torch-backend=auto '

@@ -1,4 +1,4 @@
-"""Which commit a ref names, and whether vLLM's wheel index has a wheel for it.
+"""Which commit a ref names (the wheel check is `speedmatrix.upstream.wheels`, the one rule).
 
 One job: resolving before planning. A short sha or ``main`` goes to GitHub's API (or the
 caller's ``resolver``); a PR's head is asked of the git repository the host will fetch from
@@ -13,9 +13,7 @@ import re
 import subprocess
 from collections.abc import Callable
 
-import requests
-
-from speedmatrix.engine.provision.contract import ProvisionError, WheelNotFound
+from speedmatrix.engine.provision.contract import ProvisionError
 
 DEFAULT_REPO_URL = "https://github.com/vllm-project/vllm.git"
 
@@ -93,32 +91,3 @@ def repo_url_for(repo_url: str | None = None) -> str:
     """The vLLM git repository: the argument, else ``$SPEEDMATRIX_VLLM_REPO_URL``, else
     GitHub's. Read at call time, so a deployment points its hosts at a mirror without code."""
     return repo_url or os.environ.get(ENV_REPO_URL) or DEFAULT_REPO_URL
-
-
-def wheel_base_url(wheel_index: str, commit: str, variant: str | None) -> str:
-    """``<index>/<commit>[/<variant>]``: the extra index that holds that commit's wheels."""
-    base = f"{wheel_index.rstrip('/')}/{commit}"
-    return f"{base}/{variant}" if variant else base
-
-
-def check_wheel(base_url: str, timeout_s: float = 30) -> str:
-    """Make sure the wheel index serves a vLLM wheel at ``base_url``; return its page URL.
-
-    The index is PEP 503 "simple": ``<base>/vllm/`` lists the wheels. A 404 or a page without
-    any wheel means the build for that commit has not finished (or never ran).
-    """
-    url = f"{base_url.rstrip('/')}/vllm/"
-    try:
-        resp = requests.get(url, timeout=timeout_s)
-    except requests.RequestException as exc:
-        raise ProvisionError(f"wheel index unreachable at {url}: {exc}") from exc
-    if resp.status_code == 404:
-        raise WheelNotFound(
-            f"no vLLM wheel at {url} (HTTP 404): the per-commit build has not finished or "
-            "never ran for this commit/variant; try again later or pick another commit"
-        )
-    if resp.status_code != 200:
-        raise ProvisionError(f"wheel index answered HTTP {resp.status_code} for {url}")
-    if not re.search(r"vllm-[^\"'<>/]*\.whl", resp.text):
-        raise WheelNotFound(f"the wheel index page {url} lists no vllm wheel (yet)")
-    return url

@@ -1,0 +1,73 @@
+"""Secret redaction: the one rule for what a secret looks like and how it is hidden.
+
+Three places used to carry their own patterns (the quality suite, the report parser, the recipe
+checks) and they disagreed: a quoted `--api-key "k"` was scrubbed on ingest but not by the
+quality suite, `HF_TOKEN=…` only by the quality suite, `--hf-token` only by the recipe check.
+Everything now asks this module: what is redacted is exactly what the runs suite refuses to
+land (`SECRET_PATTERNS`), so a launch line that passed through `redact` always validates.
+
+Standard library only (like records.py), so any layer may import it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+REDACTED = "<redacted>"
+
+SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
+"""Command-line flags whose value is a credential (vLLM's, Hugging Face's)."""
+
+_WORDS = r"(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)"
+# An environment variable name with a secret word at the end of one of its parts: API_KEY,
+# HF_TOKEN, HF_TOKEN_PATH, APIKEY; not TOKENIZERS_PARALLELISM.
+_NAME = rf"[A-Za-z0-9_]*{_WORDS}(?:_[A-Za-z0-9_]*)?"
+_NAME_RE = re.compile(_NAME, re.IGNORECASE)
+# Credentials written in clear, recognisable by their prefix: Hugging Face, OpenAI, GitHub, AWS.
+_VALUE = r"(?:hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|AKIA[0-9A-Z]{12,})"
+_VALUE_RE = re.compile(_VALUE)
+_NOT_DONE = rf"(?!{re.escape(REDACTED)})"
+_ARG = r"(?:\"[^\"]*\"|'[^']*'|\S+)"  # one shell word, quoted or not
+
+_FLAG = rf"(?<![\w-])(?:{'|'.join(re.escape(f) for f in SECRET_FLAGS)})(?:=|\s+)"
+_ENV = rf"(?<![\w-]){_NAME}="
+_BEARER = r"\bBearer\s+"
+_FLAG_RE = re.compile(rf"({_FLAG}){_NOT_DONE}{_ARG}")
+_ENV_RE = re.compile(rf"({_ENV}){_NOT_DONE}{_ARG}", re.IGNORECASE)
+_BEARER_RE = re.compile(rf"({_BEARER}){_NOT_DONE}\S+", re.IGNORECASE)
+_LITERAL_RE = re.compile(rf"(?<![\w-]){_VALUE}")
+
+# Without capture groups (pandas warns on groups in str.contains); the same pieces as above.
+SECRET_PATTERNS: tuple[str, ...] = (
+    rf"{_FLAG}{_NOT_DONE}\S",
+    rf"(?i){_ENV}{_NOT_DONE}\S",
+    rf"(?i){_BEARER}{_NOT_DONE}\S",
+    _LITERAL_RE.pattern,
+)
+"""What a text must not match once redacted (the runs suite's regex list for launch_command)."""
+
+
+def is_secret_name(name: str) -> bool:
+    """Does this environment variable name hold a secret (HF_TOKEN, VLLM_API_KEY…)?"""
+    return _NAME_RE.fullmatch(name) is not None
+
+
+def looks_like_secret(value: str) -> bool:
+    """Does this value look like a credential written in clear (hf_…, sk-…, ghp_…, AKIA…)?"""
+    return _VALUE_RE.match(value) is not None
+
+
+def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
+    """`text` with known secret values and credential-looking values replaced by `<redacted>`:
+    the value of a secret flag (`--api-key k`, `--api-key="k"`), of a secret variable
+    (`HF_TOKEN=…`), a bearer token, and any clear credential (`hf_…`). None stays None."""
+    if text is None:
+        return None
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    text = _FLAG_RE.sub(rf"\g<1>{REDACTED}", text)
+    text = _ENV_RE.sub(rf"\g<1>{REDACTED}", text)
+    text = _BEARER_RE.sub(rf"\g<1>{REDACTED}", text)
+    return _LITERAL_RE.sub(REDACTED, text)
