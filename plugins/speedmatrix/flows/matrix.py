@@ -35,7 +35,16 @@ from speedmatrix import __version__
 from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost, holder_id
 from speedmatrix.plan import KvCapacity, MatrixSpec, check_matrix, ordered_cells, plan_matrix
 from speedmatrix.quality import run_status
-from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS, empty_cell
+from speedmatrix.records import (
+    CELL_FIELDS,
+    REQUEST_FIELDS,
+    RUN_FIELDS,
+    CellRecord,
+    context_label,
+    empty_cell,
+    from_wire,
+    to_wire,
+)
 
 log = logging.getLogger("speedmatrix.pipeline")
 
@@ -424,15 +433,12 @@ def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> dict[str
 
 
 def _label(tokens: int) -> str:
-    from speedmatrix.records import context_label
-
     return context_label(tokens)
 
 
 def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        k: (v.isoformat() if isinstance(v, dt.datetime | dt.date) else v) for k, v in row.items()
-    }
+    """A cell record's XCom form (records.to_wire: its timestamps as ISO strings)."""
+    return to_wire(row)
 
 
 def server_health(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> str | None:
@@ -510,13 +516,17 @@ def _run_cell(
             record = {**record, "error": f"{record.get('error')}; server not healthy after: {why}"}
     if record.get("started_at") is None:
         record = {**record, "started_at": started_at}
+    # The record keeps the prompt tokens the server confirmed (context_tokens, measured);
+    # which planned cell it is goes in its own field, the planned label (8K for a prompt of
+    # 8,176 tokens): collect_cells matches the two by it when the counts differ.
+    record = {**record, "context_label": _label(int(cell["context_tokens"]))}
     log.info(
         "cell %s: %s%s",
         cell.get("label"),
         record.get("status"),
         f" ({record.get('error')})" if record.get("error") else "",
     )
-    return {"cell": _jsonable(record), "requests": [_jsonable(r) for r in rows]}
+    return {"cell": to_wire(record), "requests": [to_wire(r, REQUEST_FIELDS) for r in rows]}
 
 
 def pass_run_tag(run_tag: str, repeat: int) -> str:
@@ -628,41 +638,89 @@ def _measure_remote(resolved, server, cell, cfg) -> tuple[dict[str, Any], list[d
     cell_text, _, req_text = tail.partition("@@REQUESTS@@")
     if res.rc != 0 or not cell_text.strip():
         return failed_cell(cell, f"load generator exit {res.rc}: {res.tail(5)}"), []
-    record = json.loads(cell_text)
-    rows = [json.loads(line) for line in req_text.splitlines() if line.strip()]
+    record = from_wire(json.loads(cell_text))
+    rows = [
+        from_wire(json.loads(line), REQUEST_FIELDS)
+        for line in req_text.splitlines()
+        if line.strip()
+    ]
     return record, rows
 
 
 # ---------------------------------------------------------------------------- validate, land
 
 
+def _results(
+    results: Sequence[Mapping[str, Any] | None], repeats: bool
+) -> list[tuple[int, CellRecord, list[dict]]]:
+    """(pass, cell record, request rows) of each cell task's XCom result, read back from its
+    wire form (records.from_wire): primaries, or with `repeats` the later passes."""
+    out = []
+    for res in results:
+        if not res or not res.get("cell") or bool(res.get("repeat")) != repeats:
+            continue
+        rows = [from_wire(r, REQUEST_FIELDS) for r in res.get("requests") or []]
+        out.append((int(res.get("repeat") or 0), from_wire(res["cell"]), rows))  # type: ignore[arg-type]
+    return out
+
+
+def _pair(
+    planned: Sequence[Mapping[str, Any]], got: list[tuple[int, CellRecord, list[dict]]]
+) -> list[tuple[Mapping[str, Any], tuple[int, CellRecord, list[dict]] | None]]:
+    """Each planned cell with its result, or None. A result is its planned cell's by the exact
+    key (phase, context tokens, concurrency, pass), else, when the server confirmed another
+    prompt length than planned (8,176 tokens for 8K), by the planned label run_cell gave it:
+    the record keeps its measured tokens, never the planned ones."""
+    left = list(got)
+
+    def take(match) -> tuple[int, CellRecord, list[dict]] | None:
+        for i, item in enumerate(left):
+            if match(item):
+                return left.pop(i)
+        return None
+
+    def ident(p: Mapping[str, Any]) -> tuple[str, int, int]:
+        return str(p["phase"]), int(p["concurrency"]), int(p.get("repeat") or 0)
+
+    found = [
+        take(
+            lambda r, p=p: (
+                (r[1]["phase"], int(r[1]["concurrency"]), r[0]) == ident(p)
+                and int(r[1]["context_tokens"]) == int(p["context_tokens"])
+            )
+        )
+        for p in planned
+    ]
+    for i, p in enumerate(planned):
+        if found[i] is None:
+            label = _label(int(p["context_tokens"]))
+            found[i] = take(
+                lambda r, p=p, label=label: (
+                    (r[1]["phase"], int(r[1]["concurrency"]), r[0]) == ident(p)
+                    and r[1].get("context_label") == label
+                )
+            )
+    return list(zip(planned, found, strict=True))
+
+
 def collect_cells(
     planned: Mapping[str, Sequence[dict]] | None, results: Sequence[Mapping[str, Any] | None]
-) -> tuple[list[dict], list[dict]]:
+) -> tuple[list[CellRecord], list[dict]]:
     """Every planned cell exactly once, in report order: measured records, over-capacity
-    records, and `failed` for a planned cell whose task left no result (it crashed)."""
+    records, and `failed` for a planned cell whose task left no result (it crashed).
+    Records come back from their XCom form with datetimes (records.from_wire); a request row
+    carries its cell's context_tokens (the measured count, the cells table's key)."""
     planned = planned or {"prefill": [], "decode": [], "over_capacity": []}
-    got: dict[tuple, dict] = {}
+    primaries = [p for p in [*planned["prefill"], *planned["decode"]] if not p.get("repeat")]
+    cells: list[CellRecord] = [from_wire(c) for c in planned["over_capacity"]]  # type: ignore[misc]
     requests: list[dict] = []
-    for res in results:
-        if not res or not res.get("cell") or res.get("repeat"):
+    for p, res in _pair(primaries, _results(results, repeats=False)):
+        if res is None:
+            cells.append(failed_cell(p, "the cell's task ended without a result"))
             continue
-        cell = res["cell"]
-        key = (cell["phase"], int(cell["context_tokens"]), int(cell["concurrency"]))
-        got[key] = dict(cell)
-        requests += [dict(r) for r in res.get("requests") or []]
-    cells = [dict(c) for c in planned["over_capacity"]]
-    for p in [*planned["prefill"], *planned["decode"]]:
-        if p.get("repeat"):
-            continue
-        key = (p["phase"], int(p["context_tokens"]), int(p["concurrency"]))
-        cell = got.pop(key, None)
-        if cell is None:
-            cell = _jsonable(failed_cell(p, "the cell's task ended without a result"))
-        else:
-            # The record says what was measured; the plan says which cell it was.
-            cell.update(context_tokens=key[1], concurrency=key[2], context_label=_label(key[1]))
+        _, cell, rows = res
         cells.append(cell)
+        requests += [{**r, "context_tokens": cell["context_tokens"]} for r in rows]
     return ordered_cells(cells), requests
 
 
@@ -674,23 +732,13 @@ def collect_repeats(
     not kept: the requests table holds one set per cell, and a repeat is only there to give
     the between-run spread of the cell's figures."""
     planned = planned or {"prefill": [], "decode": []}
-    got: dict[tuple, dict] = {}
-    for res in results:
-        if res and res.get("cell") and res.get("repeat"):
-            cell = res["cell"]
-            key = (cell["phase"], int(cell["context_tokens"]), int(cell["concurrency"]))
-            got[(*key, int(res["repeat"]))] = dict(cell)
+    later = [
+        p for p in [*planned.get("prefill", []), *planned.get("decode", [])] if p.get("repeat")
+    ]
     out = []
-    for p in [*planned.get("prefill", []), *planned.get("decode", [])]:
-        if not p.get("repeat"):
-            continue
-        key = (p["phase"], int(p["context_tokens"]), int(p["concurrency"]), int(p["repeat"]))
-        cell = got.pop(key, None)
-        if cell is None:
-            cell = _jsonable(failed_cell(p, "the cell's task ended without a result"))
-        else:
-            cell.update(context_tokens=key[1], concurrency=key[2], context_label=_label(key[1]))
-        out.append({**cell, "repeat": key[3]})
+    for p, res in _pair(later, _results(results, repeats=True)):
+        cell = failed_cell(p, "the cell's task ended without a result") if res is None else res[1]
+        out.append({**cell, "repeat": int(p["repeat"])})
     rank = {"prefill": 0, "decode": 1}
     return sorted(
         out,
@@ -718,8 +766,8 @@ def run_row(
         run_id=resolved["run_id"],
         recipe_id=recipe.id,
         trigger=resolved["trigger"],
-        started_at=resolved["started_at"],
-        finished_at=dt.datetime.now(dt.UTC).isoformat(),
+        started_at=from_wire(resolved, RUN_FIELDS)["started_at"],
+        finished_at=dt.datetime.now(dt.UTC),
         status=status,
         hardware_type=recipe.hardware.type,
         hardware_gpu=info.get("gpu") or recipe.hardware.gpu,
@@ -780,7 +828,7 @@ def validate(
     cells, requests = collect_cells(planned, results)
     repeats = collect_repeats(planned, results)
     run = run_row(resolved, info, server, run_status(cells))
-    return check_for_landing(
+    checked = check_for_landing(
         warehouse_of(resolved),
         run,
         cells,
@@ -788,6 +836,14 @@ def validate(
         secrets=secrets_of(resolved),
         repeats=repeats,
     )
+    # the XCom form `land` reads back (records.to_wire / from_wire: the one conversion)
+    return {
+        **checked,
+        "run": to_wire(checked["run"], RUN_FIELDS),
+        "cells": [to_wire(c) for c in checked["cells"]],
+        "requests": [to_wire(r, REQUEST_FIELDS) for r in checked["requests"]],
+        "repeats": [to_wire(c) for c in checked["repeats"]],
+    }
 
 
 def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str, Any]:
@@ -795,11 +851,16 @@ def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str,
     from speedmatrix.analysis.compare import land_cell_repeats
 
     wh = warehouse_of(resolved)
-    wh.land_run(dict(validated["run"]), list(validated["cells"]), list(validated["requests"]))
+    run = from_wire(validated["run"], RUN_FIELDS)
+    wh.land_run(
+        run,
+        [from_wire(c) for c in validated["cells"]],
+        [from_wire(r, REQUEST_FIELDS) for r in validated["requests"]],
+    )
     # after the run (the repeats file goes next to the run's files); with no repeats an older
     # landing's file is removed, so landing again replaces
-    repeats = list(validated.get("repeats") or [])
-    land_cell_repeats(wh, dict(validated["run"]), repeats)
+    repeats = [from_wire(c) for c in validated.get("repeats") or []]
+    land_cell_repeats(wh, run, repeats)
     cells = validated["cells"]
     failed = [
         f"{c['phase']} {c['context_label']} x {c['concurrency']}: {c.get('error')}"
