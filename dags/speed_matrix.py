@@ -288,12 +288,10 @@ def speed_matrix():
         would only say it again 30 s later)."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from speedmatrix.analysis.compare import RegressionError, regressions_check
+        from speedmatrix.analysis.compare import RegressionError
 
         try:
-            return regressions_check(
-                matrix.warehouse_of(resolved), landed["run_id"], fetch_commits=True
-            )
+            return matrix.regressions(resolved, landed)  # the comparison `report` made
         except RegressionError as err:
             raise AirflowFailException(str(err)) from err
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from speedmatrix import __version__
 from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost, holder_id
+from speedmatrix.flows.resolved import Resolved
 from speedmatrix.plan import KvCapacity, MatrixSpec, check_matrix, ordered_cells, plan_matrix
 from speedmatrix.quality import run_status
 from speedmatrix.records import (
@@ -40,6 +41,7 @@ from speedmatrix.records import (
     REQUEST_FIELDS,
     RUN_FIELDS,
     CellRecord,
+    Field,
     context_label,
     empty_cell,
     from_wire,
@@ -88,7 +90,7 @@ def resolve(
     dag_run_id: str,
     run_after: dt.datetime,
     dag_id: str = DAG_ID,
-) -> dict[str, Any]:
+) -> Resolved:
     """Check the conf against the recipe and fix everything the run needs, touching no host.
 
     Raises ResolveError naming every problem (unknown recipe, bad ref, impossible matrix).
@@ -179,23 +181,23 @@ def _repeats(conf: Mapping[str, Any], m: Any, spec: MatrixSpec) -> tuple[int, li
     return repeats, None if keys is None else [cell_spec(*k) for k in keys]
 
 
-def _recipe(resolved: Mapping[str, Any]):
+def _recipe(resolved: Resolved):
     from speedmatrix.recipes import load_recipe_id
 
     return load_recipe_id(resolved["recipe_id"])
 
 
-def _spec(resolved: Mapping[str, Any]) -> MatrixSpec:
+def _spec(resolved: Resolved) -> MatrixSpec:
     return MatrixSpec.build(**resolved["matrix"])
 
 
-def api_key(resolved: Mapping[str, Any]) -> str | None:
+def api_key(resolved: Resolved) -> str | None:
     """The server's API key from the worker's environment (variable named by the recipe)."""
     name = resolved.get("api_key_env")
     return os.environ.get(name) if name else None
 
 
-def secrets_of(resolved: Mapping[str, Any]) -> list[str]:
+def secrets_of(resolved: Resolved) -> list[str]:
     key = api_key(resolved)
     return [key] if key else []
 
@@ -203,7 +205,7 @@ def secrets_of(resolved: Mapping[str, Any]) -> list[str]:
 # ------------------------------------------------------------------------------------- lease
 
 
-def host_of(resolved: Mapping[str, Any]):
+def host_of(resolved: Resolved):
     """A fresh Host for the run (`host_home` becomes $HOME there: envs and server state; the
     lease is the machine's whatever the HOME)."""
     from speedmatrix.engine.hosts import get_host
@@ -212,7 +214,7 @@ def host_of(resolved: Mapping[str, Any]):
     return get_host(resolved["host"], env={"HOME": home} if home else None)
 
 
-def host_lease(resolved: Mapping[str, Any]) -> HostLease:
+def host_lease(resolved: Resolved) -> HostLease:
     """The run's lease on its host, on a connection of its own (see lease.Renewer). It covers
     the machine, whatever the run's host_home (lease.py: the machine-wide directory)."""
     return HostLease(
@@ -222,7 +224,7 @@ def host_lease(resolved: Mapping[str, Any]) -> HostLease:
     )
 
 
-def take_lease(resolved: Mapping[str, Any]) -> dict[str, Any] | None:
+def take_lease(resolved: Resolved) -> dict[str, Any] | None:
     """One attempt at the host lease: its state when taken, None when another run holds it."""
     state = host_lease(resolved).try_acquire()
     if state.status != "ACQUIRED":
@@ -233,7 +235,7 @@ def take_lease(resolved: Mapping[str, Any]) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------- server lifecycle
 
 
-def setup(resolved: Mapping[str, Any]) -> dict[str, Any]:
+def setup(resolved: Resolved) -> dict[str, Any]:
     """Provision the engine env (idempotent) and start the server, holding the lease.
 
     Returns the JSON-able server handle every later step uses. Refuses to run when the lease
@@ -289,7 +291,7 @@ def _handle(server: Mapping[str, Any]):
     return ServerHandle.from_dict(dict(server["handle"]))
 
 
-def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str, Any]:
+def inspect(resolved: Resolved, server: Mapping[str, Any]) -> dict[str, Any]:
     """What the server says about itself: version, KV capacity, hardware, max_model_len."""
     from speedmatrix.engine.vllm_server import inspect_server
 
@@ -327,7 +329,7 @@ def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str,
     return info
 
 
-def teardown(resolved: Mapping[str, Any], server: Mapping[str, Any] | None) -> dict[str, Any]:
+def teardown(resolved: Resolved, server: Mapping[str, Any] | None) -> dict[str, Any]:
     """Stop every server of this run, then release the lease. Idempotent; always runs.
 
     The servers are the one in the setup's handle and those the host recorded as started by
@@ -386,7 +388,7 @@ def teardown(resolved: Mapping[str, Any], server: Mapping[str, Any] | None) -> d
 # -------------------------------------------------------------------------------------- plan
 
 
-def plan(resolved: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, list[dict]]:
+def plan(resolved: Resolved, info: Mapping[str, Any]) -> dict[str, list[dict]]:
     """Prefill cells, runnable decode cells and over-capacity records, from the real KV cache."""
     capacity = KvCapacity(int(info["kv_num_blocks"]), int(info["kv_block_size"]))
     max_len = info.get("max_model_len") or _recipe(resolved).model.max_model_len
@@ -414,7 +416,7 @@ def plan(resolved: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, list
 # ------------------------------------------------------------------------------------- cells
 
 
-def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> dict[str, Any]:
+def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> CellRecord:
     """A planned cell recorded as `failed` with its reason (nothing measured)."""
     phase = cell["phase"]
     return empty_cell(
@@ -441,7 +443,7 @@ def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
     return to_wire(row)
 
 
-def server_health(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> str | None:
+def server_health(resolved: Resolved, server: Mapping[str, Any]) -> str | None:
     """None when GET /health answers 200 within HEALTH_TIMEOUT_S, else why not (one line)."""
     url = server["base_url"].rstrip("/") + "/health"
     if resolved["host"] == "local":
@@ -472,7 +474,7 @@ def server_health(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> str
 
 
 def run_cell(
-    resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping[str, Any]
+    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Measure one planned cell on the run's host. Never raises for a measurement problem.
 
@@ -483,7 +485,7 @@ def run_cell(
 
 
 def _run_cell(
-    resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping[str, Any]
+    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any]
 ) -> dict[str, Any]:
     started_at = dt.datetime.now(dt.UTC)
     lease = host_lease(resolved)
@@ -540,7 +542,7 @@ def pass_run_tag(run_tag: str, repeat: int) -> str:
     return run_tag if not repeat else f"{run_tag}r{int(repeat)}"
 
 
-def _loadgen_config(resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping):
+def _loadgen_config(resolved: Resolved, server: Mapping[str, Any], cell: Mapping):
     from speedmatrix.loadgen import DecodeConfig, PrefillConfig
 
     common = {
@@ -565,8 +567,8 @@ def _loadgen_config(resolved: Mapping[str, Any], server: Mapping[str, Any], cell
 
 
 def measure(
-    resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping[str, Any]
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any]
+) -> tuple[CellRecord, list[dict[str, Any]]]:
     """Run the load generator next to the server: in-process on `local`, else the shipped
     zipapp over SSH (its JSON read back). A cell that cannot be attempted comes back failed."""
     from speedmatrix.loadgen import CellNotAttempted
@@ -579,11 +581,11 @@ def measure(
             record, rows = loadgen_run(cfg)
         except CellNotAttempted as exc:
             return failed_cell(cell, f"not attempted: {exc}"), []
-        return dict(record), [dict(r) for r in rows]
+        return record, [dict(r) for r in rows]
     return _measure_remote(resolved, server, cell, cfg)
 
 
-def _measure_remote(resolved, server, cell, cfg) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _measure_remote(resolved, server, cell, cfg) -> tuple[CellRecord, list[dict[str, Any]]]:
 
     zipapp = server.get("loadgen")
     if not zipapp:
@@ -747,7 +749,7 @@ def collect_repeats(
 
 
 def run_row(
-    resolved: Mapping[str, Any],
+    resolved: Resolved,
     info: Mapping[str, Any] | None,
     server: Mapping[str, Any] | None,
     status: str,
@@ -805,14 +807,14 @@ def run_row(
     return row
 
 
-def warehouse_of(resolved: Mapping[str, Any]):
+def warehouse_of(resolved: Resolved):
     from speedmatrix.store.warehouse import Warehouse
 
     return Warehouse(resolved.get("warehouse") or None)
 
 
 def validate(
-    resolved: Mapping[str, Any],
+    resolved: Resolved,
     info: Mapping[str, Any] | None,
     server: Mapping[str, Any] | None,
     planned: Mapping[str, Sequence[dict]] | None,
@@ -846,7 +848,7 @@ def validate(
     }
 
 
-def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str, Any]:
+def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
     """Land the run atomically; landing it again replaces it (idempotent, safe to retry)."""
     from speedmatrix.analysis.compare import land_cell_repeats
 
@@ -890,15 +892,20 @@ def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def report(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> dict[str, str]:
-    """Render the landed run (md + html) next to it in the warehouse; log where."""
-    from speedmatrix.analysis.compare import report_comparison
+def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
+    """Render the landed run (md + html) next to it in the warehouse; log where.
+
+    The run's comparison with its baseline is made here, once: the report shows it and
+    `regressions` judges it, read back from the run's artifacts (hand_on_comparison)."""
+    from speedmatrix.analysis.compare import ReportComparison, report_comparison
     from speedmatrix.report.render import render_html, render_markdown
 
     wh = warehouse_of(resolved)
     run, cells, _ = wh.read_run(resolved["run_id"])
+    result = _compare(wh, resolved["run_id"])
+    hand_on_comparison(wh, resolved["run_id"], result)
     # the baseline the `regressions` task judges against, and its noise-aware verdicts
-    cmp = report_comparison(wh, resolved["run_id"])
+    cmp = ReportComparison() if result is None else report_comparison(wh, run["run_id"], result)
     md = render_markdown(run, cells, cmp.baseline) + ("\n" + cmp.markdown if cmp.markdown else "")
     page = render_html(run, cells, cmp.baseline, verdicts=cmp.verdicts, figures=cmp.figures)
     paths = {
@@ -907,6 +914,96 @@ def report(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> dict[str, 
     }
     log.info("report: %s (html: %s)", paths["md"], paths["html"])
     return paths
+
+
+COMPARISON_HANDOFF = "comparison"
+"""The run's artifacts folder where `report` leaves the comparison for `regressions`:
+rows.parquet and noise.parquet (the comparisons / noise tables' schemas: typed, timestamps
+included) and meta.json (the baseline, and the run's landed_at the comparison was made of)."""
+
+
+def _compare(wh: Any, run_id: str):
+    """The run's comparison (speedmatrix.analysis.compare.compare_in_warehouse), or None,
+    logged, when it cannot be made: the report is written anyway and `regressions`, finding
+    no comparison handed on, makes it again and fails where it belongs."""
+    from speedmatrix.analysis.compare import compare_in_warehouse
+
+    try:
+        return compare_in_warehouse(wh, run_id)
+    except Exception as exc:
+        log.warning("no comparison in the report of %s: %s", run_id, exc)
+        return None
+
+
+def hand_on_comparison(wh: Any, run_id: str, result: Any) -> None:
+    """Leave the comparison made by `report` for `regressions` (see COMPARISON_HANDOFF);
+    None leaves a marker saying there is none, so a comparison of an earlier landing of the
+    run is never taken for this one's."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from speedmatrix.analysis.compare import comparisons_table
+    from speedmatrix.analysis.noise import noise_table
+
+    meta: dict[str, Any] = {"made": result is not None}
+    if result is not None:
+        for name, table in (
+            ("rows", comparisons_table(result.rows)),
+            ("noise", noise_table(result.noise)),
+        ):
+            buf = io.BytesIO()
+            pq.write_table(table, buf)
+            wh.write_artifact(run_id, f"{COMPARISON_HANDOFF}/{name}.parquet", buf.getvalue())
+        meta.update(
+            baseline_run_id=(result.baseline or {}).get("run_id"),
+            landed_at=result.run.get("landed_at"),
+        )
+    # last: a reader finds the meta of this landing only once its tables are written
+    wh.write_artifact(
+        run_id, f"{COMPARISON_HANDOFF}/meta.json", json.dumps(to_wire(meta, [_LANDED_AT]))
+    )
+
+
+_LANDED_AT = Field("landed_at", "timestamp", True, "the landing a comparison was made of")
+
+
+def handed_on_comparison(wh: Any, run_id: str):
+    """The comparison `report` made of this landing of the run (a ComparisonResult), or None
+    when there is none to take: not made, not found, or made of an earlier landing."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from speedmatrix.analysis.compare import ComparisonResult
+
+    try:
+        raw = json.loads(wh.read_artifact(run_id, f"{COMPARISON_HANDOFF}/meta.json"))
+        meta = from_wire(raw, [_LANDED_AT])
+        run, _, _ = wh.read_run(run_id)
+    except (OSError, KeyError, ValueError):
+        return None
+    if not meta.get("made") or meta.get("landed_at") != run.get("landed_at"):
+        return None
+    tables = {
+        name: pq.read_table(
+            io.BytesIO(wh.read_artifact(run_id, f"{COMPARISON_HANDOFF}/{name}.parquet"))
+        ).to_pylist()
+        for name in ("rows", "noise")
+    }
+    base = meta.get("baseline_run_id")
+    baseline = wh.read_run(base)[0] if base else None
+    return ComparisonResult(run, baseline, tables["rows"], tables["noise"])
+
+
+def regressions(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, Any]:
+    """The `regressions` task: judge the comparison `report` made (made again only when none
+    was handed on), land the verdicts; RegressionError on a regression."""
+    from speedmatrix.analysis.compare import regressions_check
+
+    wh = warehouse_of(resolved)
+    result = handed_on_comparison(wh, landed["run_id"])
+    return regressions_check(wh, landed["run_id"], fetch_commits=True, result=result)
 
 
 def conclude(landed: Mapping[str, Any]) -> str:
@@ -921,7 +1018,7 @@ def conclude(landed: Mapping[str, Any]) -> str:
     return status
 
 
-def verdicts_landed(resolved: Mapping[str, Any]) -> dict[str, Any] | None:
+def verdicts_landed(resolved: Resolved) -> dict[str, Any] | None:
     """What the comparisons / noise Asset events say about this run (its id, baseline, how
     many regressions and improvements, the warehouse), read back from the landed files; None
     when neither table has a file of the run."""
