@@ -288,13 +288,10 @@ def speed_matrix():
         would only say it again 30 s later)."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from speedmatrix.analysis.compare import regressions_check
         from speedmatrix.analysis.verdict import RegressionError
 
         try:
-            return regressions_check(
-                matrix.warehouse_of(resolved), landed["run_id"], fetch_commits=True
-            )
+            return matrix.regressions(resolved, landed)  # the comparison `report` made
         except RegressionError as err:
             raise AirflowFailException(str(err)) from err
 

@@ -23,20 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedmatrix import records
 from speedmatrix.records import (
     ACTIVE_TOLERANCE,
     CELL_FIELDS,
-    PHASES,
     RUN_FIELDS,
-    STATUSES,
-    TRIGGERS,
-    WORKLOADS,
 )
 from speedmatrix.redact import SECRET_PATTERNS, redact
 
 log = logging.getLogger(__name__)
 
-RUN_STATUSES = ("success", "failed", "partial")
 
 # Tolerances (issue 7): active requests within 10% of C; measured seconds within 2% of the
 # window; output tokens = total tok/s x window up to rounding; per-request tok/s vs 1/TBT within
@@ -130,18 +126,29 @@ def cells_frame(cells: Sequence[dict], extra: Sequence[str] = ()):
     return df
 
 
-def _cells_expectations(key: Sequence[str] = ("phase", "context_tokens", "concurrency")) -> list:
-    """The cells suite; `key` is what must be unique (a repeat's pass joins the cell key)."""
+def _in_set(table: str) -> list:
+    """One in-set expectation per enumerated column of `table`: the value sets the table
+    builder refuses on too (records.allowed_values, the one definition). GX skips nulls, so a
+    cell landed before its workload was recorded passes."""
+    import great_expectations.expectations as gxe
+
+    return [
+        gxe.ExpectColumnValuesToBeInSet(column=column, value_set=list(allowed))
+        for column, allowed in records.allowed_values(table).items()
+    ]
+
+
+def _cells_expectations(key: Sequence[str] | None = None) -> list:
+    """The cells suite; `key` is what must be unique (default: the cells table's key,
+    records.unique_key; a repeat's pass joins it)."""
     import great_expectations.expectations as gxe
     from great_expectations.expectations.row_conditions import Column
 
+    key = key or records.unique_key("cells") or ()
     valid_decode = (Column("status") == "valid") & (Column("phase") == "decode")
     valid_prefill = (Column("status") == "valid") & (Column("phase") == "prefill")
     exps: list = [
-        gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(STATUSES)),
-        gxe.ExpectColumnValuesToBeInSet(column="phase", value_set=list(PHASES)),
-        # null: a cell landed before the workload was recorded (GX skips nulls here)
-        gxe.ExpectColumnValuesToBeInSet(column="workload", value_set=list(WORKLOADS)),
+        *_in_set("cells"),
         gxe.ExpectColumnValuesToBeBetween(column="copy_share", min_value=0, max_value=1),
         gxe.ExpectColumnValuesToNotBeNull(column="context_tokens"),
         gxe.ExpectColumnValuesToBeBetween(column="context_tokens", min_value=1),
@@ -205,8 +212,7 @@ def _runs_expectations(secrets: Sequence[str]) -> list:
         gxe.ExpectTableColumnsToMatchSet(
             column_set=["row", *[f.name for f in RUN_FIELDS]], exact_match=False
         ),
-        gxe.ExpectColumnValuesToBeInSet(column="trigger", value_set=list(TRIGGERS)),
-        gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(RUN_STATUSES)),
+        *_in_set("runs"),
         gxe.ExpectColumnValuesToNotMatchRegexList(
             column="launch_command",
             regex_list=[*SECRET_PATTERNS, *(re.escape(s) for s in secrets if s)],
@@ -309,7 +315,7 @@ def validate_run(
     context = _context()
     if repeats:
         rows = [*({**c, "repeat": 0} for c in cells), *repeats]
-        key = ("phase", "context_tokens", "concurrency", "repeat")
+        key = (*(records.unique_key("cells") or ()), "repeat")
         cells_df, exps = cells_frame(rows, ["repeat"]), _cells_expectations(key)
     else:
         cells_df, exps = cells_frame(cells), _cells_expectations()

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from speedmatrix.plan import MatrixSpec, PlanError, fits_model, repeat_keys
-from speedmatrix.records import PROMPT_MODES, parse_context
+from speedmatrix.records import parse_context
 from speedmatrix.redact import REDACTED, SECRET_FLAGS, is_secret_name, looks_like_secret
 
 # vLLM's per-commit wheel index, and the variable a deployment sets to redirect every recipe

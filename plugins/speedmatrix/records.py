@@ -9,9 +9,11 @@ breaks loudly in one place.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 METRIC_VERSION = 2
 """Bumped whenever the way a figure is measured changes, so trends never mix definitions.
@@ -27,6 +29,7 @@ PROMPT_MODES = ("distinct", "shared")
 WORKLOADS = ("article", "continuation")
 DEFAULT_WORKLOAD = "article"
 TRIGGERS = ("nightly", "commit", "manual", "ingest")
+RUN_STATUSES = ("success", "failed", "partial")
 # A valid decode cell's average running requests lie within this share of C: the load
 # generator's own verdict and the cells suite's expectation are the one rule.
 ACTIVE_TOLERANCE = 0.10
@@ -307,7 +310,7 @@ def cell_sort_key(cell: Mapping[str, object] | Sequence[object]) -> tuple[int, i
     return _PHASE_RANK.get(str(phase), 2), tokens, int(conc or 0)  # type: ignore[call-overload]
 
 
-def empty_cell(**values: object) -> dict[str, object]:
+def empty_cell(**values: object) -> CellRecord:
     """A cell record with every field present (None where unknown), overlaid with values."""
     record: dict[str, object] = {f.name: None for f in CELL_FIELDS}
     record["metric_version"] = METRIC_VERSION
@@ -315,4 +318,117 @@ def empty_cell(**values: object) -> dict[str, object]:
     if unknown:
         raise KeyError(f"not cell record fields: {sorted(unknown)}")
     record.update(values)
-    return record
+    return record  # type: ignore[return-value]  # every CellRecord key, checked above
+
+
+class CellRecord(TypedDict):
+    """One cell as it travels from the load generator to the table builder: exactly the
+    CELL_FIELDS names (a test keeps the two in step), timestamps as datetimes. Its XCom / JSON
+    form (timestamps as ISO strings) is made and read back by `to_wire` / `from_wire` only."""
+
+    phase: str
+    context_tokens: int  # the prompt tokens the server confirmed: measured, never the planned
+    context_label: str  # the planned cell's label (8K), the cell's identity in the report
+    concurrency: int
+    status: str
+    total_tok_s: float | None
+    per_request_tok_s: float | None
+    ttft_ms: float | None
+    tbt_ms: float | None
+    avg_active_requests: float | None
+    completed_requests: int | None
+    output_tokens: int | None
+    measured_s: float | None
+    error: str | None
+    metric_version: int
+    prompt_mode: str | None
+    max_output_tokens: int | None
+    window_s: float | None
+    ttft_p90_ms: float | None
+    ttft_p99_ms: float | None
+    tbt_p90_ms: float | None
+    tbt_p99_ms: float | None
+    chunk_gap_ms: float | None
+    tokens_per_chunk: float | None
+    requests_started: int | None
+    requests_failed: int | None
+    samples: int | None
+    active_source: str | None
+    server_generation_tokens: int | None
+    server_max_waiting: float | None
+    server_preemptions: int | None
+    kv_cache_usage_max: float | None
+    prefix_cache_hit_rate: float | None
+    spec_acceptance_length: float | None
+    client_cpu_pct: float | None
+    loop_lag_p99_ms: float | None
+    started_at: dt.datetime | None
+    workload: str | None
+    copy_share: float | None
+
+
+# ------------------------------------------------------------------- the one validity rule set
+# What a row's values may be, read by both the GX cells / runs suites (quality.py) and the
+# table builder (store/schemas.build_table): one definition, so the two cannot disagree.
+# Looked up at call time (`allowed_values`, `unique_key`), never copied at import.
+ALLOWED_VALUES: dict[str, dict[str, tuple[str, ...]]] = {
+    "cells": {"status": STATUSES, "phase": PHASES, "workload": WORKLOADS},
+    "requests": {"phase": PHASES},
+    "runs": {"trigger": TRIGGERS, "status": RUN_STATUSES},
+}
+"""table -> column -> the values it may hold (null is allowed where the field is nullable)."""
+
+UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
+    "cells": ("phase", "context_tokens", "concurrency"),
+    "requests": ("phase", "context_tokens", "concurrency", "request_index"),
+}
+"""table -> the columns no two rows of one run may share."""
+
+
+def allowed_values(table: str) -> dict[str, tuple[str, ...]]:
+    """The value sets of `table`'s enumerated columns (see ALLOWED_VALUES)."""
+    return dict(ALLOWED_VALUES.get(table, {}))
+
+
+def unique_key(table: str) -> tuple[str, ...] | None:
+    """The columns that identify a row of `table` within a run (None: no such key)."""
+    return UNIQUE_KEYS.get(table)
+
+
+# ------------------------------------------------------------ the wire (XCom / JSON) form
+
+
+def _timestamps(fields: Iterable[Field]) -> list[str]:
+    return [f.name for f in fields if f.type == "timestamp"]
+
+
+def to_wire(row: Mapping[str, object], fields: Iterable[Field] = CELL_FIELDS) -> dict:
+    """A row as it crosses a task boundary (XCom) or a file: timestamps as ISO strings.
+
+    The one place a record's datetimes become strings (`from_wire` is the way back); every
+    other field is already JSON (keys outside `fields` pass through unchanged)."""
+    out = dict(row)
+    for name in _timestamps(fields):
+        value = out.get(name)
+        if isinstance(value, dt.datetime):
+            out[name] = value.isoformat()
+    return out
+
+
+def from_wire(row: Mapping[str, object], fields: Iterable[Field] = CELL_FIELDS) -> dict:
+    """A row read back from XCom or JSON: ISO strings of timestamp fields become aware UTC
+    datetimes (a naive one is taken as UTC). Raises ValueError on a string that is no ISO
+    timestamp: a malformed record fails where it is read, not in the table builder."""
+    out = dict(row)
+    for name in _timestamps(fields):
+        value = out.get(name)
+        if isinstance(value, str):
+            try:
+                value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(f"{name}: not an ISO timestamp: {value!r}") from None
+        if isinstance(value, dt.datetime):
+            out[name] = (
+                value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+            )
+    return out

@@ -97,6 +97,7 @@ def regressions_check(
     commits: Sequence[str] | None = None,
     threshold: float | Mapping[str, float] | None = None,
     fetch_commits: bool = False,
+    result: ComparisonResult | None = None,
 ) -> dict[str, Any]:
     """The `regressions` task: compare, land `comparisons` + `noise` and the markdown section
     as artifact comparison.md, then raise RegressionError (naming cells, baseline and
@@ -104,8 +105,12 @@ def regressions_check(
 
     `fetch_commits`: when regressions were found and `commits` is not given, list the commits
     between the two engine commits from GitHub's compare API (best effort: on any error the
-    summary keeps the compare URL only)."""
-    result = compare_in_warehouse(warehouse, run_id, baseline_ref=baseline_ref, threshold=threshold)
+    summary keeps the compare URL only). `result`: the run's comparison already made (by the
+    `report` task, handed on), so that a run's comparison is computed once."""
+    if result is None:
+        result = compare_in_warehouse(
+            warehouse, run_id, baseline_ref=baseline_ref, threshold=threshold
+        )
     if result.noise:
         land_extra(warehouse, "noise", result.run, noise_table(result.noise))
     if result.baseline is None:
@@ -193,13 +198,17 @@ class ReportComparison:
 MAX_TREND_FIGURES = 6  # a page for a reader, not every cell: the CLI's `trend` gives the rest
 
 
-def report_comparison(warehouse: Any, run_id: str) -> ReportComparison:
-    """The report's view of the comparison; empty without a baseline.
+def report_comparison(
+    warehouse: Any, run_id: str, result: ComparisonResult | None = None
+) -> ReportComparison:
+    """The report's view of the comparison; empty without a baseline. `result`: the run's
+    comparison already made (the report task makes it once and hands it on to `regressions`).
 
     A comparison that cannot be made is logged, not raised: the report must still be written,
     and the `regressions` task that follows raises the same error where it belongs."""
     try:
-        result = compare_in_warehouse(warehouse, run_id, with_noise=False)
+        if result is None:
+            result = compare_in_warehouse(warehouse, run_id, with_noise=False)
         if result.baseline is None:
             return ReportComparison()
         _, base_cells, _ = warehouse.read_run(result.baseline["run_id"])

@@ -33,15 +33,20 @@ from typing import Any
 
 from speedmatrix import __version__
 from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost, holder_id
+from speedmatrix.flows.resolved import Resolved
 from speedmatrix.plan import KvCapacity, MatrixSpec, check_matrix, ordered_cells, plan_matrix
 from speedmatrix.quality import run_status
 from speedmatrix.records import (
     CELL_FIELDS,
     REQUEST_FIELDS,
     RUN_FIELDS,
+    CellRecord,
+    Field,
     cell_name,
     context_label,
     empty_cell,
+    from_wire,
+    to_wire,
 )
 
 log = logging.getLogger("speedmatrix.pipeline")
@@ -86,7 +91,7 @@ def resolve(
     dag_run_id: str,
     run_after: dt.datetime,
     dag_id: str = DAG_ID,
-) -> dict[str, Any]:
+) -> Resolved:
     """Check the conf against the recipe and fix everything the run needs, touching no host.
 
     Raises ResolveError naming every problem (unknown recipe, bad ref, impossible matrix).
@@ -177,23 +182,23 @@ def _repeats(conf: Mapping[str, Any], m: Any, spec: MatrixSpec) -> tuple[int, li
     return repeats, None if keys is None else [cell_name(*k) for k in keys]
 
 
-def _recipe(resolved: Mapping[str, Any]):
+def _recipe(resolved: Resolved):
     from speedmatrix.recipes import load_recipe_id
 
     return load_recipe_id(resolved["recipe_id"])
 
 
-def _spec(resolved: Mapping[str, Any]) -> MatrixSpec:
+def _spec(resolved: Resolved) -> MatrixSpec:
     return MatrixSpec.build(**resolved["matrix"])
 
 
-def api_key(resolved: Mapping[str, Any]) -> str | None:
+def api_key(resolved: Resolved) -> str | None:
     """The server's API key from the worker's environment (variable named by the recipe)."""
     name = resolved.get("api_key_env")
     return os.environ.get(name) if name else None
 
 
-def secrets_of(resolved: Mapping[str, Any]) -> list[str]:
+def secrets_of(resolved: Resolved) -> list[str]:
     key = api_key(resolved)
     return [key] if key else []
 
@@ -201,7 +206,7 @@ def secrets_of(resolved: Mapping[str, Any]) -> list[str]:
 # ------------------------------------------------------------------------------------- lease
 
 
-def host_of(resolved: Mapping[str, Any]):
+def host_of(resolved: Resolved):
     """A fresh Host for the run (`host_home` becomes $HOME there: envs and server state; the
     lease is the machine's whatever the HOME)."""
     from speedmatrix.engine.hosts import get_host
@@ -210,7 +215,7 @@ def host_of(resolved: Mapping[str, Any]):
     return get_host(resolved["host"], env={"HOME": home} if home else None)
 
 
-def host_lease(resolved: Mapping[str, Any]) -> HostLease:
+def host_lease(resolved: Resolved) -> HostLease:
     """The run's lease on its host, on a connection of its own (see lease.Renewer). It covers
     the machine, whatever the run's host_home (lease.py: the machine-wide directory)."""
     return HostLease(
@@ -220,7 +225,7 @@ def host_lease(resolved: Mapping[str, Any]) -> HostLease:
     )
 
 
-def take_lease(resolved: Mapping[str, Any]) -> dict[str, Any] | None:
+def take_lease(resolved: Resolved) -> dict[str, Any] | None:
     """One attempt at the host lease: its state when taken, None when another run holds it."""
     state = host_lease(resolved).try_acquire()
     if state.status != "ACQUIRED":
@@ -231,7 +236,7 @@ def take_lease(resolved: Mapping[str, Any]) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------- server lifecycle
 
 
-def setup(resolved: Mapping[str, Any]) -> dict[str, Any]:
+def setup(resolved: Resolved) -> dict[str, Any]:
     """Provision the engine env (idempotent) and start the server, holding the lease.
 
     Returns the JSON-able server handle every later step uses. Refuses to run when the lease
@@ -287,7 +292,7 @@ def _handle(server: Mapping[str, Any]):
     return ServerHandle.from_dict(dict(server["handle"]))
 
 
-def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str, Any]:
+def inspect(resolved: Resolved, server: Mapping[str, Any]) -> dict[str, Any]:
     """What the server says about itself: version, KV capacity, hardware, max_model_len."""
     from speedmatrix.engine.vllm_server import inspect_server
 
@@ -325,7 +330,7 @@ def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str,
     return info
 
 
-def teardown(resolved: Mapping[str, Any], server: Mapping[str, Any] | None) -> dict[str, Any]:
+def teardown(resolved: Resolved, server: Mapping[str, Any] | None) -> dict[str, Any]:
     """Stop every server of this run, then release the lease. Idempotent; always runs.
 
     The servers are the one in the setup's handle and those the host recorded as started by
@@ -384,7 +389,7 @@ def teardown(resolved: Mapping[str, Any], server: Mapping[str, Any] | None) -> d
 # -------------------------------------------------------------------------------------- plan
 
 
-def plan(resolved: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, list[dict]]:
+def plan(resolved: Resolved, info: Mapping[str, Any]) -> dict[str, list[dict]]:
     """Prefill cells, runnable decode cells and over-capacity records, from the real KV cache."""
     capacity = KvCapacity(int(info["kv_num_blocks"]), int(info["kv_block_size"]))
     max_len = info.get("max_model_len") or _recipe(resolved).model.max_model_len
@@ -412,7 +417,7 @@ def plan(resolved: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, list
 # ------------------------------------------------------------------------------------- cells
 
 
-def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> dict[str, Any]:
+def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> CellRecord:
     """A planned cell recorded as `failed` with its reason (nothing measured)."""
     phase = cell["phase"]
     return empty_cell(
@@ -431,12 +436,11 @@ def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> dict[str
 
 
 def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        k: (v.isoformat() if isinstance(v, dt.datetime | dt.date) else v) for k, v in row.items()
-    }
+    """A cell record's XCom form (records.to_wire: its timestamps as ISO strings)."""
+    return to_wire(row)
 
 
-def server_health(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> str | None:
+def server_health(resolved: Resolved, server: Mapping[str, Any]) -> str | None:
     """None when GET /health answers 200 within HEALTH_TIMEOUT_S, else why not (one line)."""
     url = server["base_url"].rstrip("/") + "/health"
     if resolved["host"] == "local":
@@ -467,7 +471,7 @@ def server_health(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> str
 
 
 def run_cell(
-    resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping[str, Any]
+    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Measure one planned cell on the run's host. Never raises for a measurement problem.
 
@@ -478,7 +482,7 @@ def run_cell(
 
 
 def _run_cell(
-    resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping[str, Any]
+    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any]
 ) -> dict[str, Any]:
     started_at = dt.datetime.now(dt.UTC)
     lease = host_lease(resolved)
@@ -511,13 +515,17 @@ def _run_cell(
             record = {**record, "error": f"{record.get('error')}; server not healthy after: {why}"}
     if record.get("started_at") is None:
         record = {**record, "started_at": started_at}
+    # The record keeps the prompt tokens the server confirmed (context_tokens, measured);
+    # which planned cell it is goes in its own field, the planned label (8K for a prompt of
+    # 8,176 tokens): collect_cells matches the two by it when the counts differ.
+    record = {**record, "context_label": context_label(int(cell["context_tokens"]))}
     log.info(
         "cell %s: %s%s",
         cell.get("label"),
         record.get("status"),
         f" ({record.get('error')})" if record.get("error") else "",
     )
-    return {"cell": _jsonable(record), "requests": [_jsonable(r) for r in rows]}
+    return {"cell": to_wire(record), "requests": [to_wire(r, REQUEST_FIELDS) for r in rows]}
 
 
 def pass_run_tag(run_tag: str, repeat: int) -> str:
@@ -531,7 +539,7 @@ def pass_run_tag(run_tag: str, repeat: int) -> str:
     return run_tag if not repeat else f"{run_tag}r{int(repeat)}"
 
 
-def _loadgen_config(resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping):
+def _loadgen_config(resolved: Resolved, server: Mapping[str, Any], cell: Mapping):
     from speedmatrix.loadgen import DecodeConfig, PrefillConfig
 
     common = {
@@ -556,8 +564,8 @@ def _loadgen_config(resolved: Mapping[str, Any], server: Mapping[str, Any], cell
 
 
 def measure(
-    resolved: Mapping[str, Any], server: Mapping[str, Any], cell: Mapping[str, Any]
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any]
+) -> tuple[CellRecord, list[dict[str, Any]]]:
     """Run the load generator next to the server: in-process on `local`, else the shipped
     zipapp over SSH (its JSON read back). A cell that cannot be attempted comes back failed."""
     from speedmatrix.loadgen import CellNotAttempted
@@ -570,11 +578,11 @@ def measure(
             record, rows = loadgen_run(cfg)
         except CellNotAttempted as exc:
             return failed_cell(cell, f"not attempted: {exc}"), []
-        return dict(record), [dict(r) for r in rows]
+        return record, [dict(r) for r in rows]
     return _measure_remote(resolved, server, cell, cfg)
 
 
-def _measure_remote(resolved, server, cell, cfg) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _measure_remote(resolved, server, cell, cfg) -> tuple[CellRecord, list[dict[str, Any]]]:
 
     zipapp = server.get("loadgen")
     if not zipapp:
@@ -629,43 +637,89 @@ def _measure_remote(resolved, server, cell, cfg) -> tuple[dict[str, Any], list[d
     cell_text, _, req_text = tail.partition("@@REQUESTS@@")
     if res.rc != 0 or not cell_text.strip():
         return failed_cell(cell, f"load generator exit {res.rc}: {res.tail(5)}"), []
-    record = json.loads(cell_text)
-    rows = [json.loads(line) for line in req_text.splitlines() if line.strip()]
+    record = from_wire(json.loads(cell_text))
+    rows = [
+        from_wire(json.loads(line), REQUEST_FIELDS)
+        for line in req_text.splitlines()
+        if line.strip()
+    ]
     return record, rows
 
 
 # ---------------------------------------------------------------------------- validate, land
 
 
+def _results(
+    results: Sequence[Mapping[str, Any] | None], repeats: bool
+) -> list[tuple[int, CellRecord, list[dict]]]:
+    """(pass, cell record, request rows) of each cell task's XCom result, read back from its
+    wire form (records.from_wire): primaries, or with `repeats` the later passes."""
+    out = []
+    for res in results:
+        if not res or not res.get("cell") or bool(res.get("repeat")) != repeats:
+            continue
+        rows = [from_wire(r, REQUEST_FIELDS) for r in res.get("requests") or []]
+        out.append((int(res.get("repeat") or 0), from_wire(res["cell"]), rows))  # type: ignore[arg-type]
+    return out
+
+
+def _pair(
+    planned: Sequence[Mapping[str, Any]], got: list[tuple[int, CellRecord, list[dict]]]
+) -> list[tuple[Mapping[str, Any], tuple[int, CellRecord, list[dict]] | None]]:
+    """Each planned cell with its result, or None. A result is its planned cell's by the exact
+    key (phase, context tokens, concurrency, pass), else, when the server confirmed another
+    prompt length than planned (8,176 tokens for 8K), by the planned label run_cell gave it:
+    the record keeps its measured tokens, never the planned ones."""
+    left = list(got)
+
+    def take(match) -> tuple[int, CellRecord, list[dict]] | None:
+        for i, item in enumerate(left):
+            if match(item):
+                return left.pop(i)
+        return None
+
+    def ident(p: Mapping[str, Any]) -> tuple[str, int, int]:
+        return str(p["phase"]), int(p["concurrency"]), int(p.get("repeat") or 0)
+
+    found = [
+        take(
+            lambda r, p=p: (
+                (r[1]["phase"], int(r[1]["concurrency"]), r[0]) == ident(p)
+                and int(r[1]["context_tokens"]) == int(p["context_tokens"])
+            )
+        )
+        for p in planned
+    ]
+    for i, p in enumerate(planned):
+        if found[i] is None:
+            label = context_label(int(p["context_tokens"]))
+            found[i] = take(
+                lambda r, p=p, label=label: (
+                    (r[1]["phase"], int(r[1]["concurrency"]), r[0]) == ident(p)
+                    and r[1].get("context_label") == label
+                )
+            )
+    return list(zip(planned, found, strict=True))
+
+
 def collect_cells(
     planned: Mapping[str, Sequence[dict]] | None, results: Sequence[Mapping[str, Any] | None]
-) -> tuple[list[dict], list[dict]]:
+) -> tuple[list[CellRecord], list[dict]]:
     """Every planned cell exactly once, in report order: measured records, over-capacity
-    records, and `failed` for a planned cell whose task left no result (it crashed)."""
+    records, and `failed` for a planned cell whose task left no result (it crashed).
+    Records come back from their XCom form with datetimes (records.from_wire); a request row
+    carries its cell's context_tokens (the measured count, the cells table's key)."""
     planned = planned or {"prefill": [], "decode": [], "over_capacity": []}
-    got: dict[tuple, dict] = {}
+    primaries = [p for p in [*planned["prefill"], *planned["decode"]] if not p.get("repeat")]
+    cells: list[CellRecord] = [from_wire(c) for c in planned["over_capacity"]]  # type: ignore[misc]
     requests: list[dict] = []
-    for res in results:
-        if not res or not res.get("cell") or res.get("repeat"):
+    for p, res in _pair(primaries, _results(results, repeats=False)):
+        if res is None:
+            cells.append(failed_cell(p, "the cell's task ended without a result"))
             continue
-        cell = res["cell"]
-        key = (cell["phase"], int(cell["context_tokens"]), int(cell["concurrency"]))
-        got[key] = dict(cell)
-        requests += [dict(r) for r in res.get("requests") or []]
-    cells = [dict(c) for c in planned["over_capacity"]]
-    for p in [*planned["prefill"], *planned["decode"]]:
-        if p.get("repeat"):
-            continue
-        key = (p["phase"], int(p["context_tokens"]), int(p["concurrency"]))
-        cell = got.pop(key, None)
-        if cell is None:
-            cell = _jsonable(failed_cell(p, "the cell's task ended without a result"))
-        else:
-            # The record says what was measured; the plan says which cell it was.
-            cell.update(
-                context_tokens=key[1], concurrency=key[2], context_label=context_label(key[1])
-            )
+        _, cell, rows = res
         cells.append(cell)
+        requests += [{**r, "context_tokens": cell["context_tokens"]} for r in rows]
     return ordered_cells(cells), requests
 
 
@@ -677,25 +731,13 @@ def collect_repeats(
     not kept: the requests table holds one set per cell, and a repeat is only there to give
     the between-run spread of the cell's figures."""
     planned = planned or {"prefill": [], "decode": []}
-    got: dict[tuple, dict] = {}
-    for res in results:
-        if res and res.get("cell") and res.get("repeat"):
-            cell = res["cell"]
-            key = (cell["phase"], int(cell["context_tokens"]), int(cell["concurrency"]))
-            got[(*key, int(res["repeat"]))] = dict(cell)
+    later = [
+        p for p in [*planned.get("prefill", []), *planned.get("decode", [])] if p.get("repeat")
+    ]
     out = []
-    for p in [*planned.get("prefill", []), *planned.get("decode", [])]:
-        if not p.get("repeat"):
-            continue
-        key = (p["phase"], int(p["context_tokens"]), int(p["concurrency"]), int(p["repeat"]))
-        cell = got.pop(key, None)
-        if cell is None:
-            cell = _jsonable(failed_cell(p, "the cell's task ended without a result"))
-        else:
-            cell.update(
-                context_tokens=key[1], concurrency=key[2], context_label=context_label(key[1])
-            )
-        out.append({**cell, "repeat": key[3]})
+    for p, res in _pair(later, _results(results, repeats=True)):
+        cell = failed_cell(p, "the cell's task ended without a result") if res is None else res[1]
+        out.append({**cell, "repeat": int(p["repeat"])})
     rank = {"prefill": 0, "decode": 1}
     return sorted(
         out,
@@ -704,7 +746,7 @@ def collect_repeats(
 
 
 def run_row(
-    resolved: Mapping[str, Any],
+    resolved: Resolved,
     info: Mapping[str, Any] | None,
     server: Mapping[str, Any] | None,
     status: str,
@@ -723,8 +765,8 @@ def run_row(
         run_id=resolved["run_id"],
         recipe_id=recipe.id,
         trigger=resolved["trigger"],
-        started_at=resolved["started_at"],
-        finished_at=dt.datetime.now(dt.UTC).isoformat(),
+        started_at=from_wire(resolved, RUN_FIELDS)["started_at"],
+        finished_at=dt.datetime.now(dt.UTC),
         status=status,
         hardware_type=recipe.hardware.type,
         hardware_gpu=info.get("gpu") or recipe.hardware.gpu,
@@ -762,14 +804,14 @@ def run_row(
     return row
 
 
-def warehouse_of(resolved: Mapping[str, Any]):
+def warehouse_of(resolved: Resolved):
     from speedmatrix.store.warehouse import Warehouse
 
     return Warehouse(resolved.get("warehouse") or None)
 
 
 def validate(
-    resolved: Mapping[str, Any],
+    resolved: Resolved,
     info: Mapping[str, Any] | None,
     server: Mapping[str, Any] | None,
     planned: Mapping[str, Sequence[dict]] | None,
@@ -785,7 +827,7 @@ def validate(
     cells, requests = collect_cells(planned, results)
     repeats = collect_repeats(planned, results)
     run = run_row(resolved, info, server, run_status(cells))
-    return check_for_landing(
+    checked = check_for_landing(
         warehouse_of(resolved),
         run,
         cells,
@@ -793,18 +835,31 @@ def validate(
         secrets=secrets_of(resolved),
         repeats=repeats,
     )
+    # the XCom form `land` reads back (records.to_wire / from_wire: the one conversion)
+    return {
+        **checked,
+        "run": to_wire(checked["run"], RUN_FIELDS),
+        "cells": [to_wire(c) for c in checked["cells"]],
+        "requests": [to_wire(r, REQUEST_FIELDS) for r in checked["requests"]],
+        "repeats": [to_wire(c) for c in checked["repeats"]],
+    }
 
 
-def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str, Any]:
+def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
     """Land the run atomically; landing it again replaces it (idempotent, safe to retry)."""
     from speedmatrix.store.extra import land_cell_repeats
 
     wh = warehouse_of(resolved)
-    wh.land_run(dict(validated["run"]), list(validated["cells"]), list(validated["requests"]))
+    run = from_wire(validated["run"], RUN_FIELDS)
+    wh.land_run(
+        run,
+        [from_wire(c) for c in validated["cells"]],
+        [from_wire(r, REQUEST_FIELDS) for r in validated["requests"]],
+    )
     # after the run (the repeats file goes next to the run's files); with no repeats an older
     # landing's file is removed, so landing again replaces
-    repeats = list(validated.get("repeats") or [])
-    land_cell_repeats(wh, dict(validated["run"]), repeats)
+    repeats = [from_wire(c) for c in validated.get("repeats") or []]
+    land_cell_repeats(wh, run, repeats)
     cells = validated["cells"]
     failed = [
         f"{c['phase']} {c['context_label']} x {c['concurrency']}: {c.get('error')}"
@@ -834,15 +889,20 @@ def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def report(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> dict[str, str]:
-    """Render the landed run (md + html) next to it in the warehouse; log where."""
-    from speedmatrix.analysis.compare import report_comparison
+def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
+    """Render the landed run (md + html) next to it in the warehouse; log where.
+
+    The run's comparison with its baseline is made here, once: the report shows it and
+    `regressions` judges it, read back from the run's artifacts (hand_on_comparison)."""
+    from speedmatrix.analysis.compare import ReportComparison, report_comparison
     from speedmatrix.report.render import render_html, render_markdown
 
     wh = warehouse_of(resolved)
     run, cells, _ = wh.read_run(resolved["run_id"])
+    result = _compare(wh, resolved["run_id"])
+    hand_on_comparison(wh, resolved["run_id"], result)
     # the baseline the `regressions` task judges against, and its noise-aware verdicts
-    cmp = report_comparison(wh, resolved["run_id"])
+    cmp = ReportComparison() if result is None else report_comparison(wh, run["run_id"], result)
     md = render_markdown(run, cells, cmp.baseline) + ("\n" + cmp.markdown if cmp.markdown else "")
     page = render_html(run, cells, cmp.baseline, verdicts=cmp.verdicts, figures=cmp.figures)
     paths = {
@@ -851,6 +911,96 @@ def report(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> dict[str, 
     }
     log.info("report: %s (html: %s)", paths["md"], paths["html"])
     return paths
+
+
+COMPARISON_HANDOFF = "comparison"
+"""The run's artifacts folder where `report` leaves the comparison for `regressions`:
+rows.parquet and noise.parquet (the comparisons / noise tables' schemas: typed, timestamps
+included) and meta.json (the baseline, and the run's landed_at the comparison was made of)."""
+
+
+def _compare(wh: Any, run_id: str):
+    """The run's comparison (speedmatrix.analysis.compare.compare_in_warehouse), or None,
+    logged, when it cannot be made: the report is written anyway and `regressions`, finding
+    no comparison handed on, makes it again and fails where it belongs."""
+    from speedmatrix.analysis.compare import compare_in_warehouse
+
+    try:
+        return compare_in_warehouse(wh, run_id)
+    except Exception as exc:
+        log.warning("no comparison in the report of %s: %s", run_id, exc)
+        return None
+
+
+def hand_on_comparison(wh: Any, run_id: str, result: Any) -> None:
+    """Leave the comparison made by `report` for `regressions` (see COMPARISON_HANDOFF);
+    None leaves a marker saying there is none, so a comparison of an earlier landing of the
+    run is never taken for this one's."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from speedmatrix.analysis.verdict import comparisons_table
+    from speedmatrix.analysis.noise import noise_table
+
+    meta: dict[str, Any] = {"made": result is not None}
+    if result is not None:
+        for name, table in (
+            ("rows", comparisons_table(result.rows)),
+            ("noise", noise_table(result.noise)),
+        ):
+            buf = io.BytesIO()
+            pq.write_table(table, buf)
+            wh.write_artifact(run_id, f"{COMPARISON_HANDOFF}/{name}.parquet", buf.getvalue())
+        meta.update(
+            baseline_run_id=(result.baseline or {}).get("run_id"),
+            landed_at=result.run.get("landed_at"),
+        )
+    # last: a reader finds the meta of this landing only once its tables are written
+    wh.write_artifact(
+        run_id, f"{COMPARISON_HANDOFF}/meta.json", json.dumps(to_wire(meta, [_LANDED_AT]))
+    )
+
+
+_LANDED_AT = Field("landed_at", "timestamp", True, "the landing a comparison was made of")
+
+
+def handed_on_comparison(wh: Any, run_id: str):
+    """The comparison `report` made of this landing of the run (a ComparisonResult), or None
+    when there is none to take: not made, not found, or made of an earlier landing."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from speedmatrix.analysis.compare import ComparisonResult
+
+    try:
+        raw = json.loads(wh.read_artifact(run_id, f"{COMPARISON_HANDOFF}/meta.json"))
+        meta = from_wire(raw, [_LANDED_AT])
+        run, _, _ = wh.read_run(run_id)
+    except (OSError, KeyError, ValueError):
+        return None
+    if not meta.get("made") or meta.get("landed_at") != run.get("landed_at"):
+        return None
+    tables = {
+        name: pq.read_table(
+            io.BytesIO(wh.read_artifact(run_id, f"{COMPARISON_HANDOFF}/{name}.parquet"))
+        ).to_pylist()
+        for name in ("rows", "noise")
+    }
+    base = meta.get("baseline_run_id")
+    baseline = wh.read_run(base)[0] if base else None
+    return ComparisonResult(run, baseline, tables["rows"], tables["noise"])
+
+
+def regressions(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, Any]:
+    """The `regressions` task: judge the comparison `report` made (made again only when none
+    was handed on), land the verdicts; RegressionError on a regression."""
+    from speedmatrix.analysis.compare import regressions_check
+
+    wh = warehouse_of(resolved)
+    result = handed_on_comparison(wh, landed["run_id"])
+    return regressions_check(wh, landed["run_id"], fetch_commits=True, result=result)
 
 
 def conclude(landed: Mapping[str, Any]) -> str:
@@ -865,7 +1015,7 @@ def conclude(landed: Mapping[str, Any]) -> str:
     return status
 
 
-def verdicts_landed(resolved: Mapping[str, Any]) -> dict[str, Any] | None:
+def verdicts_landed(resolved: Resolved) -> dict[str, Any] | None:
     """What the comparisons / noise Asset events say about this run (its id, baseline, how
     many regressions and improvements, the warehouse), read back from the landed files; None
     when neither table has a file of the run."""

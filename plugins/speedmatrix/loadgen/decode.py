@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from time import perf_counter
 
-from speedmatrix.records import context_label, empty_cell
+from speedmatrix.records import CellRecord, context_label, empty_cell
 
 from .common import Progress, Watchdog, check_model, progress_enabled, request_row
 from .config import DecodeConfig
@@ -39,7 +39,7 @@ from .stats import (
 from .stream import INF, Endpoint, Request, StreamConnection, Window, connect
 
 
-async def run_decode(cfg: DecodeConfig) -> tuple[dict[str, object], list[dict[str, object]]]:
+async def run_decode(cfg: DecodeConfig) -> tuple[CellRecord, list[dict[str, object]]]:
     """Measure one decode cell; returns (cell record, request rows).
 
     Raises CellNotAttempted when the server is unreachable or cannot serve the cell at all;
@@ -100,7 +100,7 @@ class _DecodeCell:
         )
 
     # -- the cell -----------------------------------------------------------------------------
-    async def run(self) -> tuple[dict[str, object], list[dict[str, object]]]:
+    async def run(self) -> tuple[CellRecord, list[dict[str, object]]]:
         cfg = self.cfg
         idle, snap = await self.ctl.wait_idle(cfg.idle_timeout_s)
         if not idle:
@@ -336,12 +336,12 @@ class _DecodeCell:
         )
 
     # -- the record ---------------------------------------------------------------------------
-    def _abandon(self, reason: str) -> tuple[dict[str, object], list[dict[str, object]]]:
+    def _abandon(self, reason: str) -> tuple[CellRecord, list[dict[str, object]]]:
         self.cell["error"] = reason
         self.cell["status"] = "failed"
         return self.cell, []
 
-    def _finish_cell(self) -> tuple[dict[str, object], list[dict[str, object]]]:
+    def _finish_cell(self) -> tuple[CellRecord, list[dict[str, object]]]:
         cfg, cell, w = self.cfg, self.cell, self.window
         reqs = self.requests
         opened = w.ws != float("inf")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from time import perf_counter
 
-from speedmatrix.records import context_label, empty_cell
+from speedmatrix.records import CellRecord, context_label, empty_cell
 
 from .common import Progress, Watchdog, check_model, progress_enabled, request_row
 from .config import PrefillConfig
@@ -22,7 +22,7 @@ from .stats import ms, scale_times
 from .stream import Endpoint, Request, Window, connect
 
 
-async def run_prefill(cfg: PrefillConfig) -> tuple[dict[str, object], list[dict[str, object]]]:
+async def run_prefill(cfg: PrefillConfig) -> tuple[CellRecord, list[dict[str, object]]]:
     """Measure one prefill cell; returns (cell record, [the request's row])."""
     cfg.validate()
     endpoint = Endpoint(cfg.base_url, cfg.api_key)

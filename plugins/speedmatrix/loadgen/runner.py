@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from speedmatrix.records import CellRecord
+
 from .config import DecodeConfig, PrefillConfig
 
 T = TypeVar("T")
@@ -22,7 +24,7 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
 
 def run_cell(
     cfg: DecodeConfig | PrefillConfig,
-) -> tuple[dict[str, object], list[dict[str, object]]]:
+) -> tuple[CellRecord, list[dict[str, object]]]:
     """Synchronous entry point for callers without an event loop (Airflow tasks)."""
     from .decode import run_decode
     from .prefill import run_prefill

@@ -17,13 +17,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from speedmatrix import records
 from speedmatrix.records import (
     CELL_FIELDS,
-    PHASES,
     REQUEST_FIELDS,
     RUN_FIELDS,
-    STATUSES,
-    TRIGGERS,
     Field,
 )
 
@@ -37,7 +35,6 @@ TABLES = ("runs", "cells", "requests")
 EXTRA_TABLES = ("comparisons", "noise", "cell_repeats")
 """Tables landed beside the core ones, one file per run (store/extra.py)."""
 PARTITION_KEYS = ("recipe_id", "run_month")
-RUN_STATUSES = ("success", "failed", "partial")
 
 _PA_TYPES = {
     "str": pa.string(),
@@ -115,10 +112,6 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 # Columns the warehouse fills itself (callers may pass them back from read_run; overwritten).
 _DERIVED = {"run_id", "recipe_id", "run_date", "run_month", "schema_version", "landed_at"}
-_KEYS = {
-    "cells": ("phase", "context_tokens", "concurrency"),
-    "requests": ("phase", "context_tokens", "concurrency", "request_index"),
-}
 
 COMPARISONS_SCHEMA = pa.schema(
     [
@@ -332,22 +325,22 @@ def build_table(table: str, rows: list[dict], fixed: dict[str, Any]) -> pa.Table
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
             raise WarehouseError(f"{table}: column {f.name}: {exc}") from None
     out = pa.Table.from_arrays(columns, schema=schema)
-    enums = {"phase": PHASES, "status": STATUSES if table != "runs" else RUN_STATUSES}
-    if table == "runs":
-        enums["trigger"] = TRIGGERS
-    for name, allowed in enums.items():
+    # The value sets and the unique key are the GX suites' own (records.allowed_values /
+    # unique_key): a row GX passed is never refused here on a rule of another wording.
+    for name, allowed in records.allowed_values(table).items():
         if name not in names:
             continue
         for i, v in enumerate(out.column(name).to_pylist()):
             if v is not None and v not in allowed:
                 raise WarehouseError(f"{table} row {i}: {name} {v!r} is not one of {allowed}")
-    if table in _KEYS and len(rows) > 1:
-        keys = list(zip(*(out.column(k).to_pylist() for k in _KEYS[table]), strict=True))
+    key_cols = records.unique_key(table)
+    if key_cols and len(rows) > 1:
+        keys = list(zip(*(out.column(k).to_pylist() for k in key_cols), strict=True))
         seen: dict[tuple, int] = {}
         for i, key in enumerate(keys):
             if key in seen:
                 raise WarehouseError(
-                    f"{table} rows {seen[key]} and {i}: duplicate {dict(zip(_KEYS[table], key, strict=True))}"
+                    f"{table} rows {seen[key]} and {i}: duplicate {dict(zip(key_cols, key, strict=True))}"
                 )
             seen[key] = i
     return out

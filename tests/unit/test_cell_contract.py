@@ -1,0 +1,315 @@
+"""Issue 17, "one typed contract per hand-off": the cell record type from the load generator to
+the table builder, the typed run description, datetimes kept as datetimes until Parquet, the
+measured context kept, the validity rules written once, the comparison made once per run.
+
+No Airflow and no server: the task bodies of flows/matrix.py over a real temporary warehouse
+and the real GX suites, fed the records the load generator returns."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import types
+import typing
+from pathlib import Path
+
+import pytest
+from test_compare_warehouse import _land
+from test_repeats import decode, prefill, result
+
+from speedmatrix import records
+from speedmatrix.analysis import compare
+from speedmatrix.flows import matrix
+from speedmatrix.flows.resolved import RESOLVED_KEYS, MatrixConf, Resolved
+from speedmatrix.quality import validate_run
+from speedmatrix.records import (
+    CELL_FIELDS,
+    REQUEST_FIELDS,
+    RUN_FIELDS,
+    CellRecord,
+    empty_cell,
+    from_wire,
+    to_wire,
+)
+from speedmatrix.store.warehouse import Warehouse, WarehouseError, build_table
+
+SIM = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
+INFO = {"kv_num_blocks": 16640, "kv_block_size": 16, "kv_cache_tokens": 266240}
+WHEN = dt.datetime(2026, 12, 2, 20, 30, 5, tzinfo=dt.UTC)
+
+
+def resolve(tmp_path, **conf) -> Resolved:
+    conf = {"recipe": SIM, "warehouse": str(tmp_path / "wh"), **conf}
+    return matrix.resolve(conf, dag_run_id="manual__2026-12-02T20:30:05+00:00", run_after=WHEN)
+
+
+# ------------------------------------------------------------------------------- the types
+
+
+def test_the_cell_record_type_names_every_cell_field_with_its_type():
+    hints = typing.get_type_hints(CellRecord)
+    assert list(hints) == [f.name for f in CELL_FIELDS]
+    py = {"str": str, "int": int, "float": float, "bool": bool, "timestamp": dt.datetime}
+    for f in CELL_FIELDS:
+        want = py[f.type] | None if f.nullable else py[f.type]
+        assert hints[f.name] == want, f.name
+    assert set(empty_cell()) == set(hints)
+
+
+def test_resolve_returns_exactly_the_typed_run_description(tmp_path):
+    r = resolve(tmp_path, contexts=["8K"], concurrencies=[1])
+    assert tuple(r) == RESOLVED_KEYS
+    assert set(r["matrix"]) == set(typing.get_type_hints(MatrixConf))
+    hints = typing.get_type_hints(Resolved)
+    for key, value in r.items():
+        if key != "matrix":
+            hint = hints[key]
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            allowed = tuple(
+                typing.get_origin(a) or a for a in (typing.get_args(hint) if union else (hint,))
+            )
+            assert isinstance(value, allowed), key
+    json.dumps(r)  # still the plain JSON object XCom has always carried
+
+
+# ----------------------------------------------------------- datetimes until Parquet only
+
+
+def test_one_place_turns_timestamps_into_their_wire_form_and_back():
+    cell = decode(started_at=WHEN)
+    wire = to_wire(cell)
+    assert wire["started_at"] == "2026-12-02T20:30:05+00:00"
+    json.dumps(wire)
+    back = from_wire(wire)
+    assert back == cell and back["started_at"] == WHEN
+    # the load generator's JSON (zipapp) and a naive or Z timestamp come back aware UTC
+    assert from_wire({"started_at": "2026-12-02T20:30:05Z"})["started_at"] == WHEN
+    assert from_wire({"started_at": "2026-12-02T20:30:05"})["started_at"] == WHEN
+    with pytest.raises(ValueError, match="started_at"):
+        from_wire({"started_at": "yesterday"})
+    run = {"started_at": WHEN, "finished_at": WHEN, "run_id": "x"}
+    assert from_wire(to_wire(run, RUN_FIELDS), RUN_FIELDS) == run
+
+
+def test_records_cross_xcom_as_strings_and_reach_the_table_builder_as_datetimes(
+    tmp_path, monkeypatch
+):
+    """collect_cells reads the cell tasks' XCom back to datetimes; validate's XCom keeps the
+    ISO strings it always had; land hands datetimes to the warehouse, which lands them."""
+    r = resolve(tmp_path, contexts=["8K"], concurrencies=[1], prefill_contexts=["8K"])
+    planned = matrix.plan(r, INFO)
+    results = [result(prefill(started_at=WHEN)), result(decode(started_at=WHEN))]
+    assert isinstance(results[0]["cell"]["started_at"], str)  # the cell task's XCom form
+    cells, _ = matrix.collect_cells(planned, results)
+    assert [c["started_at"] for c in cells] == [WHEN, WHEN]
+
+    built = []
+    real_build = build_table
+
+    def spy(table, rows, fixed):
+        built.append((table, rows))
+        return real_build(table, rows, fixed)
+
+    monkeypatch.setattr("speedmatrix.store.warehouse.build_table", spy)
+    validated = matrix.validate(r, INFO, None, planned, results)
+    assert validated["cells"][0]["started_at"] == "2026-12-02T20:30:05+00:00"
+    assert isinstance(validated["run"]["started_at"], str)
+    json.dumps(validated)  # XCom-visible output: JSON, as before
+    matrix.land(r, validated)
+    got = dict(built)
+    assert got["cells"][0]["started_at"] == WHEN  # never parsed back by the table builder
+    assert isinstance(got["runs"][0]["started_at"], dt.datetime)
+    wh = matrix.warehouse_of(r)
+    run, landed, _ = wh.read_run(r["run_id"])
+    assert [c["started_at"] for c in landed] == [WHEN, WHEN]
+    assert run["started_at"] == dt.datetime.fromisoformat(r["started_at"])
+    wh.close()
+
+
+# -------------------------------------------------------------- the measured context stays
+
+
+def test_a_cell_measured_at_8176_tokens_for_8k_keeps_8176_in_the_cells_table(tmp_path):
+    """The server confirmed 8,176 prompt tokens for the planned 8K cell: the record lands
+    with the measured count (its requests too, so they join it), under the planned label."""
+    r = resolve(tmp_path, contexts=["8K"], concurrencies=[1, 2], prefill_contexts=["8K"])
+    planned = matrix.plan(r, INFO)
+    assert [c["context_tokens"] for c in planned["decode"]] == [8192, 8192]
+    req = {"phase": "decode", "context_tokens": 8192, "concurrency": 1, "request_index": 0}
+    results = [
+        result(prefill(ctx=8176, context_label="8K")),
+        result(decode(ctx=8176, c=1, context_label="8K"), requests=[req]),
+        result(decode(c=2)),  # this one got exactly what was planned
+    ]
+    validated = matrix.validate(r, INFO, None, planned, results)
+    assert validated["quarantined"] == []
+    landed = matrix.land(r, validated)
+    assert landed["status"] == "success" and landed["failed"] == []
+    wh = matrix.warehouse_of(r)
+    _, cells, requests = wh.read_run(r["run_id"])
+    assert [(c["phase"], c["context_tokens"], c["context_label"], c["status"]) for c in cells] == [
+        ("prefill", 8176, "8K", "valid"),
+        ("decode", 8176, "8K", "valid"),
+        ("decode", 8192, "8K", "valid"),
+    ]
+    assert [(q["context_tokens"], q["concurrency"]) for q in requests] == [(8176, 1)]
+    wh.close()
+
+
+def test_run_cell_gives_the_record_the_planned_label_and_keeps_the_measured_tokens(
+    tmp_path, monkeypatch
+):
+    """The cell task itself: what the load generator measured stays, the label is the plan's
+    (8,000 tokens would be labelled 8K by count too; 7,000 would not)."""
+    r = resolve(tmp_path, contexts=["8K"], concurrencies=[1])
+    planned = matrix.plan(r, INFO)["decode"][0]
+    measured = decode(ctx=7000, context_label="7K", started_at=WHEN)
+
+    class Lease:
+        def renew(self):
+            pass
+
+        def renewing(self):
+            import contextlib
+
+            return contextlib.nullcontext(type("R", (), {"lost": None})())
+
+    monkeypatch.setattr(matrix, "host_lease", lambda resolved: Lease())
+    monkeypatch.setattr(matrix, "server_health", lambda resolved, server: None)
+    monkeypatch.setattr(matrix, "measure", lambda resolved, server, cell: (measured, []))
+    out = matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned)
+    assert out["cell"]["context_tokens"] == 7000 and out["cell"]["context_label"] == "8K"
+    assert out["cell"]["started_at"] == WHEN.isoformat() and set(out) == {
+        "cell",
+        "requests",
+        "repeat",
+    }
+    cells, _ = matrix.collect_cells(
+        {"prefill": [], "decode": [planned], "over_capacity": []}, [out]
+    )
+    assert [(c["context_tokens"], c["status"]) for c in cells] == [(7000, "valid")]
+
+
+# -------------------------------------------------------------- the validity rules, once
+
+
+def _invalid_cell():
+    return decode(status="invalid", error="server counted 8176 prompt tokens, not 8192")
+
+
+def test_a_value_rule_changed_in_records_changes_gx_and_the_table_builder(monkeypatch):
+    """records.ALLOWED_VALUES is the one definition: drop `invalid` from the cell statuses
+    and both the cells suite and the table builder refuse an invalid cell; put it back and
+    both take it."""
+    fixed = {"run_id": "x", "recipe_id": "r", "run_date": WHEN.date(), "run_month": "2026-12"}
+    fixed["schema_version"] = 1
+    run = {f.name: None for f in RUN_FIELDS} | {"run_id": "x", "trigger": "manual"}
+    cell = _invalid_cell()
+    assert validate_run(run, [cell]).bad_cells == []
+    build_table("cells", [cell], fixed)
+
+    statuses = tuple(s for s in records.STATUSES if s != "invalid")
+    monkeypatch.setitem(records.ALLOWED_VALUES["cells"], "status", statuses)
+    [bad] = validate_run(run, [cell]).bad_cells
+    assert "expect_column_values_to_be_in_set(status)" in bad["quarantine_reasons"]
+    with pytest.raises(WarehouseError, match="status 'invalid' is not one of"):
+        build_table("cells", [cell], fixed)
+
+    # a status the contract adds is taken by both at once
+    monkeypatch.setitem(records.ALLOWED_VALUES["cells"], "status", (*records.STATUSES, "skipped"))
+    skipped = {**cell, "status": "skipped"}
+    assert validate_run(run, [skipped]).bad_cells == []
+    build_table("cells", [skipped], fixed)
+
+
+def test_the_unique_key_changed_in_records_changes_gx_and_the_table_builder(monkeypatch):
+    fixed = {"run_id": "x", "recipe_id": "r", "run_date": WHEN.date(), "run_month": "2026-12"}
+    fixed["schema_version"] = 1
+    run = {f.name: None for f in RUN_FIELDS} | {"run_id": "x", "trigger": "manual"}
+    twins = [decode(workload="article"), decode(workload="continuation")]
+    assert len(validate_run(run, twins).bad_cells) == 2
+    with pytest.raises(WarehouseError, match="duplicate"):
+        build_table("cells", twins, fixed)
+    monkeypatch.setitem(records.UNIQUE_KEYS, "cells", (*records.UNIQUE_KEYS["cells"], "workload"))
+    assert validate_run(run, twins).bad_cells == []
+    assert build_table("cells", twins, fixed).num_rows == 2
+
+
+def test_request_rows_keep_their_own_fields_on_the_wire():
+    row = {f.name: None for f in REQUEST_FIELDS} | {"phase": "decode", "request_index": 0}
+    assert from_wire(to_wire(row, REQUEST_FIELDS), REQUEST_FIELDS) == row
+
+
+# -------------------------------------------------------------- the comparison, once per run
+
+
+@pytest.fixture
+def wh(tmp_path):
+    w = Warehouse(str(tmp_path / "wh"))
+    _land(w, "r0", "a" * 40, 0, seed=0)
+    _land(w, "r1", "a" * 40, 1, seed=1)
+    _land(w, "r2", "b" * 40, 2, slow={(65536, 2): 0.9}, seed=2)
+    yield w
+    w.close()
+
+
+def test_the_comparison_is_made_once_by_report_and_judged_by_regressions(wh, monkeypatch):
+    """`report` compares the run with its baseline and hands the comparison on; `regressions`
+    judges that one (no second comparison) and lands the same verdicts it would have made."""
+    calls = []
+    real = compare.compare_in_warehouse
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compare, "compare_in_warehouse", counted)
+    resolved = {"run_id": "r2", "warehouse": wh.root}
+    paths = matrix.report(resolved, {"run_id": "r2"})
+    assert "Change against baseline r1" in Path(paths["md"]).read_text()
+    assert calls == ["r2"]
+    with pytest.raises(compare.RegressionError, match="64Kx2"):
+        matrix.regressions(resolved, {"run_id": "r2"})
+    assert calls == ["r2"]  # judged the comparison the report made
+    handed = compare.read_extra(wh, "comparisons", run_id="r2")
+    noise = compare.read_extra(wh, "noise", run_id="r2")
+
+    # the same verdicts as a comparison made by regressions itself
+    with pytest.raises(compare.RegressionError):
+        compare.regressions_check(wh, "r2")
+    made = compare.read_extra(wh, "comparisons", run_id="r2")
+    key = ["phase", "context_tokens", "concurrency", "metric"]
+    assert (
+        handed.sort_values(key)[[*key, "verdict", "value", "baseline_value"]]
+        .reset_index(drop=True)
+        .equals(
+            made.sort_values(key)[[*key, "verdict", "value", "baseline_value"]].reset_index(
+                drop=True
+            )
+        )
+    )
+    assert len(noise) == len(compare.read_extra(wh, "noise", run_id="r2")) > 0
+
+
+def test_a_comparison_of_an_earlier_landing_is_not_taken_for_this_one(wh, monkeypatch):
+    resolved = {"run_id": "r1", "warehouse": wh.root}
+    matrix.report(resolved, {"run_id": "r1"})
+    assert matrix.handed_on_comparison(wh, "r1").baseline["run_id"] == "r0"
+    run, cells, requests = wh.read_run("r1")
+    wh.land_run(run, cells, requests)  # landed again (a retried or cleared land task)
+    assert matrix.handed_on_comparison(wh, "r1") is None
+    calls = []
+    real = compare.compare_in_warehouse
+    monkeypatch.setattr(
+        compare, "compare_in_warehouse", lambda *a, **k: calls.append(a[1]) or real(*a, **k)
+    )
+    assert matrix.regressions(resolved, {"run_id": "r1"})["baseline_run_id"] == "r0"
+    assert calls == ["r1"]  # made again, of the run as it is now
+
+
+def test_a_run_without_a_comparison_hands_on_that_there_is_none(wh):
+    resolved = {"run_id": "r0", "warehouse": wh.root}
+    matrix.report(resolved, {"run_id": "r0"})  # r0 is the first: no baseline
+    handed = matrix.handed_on_comparison(wh, "r0")
+    assert handed is not None and handed.baseline is None and handed.rows == []
+    assert matrix.regressions(resolved, {"run_id": "r0"})["baseline_run_id"] is None
