@@ -131,6 +131,14 @@ CELL_FIELDS: tuple[Field, ...] = (
         True,
         "share of the outputs' word n-grams found in their own prompt (decode)",
     ),
+    Field(
+        "warmup_s",
+        "float",
+        True,
+        "decode: seconds spent putting the cell's prompts in the prefix cache before its window "
+        "(measurement time, not overhead); null for prefill (its one cold request is the "
+        "measurement) and for cells that never warmed",
+    ),
 )
 
 CELL_CONTRACT_FIELDS = tuple(f.name for f in CELL_FIELDS[:14])

@@ -103,8 +103,9 @@ from speedmatrix.records import (
     Field,
 )
 
-SCHEMA_VERSION = 1
-"""Bumped when a table's columns change; stored in every row (``schema_version``)."""
+SCHEMA_VERSION = 2
+"""Bumped when a table's columns change; stored in every row (``schema_version``).
+1: the first tables; 2: cells gained ``warmup_s`` (issue #19; older files read it as null)."""
 
 TABLES = ("runs", "cells", "requests")
 """The tables land_run writes. Other code lands more beside them, in the same layout
