@@ -96,6 +96,12 @@ def run_local_executor(conf: dict, celery: bool = False) -> dict:
         "HOME": str(home),
         "SPEEDMATRIX_WAREHOUSE": str(work / "warehouse"),
         "SPEEDMATRIX_API_KEY": "sk-bench-" + secrets.token_hex(8),
+        # The task supervisor's first execution-API call waited 38 s for a cold api-server
+        # on the loaded shared machine (2026-12-02), past the default 5 s x 5 tries: the task
+        # was killed before it started. A bench setting only; the deployment keeps its own.
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": os.environ.get(
+            "BENCH_EXECUTION_API_TIMEOUT", "60"
+        ),
     }
     if not celery:
         env["AIRFLOW__CORE__EXECUTOR"] = "LocalExecutor"
