@@ -99,6 +99,9 @@ def run_local_executor(conf: dict, celery: bool = False) -> dict:
         # The task supervisor's first execution-API call waited 38 s for a cold api-server
         # on the loaded shared machine (2026-12-02), past the default 5 s x 5 tries: the task
         # was killed before it started. A bench setting only; the deployment keeps its own.
+        # the run's own host lease (the deployment tests' way): the machine-wide default
+        # would make a bench wait for any other run on this shared machine, and count it
+        "SPEEDMATRIX_LEASE_DIR": str(work / "lease"),
         "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": os.environ.get(
             "BENCH_EXECUTION_API_TIMEOUT", "60"
         ),
