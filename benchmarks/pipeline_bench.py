@@ -1,6 +1,6 @@
 """Overhead of the pipeline itself: a whole speed_matrix run against the simulator.
 
-    uv run python benchmarks/pipeline_bench.py [--duration 30] [--short] [--runner local]
+    uv run python benchmarks/pipeline_bench.py [--duration 30] [--short] [--runner local|celery]
 
 Runs the DAG once, with a private HOME, Airflow home and warehouse, either through
 `python -m speedmatrix.cli.demo` (`--runner dag-test`, the default: every task through Airflow's
@@ -10,7 +10,13 @@ api-server, scheduler, dag-processor and triggerer as separate processes (the de
 tests' harness, tests/deployment/deploy_harness.py, with no Celery worker), the run triggered
 through the REST API; cells then run in map index order, the plan's run order. Then reports
 
-    overhead = (wall - sum of cell windows - server start) / wall          (the issue's figure)
+    host idle share = (wall - windows - warm-up - server start) / wall      (issue #19)
+    overhead        = (wall - sum of cell windows - server start) / wall    (#7's, kept)
+
+with wall from the first task's start to the last task's end, windows the decode windows plus
+the prefill cells' TTFTs, warm-up the decode cells' recorded `warmup_s`; and the warm-up floor
+of the matrix it ran (`warmup_floor`) beside the warm-up it measured. `--runner celery` runs
+the CeleryExecutor deployment with one worker, as deploy/ and the deployment tests do.
 
 and where the time goes: every task's duration, cache warm-up inside the cells (each decode
 cell first puts its C prompts in the prefix cache; each prefill cell's window is its TTFT),
@@ -72,8 +78,10 @@ def run(conf: dict) -> dict:
     return out
 
 
-def run_local_executor(conf: dict) -> dict:
-    """One speed_matrix run on a LocalExecutor deployment; the same result shape as `run`."""
+def run_local_executor(conf: dict, celery: bool = False) -> dict:
+    """One speed_matrix run on a deployment (deploy/'s topology, started as the deployment
+    tests start it): the LocalExecutor, or with `celery` the CeleryExecutor with one worker
+    (Redis broker, PostgreSQL result backend); the same result shape as `run`."""
     sys.path.insert(0, str(REPO / "tests" / "deployment"))
     from deploy_harness import Deployment
 
@@ -84,17 +92,23 @@ def run_local_executor(conf: dict) -> dict:
     shutil.copy(REPO / "dags" / "speed_matrix.py", dags / "speed_matrix.py")
     home = work / "home"
     home.mkdir()
-    dep = Deployment(
-        work,
-        dags,
-        workers=0,
-        extra_env={
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "HOME": str(home),
-            "SPEEDMATRIX_WAREHOUSE": str(work / "warehouse"),
-            "SPEEDMATRIX_API_KEY": "sk-bench-" + secrets.token_hex(8),
-        },
-    )
+    env = {
+        "HOME": str(home),
+        "SPEEDMATRIX_WAREHOUSE": str(work / "warehouse"),
+        "SPEEDMATRIX_API_KEY": "sk-bench-" + secrets.token_hex(8),
+        # The task supervisor's first execution-API call waited 38 s for a cold api-server
+        # on the loaded shared machine (2026-12-02), past the default 5 s x 5 tries: the task
+        # was killed before it started. A bench setting only; the deployment keeps its own.
+        # the run's own host lease (the deployment tests' way): the machine-wide default
+        # would make a bench wait for any other run on this shared machine, and count it
+        "SPEEDMATRIX_LEASE_DIR": str(work / "lease"),
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": os.environ.get(
+            "BENCH_EXECUTION_API_TIMEOUT", "60"
+        ),
+    }
+    if not celery:
+        env["AIRFLOW__CORE__EXECUTOR"] = "LocalExecutor"
+    dep = Deployment(work, dags, workers=1 if celery else 0, extra_env=env)
     dep.start()
     try:
         dep.wait_dag("speed_matrix")
@@ -116,9 +130,10 @@ def run_local_executor(conf: dict) -> dict:
                 "state": ti.get("state"),
                 "label": ti.get("rendered_map_index"),
             }
-        if state != "success":
-            raise SystemExit(
-                f"run {state}: {[(k, t['state']) for k, t in tasks.items()]}; logs under {work}"
+        if state != "success":  # still analysed: what was measured says where time went
+            print(
+                f"run {state}: {[(k, t['state']) for k, t in tasks.items()]}; logs under {work}",
+                file=sys.stderr,
             )
         xcom = {}
         for task_id in ("resolve", "setup_server"):
@@ -142,6 +157,34 @@ def run_local_executor(conf: dict) -> dict:
     }
 
 
+def warmup_floor(cells: list[dict]) -> tuple[float | None, str]:
+    """The least warm-up this matrix can have (issue #19): every distinct prompt prefilled
+    once. A decode context's cells need C_max prompts; the prefill cell of that context
+    prefills stream 0's (its measurement), so the warm-up must prefill the other C_max - 1,
+    each at about that prefill cell's TTFT (prefill is compute-bound: batching C prompts
+    does not make them cheaper). Without a prefill cell of the context, its C_max prompts
+    count and their cost is unknown."""
+    measured = [c for c in cells if c["status"] in ("valid", "invalid")]
+    ttft = {
+        c["context_tokens"]: (c["ttft_ms"] or 0.0) / 1000.0
+        for c in measured
+        if c["phase"] == "prefill"
+    }
+    top: dict[int, int] = {}
+    for c in measured:
+        if c["phase"] == "decode":
+            top[c["context_tokens"]] = max(top.get(c["context_tokens"], 0), c["concurrency"])
+    floor, missing = 0.0, []
+    for ctx, c_max in sorted(top.items()):
+        if ctx not in ttft:
+            missing.append(ctx)
+            continue
+        floor += (c_max - 1) * ttft[ctx]
+    if missing:
+        return None, f"no prefill cell measured for contexts {missing}: floor unknown"
+    return floor, "sum over decode contexts of (C_max - 1) x that context's prefill TTFT"
+
+
 def analyse(out: dict) -> dict:
     sys.path.insert(0, str(REPO / "plugins"))
     from speedmatrix.store.warehouse import Warehouse
@@ -161,6 +204,12 @@ def analyse(out: dict) -> dict:
             windows += c["measured_s"] or 0.0
         else:
             windows += (c["ttft_ms"] or 0.0) / 1000.0
+    warmup = sum(
+        c.get("warmup_s") or 0.0
+        for c in cells
+        if c["phase"] == "decode" and c["status"] in ("valid", "invalid")
+    )
+    floor, floor_note = warmup_floor(cells)
     server = out["xcom"].get("setup_server") or {}
     server = json.loads(server) if isinstance(server, str) else server
     start_s = float(server.get("start_s") or 0.0) + float(server.get("provision_s") or 0.0)
@@ -182,6 +231,17 @@ def analyse(out: dict) -> dict:
         "windows_s": round(windows, 1),
         "server_start_s": round(start_s, 1),
         "overhead_pct": round(100 * (wall - windows - start_s) / wall, 2),
+        # issue #19: warm-up is measurement time; what is left is the host sitting idle
+        "warmup_s": round(warmup, 1),
+        "warmup_floor_s": None if floor is None else round(floor, 1),
+        "warmup_floor_note": floor_note,
+        "host_idle_s": round(wall - windows - warmup - start_s, 1),
+        "host_idle_pct": round(100 * (wall - windows - warmup - start_s) / wall, 2),
+        "warmup_by_cell_s": {
+            f"{c['context_label']} x {c['concurrency']}": round(c.get("warmup_s") or 0.0, 2)
+            for c in cells
+            if c["phase"] == "decode" and c["status"] in ("valid", "invalid")
+        },
         "cells_task_s": round(cell_s, 1),
         "in_cell_not_window_s": round(cell_s - windows, 1),
         "pipeline_only_s": round(wall - cell_s - start_s, 1),
@@ -198,9 +258,10 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the temporary work directory")
     p.add_argument(
         "--runner",
-        choices=("dag-test", "local"),
+        choices=("dag-test", "local", "celery"),
         default="dag-test",
-        help="dag.test in one process, or a scheduler with the LocalExecutor",
+        help="dag.test in one process, or a deployment: scheduler with the LocalExecutor, "
+        "or the CeleryExecutor with one worker (deploy/'s production topology)",
     )
     args = p.parse_args()
     conf = {**FULL, "duration_s": args.duration}
@@ -209,15 +270,27 @@ def main() -> int:
     from speedmatrix.cli.demo import free_port
 
     conf["port"] = free_port()
-    out = run(conf) if args.runner == "dag-test" else run_local_executor(conf)
+    if args.runner == "dag-test":
+        out = run(conf)
+    else:
+        out = run_local_executor(conf, celery=args.runner == "celery")
     figures = analyse(out)
-    runner = "dag.test in-process" if args.runner == "dag-test" else "scheduler, LocalExecutor"
+    runner = {
+        "dag-test": "dag.test in-process",
+        "local": "scheduler, LocalExecutor",
+        "celery": "scheduler, CeleryExecutor (1 worker)",
+    }[args.runner]
     figures.update(conf=conf, runner=runner)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     dest = REPO / "benchmarks" / "out" / f"pipeline_bench-{stamp}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps({"figures": figures, "tasks": out["tasks"]}, indent=1))
     print(json.dumps(figures, indent=1))
+    print(
+        f"host idle share {figures['host_idle_pct']:.2f}% of {figures['wall_s']:.0f} s wall; "
+        f"warm-up measured {figures['warmup_s']:.1f} s, floor "
+        f"{figures['warmup_floor_s']} s ({figures['warmup_floor_note']})"
+    )
     print(f"written to {dest}")
     if not args.keep:
         shutil.rmtree(out["work"], ignore_errors=True)

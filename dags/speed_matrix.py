@@ -9,8 +9,13 @@ verdicts (a teardown: emits the comparisons / noise Assets whatever regressions 
 A failed DAG run (a failed cell, a regression, anything else) calls RunNotifier: mail and chat
 alerts where the deployment switched them on (speedmatrix.flows.notify). A clean run sends nothing.
 
-With `repeats` > 1, prefill and decode also map the repeated cells after the matrix, one pass
-after another (map index `8K x 1 #2`); they land in cell_repeats (plan.plan_matrix).
+Cells run in the plan's order (plan.run_order), context by context: the context's prefill, then
+its decode cells C ascending, so each prompt is prefilled once. `prefill` maps the prefill cells
+at the head of that order, `decode` the rest, later contexts' prefill cells included (map index
+`prefill 16K`); the scheduler runs each in map index order, one at a time.
+
+With `repeats` > 1, decode also maps the repeated cells after the matrix, one pass after
+another (map index `8K x 1 #2`); they land in cell_repeats (plan.plan_matrix).
 
 Orchestration only: every task body is a function in `speedmatrix.flows.matrix`.
 """
@@ -212,7 +217,11 @@ def speed_matrix():
 
     @task(multiple_outputs=False)
     def runnable(planned: dict, phase: str) -> list[dict]:
-        return planned[phase]
+        """The cells of one mapped task, in the plan's run order (plan.task_cells): prefill
+        then decode per context, so every prompt is prefilled once (issue #19)."""
+        from speedmatrix.plan import task_cells
+
+        return task_cells(planned, phase)
 
     @task(
         max_active_tis_per_dagrun=1,

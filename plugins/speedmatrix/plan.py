@@ -12,7 +12,8 @@ back, so C requests of ctx + max_out tokens fit only when
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from speedmatrix.records import (
@@ -201,14 +202,24 @@ def check_matrix(spec: MatrixSpec, max_model_len: int | None = None) -> None:
 
 @dataclass
 class Plan:
-    """Planned cells: small dicts (XCom- and map-friendly) plus the over-capacity records."""
+    """Planned cells: small dicts (XCom- and map-friendly) plus the over-capacity records.
+
+    `prefill` and `decode` are the cells of each phase; `order` is every cell to run, both
+    phases, in the order the host runs them (`run_order`), which the DAG's two mapped tasks
+    split between them (`task_cells`)."""
 
     prefill: list[dict] = field(default_factory=list)
     decode: list[dict] = field(default_factory=list)
     over_capacity: list[dict] = field(default_factory=list)
+    order: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, list[dict]]:
-        return {"prefill": self.prefill, "decode": self.decode, "over_capacity": self.over_capacity}
+        return {
+            "prefill": self.prefill,
+            "decode": self.decode,
+            "over_capacity": self.over_capacity,
+            "order": self.order,
+        }
 
 
 def _planned(spec: MatrixSpec, phase: str, context: int, concurrency: int) -> dict:
@@ -290,22 +301,30 @@ def plan_matrix(
     repeat_cells: Sequence[str] | None = None,
 ) -> Plan:
     """Prefill cells, runnable decode cells and the over-capacity cells as full records with
-    status `over_capacity` (never sent), each list in the order the cells run (map index order
-    under the scheduler; the report sorts for itself, see `ordered_cells`).
+    status `over_capacity` (never sent), and `order`: every cell to run, in the order the host
+    runs them (map index order under the scheduler, see `task_cells`; the report sorts for
+    itself, see `ordered_cells`).
 
-    The order spares prefix-cache warm-up, which a decode cell pays before its window for every
-    prompt not already cached (at 251K one prompt is 76 s of prefill on the reference host):
-    decode runs context by context, largest first, C ascending, so each cell reuses the smaller
-    cells' prompts (stream i's prompt is the same in every cell of a context); and the prefill
-    of the first decode context runs last, so the prompt it leaves in the cache (stream 0's,
-    "measured during decode warm-up") is still there when that context's cells start. Caches
-    the size of one large context keep nothing longer than that.
+    The order puts warm-up at its floor (issue #19): every distinct prompt prefilled once per
+    pass. A decode cell pays, before its window, the prefill of each of its C prompts that is
+    not already in the prefix cache (at 251K one prompt is 76 s on the reference host). Stream
+    i's prompt is the same bytes in every cell of a context (prompts.header_text: run tag,
+    context, stream; the same cache salt), and the prefill cell's prompt is stream 0's. So
+    the cells run context by context (`run_order`): the context's prefill cell (cold, its
+    measurement), then its decode cells C ascending, each reusing the previous cell's prompts
+    and the prefill's, so a context's C_max prompts are prefilled once, one of them as the
+    prefill cell. A cache that holds one large context keeps nothing longer than that, which
+    is why prefill and decode interleave instead of all prefills first. Prefill contexts with
+    no decode cell of the same sent prompt (256K beside a 251K decode) run first: their
+    prompt serves no other cell.
 
-    With `repeats` > 1 each phase's list continues with passes 1..repeats-1, each the chosen
-    cells (`repeat_cells`, default all runnable ones) again in the same order: a repeat is
-    measured a whole pass after its primary rather than back to back, so the spread between
-    them sees the drift of the run (warm-up, clocks, heat) that a between-run noise is for.
-    Every planned cell carries `repeat` (0 = the primary, the one the `cells` table holds).
+    With `repeats` > 1 `order` continues with passes 1..repeats-1, each the chosen cells
+    (`repeat_cells`, default all runnable ones) again in the same order, and so do the phase
+    lists: a repeat is measured a whole pass after its primary rather than back to back, so
+    the spread between them sees the drift of the run (warm-up, clocks, heat) that a
+    between-run noise is for. Every planned cell carries `repeat` (0 = the primary, the one
+    the `cells` table holds); a pass has its own run tag (flows.matrix.pass_run_tag), so its
+    prompts are prefilled again, once.
 
     Contexts are planned as sent (`fit_matrix`): `context_tokens` of a planned cell is the
     prompt the load generator builds, which vLLM admits with the cell's max_tokens."""
@@ -319,12 +338,11 @@ def plan_matrix(
     plan = Plan()
     runnable = [
         (ctx, conc)
-        for ctx in sorted(spec.contexts, reverse=True)
+        for ctx in sorted(spec.contexts)
         for conc in sorted(spec.concurrencies)
         if fits(ctx, conc, spec.max_output_tokens, capacity)
     ]
-    first = runnable[0][0] if runnable else None
-    for ctx in sorted(spec.prefill_contexts, key=lambda c: (c == first, c)):
+    for ctx in sorted(spec.prefill_contexts):
         if fits(ctx, 1, 1, capacity):
             plan.prefill.append(_planned(spec, "prefill", ctx, 1))
         else:
@@ -334,9 +352,57 @@ def plan_matrix(
         for conc in sorted(spec.concurrencies):
             if (ctx, conc) not in runnable:
                 plan.over_capacity.append(_over_capacity(spec, "decode", ctx, conc, capacity))
+    plan.order = run_order(plan.prefill, plan.decode)
+    plan.prefill = [c for c in plan.order if c["phase"] == "prefill"]
+    plan.decode = [c for c in plan.order if c["phase"] == "decode"]
     if repeats > 1:
         _add_repeats(plan, repeats, chosen)
     return plan
+
+
+def run_order(prefill: Sequence[dict], decode: Sequence[dict]) -> list[dict]:
+    """Prefill and decode cells of one pass in the order that prefills each prompt once.
+
+    First the prefill cells whose prompt no decode cell sends (their context has no runnable
+    decode cell); then, context by context (ascending), the context's prefill cell, then its
+    decode cells C ascending (`plan_matrix` says why)."""
+    decode_contexts = sorted({int(c["context_tokens"]) for c in decode})
+    by_context: dict[int, list[dict]] = {}
+    for c in prefill:
+        by_context.setdefault(int(c["context_tokens"]), []).append(c)
+    order = [c for ctx in sorted(by_context) if ctx not in decode_contexts for c in by_context[ctx]]
+    for ctx in decode_contexts:
+        order += by_context.get(ctx, [])
+        order += sorted(
+            (c for c in decode if int(c["context_tokens"]) == ctx),
+            key=lambda c: int(c["concurrency"]),
+        )
+    return order
+
+
+def task_cells(planned: Mapping[str, Sequence[dict]], task: str) -> list[dict]:
+    """The cells the DAG's mapped `prefill` or `decode` task runs, in map index order.
+
+    The scheduler starts a mapped task's instances in map index order, and the DAG runs
+    `decode` after `prefill`, one instance at a time (a host holds one run), so the two lists
+    together must be `order`: `prefill` takes the prefill cells at its head, `decode` all the
+    rest, including the prefill cells of later contexts, labelled `prefill 16K` so that their
+    map index says what they are. Both task ids stay (the DAG's contract); a plan without
+    `order` (made before it existed) maps each phase's list as before."""
+    if task not in ("prefill", "decode"):
+        raise ValueError(f"no mapped cell task {task!r}")
+    order = planned.get("order")
+    if order is None:
+        return list(planned[task])
+    head = 0
+    while head < len(order) and order[head]["phase"] == "prefill":
+        head += 1
+    if task == "prefill":
+        return list(order[:head])
+    return [
+        {**c, "label": f"prefill {c['label']}"} if c["phase"] == "prefill" else c
+        for c in order[head:]
+    ]
 
 
 def _add_repeats(plan: Plan, repeats: int, chosen: list[tuple[str, int, int]] | None) -> None:
@@ -352,9 +418,11 @@ def _add_repeats(plan: Plan, repeats: int, chosen: list[tuple[str, int, int]] | 
                 f"{'is' if len(over) == 1 else 'are'} over capacity on this server (not run), "
                 "so cannot be repeated"
             )
-    for cells in (plan.prefill, plan.decode):
-        picked = [c for c in cells if chosen is None or key(c) in chosen]
-        cells.extend(_repeat(c, r) for r in range(1, repeats) for c in picked)
+    picked = [c for c in plan.order if chosen is None or key(c) in chosen]
+    passes = [_repeat(c, r) for r in range(1, repeats) for c in picked]
+    plan.order.extend(passes)
+    plan.prefill.extend(c for c in passes if c["phase"] == "prefill")
+    plan.decode.extend(c for c in passes if c["phase"] == "decode")
 
 
 def _over_capacity(

@@ -150,6 +150,13 @@ def _cells_expectations(key: Sequence[str] | None = None) -> list:
     exps: list = [
         *_in_set("cells"),
         gxe.ExpectColumnValuesToBeBetween(column="copy_share", min_value=0, max_value=1),
+        # warm-up is measurement time of a decode cell (issue #19): never negative, and a
+        # prefill cell has none (its one cold request is what it measures); null on decode:
+        # landed before it was recorded, or ingested from a published page
+        gxe.ExpectColumnValuesToBeBetween(column="warmup_s", min_value=0),
+        gxe.ExpectColumnValuesToBeNull(
+            column="warmup_s", row_condition=Column("phase") == "prefill"
+        ),
         gxe.ExpectColumnValuesToNotBeNull(column="context_tokens"),
         gxe.ExpectColumnValuesToBeBetween(column="context_tokens", min_value=1),
         gxe.ExpectColumnValuesToBeBetween(column="concurrency", min_value=1),

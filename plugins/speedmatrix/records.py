@@ -136,6 +136,14 @@ CELL_FIELDS: tuple[Field, ...] = (
         True,
         "share of the outputs' word n-grams found in their own prompt (decode)",
     ),
+    Field(
+        "warmup_s",
+        "float",
+        True,
+        "decode: seconds spent putting the cell's prompts in the prefix cache before its window "
+        "(measurement time, not overhead); null for prefill (its one cold request is the "
+        "measurement) and for cells that never warmed",
+    ),
 )
 
 # One row per request of a measured cell (distributions); keyed by run_id + cell keys.
@@ -365,6 +373,7 @@ class CellRecord(TypedDict):
     started_at: dt.datetime | None
     workload: str | None
     copy_share: float | None
+    warmup_s: float | None
 
 
 # ------------------------------------------------------------------- the one validity rule set

@@ -104,6 +104,33 @@ def test_speed_matrix_shape(dagbag):
     assert t["conclude"].downstream_task_ids == set()
 
 
+def test_speed_matrix_maps_cells_in_the_plans_run_order(dagbag):
+    """Issue #19: the scheduler starts a mapped task's instances in map index order, and
+    decode runs after prefill, so the lists the two cell tasks map over, one after the other,
+    must be the plan's run order (prefill then decode per context: each prompt prefilled
+    once)."""
+    from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
+
+    t = dagbag.dags["speed_matrix"].task_dict
+    spec = MatrixSpec.build(
+        prefill_contexts=["8K", "16K", "256K"],
+        contexts=["8K", "16K"],
+        concurrencies=[1, 2],
+        max_output_tokens=512,
+        window_s=2,
+    )
+    planned = plan_matrix(spec, KvCapacity(40_000, 16), repeats=2).as_dict()
+    planned = json.loads(json.dumps(planned))  # as XCom hands it over
+    mapped = {tid: t[f"{tid}_cells"].python_callable(planned, tid) for tid in ("prefill", "decode")}
+    assert t["prefill_cells"].downstream_task_ids == {"prefill"}
+    assert t["decode_cells"].downstream_task_ids == {"decode"}
+    labels = [c["label"] for c in [*mapped["prefill"], *mapped["decode"]]]
+    assert labels[:6] == ["256K", "8K", "8K x 1", "8K x 2", "prefill 16K", "16K x 1"]
+    assert [
+        c["label"].removeprefix("prefill ") for c in [*mapped["prefill"], *mapped["decode"]]
+    ] == [c["label"] for c in planned["order"]]
+
+
 def _check(dag, conf: dict) -> None:
     """What the scheduler / API do with a trigger's conf: the serialized DAG's Params,
     deep-merged with the conf, validated (before any task runs)."""

@@ -356,6 +356,39 @@ def test_a_repeated_prefill_cell_is_cold(wide_profile: Path) -> None:
         assert cell["prefix_cache_hit_rate"] == 0.0, cell
 
 
+def test_decode_cells_of_a_context_reuse_its_prompts_so_warm_up_is_small(
+    wide_profile: Path,
+) -> None:
+    """Issue #19: run in the plan's order (the DAG's map order), a context's prefill cell
+    leaves stream 0's prompt cached and each decode cell reuses the earlier cells' prompts:
+    the simulator prefills each distinct prompt once, and the first decode cell's recorded
+    warm-up is a fraction of the prefill it no longer pays (the prefill cell's TTFT)."""
+    from speedmatrix.flows import matrix
+    from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix, task_cells
+
+    ctx = 131072
+    spec = MatrixSpec.build(
+        prefill_contexts=[ctx], contexts=[ctx], concurrencies=[1, 2], max_output_tokens=256,
+        window_s=1.5,
+    )  # fmt: skip
+    planned = plan_matrix(spec, KvCapacity(80_000, 16)).as_dict()
+    order = [*task_cells(planned, "prefill"), *task_cells(planned, "decode")]
+    assert [c["label"] for c in order] == ["128K", "128K x 1", "128K x 2"]
+    resolved = {"host": "local", "served_model": "sim-specdec", "run_tag": "warm0test"}
+    with sim(wide_profile) as url:
+        pre, one, two = (matrix.measure(resolved, {"base_url": url}, c)[0] for c in order)
+        requests = _get(url + "/sim/requests")
+    assert pre["status"] == "valid", pre["error"]
+    assert pre["warmup_s"] is None  # a prefill cell's one cold request is its measurement
+    for cell in (one, two):
+        assert cell["status"] in ("valid", "invalid"), cell["error"]
+        assert isinstance(cell["warmup_s"], float) and cell["warmup_s"] >= 0
+    # prefilled from scratch: stream 0 by the prefill cell, stream 1 by 128K x 2's warm-up
+    cold = [r for r in requests if r["cached_tokens"] < r["prompt_tokens"] // 2]  # type: ignore[union-attr]
+    assert len(cold) == 2, cold
+    assert one["warmup_s"] < 0.5 * pre["ttft_ms"] / 1000, (one["warmup_s"], pre["ttft_ms"])
+
+
 def _decode_cfg(url: str) -> DecodeConfig:
     return DecodeConfig(
         base_url=url, model="sim-specdec", context=1024, concurrency=4, duration_s=3.0,

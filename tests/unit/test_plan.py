@@ -14,6 +14,7 @@ from speedmatrix.plan import (
     fits,
     ordered_cells,
     plan_matrix,
+    task_cells,
 )
 from speedmatrix.records import CELL_FIELDS
 
@@ -57,21 +58,87 @@ def test_reference_report_over_capacity_pattern(num_blocks):
     assert sorted(c["context_tokens"] for c in plan.prefill) == REF_CONTEXTS
 
 
-def test_run_order_spares_prefix_cache_warm_up():
-    """Decode by context, largest first, C ascending (a cell's prompts include the smaller
-    cells' ones); the largest decode context's prefill last (its stream-0 prompt is still
-    cached when that context's first decode cell starts)."""
-    plan = plan_matrix(ref_spec(), KvCapacity(4150, 64))  # prefill 8K..251K and 256K
-    prefill = [c["label"] for c in plan.prefill]
-    assert prefill == ["8K", "16K", "32K", "64K", "128K", "256K", "251K"]
-    decode = [c["label"] for c in plan.decode]
-    assert decode[:4] == ["251K x 1", "128K x 1", "64K x 1", "64K x 2"]
-    assert decode[-5:] == ["8K x 1", "8K x 2", "8K x 4", "8K x 8", "8K x 16"]
-    assert plan.prefill[-1]["context_tokens"] == plan.decode[0]["context_tokens"]
+def prefills_needed(order: list[dict], capacity: KvCapacity) -> list[tuple[int, int]]:
+    """The prompts a host prefills running `order`, with an LRU prefix cache of the KV
+    capacity: a cell needs its prompts (prefill: stream 0's; decode: streams 0..C-1, the same
+    bytes in every cell of a context and pass) and, while it runs, room for its outputs, which
+    evict the least recently used prompts it does not hold. Each (context, stream) prefilled
+    is listed once per prefill, so a prompt prefilled twice shows twice."""
+    tokens = capacity.tokens
+    cache: dict[tuple[int, int, int], int] = {}  # LRU order: oldest first
+    prefilled = []
+    for cell in order:
+        ctx, streams = int(cell["context_tokens"]), int(cell["concurrency"])
+        held = [(cell["repeat"], ctx, i) for i in range(streams)]
+        for key in held:
+            if key in cache:
+                cache[key] = cache.pop(key)  # touched: most recently used
+            else:
+                prefilled.append(key)
+                cache[key] = ctx
+        room = tokens - streams * int(cell["max_output_tokens"])
+        for key in list(cache):
+            if sum(cache.values()) <= room:
+                break
+            if key not in held:
+                del cache[key]
+    return prefilled
+
+
+@pytest.mark.parametrize("num_blocks", [4081, 4150, 4224])
+def test_run_order_prefills_every_prompt_once(num_blocks):
+    """Issue #19's warm-up floor: run in `order`, the reference matrix prefills each distinct
+    prompt exactly once, the prefill cells' prompts included (stream 0 of each context is
+    prefilled by its prefill cell, cold, and reused by the context's decode cells). Prefill
+    cells first and then the decode cells (the order before issue #19) prefilled stream 0 of
+    every context but the last prefilled again: its cache holds one large context."""
+    capacity = KvCapacity(num_blocks, 64)
+    plan = plan_matrix(ref_spec(), capacity)
+    assert sorted(map(id, plan.order)) == sorted(map(id, [*plan.prefill, *plan.decode]))
+    prefilled = prefills_needed(plan.order, capacity)
+    assert len(prefilled) == len(set(prefilled))
+    # the distinct prompts: C_max per decode context, plus the 256K prefill's own where it fits
+    own = [c for c in plan.prefill if c["context_tokens"] not in REF_CONTEXTS]
+    assert len(own) == (num_blocks > 4096)
+    assert len(prefilled) == sum(REF_RUNNABLE.values()) + len(own)
+
+
+def test_run_order_interleaves_prefill_and_decode_per_context():
+    plan = plan_matrix(ref_spec(), KvCapacity(4150, 64))
+    order = [c["label"] for c in plan.order]
+    assert order[:8] == ["256K", "8K", "8K x 1", "8K x 2", "8K x 4", "8K x 8", "8K x 16", "16K"]
+    assert order[-4:] == ["128K", "128K x 1", "251K", "251K x 1"]
+    # the phase lists keep the run order of their phase
+    assert [c["label"] for c in plan.prefill] == ["256K", "8K", "16K", "32K", "64K", "128K", "251K"]
+    assert [c["label"] for c in plan.decode][:2] == ["8K x 1", "8K x 2"]
     # the report still reads prefill by context, then decode by context and C
     report = [c["label"] for c in ordered_cells([*plan.decode, *plan.prefill])]
     assert report[:7] == ["8K", "16K", "32K", "64K", "128K", "251K", "256K"]
     assert report[7:9] == ["8K x 1", "8K x 2"]
+
+
+def test_the_two_mapped_tasks_together_run_the_order():
+    """`prefill` maps the prefill cells at the head of the order, `decode` the rest (later
+    contexts' prefills labelled as such), so map index order across the two is the order."""
+    planned = plan_matrix(ref_spec(), KvCapacity(4150, 64), repeats=2).as_dict()
+    pre, dec = task_cells(planned, "prefill"), task_cells(planned, "decode")
+    assert [c["label"] for c in pre] == ["256K", "8K"]
+    assert [c["label"] for c in dec][:6] == [
+        "8K x 1",
+        "8K x 2",
+        "8K x 4",
+        "8K x 8",
+        "8K x 16",
+        "prefill 16K",
+    ]
+    strip = [{**c, "label": c["label"].removeprefix("prefill ")} for c in [*pre, *dec]]
+    assert strip == planned["order"]
+    assert dec[len(planned["order"]) // 2 - 2]["label"] == "prefill 256K #2"  # pass 2 starts
+    # a plan made before `order` existed maps each phase's list
+    old = {k: v for k, v in planned.items() if k != "order"}
+    assert task_cells(old, "decode") == planned["decode"]
+    with pytest.raises(ValueError):
+        task_cells(planned, "validate")
 
 
 def test_prefill_that_does_not_fit_is_over_capacity():
@@ -105,8 +172,8 @@ def test_labels_and_order():
         ref_spec(contexts=[64 * K, 8 * K], concurrencies=[2, 1], prefill_contexts=[16 * K, 8 * K]),
         KvCapacity(4150, 64),
     )
-    assert [c["label"] for c in plan.decode] == ["64K x 1", "64K x 2", "8K x 1", "8K x 2"]
-    assert [c["label"] for c in plan.prefill] == ["8K", "16K"]
+    assert [c["label"] for c in plan.decode] == ["8K x 1", "8K x 2", "64K x 1", "64K x 2"]
+    assert [c["label"] for c in plan.prefill] == ["16K", "8K"]  # 16K: no decode cell of it
     assert plan.prefill[0]["max_output_tokens"] == 1
     assert plan.decode[0]["window_s"] == 30.0
     shuffled = [*plan.decode[::-1], *plan.prefill]

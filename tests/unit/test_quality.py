@@ -110,6 +110,7 @@ BROKEN = {
     "negative_ttft": (dict(ttft_ms=-1.0), "expect_column_values_to_be_between(ttft_ms)"),
     "workload": (dict(workload="poetry"), "expect_column_values_to_be_in_set(workload)"),
     "copy_share": (dict(copy_share=1.5), "expect_column_values_to_be_between(copy_share)"),
+    "warmup": (dict(warmup_s=-0.5), "expect_column_values_to_be_between(warmup_s)"),
 }
 
 
@@ -124,6 +125,16 @@ def test_broken_decode_cell_is_quarantined_alone(name):
     assert any(reason in r for r in v.bad_cells[0]["quarantine_reasons"])
     assert len(v.good_cells) == 4
     assert v.run_ok
+
+
+def test_warm_up_is_a_decode_figure():
+    """warmup_s (issue #19): a decode cell's measured warm-up lands; a prefill cell has none
+    (its cold request is the measurement), so a prefill row carrying one is quarantined."""
+    cells = [prefill(), decode(warmup_s=3.2), decode(c=2, warmup_s=0.0)]
+    assert validate_run(run_row(), cells).bad_cells == []
+    v = validate_run(run_row(), [prefill(warmup_s=1.3), decode(warmup_s=3.2)])
+    assert [c["phase"] for c in v.bad_cells] == ["prefill"]
+    assert "expect_column_values_to_be_null(warmup_s)" in v.bad_cells[0]["quarantine_reasons"]
 
 
 def test_prefill_inconsistent_with_ttft_is_quarantined():

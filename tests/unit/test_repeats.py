@@ -56,18 +56,27 @@ def keys(cells):
 def test_repeats_of_chosen_cells_come_as_later_passes_in_the_same_order():
     plan = plan_matrix(spec(), BIG, repeats=3, repeat_cells=["16Kx2", "8k X 1", "prefill 16K"])
     assert keys(plan.decode) == [
-        ("16K x 1", 0),
-        ("16K x 2", 0),
         ("8K x 1", 0),
         ("8K x 2", 0),
-        ("16K x 2 #2", 1),
+        ("16K x 1", 0),
+        ("16K x 2", 0),
         ("8K x 1 #2", 1),
-        ("16K x 2 #3", 2),
+        ("16K x 2 #2", 1),
         ("8K x 1 #3", 2),
+        ("16K x 2 #3", 2),
     ]
     assert keys(plan.prefill) == [("8K", 0), ("16K", 0), ("16K #2", 1), ("16K #3", 2)]
+    # each pass runs in the run order: the prefill of a context before its decode cells
+    assert keys(plan.order)[6:] == [
+        ("8K x 1 #2", 1),
+        ("16K #2", 1),
+        ("16K x 2 #2", 1),
+        ("8K x 1 #3", 2),
+        ("16K #3", 2),
+        ("16K x 2 #3", 2),
+    ]
     # a repeat is the same cell: same context, concurrency, window, output length
-    first, again = plan.decode[1], plan.decode[4]
+    first, again = plan.decode[3], plan.decode[5]
     assert {k: v for k, v in again.items() if k not in ("label", "repeat")} == {
         k: v for k, v in first.items() if k not in ("label", "repeat")
     }
@@ -79,12 +88,12 @@ def test_repeats_without_repeat_cells_repeat_whole_runs():
     assert keys(plan.prefill) == [("8K", 0), ("8K #2", 1)]
     assert [c["repeat"] for c in plan.decode] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert [c["label"] for c in plan.decode[4:]] == [
-        "16K x 1 #2",
-        "16K x 2 #2",
         "8K x 1 #2",
         "8K x 2 #2",
+        "16K x 1 #2",
+        "16K x 2 #2",
     ]
-    assert keys(plan_matrix(spec(), BIG).decode)[-1] == ("8K x 2", 0)  # default: no repeats
+    assert keys(plan_matrix(spec(), BIG).decode)[-1] == ("16K x 2", 0)  # default: no repeats
 
 
 def test_each_pass_sends_its_own_run_tag_and_cache_salt():

@@ -277,3 +277,18 @@ def test_acceptance_length_matrix_in_html_only_when_speculating():
     assert all(f"{2.5 + 0.01 * i:.2f}" in page for i in range(len(decode)))
     md = render_markdown(parsed.run, cells)
     assert md == render_markdown(parsed.run, parsed.cells)  # the acceptance changes no byte
+
+
+def test_warm_up_stays_out_of_the_published_table():
+    """warmup_s is in the cell record and the cells table, not in the page's All
+    measurements table (issue #19: the published format is unchanged)."""
+    from speedmatrix.records import empty_cell
+
+    cell = empty_cell(
+        phase="decode", context_tokens=8192, context_label="8K", concurrency=1, status="valid",
+        total_tok_s=54.9, per_request_tok_s=54.9, ttft_ms=87.0, tbt_ms=18.2,
+        output_tokens=1647, measured_s=30.0,
+    )  # fmt: skip
+    assert "warmup_s" in cell
+    assert F.table_row({**cell, "warmup_s": 12.5}) == F.table_row(cell)
+    assert "warm" not in F.table_header().lower()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
@@ -595,3 +596,28 @@ def test_runs_landed_before_the_workload_was_recorded_still_read(tmp_path):
     assert run["workload"] is None
     assert all(c["workload"] is None and c["copy_share"] is None for c in cells)
     assert all(r["workload"] is None for r in requests)
+
+
+def test_warm_up_lands_in_cells_and_older_files_read_it_as_null(tmp_path):
+    """`warmup_s` (issue #19) is a column added to `cells` (schema_version 2); a file of
+    schema_version 1 lacks it and reads as null beside the new rows."""
+    assert SCHEMA_VERSION == 2
+    assert CELLS_SCHEMA.field("warmup_s").nullable
+    assert str(CELLS_SCHEMA.field("warmup_s").type) == "double"
+    wh = Warehouse(tmp_path)
+    wh.land_run(make_run("old"), make_cells(), [])
+    path = wh.find_run_files("old")["cells"][0]
+    old = pq.read_table(path, partitioning=None).drop_columns(["warmup_s"])
+    version = old.schema.get_field_index("schema_version")
+    old = old.set_column(version, "schema_version", pa.array([1] * old.num_rows, pa.int32()))
+    pq.write_table(old, path)
+    cells = [dict(c, warmup_s=2.5 if c["phase"] == "decode" else None) for c in make_cells()]
+    wh.land_run(make_run("new", day=20), cells, [])
+    got = wh.query(
+        "SELECT run_id, max(warmup_s) AS w, max(schema_version) AS v FROM cells GROUP BY 1 "
+        "ORDER BY 1"
+    )
+    assert got["v"].tolist() == [2, 1]
+    assert got["w"].tolist()[0] == 2.5 and got["w"].isna().tolist() == [False, True]
+    _, old_cells, _ = wh.read_run("old")
+    assert all(c["warmup_s"] is None for c in old_cells)

@@ -940,8 +940,8 @@ def hand_on_comparison(wh: Any, run_id: str, result: Any) -> None:
 
     import pyarrow.parquet as pq
 
-    from speedmatrix.analysis.verdict import comparisons_table
     from speedmatrix.analysis.noise import noise_table
+    from speedmatrix.analysis.verdict import comparisons_table
 
     meta: dict[str, Any] = {"made": result is not None}
     if result is not None:

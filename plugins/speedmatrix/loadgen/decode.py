@@ -124,7 +124,12 @@ class _DecodeCell:
         try:
             if not await self._open_connections():
                 return self._finish_cell()
-            if cfg.warm_cache and not await self._warm(cfg.first_token_timeout(self.C)):
+            warm_from = perf_counter()
+            warmed = not cfg.warm_cache or await self._warm(cfg.first_token_timeout(self.C))
+            # measurement time, recorded (issue #19): the prefill this cell's prompts needed
+            # beyond what the cache already held; scaled with the other times in _finish_cell
+            self.cell["warmup_s"] = perf_counter() - warm_from
+            if not warmed:
                 return self._finish_cell()
             tasks = [
                 asyncio.get_running_loop().create_task(self._stream(i, first_token_s))

@@ -106,6 +106,7 @@ _TIMES = (
     "tbt_p99_ms",
     "chunk_gap_ms",
     "measured_s",
+    "warmup_s",
 )
 _RATES = ("total_tok_s", "per_request_tok_s")
 

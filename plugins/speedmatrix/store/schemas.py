@@ -25,8 +25,9 @@ from speedmatrix.records import (
     Field,
 )
 
-SCHEMA_VERSION = 1
-"""Bumped when a table's columns change; stored in every row (``schema_version``)."""
+SCHEMA_VERSION = 2
+"""Bumped when a table's columns change; stored in every row (``schema_version``).
+1: the first tables; 2: cells gained ``warmup_s`` (issue #19; older files read it as null)."""
 
 
 TABLES = ("runs", "cells", "requests")
