@@ -289,10 +289,14 @@ def speed_matrix():
         from airflow.sdk.exceptions import AirflowFailException
 
         from speedmatrix.analysis.compare import RegressionError, regressions_check
+        from speedmatrix.report.charts import write_comparison_charts
 
         try:
             return regressions_check(
-                matrix.warehouse_of(resolved), landed["run_id"], fetch_commits=True
+                matrix.warehouse_of(resolved),
+                landed["run_id"],
+                fetch_commits=True,
+                charts=write_comparison_charts,
             )
         except RegressionError as err:
             raise AirflowFailException(str(err)) from err

@@ -831,15 +831,16 @@ def land(resolved: Mapping[str, Any], validated: Mapping[str, Any]) -> dict[str,
 
 def report(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> dict[str, str]:
     """Render the landed run (md + html) next to it in the warehouse; log where."""
-    from speedmatrix.analysis.compare import report_comparison
-    from speedmatrix.report.render import render_html, render_markdown
+    from speedmatrix.report.page import load_run_page, render_page
+    from speedmatrix.report.render import render_markdown
 
     wh = warehouse_of(resolved)
-    run, cells, _ = wh.read_run(resolved["run_id"])
     # the baseline the `regressions` task judges against, and its noise-aware verdicts
-    cmp = report_comparison(wh, resolved["run_id"])
-    md = render_markdown(run, cells, cmp.baseline) + ("\n" + cmp.markdown if cmp.markdown else "")
-    page = render_html(run, cells, cmp.baseline, verdicts=cmp.verdicts, figures=cmp.figures)
+    data = load_run_page(wh, resolved["run_id"])
+    md = render_markdown(data.run, data.cells, data.baseline) + (
+        "\n" + data.markdown if data.markdown else ""
+    )
+    page = render_page(data)
     paths = {
         "md": wh.write_artifact(resolved["run_id"], "report.md", md),
         "html": wh.write_artifact(resolved["run_id"], "report.html", page),
