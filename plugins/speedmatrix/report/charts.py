@@ -190,6 +190,11 @@ def trend_chart_svg(points: pd.DataFrame, *, title: str, ylabel: str) -> str:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
+    with plt.rc_context({"svg.hashsalt": "speedmatrix"}):
+        return _trend_chart(plt, points, title=title, ylabel=ylabel)
+
+
+def _trend_chart(plt, points: pd.DataFrame, *, title: str, ylabel: str) -> str:
     fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
     try:
         pts = points[points["value"].notna()].reset_index(drop=True)
@@ -221,7 +226,7 @@ def trend_chart_svg(points: pd.DataFrame, *, title: str, ylabel: str) -> str:
             ax.legend(fontsize=8)
         fig.tight_layout()
         buf = io.StringIO()
-        fig.savefig(buf, format="svg")
+        fig.savefig(buf, format="svg", metadata={"Date": None})  # same data, same bytes
         return buf.getvalue()
     finally:
         plt.close(fig)
@@ -253,12 +258,12 @@ def diff_heatmap_svg(
 
     higher = METRIC_BY_NAME[metric].higher_is_better
     contexts = sorted(set(zip(rows["context_tokens"], rows["context_label"], strict=True)))
-    concs = sorted(set(rows["concurrency"]))
+    concs = sorted({int(c) for c in rows["concurrency"]})  # ints: not "2.0" on the axis
     rgb = [[to_rgb(palette.EMPTY)] * len(concs) for _ in contexts]
     cells: list[tuple[int, int, str, str]] = []
     for r in rows.to_dict("records"):
         i = contexts.index((r["context_tokens"], r["context_label"]))
-        j = concs.index(r["concurrency"])
+        j = concs.index(int(r["concurrency"]))
         better_pct = r["change_pct"] if higher else -r["change_pct"]
         colour = palette.change_colour(better_pct)
         rgb[i][j] = to_rgb(colour)
