@@ -6,6 +6,7 @@ real headless Chromium (no console errors, the summary in the first screen)."""
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import subprocess
@@ -32,7 +33,6 @@ from test_warehouse import make_cells, make_run  # noqa: E402
 REFERENCE = (
     HERE.parents[1] / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"
 )
-SCREENSHOT = Path("/work/wt/E-run-page.png")
 
 
 def _regressed():
@@ -211,6 +211,19 @@ def test_report_command_renders_the_run_page_with_its_baseline(wh, tmp_path):
     assert "Baseline: none (no earlier successful run" in out.read_text(encoding="utf-8")
 
 
+def test_pipeline_report_task_writes_the_same_page(wh):
+    """The `report` task of speed_matrix (flows.matrix.report) writes the run page the CLI
+    renders, and the Markdown: the published page, then the comparison section."""
+    from speedmatrix.flows import matrix
+
+    paths = matrix.report({"run_id": "r2", "warehouse": wh.root}, {})
+    html = wh.read_artifact("r2", "report.html").decode()
+    assert paths["html"].endswith("report.html") and html == render_run_page(wh, "r2")
+    md = wh.read_artifact("r2", "report.md").decode()
+    assert md.index("## All measurements") < md.index("## Comparison")
+    assert "Summary" not in md
+
+
 def _chromium(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
@@ -232,7 +245,8 @@ def test_run_page_in_headless_chromium(wh, tmp_path):
         f"--screenshot={tmp_path / 'top.png'}", "--window-size=1280,2000", path.as_uri()
     )
     assert (tmp_path / "top.png").stat().st_size > 10_000, shot.stderr
-    shutil.copyfile(tmp_path / "top.png", SCREENSHOT) if SCREENSHOT.parent.is_dir() else None
+    if os.environ.get("SPEEDMATRIX_RUN_PAGE_SCREENSHOT"):  # keep it for a human to look at
+        shutil.copyfile(tmp_path / "top.png", os.environ["SPEEDMATRIX_RUN_PAGE_SCREENSHOT"])
     logged = _chromium("--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri())
     console = [ln for ln in logged.stderr.splitlines() if ":CONSOLE" in ln]
     assert console == [], console

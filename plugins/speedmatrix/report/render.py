@@ -390,10 +390,18 @@ def acceptance_matrix(rows: list[dict], cols: list[int], grid: dict) -> list[dic
                     if cell.get("status") not in (None, "valid")
                     else F.DASH
                 )
-                line.append({"text": text, "colour": "#eeeeee", "cls": "empty"})
+                line.append({"text": text, "colour": palette.EMPTY, "fg": "", "cls": "empty"})
             else:
                 frac = (v - lo) / (hi - lo) if hi > lo else 1.0
-                line.append({"text": f"{v:.2f}", "colour": _scale_colour(frac), "cls": "valid"})
+                colour = _scale_colour(frac)
+                line.append(
+                    {
+                        "text": f"{v:.2f}",
+                        "colour": colour,
+                        "fg": palette.text_colour(colour),
+                        "cls": "valid",
+                    }
+                )
         out.append({"label": r["label"], "cells": line})
     return out
 
