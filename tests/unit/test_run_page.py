@@ -266,3 +266,13 @@ def test_run_page_in_headless_chromium(wh, tmp_path):
     assert layout["summary"] < 300 and layout["regression"] < 800  # the first screen
     assert layout["summary"] < layout["matrix"]
     assert layout["width"] <= 1280  # nothing wider than the window
+
+
+def test_analysis_does_not_draw():
+    """Charts live in speedmatrix.report.charts: no analysis module imports matplotlib or
+    reaches up into report (the layers point one way: analysis -> report)."""
+    analysis = HERE.parents[1] / "plugins" / "speedmatrix" / "analysis"
+    for path in sorted(analysis.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert "matplotlib" not in text, path.name
+        assert not re.search(r"^\s*(from|import) speedmatrix\.report", text, re.M), path.name
