@@ -12,7 +12,6 @@ back, so C requests of ctx + max_out tokens fit only when
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 

@@ -14,6 +14,7 @@ from speedmatrix.analysis.compare import compare_in_warehouse, regressions_check
 from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.cli import main
 from speedmatrix.records import empty_cell
+from speedmatrix.report.charts import write_comparison_charts
 from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse
 
@@ -114,7 +115,7 @@ def test_compare_in_warehouse_uses_the_previous_run_and_its_requests(wh):
 def test_regressions_task_lands_verdicts_and_fails_with_a_summary(wh):
     assert regressions_check(wh, "r1")["counts"]["regression"] == 0
     with pytest.raises(RegressionError) as err:
-        regressions_check(wh, "r2", commits=["c" * 40])
+        regressions_check(wh, "r2", commits=["c" * 40], charts=write_comparison_charts)
     text = str(err.value)
     assert "64Kx2" in text and "baseline r1" in text and "cccccccccccc" in text
     landed = read_extra(wh, "comparisons", run_id="r2")
@@ -187,6 +188,7 @@ def test_trend_command(wh, capsys, tmp_path):
 
 def test_report_comparison_gives_the_report_its_baseline_and_verdicts(wh):
     from speedmatrix.analysis.compare import ReportComparison, report_comparison
+    from speedmatrix.report.page import load_run_page
     from speedmatrix.report.render import render_html, render_markdown
 
     cmp = report_comparison(wh, "r2")
@@ -195,13 +197,16 @@ def test_report_comparison_gives_the_report_its_baseline_and_verdicts(wh):
     assert section.startswith("## Comparison") and "▼ regression" in section and "64Kx2" in section
     assert cmp.counts["regression"] >= 1
     assert any(v["Cell"] == "64Kx2" and "regression" in v["Verdict"] for v in cmp.verdicts)
+    assert cmp.figures == []  # analysis does not draw: the run page's loader does
+    data = load_run_page(wh, "r2")
+    assert data.baseline[0]["run_id"] == "r1" and data.verdicts == cmp.verdicts
     # the diff heat map and the regressed cell's trend over commits, inline SVG
-    ids = [f["id"] for f in cmp.figures]
+    ids = [f["id"] for f in data.figures]
     assert ids[0] == "diff-heatmap" and "trend-64Kx2" in ids
-    assert all(f["svg"].startswith("<svg") for f in cmp.figures)
+    assert all(f["svg"].startswith("<svg") for f in data.figures)
     run, cells, _ = wh.read_run("r2")
     assert "Change against baseline r1" in render_markdown(run, cells, baseline)
-    page = render_html(run, cells, baseline, verdicts=cmp.verdicts, figures=cmp.figures)
+    page = render_html(run, cells, baseline, verdicts=cmp.verdicts, figures=data.figures)
     assert "r1" in page and "Verdicts beyond noise" in page
     assert 'id="diff-heatmap"' in page and 'id="trend-64Kx2"' in page
     assert "<?xml" not in page

@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from speedmatrix.analysis.trend import trend, trend_chart_svg
+from speedmatrix.analysis.trend import trend
 from speedmatrix.records import empty_cell
+from speedmatrix.report.charts import trend_chart_svg
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -114,7 +115,7 @@ def test_chart_is_svg_with_the_regression_marked():
 
 
 def test_diff_heatmap_labels_the_regressed_cell():
-    from speedmatrix.analysis.trend import diff_heatmap_svg
+    from speedmatrix.report.charts import diff_heatmap_svg
 
     rows = [
         {

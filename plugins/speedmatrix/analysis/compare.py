@@ -2,20 +2,17 @@
 
 One job: orchestration. Read the run and its baseline from the warehouse
 (analysis/baseline.py), judge every cell (analysis/verdict.py), land the `comparisons` and
-`noise` tables (store/extra.py), write the markdown section (analysis/display.py) and the
-charts next to the report, and raise RegressionError for Airflow's alerting. The chart
-helpers (`_write_charts`, `_trend_svgs`, `comparison_figures`) move to report/charts with the
-verdict page (issue #17).
+`noise` tables (store/extra.py), write the markdown section (analysis/display.py), let the
+caller's `charts` hook draw (report/charts.py: analysis does not draw), and raise
+RegressionError for Airflow's alerting.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import pandas as pd
 
 from speedmatrix.analysis import bisection
 from speedmatrix.analysis.baseline import read_history, recipe_threshold, select_baseline
@@ -26,14 +23,12 @@ from speedmatrix.analysis.display import (
     verdict_counts,
 )
 from speedmatrix.analysis.noise import noise_rows, noise_table
-from speedmatrix.analysis.trend import diff_heatmap_svg, trend, trend_chart_svg
 from speedmatrix.analysis.verdict import (
     compare_runs,
     comparisons_table,
     raise_on_regressions,
     regressions,
 )
-from speedmatrix.records import cell_name, cell_sort_key
 from speedmatrix.store.extra import land_extra
 from speedmatrix.upstream.github import github_repo
 
@@ -98,6 +93,7 @@ def regressions_check(
     threshold: float | Mapping[str, float] | None = None,
     fetch_commits: bool = False,
     result: ComparisonResult | None = None,
+    charts: Callable[[Any, ComparisonResult], None] | None = None,
 ) -> dict[str, Any]:
     """The `regressions` task: compare, land `comparisons` + `noise` and the markdown section
     as artifact comparison.md, then raise RegressionError (naming cells, baseline and
@@ -106,7 +102,11 @@ def regressions_check(
     `fetch_commits`: when regressions were found and `commits` is not given, list the commits
     between the two engine commits from GitHub's compare API (best effort: on any error the
     summary keeps the compare URL only). `result`: the run's comparison already made (by the
-    `report` task, handed on), so that a run's comparison is computed once."""
+    `report` task, handed on), so that a run's comparison is computed once.
+
+    `charts(warehouse, result)` draws the comparison's charts next to the run (the caller
+    passes speedmatrix.report.charts.write_comparison_charts: analysis does not draw); it
+    runs before a regression raises, so the alert's reader finds them."""
     if result is None:
         result = compare_in_warehouse(
             warehouse, run_id, baseline_ref=baseline_ref, threshold=threshold
@@ -119,7 +119,8 @@ def regressions_check(
     warehouse.write_artifact(
         run_id, "comparison.md", comparison_markdown(result.rows, result.run, result.baseline)
     )
-    _write_charts(warehouse, result)
+    if charts is not None:
+        charts(warehouse, result)
     if fetch_commits and commits is None and regressions(result.rows):
         commits = _fetch_commits(result.baseline, result.run)
     raise_on_regressions(result.rows, result.run, result.baseline, commits)
@@ -131,71 +132,20 @@ def regressions_check(
     }
 
 
-def _write_charts(warehouse: Any, result: ComparisonResult) -> None:
-    """comparison.svg (the diff heat map of total tok/s) and one trend-<cell>.svg per
-    regressed cell, next to the run's report, for the HTML report and for the alert's reader."""
-    run_id = result.run["run_id"]
-    heat = diff_heatmap_svg(result.rows)
-    if heat:
-        warehouse.write_artifact(run_id, "comparison.svg", heat)
-    bad = {
-        (r["phase"], r["context_label"], r["concurrency"])
-        for r in regressions(result.rows)
-        if r.get("phase") in ("prefill", "decode")
-    }
-    if not bad:
-        return
-    title = "{name}: " + run_id.replace("{", "{{").replace("}", "}}")
-    for name, svg in _trend_svgs(warehouse, result, sorted(bad, key=cell_sort_key), title=title):
-        warehouse.write_artifact(run_id, f"trend-{name.replace(' ', '-')}.svg", svg)
-
-
-def _trend_svgs(
-    warehouse: Any, result: ComparisonResult, keys: Sequence[tuple[str, str, int]], *, title: str
-) -> list[tuple[str, str]]:
-    """(cell name, SVG) of each cell's tok/s over the recipe's runs, verdicts marked; this
-    run's verdicts included, since the report draws them before `regressions` lands them."""
-    runs, cells, stored, noise = read_history(
-        warehouse, result.run.get("recipe_id"), result.run.get("host")
-    )
-    mine = pd.DataFrame(result.rows)
-    if not stored.empty:
-        stored = stored[stored["run_id"] != result.run["run_id"]]
-    history = pd.concat([d for d in (stored, mine) if not d.empty], ignore_index=True)
-    out = []
-    for phase, label, conc in keys:
-        name = cell_name(phase, label, conc)
-        points = trend(
-            runs,
-            cells,
-            recipe=result.run.get("recipe_id"),
-            cell=name,
-            metric="prefill_tok_s" if phase == "prefill" else "total_tok_s",
-            host=result.run.get("host"),
-            comparisons=history,
-            noise=noise,
-        )
-        out.append((name, trend_chart_svg(points, title=title.format(name=name), ylabel="tok/s")))
-    return out
-
-
 @dataclass
 class ReportComparison:
     """What the report shows of the comparison with the baseline.
 
     `baseline` is `(run, cells)` for render_markdown / render_html's "Change against baseline"
     table; `markdown` is this module's verdict section; `verdicts` the same rows for the HTML
-    (display_rows of the notable cells); `figures` the HTML's diff heat map and the trend of
-    every cell that changed beyond its noise, verdicts marked ({id, title, svg})."""
+    (display_rows of the notable cells); `figures` stays empty here: the charts are drawn by
+    speedmatrix.report (report.page.load_run_page), analysis does not draw."""
 
     baseline: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
     markdown: str = ""
     verdicts: list[dict[str, str]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     figures: list[dict[str, str]] = field(default_factory=list)
-
-
-MAX_TREND_FIGURES = 6  # a page for a reader, not every cell: the CLI's `trend` gives the rest
 
 
 def report_comparison(
@@ -215,61 +165,12 @@ def report_comparison(
     except Exception as exc:
         log.warning("no comparison in the report of %s: %s", run_id, exc)
         return ReportComparison()
-    try:
-        figures = comparison_figures(warehouse, result)
-    except Exception as exc:  # a chart must never cost the report
-        log.warning("no comparison charts for %s: %s", run_id, exc)
-        figures = []
     return ReportComparison(
         baseline=(result.baseline, base_cells),
         markdown=comparison_markdown(result.rows, result.run, result.baseline),
         verdicts=display_rows(notable(result.rows)),
         counts=verdict_counts(result.rows),
-        figures=figures,
     )
-
-
-def comparison_figures(warehouse: Any, result: ComparisonResult) -> list[dict[str, str]]:
-    """The diff heat map of total tok/s, then one trend per cell that changed beyond its
-    noise (this run's verdicts included: they are not in the warehouse until `regressions`)."""
-    out: list[dict[str, str]] = []
-    heat = diff_heatmap_svg(result.rows)
-    if heat:
-        out.append(
-            {
-                "id": "diff-heatmap",
-                "title": "Total tok/s against the baseline",
-                "svg": _inline(heat),
-            }
-        )
-    changed = sorted(
-        {
-            (r["phase"], r["context_label"], r["concurrency"])
-            for r in notable(result.rows)
-            if r.get("phase") in ("prefill", "decode")
-            and r.get("metric") in ("total_tok_s", "prefill_tok_s")
-        },
-        key=cell_sort_key,
-    )
-    if not changed:
-        return out
-    for name, svg in _trend_svgs(
-        warehouse, result, changed[:MAX_TREND_FIGURES], title="{name} over commits"
-    ):
-        out.append(
-            {
-                "id": f"trend-{name.replace(' ', '-')}",
-                "title": f"Trend: {name}",
-                "svg": _inline(svg),
-            }
-        )
-    return out
-
-
-def _inline(svg: str) -> str:
-    """An SVG file's text without its XML prolog and doctype, to sit inside an HTML page."""
-    at = svg.find("<svg")
-    return svg[at:] if at >= 0 else svg
 
 
 def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str] | None:

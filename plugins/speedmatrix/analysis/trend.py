@@ -4,12 +4,11 @@ Verdicts come from the `comparisons` table when it holds the point (what the run
 comparison decided, against its own baseline); otherwise each point is compared with the
 previous point of the trend using the same rule as compare.py (threshold AND between-run
 noise). The first valid point's verdict is `first`; a point whose cell did not run valid
-carries its status (`failed`, `over_capacity`…). The chart marks regressions and improvements so a reader sees where a cell moved.
+carries its status (`failed`, `over_capacity`…). The charts of a trend are drawn by speedmatrix.report.charts (analysis does not draw).
 """
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -129,104 +128,3 @@ def _known_verdicts(
         key = (r["run_id"], r["phase"], r["context_label"], int(r["concurrency"]))
         out[key] = (r["verdict"], change)
     return out
-
-
-_MARKERS = {
-    "regression": ("v", "#d62728"),
-    "improvement": ("^", "#2ca02c"),
-}
-
-
-def trend_chart_svg(points: pd.DataFrame, *, title: str, ylabel: str) -> str:
-    """An inline SVG line chart of the trend, regressions and improvements marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
-    try:
-        pts = points[points["value"].notna()].reset_index(drop=True)
-        xs = list(range(len(pts)))
-        ax.plot(xs, pts["value"], color="#1f77b4", marker="o", markersize=3, linewidth=1.2)
-        for verdict, (marker, color) in _MARKERS.items():
-            sel = pts.index[pts["verdict"] == verdict]
-            if len(sel):
-                ax.scatter(
-                    sel,
-                    pts.loc[sel, "value"],
-                    marker=marker,
-                    s=70,
-                    color=color,
-                    label=verdict,
-                    zorder=3,
-                )
-        ticks = [
-            str(c or v or r)[:9]
-            for c, v, r in zip(
-                pts["engine_commit"], pts["engine_version"], pts["run_id"], strict=True
-            )
-        ]
-        ax.set_xticks(xs, ticks, rotation=45, ha="right", fontsize=7)
-        ax.set_title(title, fontsize=10)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg")
-        return buf.getvalue()
-    finally:
-        plt.close(fig)
-
-
-def diff_heatmap_svg(
-    comparisons: pd.DataFrame | Iterable[Mapping[str, Any]], *, metric: str = "total_tok_s"
-) -> str | None:
-    """The HTML report's diff heat map: decode matrix coloured by the change of `metric`
-    (green better, red worse, direction-aware), regressions and improvements labelled.
-    None when the comparison has no decode rows for the metric."""
-    cmp = frame(comparisons)
-    if cmp.empty:
-        return None
-    rows = cmp[(cmp["metric"] == metric) & (cmp["phase"] == "decode")]
-    rows = rows[rows["change_pct"].notna()]
-    if rows.empty:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    higher = METRIC_BY_NAME[metric].higher_is_better
-    contexts = sorted(set(zip(rows["context_tokens"], rows["context_label"], strict=True)))
-    concs = sorted(set(rows["concurrency"]))
-    grid = [[math.nan] * len(concs) for _ in contexts]
-    text = [[""] * len(concs) for _ in contexts]
-    for r in rows.to_dict("records"):
-        i = contexts.index((r["context_tokens"], r["context_label"]))
-        j = concs.index(r["concurrency"])
-        better_pct = r["change_pct"] if higher else -r["change_pct"]
-        grid[i][j] = better_pct
-        mark = {"regression": " ▼", "improvement": " ▲"}.get(r["verdict"], "")
-        text[i][j] = f"{r['change_pct']:+.1f}%{mark}"
-    span = max(5.0, max(abs(v) for row in grid for v in row if not math.isnan(v)))
-    fig, ax = plt.subplots(figsize=(1.1 * len(concs) + 2, 0.5 * len(contexts) + 1.5), dpi=100)
-    try:
-        ax.imshow(grid, cmap="RdYlGn", vmin=-span, vmax=span, aspect="auto")
-        for i, row in enumerate(text):
-            for j, label in enumerate(row):
-                if label:
-                    ax.text(j, i, label, ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(len(concs)), [str(c) for c in concs])
-        ax.set_yticks(range(len(contexts)), [lbl for _, lbl in contexts])
-        ax.set_xlabel("simultaneous requests")
-        ax.set_ylabel("context")
-        ax.set_title(f"{metric}: change vs baseline", fontsize=10)
-        fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg")
-        return buf.getvalue()
-    finally:
-        plt.close(fig)

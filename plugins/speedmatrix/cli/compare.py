@@ -179,7 +179,8 @@ def _numeric(text: str) -> bool:
 
 def run_trend(args: argparse.Namespace) -> int:
     from speedmatrix.analysis.baseline import read_history
-    from speedmatrix.analysis.trend import trend, trend_chart_svg
+    from speedmatrix.analysis.trend import trend
+    from speedmatrix.report.charts import trend_chart_svg
 
     wh = _warehouse(args.warehouse)
     runs, cells, comparisons, noise = read_history(wh, args.recipe, args.host)

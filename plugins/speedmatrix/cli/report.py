@@ -6,8 +6,12 @@ keep the page as the run's ``source.txt`` artifact. Prints the run ids on stdout
 and nothing else there.
 
 ``report --run-id ID [--warehouse W] [--format md|html] [--out F] [--baseline B] [--save]``:
-render a landed run (stdout without ``--out``); ``--baseline`` adds each cell's change against
-another run; ``--save`` also keeps the page as the run's ``report.md`` / ``report.html`` artifact.
+render a landed run (stdout without ``--out``). ``--format html`` is the pipeline's run page
+(report.page.render_run_page): the summary of verdicts against ``--baseline`` (a run id or an
+engine commit/ref) or, without it, the automatic baseline (compare.select_baseline), then the
+matrix and the details. ``--format md`` is the published page; ``--baseline`` adds each cell's
+change against that run after it. ``--save`` also keeps the page as the run's ``report.md`` /
+``report.html`` artifact.
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         p.add_argument("--format", choices=("md", "html"), default="md")
         p.add_argument("--out", help="write here instead of stdout")
         p.add_argument(
-            "--baseline", metavar="RUN_ID", help="add each cell's change against this run"
+            "--baseline",
+            metavar="RUN",
+            help="compare with this run (id, or engine commit/ref); html: without it, the "
+            "automatic baseline (the latest earlier run of the recipe and host)",
         )
         p.add_argument(
             "--save", action="store_true", help="also keep the page as the run's artifact"
@@ -109,20 +116,24 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from speedmatrix.report.render import render_html, render_markdown
+    from speedmatrix.report.page import render_run_page
+    from speedmatrix.report.render import render_markdown
     from speedmatrix.store.warehouse import Warehouse
 
     wh = Warehouse(args.warehouse)
     try:
-        run, cells, _requests = wh.read_run(args.run_id)
-        baseline = None
-        if args.baseline:
-            base_run, base_cells, _ = wh.read_run(args.baseline)
-            baseline = (base_run, base_cells)
-    except KeyError as exc:
+        if args.format == "html":
+            # the pipeline's page: verdict first, against --baseline or the automatic one
+            page = render_run_page(wh, args.run_id, baseline_ref=args.baseline)
+        else:
+            run, cells, _requests = wh.read_run(args.run_id)
+            baseline = None
+            if args.baseline:
+                base_run, base_cells, _ = wh.read_run(args.baseline)
+                baseline = (base_run, base_cells)
+            page = render_markdown(run, cells, baseline=baseline)
+    except (KeyError, ValueError) as exc:
         raise _cli_error(str(exc.args[0]) if exc.args else str(exc)) from None
-    render = render_html if args.format == "html" else render_markdown
-    page = render(run, cells, baseline=baseline)
     if args.save:
         wh.write_artifact(args.run_id, f"report.{args.format}", page)
     if args.out:

@@ -892,19 +892,20 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
 def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
     """Render the landed run (md + html) next to it in the warehouse; log where.
 
-    The run's comparison with its baseline is made here, once: the report shows it and
+    The run's comparison with its baseline is made here, once: the page shows it and
     `regressions` judges it, read back from the run's artifacts (hand_on_comparison)."""
-    from speedmatrix.analysis.compare import ReportComparison, report_comparison
-    from speedmatrix.report.render import render_html, render_markdown
+    from speedmatrix.report.page import load_run_page, render_page
+    from speedmatrix.report.render import render_markdown
 
     wh = warehouse_of(resolved)
-    run, cells, _ = wh.read_run(resolved["run_id"])
     result = _compare(wh, resolved["run_id"])
     hand_on_comparison(wh, resolved["run_id"], result)
     # the baseline the `regressions` task judges against, and its noise-aware verdicts
-    cmp = ReportComparison() if result is None else report_comparison(wh, run["run_id"], result)
-    md = render_markdown(run, cells, cmp.baseline) + ("\n" + cmp.markdown if cmp.markdown else "")
-    page = render_html(run, cells, cmp.baseline, verdicts=cmp.verdicts, figures=cmp.figures)
+    data = load_run_page(wh, resolved["run_id"], result=result, compare=result is not None)
+    md = render_markdown(data.run, data.cells, data.baseline) + (
+        "\n" + data.markdown if data.markdown else ""
+    )
+    page = render_page(data)
     paths = {
         "md": wh.write_artifact(resolved["run_id"], "report.md", md),
         "html": wh.write_artifact(resolved["run_id"], "report.html", page),
@@ -997,10 +998,13 @@ def regressions(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, Any]
     """The `regressions` task: judge the comparison `report` made (made again only when none
     was handed on), land the verdicts; RegressionError on a regression."""
     from speedmatrix.analysis.compare import regressions_check
+    from speedmatrix.report.charts import write_comparison_charts
 
     wh = warehouse_of(resolved)
     result = handed_on_comparison(wh, landed["run_id"])
-    return regressions_check(wh, landed["run_id"], fetch_commits=True, result=result)
+    return regressions_check(
+        wh, landed["run_id"], fetch_commits=True, result=result, charts=write_comparison_charts
+    )
 
 
 def conclude(landed: Mapping[str, Any]) -> str:

@@ -1,9 +1,13 @@
-"""Charts of a run, as inline SVG strings (matplotlib, Agg backend; no files, no server).
+"""Every chart speedmatrix draws, as SVG strings (matplotlib, Agg backend; no server).
 
-- prefill: prompt tok/s against context, and TTFT against context;
-- decode: total tok/s and per-request tok/s against concurrency, one line per context.
+- a run's charts (render_all): prefill tok/s and TTFT against context; decode total and
+  per-request tok/s against concurrency, one line per context; a baseline dashed behind;
+- the comparison's charts: the diff heat map of the decode matrix (diff_heatmap_svg) and a
+  cell's trend over engine commits with its verdicts marked (trend_chart_svg), drawn for the
+  run page (comparison_figures) and next to the run for the alert (write_comparison_charts).
 
-With baseline cells, the baseline is drawn dashed and grey-ish behind the run.
+Analysis computes (speedmatrix.analysis.compare / trend), this module draws: the colours are
+the page's (speedmatrix.report.palette), so a colour means the same in a table and a chart.
 """
 
 from __future__ import annotations
@@ -11,9 +15,13 @@ from __future__ import annotations
 import io
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from speedmatrix.records import cell_key
+import pandas as pd
+
+from speedmatrix.records import cell_key, cell_name, cell_sort_key
+from speedmatrix.report import palette
 
 _COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
@@ -161,4 +169,219 @@ def render_all(cells: Sequence[dict], baseline: Sequence[dict] | None = None) ->
         svg = fn(cells, metric, baseline)
         if svg:
             out.append({"id": chart_id, "title": title, "svg": svg})
+    return out
+
+
+# --------------------------------------------------------------------------- comparison charts
+
+MAX_TREND_FIGURES = 6  # a page for a reader, not every cell: the CLI's `trend` gives the rest
+HEATMAP_FONT_PT = 12.0  # the heat map's cell labels; the page shows the SVG at about 1:1
+
+_MARKERS = {
+    "regression": ("v", palette.WORSE),
+    "improvement": ("^", palette.BETTER),
+}
+
+
+def trend_chart_svg(points: pd.DataFrame, *, title: str, ylabel: str) -> str:
+    """An SVG line chart of a trend (analysis.trend.trend rows), regressions (orange ▼) and
+    improvements (purple ▲) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    with plt.rc_context({"svg.hashsalt": "speedmatrix"}):
+        return _trend_chart(plt, points, title=title, ylabel=ylabel)
+
+
+def _trend_chart(plt, points: pd.DataFrame, *, title: str, ylabel: str) -> str:
+    fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
+    try:
+        pts = points[points["value"].notna()].reset_index(drop=True)
+        xs = list(range(len(pts)))
+        ax.plot(xs, pts["value"], color="#2171b5", marker="o", markersize=3, linewidth=1.2)
+        for verdict, (marker, color) in _MARKERS.items():
+            sel = pts.index[pts["verdict"] == verdict]
+            if len(sel):
+                ax.scatter(
+                    sel,
+                    pts.loc[sel, "value"],
+                    marker=marker,
+                    s=70,
+                    color=color,
+                    label=verdict,
+                    zorder=3,
+                )
+        ticks = [
+            str(c or v or r)[:9]
+            for c, v, r in zip(
+                pts["engine_commit"], pts["engine_version"], pts["run_id"], strict=True
+            )
+        ]
+        ax.set_xticks(xs, ticks, rotation=45, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None})  # same data, same bytes
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def diff_heatmap_svg(
+    comparisons: pd.DataFrame | Iterable[Mapping[str, Any]], *, metric: str = "total_tok_s"
+) -> str | None:
+    """The decode matrix coloured by the change of `metric` against the baseline, in the
+    page's diverging scale (palette.change_colour: orange worse, purple better, grey
+    unchanged; direction-aware), every cell labelled with its change, ▼/▲ where the verdict
+    is a regression/improvement. Labels are real SVG text at HEATMAP_FONT_PT, black or white
+    for contrast on their cell. None when the comparison has no decode rows for the metric."""
+    from speedmatrix.analysis.noise import frame
+    from speedmatrix.analysis.verdict import METRIC_BY_NAME
+
+    cmp = frame(comparisons)
+    if cmp.empty:
+        return None
+    rows = cmp[(cmp["metric"] == metric) & (cmp["phase"] == "decode")]
+    rows = rows[rows["change_pct"].notna()]
+    if rows.empty:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    higher = METRIC_BY_NAME[metric].higher_is_better
+    contexts = sorted(set(zip(rows["context_tokens"], rows["context_label"], strict=True)))
+    concs = sorted({int(c) for c in rows["concurrency"]})  # ints: not "2.0" on the axis
+    rgb = [[to_rgb(palette.EMPTY)] * len(concs) for _ in contexts]
+    cells: list[tuple[int, int, str, str]] = []
+    for r in rows.to_dict("records"):
+        i = contexts.index((r["context_tokens"], r["context_label"]))
+        j = concs.index(int(r["concurrency"]))
+        better_pct = r["change_pct"] if higher else -r["change_pct"]
+        colour = palette.change_colour(better_pct)
+        rgb[i][j] = to_rgb(colour)
+        mark = {"regression": " ▼", "improvement": " ▲"}.get(r["verdict"], "")
+        cells.append((i, j, f"{r['change_pct']:+.1f}%{mark}", palette.text_colour(colour)))
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "speedmatrix"}):
+        fig, ax = plt.subplots(
+            figsize=(1.05 * len(concs) + 1.6, 0.55 * len(contexts) + 1.4), dpi=100
+        )
+        try:
+            ax.imshow(rgb, aspect="auto")
+            for i, j, label, colour in cells:
+                ax.text(
+                    j, i, label, ha="center", va="center", fontsize=HEATMAP_FONT_PT, color=colour
+                )
+            ax.set_xticks(range(len(concs)), [str(c) for c in concs], fontsize=11)
+            ax.set_yticks(range(len(contexts)), [lbl for _, lbl in contexts], fontsize=11)
+            ax.set_xticks([x - 0.5 for x in range(1, len(concs))], minor=True)
+            ax.set_yticks([y - 0.5 for y in range(1, len(contexts))], minor=True)
+            ax.grid(which="minor", color="#ffffff", linewidth=2)
+            ax.tick_params(which="minor", length=0)
+            ax.set_xlabel("simultaneous requests", fontsize=11)
+            ax.set_ylabel("context", fontsize=11)
+            ax.set_title(f"{metric}: change vs baseline", fontsize=12)
+            fig.tight_layout()
+            buf = io.StringIO()
+            fig.savefig(buf, format="svg", metadata={"Date": None})
+            return buf.getvalue()
+        finally:
+            plt.close(fig)
+
+
+def inline(svg: str) -> str:
+    """An SVG file's text without its XML prolog and doctype, to sit inside an HTML page."""
+    at = svg.find("<svg")
+    return svg[at:] if at >= 0 else svg
+
+
+def trend_svgs(
+    warehouse: Any, result: Any, keys: Sequence[tuple[str, str, int]], *, title: str
+) -> list[tuple[str, str]]:
+    """(cell name, SVG) of each cell's tok/s over the recipe's runs, verdicts marked; this
+    run's verdicts (`result`, a compare.ComparisonResult) included, since the page draws them
+    before `regressions` lands them."""
+    from speedmatrix.analysis.baseline import read_history
+    from speedmatrix.analysis.trend import trend
+
+    runs, cells, stored, noise = read_history(
+        warehouse, result.run.get("recipe_id"), result.run.get("host")
+    )
+    mine = pd.DataFrame(result.rows)
+    if not stored.empty:
+        stored = stored[stored["run_id"] != result.run["run_id"]]
+    history = pd.concat([d for d in (stored, mine) if not d.empty], ignore_index=True)
+    out = []
+    for phase, label, conc in keys:
+        name = cell_name(phase, label, conc)
+        points = trend(
+            runs,
+            cells,
+            recipe=result.run.get("recipe_id"),
+            cell=name,
+            metric="prefill_tok_s" if phase == "prefill" else "total_tok_s",
+            host=result.run.get("host"),
+            comparisons=history,
+            noise=noise,
+        )
+        out.append((name, trend_chart_svg(points, title=title.format(name=name), ylabel="tok/s")))
+    return out
+
+
+def write_comparison_charts(warehouse: Any, result: Any) -> None:
+    """comparison.svg (the diff heat map of total tok/s) and one trend-<cell>.svg per
+    regressed cell, next to the run's report, for the alert's reader. Passed as `charts` to
+    analysis.compare.regressions_check."""
+    from speedmatrix.analysis.verdict import regressions
+
+    run_id = result.run["run_id"]
+    heat = diff_heatmap_svg(result.rows)
+    if heat:
+        warehouse.write_artifact(run_id, "comparison.svg", heat)
+    bad = {
+        (r["phase"], r["context_label"], r["concurrency"])
+        for r in regressions(result.rows)
+        if r.get("phase") in ("prefill", "decode")
+    }
+    if not bad:
+        return
+    title = "{name}: " + run_id.replace("{", "{{").replace("}", "}}")
+    for name, svg in trend_svgs(warehouse, result, sorted(bad, key=cell_sort_key), title=title):
+        warehouse.write_artifact(run_id, f"trend-{name.replace(' ', '-')}.svg", svg)
+
+
+def comparison_figures(warehouse: Any, result: Any) -> list[dict[str, str]]:
+    """The run page's comparison figures ({id, title, svg}): the diff heat map of total
+    tok/s, then one trend per cell that changed beyond its noise (at most MAX_TREND_FIGURES)."""
+    from speedmatrix.analysis.display import notable
+
+    out: list[dict[str, str]] = []
+    heat = diff_heatmap_svg(result.rows)
+    if heat:
+        out.append(
+            {"id": "diff-heatmap", "title": "Total tok/s against the baseline", "svg": inline(heat)}
+        )
+    changed = sorted(
+        {
+            (r["phase"], r["context_label"], r["concurrency"])
+            for r in notable(result.rows)
+            if r.get("phase") in ("prefill", "decode")
+            and r.get("metric") in ("total_tok_s", "prefill_tok_s")
+        },
+        key=cell_sort_key,
+    )
+    for name, svg in trend_svgs(
+        warehouse, result, changed[:MAX_TREND_FIGURES], title="{name} over commits"
+    ):
+        out.append(
+            {"id": f"trend-{name.replace(' ', '-')}", "title": f"Trend: {name}", "svg": inline(svg)}
+        )
     return out

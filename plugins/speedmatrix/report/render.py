@@ -19,13 +19,13 @@ and TTFT against context, decode total and per-request tok/s against concurrency
 from __future__ import annotations
 
 import html
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
 from speedmatrix.report import formats as F
+from speedmatrix.report import palette
 
 OVER_CAPACITY_NOTE = (
     "Over capacity: not run because this many requests at this context would exceed the "
@@ -319,23 +319,35 @@ def render_markdown(run: dict, cells: list[dict], baseline: Baseline | None = No
 
 
 def _scale_colour(fraction: float | None) -> str:
-    """0 -> pale red, 0.5 -> pale yellow, 1 -> green (a readable sequential scale)."""
-    if fraction is None:
-        return "#eeeeee"
-    f = min(1.0, max(0.0, fraction))
-    stops = [(0.0, (248, 105, 107)), (0.5, (255, 235, 132)), (1.0, (99, 190, 123))]
-    for (f0, c0), (f1, c1) in itertools.pairwise(stops):
-        if f <= f1:
-            t = (f - f0) / (f1 - f0) if f1 > f0 else 0
-            rgb = [round(a + (b - a) * t) for a, b in zip(c0, c1, strict=True)]
-            return "#{:02x}{:02x}{:02x}".format(*rgb)
-    return "#63be7b"
+    """A throughput's colour: one hue, light = this run's slowest, dark = its fastest."""
+    return palette.throughput_colour(fraction)
 
 
 def _change_colour(change: float | None) -> str:
-    if change is None:
-        return "#ffffff"
-    return _scale_colour(0.5 + max(-0.5, min(0.5, change * 2.5)))
+    """A total tok/s change (a fraction, higher is better) in the diverging change scale."""
+    return palette.change_colour(None if change is None else change * 100)
+
+
+TAIL_NOTE = (
+    "Tail latencies: TTFT and time between tokens at the 90th and 99th percentile over the "
+    "cell's requests (the matrix shows the p99 TTFT under the median)."
+)
+# The HTML "All measurements" table adds these after the published columns (the Markdown
+# keeps the published format): the tails and why a cell is not valid.
+EXTRA_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("TTFT p90", "ttft_p90_ms", 0),
+    ("TTFT p99", "ttft_p99_ms", 0),
+    ("Time between tokens p90", "tbt_p90_ms", 1),
+    ("Time between tokens p99", "tbt_p99_ms", 1),
+)
+
+
+def extra_cells(cell: dict) -> list[str]:
+    """The HTML table's tail-latency texts of a cell and its reason (`error`)."""
+    out = [F.fmt_ms(cell.get(key), digits) for _, key, digits in EXTRA_COLUMNS]
+    error = cell.get("error")
+    out.append(error if isinstance(error, str) and error else "")
+    return out
 
 
 ACCEPTANCE_NOTE = (
@@ -368,12 +380,72 @@ def acceptance_matrix(rows: list[dict], cols: list[int], grid: dict) -> list[dic
                     if cell.get("status") not in (None, "valid")
                     else F.DASH
                 )
-                line.append({"text": text, "colour": "#eeeeee", "cls": "empty"})
+                line.append({"text": text, "colour": palette.EMPTY, "fg": "", "cls": "empty"})
             else:
                 frac = (v - lo) / (hi - lo) if hi > lo else 1.0
-                line.append({"text": f"{v:.2f}", "colour": _scale_colour(frac), "cls": "valid"})
+                colour = _scale_colour(frac)
+                line.append(
+                    {
+                        "text": f"{v:.2f}",
+                        "colour": colour,
+                        "fg": palette.text_colour(colour),
+                        "cls": "valid",
+                    }
+                )
         out.append({"label": r["label"], "cells": line})
     return out
+
+
+def _matrix_cell(cell: dict | None, lo: float, hi: float) -> dict:
+    """One decode matrix cell of the HTML page: text, sub-line, colours, class, tooltip.
+
+    Valid cells carry their throughput colour and the p99 TTFT; over-capacity cells stay
+    quiet (small grey text, no colour: a known limit, not a result); invalid and failed cells
+    say why."""
+    if cell is None:
+        return {
+            "text": F.DASH,
+            "sub": "",
+            "colour": palette.EMPTY,
+            "fg": "",
+            "cls": "empty",
+            "title": "",
+        }
+    status = cell.get("status")
+    if status == "over_capacity":
+        return {
+            "text": "over capacity",
+            "sub": "",
+            "colour": palette.EMPTY,
+            "fg": "",
+            "cls": "over_capacity",
+            "title": OVER_CAPACITY_NOTE,
+        }
+    if status != "valid":
+        reason = cell.get("error") if isinstance(cell.get("error"), str) else ""
+        return {
+            "text": F.fmt_status(status),
+            "sub": reason or "no reason recorded",
+            "colour": palette.EMPTY,
+            "fg": "",
+            "cls": str(status),
+            "title": reason or "",
+        }
+    t = cell.get("total_tok_s")
+    frac = None if _absent(t) else ((t - lo) / (hi - lo) if hi > lo else 1.0)
+    colour = _scale_colour(frac)
+    sub = f"{F.fmt_ms(cell.get('ttft_ms'), 0)} TTFT"
+    if not _absent(cell.get("ttft_p99_ms")):
+        sub += f" (p99 {F.fmt_ms(cell.get('ttft_p99_ms'), 0)})"
+    sub += f" · {F.fmt_rate(cell.get('per_request_tok_s'))} per request"
+    return {
+        "text": F.fmt_rate_summary(t, 1),
+        "sub": sub,
+        "colour": colour,
+        "fg": palette.text_colour(colour),
+        "cls": "valid",
+        "title": "",
+    }
 
 
 def render_html(
@@ -383,15 +455,23 @@ def render_html(
     *,
     verdicts: Sequence[Mapping[str, str]] = (),
     figures: Sequence[Mapping[str, str]] = (),
+    comparison: Sequence[Mapping[str, Any]] | None = None,
+    links: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """The page as one self-contained HTML file (see the module docstring).
+    """The run page as one self-contained HTML file (see the module docstring).
 
-    `verdicts` (compare.display_rows) and `figures` ({id, title, svg}: the diff heat map and
-    trends over commits) come from the noise-aware comparison; the page only lays them out,
-    so that rendering never needs the warehouse."""
+    Verdict first: the page opens with the summary (report.summary: baseline, regressions
+    and improvements beyond noise with their intervals, invalid and failed cells and why),
+    then the matrix, then the details. `comparison` are the noise-aware comparison rows
+    (analysis.compare.compare_runs; None: not compared), `verdicts` (compare.display_rows)
+    and `figures` ({id, title, svg}: the diff heat map and trends over commits) come from the
+    same comparison; the page only lays them out, so that rendering never needs the
+    warehouse (report.page.render_run_page gathers them). `links`: (text, href) shown above
+    the title (a site's way back to its index)."""
     import jinja2
 
     from speedmatrix.report import charts
+    from speedmatrix.report.summary import build_summary
 
     cells = sort_cells(cells)
     hw, shape = title_lines(run, cells)
@@ -402,34 +482,13 @@ def render_html(
         if c.get("status") == "valid" and not _absent(c.get("total_tok_s"))
     ]
     lo, hi = (min(valid_totals), max(valid_totals)) if valid_totals else (0.0, 1.0)
-    matrix = []
-    for r in rows:
-        line = []
-        for c in cols:
-            cell = grid.get((r["tokens"], c))
-            if cell is None:
-                line.append({"text": F.DASH, "sub": "", "colour": "#ffffff", "cls": "empty"})
-            elif cell.get("status") != "valid":
-                line.append(
-                    {
-                        "text": F.fmt_status(cell.get("status")),
-                        "sub": "",
-                        "colour": "#eeeeee",
-                        "cls": cell.get("status"),
-                    }
-                )
-            else:
-                t = cell.get("total_tok_s")
-                frac = None if _absent(t) else ((t - lo) / (hi - lo) if hi > lo else 1.0)
-                line.append(
-                    {
-                        "text": F.fmt_rate_summary(t, 1),
-                        "sub": f"{F.fmt_ms(cell.get('ttft_ms'), 0)} TTFT · {F.fmt_rate(cell.get('per_request_tok_s'))} per request",
-                        "colour": _scale_colour(frac),
-                        "cls": "valid",
-                    }
-                )
-        matrix.append({"label": r["label"], "cells": line})
+    matrix = [
+        {
+            "label": r["label"],
+            "cells": [_matrix_cell(grid.get((r["tokens"], c)), lo, hi) for c in cols],
+        }
+        for r in rows
+    ]
     acceptance = acceptance_matrix(rows, cols, grid)
     prefill_cells = [c for c in cells if c.get("phase") == "prefill"]
     pvals = [
@@ -442,14 +501,17 @@ def render_html(
     for c in prefill_cells:
         t = c.get("total_tok_s")
         ok = c.get("status") == "valid" and not _absent(t)
+        colour = (
+            _scale_colour((t - plo) / (phi - plo) if phi > plo else 1.0) if ok else palette.EMPTY
+        )
         prefill.append(
             {
                 "label": f"{_label(c)} context",
                 "rate": F.fmt_rate_summary(t, 0) if ok else F.fmt_status(c.get("status")),
                 "ttft": f"{F.fmt_ms(c.get('ttft_ms'), 0)} TTFT" if ok else F.DASH,
-                "colour": _scale_colour((t - plo) / (phi - plo) if phi > plo else 1.0)
-                if ok
-                else "#eeeeee",
+                "colour": colour,
+                "fg": palette.text_colour(colour),
+                "cls": "valid" if ok else str(c.get("status")),
             }
         )
     comp = None
@@ -457,10 +519,20 @@ def render_html(
         comp = {
             "run": baseline[0],
             "rows": [
-                dict(r, colour=_change_colour(r["total_change_value"]))
+                dict(
+                    r,
+                    colour=(col := _change_colour(r["total_change_value"])),
+                    fg=palette.text_colour(col),
+                )
                 for r in comparison_rows(cells, baseline[1])
             ],
         }
+    summary = build_summary(
+        run,
+        cells,
+        baseline[0] if baseline is not None else None,
+        list(comparison) if comparison is not None else None,
+    )
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("speedmatrix.report", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
@@ -472,6 +544,11 @@ def render_html(
         hw=hw,
         shape=shape,
         run=run,
+        links=list(links),
+        summary=summary,
+        change_legend=palette.CHANGE_LEGEND,
+        throughput_legend=palette.THROUGHPUT_LEGEND,
+        palette=palette,
         header=header_fields(run, html=True),
         launch_command=_v(run, "launch_command"),
         prefill=prefill,
@@ -483,9 +560,12 @@ def render_html(
         acceptance_note=ACCEPTANCE_NOTE,
         over_note=OVER_CAPACITY_NOTE,
         ttft_note=TTFT_NOTE,
+        tail_note=TAIL_NOTE,
         table_note=TABLE_NOTE,
-        table_header=[h for h, _ in F.TABLE_COLUMNS],
-        table_rows=[F.table_cells(c) for c in cells],
+        table_header=[h for h, _ in F.TABLE_COLUMNS]
+        + [h for h, _, _ in EXTRA_COLUMNS]
+        + ["Reason"],
+        table_rows=[F.table_cells(c) + extra_cells(c) for c in cells],
         table_status=[c.get("status") for c in cells],
         charts=charts.render_all(cells, baseline[1] if baseline else None),
         comparison=comp,

@@ -1,0 +1,115 @@
+"""One run's page from the warehouse: what the pipeline, `speedmatrix report` and a site render.
+
+Why one function: the page a reader opens after a nightly, the one `speedmatrix report
+--format html` prints and the one a static site links to must be the same page, with the same
+baseline and the same noise-aware verdicts. ``load_run_page`` gathers the run, its baseline
+(named, or the automatic one: analysis.compare.select_baseline), the comparison rows and the
+comparison figures; ``render_run_page`` returns the HTML (report.render.render_html).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("speedmatrix.report")
+
+
+@dataclass
+class RunPage:
+    """Everything the run page shows, read once from the warehouse.
+
+    `baseline` is `(run, cells)` or None; `rows` the comparison rows (None: not compared);
+    `markdown` the comparison section the Markdown report appends after the published page;
+    `verdicts` the notable rows as display strings; `figures` the heat map and trends."""
+
+    run: dict[str, Any]
+    cells: list[dict[str, Any]]
+    baseline: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
+    rows: list[dict[str, Any]] | None = None
+    markdown: str = ""
+    verdicts: list[dict[str, str]] = field(default_factory=list)
+    figures: list[dict[str, str]] = field(default_factory=list)
+
+
+def load_run_page(
+    warehouse: Any,
+    run_id: str,
+    *,
+    baseline_ref: str | None = None,
+    figures: bool = True,
+    result: Any = None,
+    compare: bool = True,
+) -> RunPage:
+    """The run and its comparison with `baseline_ref` (a run id or engine commit/ref) or,
+    without one, the automatic baseline. `result`: the comparison already made (the pipeline's
+    `report` task makes it once and hands it on to `regressions`); `compare=False`: none is to
+    be made (the pipeline's attempt failed and was logged), the page goes without.
+
+    The run missing raises KeyError and a named baseline not found ValueError (the caller
+    asked for it); any other failure of the comparison or of a chart is logged and the page
+    goes without it: a page must still be written, and the `regressions` task raises the
+    same error where it belongs."""
+    from speedmatrix.analysis.compare import compare_in_warehouse
+    from speedmatrix.analysis.display import comparison_markdown, display_rows, notable
+    from speedmatrix.report.charts import comparison_figures
+
+    run, cells, _ = warehouse.read_run(run_id)
+    page = RunPage(run=run, cells=cells)
+    if result is None and not compare:
+        return page
+    try:
+        if result is None:
+            result = compare_in_warehouse(
+                warehouse, run_id, baseline_ref=baseline_ref, with_noise=False
+            )
+        if result.baseline is None:
+            return page
+        _, base_cells, _ = warehouse.read_run(result.baseline["run_id"])
+    except ValueError:
+        if baseline_ref is not None:
+            raise
+        log.warning("no comparison on the page of %s", run_id, exc_info=True)
+        return page
+    except Exception as exc:
+        log.warning("no comparison on the page of %s: %s", run_id, exc)
+        return page
+    page.baseline = (result.baseline, base_cells)
+    page.rows = result.rows
+    page.markdown = comparison_markdown(result.rows, result.run, result.baseline)
+    page.verdicts = display_rows(notable(result.rows))
+    if figures:
+        try:
+            page.figures = comparison_figures(warehouse, result)
+        except Exception as exc:  # a chart must never cost the page
+            log.warning("no comparison charts for %s: %s", run_id, exc)
+    return page
+
+
+def render_page(page: RunPage, *, links: Sequence[tuple[str, str]] = ()) -> str:
+    """A loaded RunPage as HTML."""
+    from speedmatrix.report.render import render_html
+
+    return render_html(
+        page.run,
+        page.cells,
+        page.baseline,
+        verdicts=page.verdicts,
+        figures=page.figures,
+        comparison=page.rows,
+        links=links,
+    )
+
+
+def render_run_page(
+    warehouse: Any,
+    run_id: str,
+    *,
+    baseline_ref: str | None = None,
+    links: Sequence[tuple[str, str]] = (),
+) -> str:
+    """The HTML page of one run (verdict first), as the pipeline writes it. `links`:
+    (text, href) pairs shown above the title (e.g. a static site's index)."""
+    return render_page(load_run_page(warehouse, run_id, baseline_ref=baseline_ref), links=links)

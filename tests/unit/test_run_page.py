@@ -1,0 +1,278 @@
+"""The run page, verdict first (#18 item 1): the summary before the matrix, its regression rows,
+the palette and its stated meaning, tail latencies and invalid reasons, the heat map's labels,
+`speedmatrix report --format html` with a named or the automatic baseline, and the page in a
+real headless Chromium (no console errors, the summary in the first screen)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from markupsafe import escape
+
+from speedmatrix.analysis.compare import compare_runs
+from speedmatrix.cli import main
+from speedmatrix.report import palette
+from speedmatrix.report.charts import HEATMAP_FONT_PT, diff_heatmap_svg
+from speedmatrix.report.page import render_run_page
+from speedmatrix.report.parse import parse_report
+from speedmatrix.report.render import render_html, render_markdown
+from speedmatrix.store.warehouse import Warehouse
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from test_compare_warehouse import _land  # noqa: E402
+from test_warehouse import make_cells, make_run  # noqa: E402
+
+REFERENCE = (
+    HERE.parents[1] / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"
+)
+
+
+def _regressed():
+    """A baseline and a run whose 8Kx4 is 20% slower, 8Kx2 invalid (with its reason) and with
+    tail latencies; the rows of the real noise-aware comparison."""
+    base_run = make_run(run_id="base", day=13)
+    base = make_cells()
+    run = make_run(run_id="new", day=14)
+    cells = copy.deepcopy(base)
+    for c in cells:
+        if c["phase"] == "decode":
+            c.update(ttft_p90_ms=140.0, ttft_p99_ms=231.0, tbt_p90_ms=21.5, tbt_p99_ms=29.75)
+    cells[2].update(status="invalid", error="client loop lag 80 ms > 20 ms")
+    cells[3].update(total_tok_s=cells[3]["total_tok_s"] * 0.8)
+    rows = compare_runs(run, cells, base_run, base, threshold=0.03)
+    return run, cells, base_run, base, rows
+
+
+def test_summary_comes_first_with_the_regression_and_the_invalid_reason():
+    run, cells, base_run, base, rows = _regressed()
+    page = render_html(run, cells, (base_run, base), comparison=rows)
+    summary_at = page.index('<section id="summary"')
+    matrix_at = page.index('<table class="matrix">')
+    assert summary_at < matrix_at < page.index("<h2>All measurements</h2>")
+    assert summary_at < page.index("<h3>Hardware</h3>")  # the details come after
+    summary = page[summary_at : page.index("</section>", summary_at)]
+    assert "Slower than the baseline: 1 regression(s) in 1 cell(s)." in summary
+    assert "Compared with baseline <strong>base</strong>" in summary
+    row = next(
+        r for r in re.findall(r"<tr class=\"regression\">(.*?)</tr>", summary) if "8Kx4" in r
+    )
+    texts = [re.sub(r"<[^>]+>", "", td) for td in re.findall(r"<td[^>]*>.*?</td>", row)]
+    # verdict, cell, figure, baseline, this run, change, interval, threshold
+    assert texts[:6] == ["▼ regression", "8Kx4", "total tok/s", "200.0", "160.0", "-20.0%"]
+    assert re.fullmatch(r"\[-2\d\.\d%, -1\d\.\d%\]", texts[6]) and texts[7] == "3.0%"
+    worse = palette.change_colour(-20.0)
+    assert f"background: {worse}; color: {palette.text_colour(worse)}" in row
+    # the invalid cell and its reason, in the summary and in the matrix
+    assert '8Kx2</td><td class="l">Invalid</td><td class="l">client loop lag 80 ms' in summary
+    matrix = page[matrix_at : page.index("</table>", matrix_at)]
+    assert "client loop lag 80 ms &gt; 20 ms" in matrix
+    # tail latencies: under the median in the matrix, and columns of the measurements table
+    assert "87 ms TTFT (p99 231 ms)" in matrix
+    table = page[page.index('<table class="all">') :]
+    for header in ("TTFT p90", "TTFT p99", "Time between tokens p90", "Time between tokens p99"):
+        assert f"<th>{header}</th>" in table
+    assert "<td>140 ms</td><td>231 ms</td><td>21.5 ms</td><td>29.8 ms</td>" in table
+    # the meaning of the colours is stated on the page
+    assert str(escape(palette.CHANGE_LEGEND)) in page
+    assert str(escape(palette.THROUGHPUT_LEGEND)) in page
+    assert "orange = worse, purple = better, grey = unchanged (0.0%)" in page
+
+
+def test_summary_without_baseline_and_markdown_unchanged():
+    parsed = parse_report(REFERENCE.read_text(encoding="utf-8"))
+    page = render_html(parsed.run, parsed.cells)
+    summary = page[page.index('<section id="summary"') : page.index("</section>")]
+    assert "Baseline: none (no earlier successful run" in summary
+    assert "Invalid and failed cells" in summary and "over capacity" in summary
+    # the published Markdown does not move: the summary is the HTML page's
+    md = render_markdown(parsed.run, parsed.cells)
+    assert "Summary" not in md
+    assert md.splitlines()[:3] == ["# Speed test matrix", "", parsed.run and md.splitlines()[2]]
+
+
+def test_over_capacity_cells_are_quiet():
+    parsed = parse_report(REFERENCE.read_text(encoding="utf-8"))
+    page = render_html(parsed.run, parsed.cells)
+    matrix = page[
+        page.index('<table class="matrix">') : page.index(
+            "</table>", page.index('<table class="matrix">')
+        )
+    ]
+    over = re.findall(r'<td class="over_capacity"[^>]*>(.*?)</td>', matrix)
+    want = [c for c in parsed.cells if c["phase"] == "decode" and c["status"] == "over_capacity"]
+    assert len(over) == len(want) == 32
+    assert all(o == '<div class="v">over capacity</div>' for o in over)
+    assert 'td class="over_capacity" style="background: #ffffff"' in matrix
+    assert "Over capacity</div>" not in matrix  # no large bold label
+    css = page[: page.index("</style>")]
+    assert "td.over_capacity .v { font-size: .75rem; font-weight: 400; }" in css
+
+
+def test_palette_is_diverging_around_a_neutral_zero_and_one_hue_for_throughput():
+    assert palette.change_colour(0.0) == palette.NEUTRAL == "#f7f7f7"  # grey, not yellow
+    r, g, b = (int(palette.change_colour(-10.0)[i : i + 2], 16) for i in (1, 3, 5))
+    assert r > g > b  # worse: orange
+    r, g, b = (int(palette.change_colour(10.0)[i : i + 2], 16) for i in (1, 3, 5))
+    assert b > g and r > g  # better: purple
+    assert palette.change_colour(-50.0) == palette.change_colour(-20.0) == palette.WORSE
+    # throughput: one hue (blue dominates at every step, lighter for slower)
+    steps = [palette.throughput_colour(f / 10) for f in range(11)]
+    assert all(int(c[5:7], 16) >= int(c[1:3], 16) for c in steps)
+    assert [palette.luminance(c) for c in steps] == sorted(
+        (palette.luminance(c) for c in steps), reverse=True
+    )
+    # whatever the cell's colour, its text is readable (WCAG AA for normal text: 4.5)
+    for colour in steps + [palette.change_colour(x) for x in range(-25, 26)]:
+        assert palette.contrast(colour, palette.text_colour(colour)) >= 4.5, colour
+
+
+def test_heatmap_labels_are_readable_text_coloured_for_their_cell():
+    rows = [
+        {
+            "phase": "decode",
+            "context_tokens": 8192 * k,
+            "context_label": f"{8 * k}K",
+            "concurrency": c,
+            "metric": "total_tok_s",
+            "change_pct": ch,
+            "verdict": v,
+        }
+        for k in (1, 2)
+        for c, ch, v in [(1, 0.0, "noise"), (2, -9.3, "regression"), (4, 25.0, "improvement")]
+    ]
+    svg = diff_heatmap_svg(rows)
+    labels = re.findall(r'<text[^>]*style="([^"]*)"[^>]*>([^<]*)</text>', svg)
+    by_text = {t.strip(): style for style, t in labels}
+    assert "-9.3% ▼" in by_text and "+25.0% ▲" in by_text and "+0.0%" in by_text
+    size = float(re.search(r"font[^;]*?([\d.]+)px", by_text["-9.3% ▼"]).group(1))
+    assert size == HEATMAP_FONT_PT >= 12  # SVG user units are pt; the page shows it ~1:1
+    width_pt = float(re.search(r'<svg[^>]*width="([\d.]+)pt"', svg).group(1))
+    assert width_pt * 4 / 3 <= 1148  # narrower than the page: never scaled down
+    # the full-colour improved cell has white text, the neutral and -9.3% cells dark text
+    assert "fill: #ffffff" in by_text["+25.0% ▲"]
+    for dark in ("+0.0%", "-9.3% ▼"):  # black is SVG's default fill: no fill, or black
+        assert "fill: #ffffff" not in by_text[dark]
+
+
+@pytest.fixture
+def wh(tmp_path):
+    w = Warehouse(str(tmp_path / "wh"))
+    _land(w, "r0", "a" * 40, 0, seed=0)
+    _land(w, "r1", "a" * 40, 1, seed=1)
+    _land(w, "r2", "b" * 40, 2, slow={(65536, 2): 0.9}, seed=2)
+    yield w
+    w.close()
+
+
+def test_report_command_renders_the_run_page_with_its_baseline(wh, tmp_path):
+    out = tmp_path / "r2.html"
+    argv = ["report", "--run-id", "r2", "--format", "html", "--warehouse", wh.root]
+    assert main([*argv, "--out", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert page == render_run_page(wh, "r2")  # the pipeline's page, the same bytes
+    # the automatic baseline: the latest earlier run of the recipe and host
+    summary = page[page.index('<section id="summary"') : page.index("</section>")]
+    assert "Compared with baseline <strong>r1</strong>" in summary
+    assert (
+        '<tr class="regression"><td class="l verdict-mark">▼ regression</td><td class="l">64Kx2</td><td class="l">total tok/s</td>'
+        in summary
+    )
+    assert 'id="diff-heatmap"' in page and 'id="trend-64Kx2"' in page
+    assert page.index('id="summary"') < page.index('id="diff-heatmap"')
+    # a named baseline
+    assert main([*argv, "--baseline", "r0", "--out", str(out)]) == 0
+    assert "Compared with baseline <strong>r0</strong>" in out.read_text(encoding="utf-8")
+    assert main([*argv, "--baseline", "no-such-run", "--out", str(out)]) == 2
+    # the first run has no baseline, and says so
+    assert (
+        main(
+            [
+                "report",
+                "--run-id",
+                "r0",
+                "--format",
+                "html",
+                "--warehouse",
+                wh.root,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert "Baseline: none (no earlier successful run" in out.read_text(encoding="utf-8")
+
+
+def test_pipeline_report_task_writes_the_same_page(wh):
+    """The `report` task of speed_matrix (flows.matrix.report) writes the run page the CLI
+    renders, and the Markdown: the published page, then the comparison section."""
+    from speedmatrix.flows import matrix
+
+    paths = matrix.report({"run_id": "r2", "warehouse": wh.root}, {})
+    html = wh.read_artifact("r2", "report.html").decode()
+    assert paths["html"].endswith("report.html") and html == render_run_page(wh, "r2")
+    md = wh.read_artifact("r2", "report.md").decode()
+    assert md.index("## All measurements") < md.index("## Comparison")
+    assert "Summary" not in md
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium package")
+def test_run_page_in_headless_chromium(wh, tmp_path):
+    """The real page in a real browser: no console errors, the summary (with the regression)
+    in the first screen of a 1280 px wide window, before the matrix. A probe script is
+    added to a copy of the page (the page itself has no script) to read the layout."""
+    page = render_run_page(wh, "r2")
+    path = tmp_path / "r2.html"
+    path.write_text(page, encoding="utf-8")
+    shot = _chromium(
+        f"--screenshot={tmp_path / 'top.png'}", "--window-size=1280,2000", path.as_uri()
+    )
+    assert (tmp_path / "top.png").stat().st_size > 10_000, shot.stderr
+    if os.environ.get("SPEEDMATRIX_RUN_PAGE_SCREENSHOT"):  # keep it for a human to look at
+        shutil.copyfile(tmp_path / "top.png", os.environ["SPEEDMATRIX_RUN_PAGE_SCREENSHOT"])
+    logged = _chromium("--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri())
+    console = [ln for ln in logged.stderr.splitlines() if ":CONSOLE" in ln]
+    assert console == [], console
+    probe = (
+        "<script>addEventListener('load',()=>{const t=s=>document.querySelector(s)"
+        ".getBoundingClientRect();document.body.dataset.layout=JSON.stringify({"
+        "summary:t('#summary').top,regression:t('#summary tr.regression').bottom,"
+        "matrix:t('table.matrix').top,width:document.documentElement.scrollWidth})})</script>"
+    )
+    probed = tmp_path / "probe.html"
+    probed.write_text(page.replace("</body>", probe + "</body>"), encoding="utf-8")
+    dom = _chromium("--window-size=1280,800", "--dump-dom", probed.as_uri())
+    import json
+
+    raw = re.search(r'data-layout="([^"]*)"', dom.stdout).group(1).replace("&quot;", '"')
+    layout = json.loads(raw)
+    assert layout["summary"] < 300 and layout["regression"] < 800  # the first screen
+    assert layout["summary"] < layout["matrix"]
+    assert layout["width"] <= 1280  # nothing wider than the window
+
+
+def test_analysis_does_not_draw():
+    """Charts live in speedmatrix.report.charts: no analysis module imports matplotlib or
+    reaches up into report (the layers point one way: analysis -> report)."""
+    analysis = HERE.parents[1] / "plugins" / "speedmatrix" / "analysis"
+    for path in sorted(analysis.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert "matplotlib" not in text, path.name
+        assert not re.search(r"^\s*(from|import) speedmatrix\.report", text, re.M), path.name
