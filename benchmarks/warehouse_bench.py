@@ -32,7 +32,7 @@ import pyarrow as pa
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "plugins"))
 
-from speedmatrix import warehouse as W  # noqa: E402
+from speedmatrix.store import warehouse as W  # noqa: E402
 from speedmatrix.records import empty_cell  # noqa: E402
 
 RECIPES = [f"bench/hw{i // 5}/model-{i:02d}" for i in range(20)]
