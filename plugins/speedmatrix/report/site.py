@@ -27,6 +27,7 @@ fingerprints; a page whose file is missing is rendered again whatever it says.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import html
 import json
@@ -45,6 +46,7 @@ import pandas as pd
 log = logging.getLogger("speedmatrix.site")
 
 MANIFEST = "_site.json"
+LOCK = ".site.lock"
 SITE_FORMAT = 1  # bump when the site's own pages change shape: everything is rendered again
 MAX_POINTS = 120  # points per trend chart: the most recent runs (the run table has them all)
 LATEST_RUNS = 25  # runs listed on the index
@@ -476,13 +478,21 @@ def build_site(warehouse: Any, out: str | os.PathLike[str], *, force: bool = Fal
 
     A run page that cannot be rendered is logged and listed in the result (the others, the
     index and the trends are still written: one bad run must not hide every other)."""
+    t0 = time.monotonic()
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    # runs on several workers finish side by side: one build at a time per site directory
+    # (each page is replaced atomically anyway; the lock keeps the manifest whole)
+    with open(root / LOCK, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build(warehouse, root, force=force, t0=t0)
+
+
+def _build(warehouse: Any, root: Path, *, force: bool, t0: float) -> SiteResult:
     from speedmatrix.analysis.compare import recipe_threshold
     from speedmatrix.analysis.noise import Z_95, NoiseModel, between_run_noise
     from speedmatrix.analysis.trend import trend
 
-    t0 = time.monotonic()
-    root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
     result = SiteResult(out=str(root))
     manifest_path = root / MANIFEST
     try:
