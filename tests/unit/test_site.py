@@ -195,3 +195,25 @@ def test_site_dir_defaults_beside_the_warehouse(tmp_path, monkeypatch):
     monkeypatch.delenv("SPEEDMATRIX_SITE_DIR")
     with pytest.raises(ValueError, match="SPEEDMATRIX_SITE_DIR"):
         default_site_dir("s3://bucket/wh")
+
+
+def test_a_long_history_fills_in_newest_first(tmp_path):
+    """max_run_pages: the newest runs get their pages first; a run without a page yet is not
+    linked (no broken link meanwhile); the next builds fill in the rest."""
+    wh = Warehouse(str(tmp_path / "wh"))
+    out = tmp_path / "site"
+    for i in range(3):
+        _land(wh, f"r{i}", "a" * 40, i, seed=i)
+    first = build_site(wh, out, max_run_pages=1)
+    assert (first.run_pages_written, first.run_pages_deferred) == (1, 2)
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["r2.html"]
+    assert walk_site(out / "index.html")[1] == []  # nothing links to a page not yet written
+    index = (out / "index.html").read_text()
+    assert 'href="runs/r2.html"' in index and "runs/r1.html" not in index
+    rest = build_site(wh, out, max_run_pages=1)
+    assert (rest.run_pages_written, rest.run_pages_kept, rest.run_pages_deferred) == (1, 1, 1)
+    assert (out / run_page("r1")).exists() and not (out / run_page("r0")).exists()
+    last = build_site(wh, out)
+    assert (last.run_pages_written, last.run_pages_kept, last.recipe_pages_written) == (1, 2, 1)
+    assert walk_site(out / "index.html")[1] == []
+    wh.close()

@@ -29,6 +29,12 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
     )
     p.add_argument("--force", action="store_true", help="render every page again, changed or not")
+    p.add_argument(
+        "--max-run-pages",
+        type=int,
+        metavar="N",
+        help="render at most N run pages in this build, newest first (the rest next time)",
+    )
     p.set_defaults(func=cmd_site)
 
 
@@ -39,7 +45,7 @@ def cmd_site(args: argparse.Namespace) -> int:
     wh = Warehouse(args.warehouse)
     try:
         out = args.out or default_site_dir(wh.root)
-        result = build_site(wh, out, force=args.force)
+        result = build_site(wh, out, force=args.force, max_run_pages=args.max_run_pages)
     finally:
         wh.close()
     print(result.summary(), file=sys.stderr)

@@ -10,6 +10,9 @@ trigger a run writes):
   ``https://perf.example.com/speedmatrix``); the run's link is ``<url>/runs/<run>.html``.
   Without it the link is the page's ``file://`` URL (right for a browser on a machine that
   mounts the directory).
+- ``SPEEDMATRIX_SITE_MAX_RUN_PAGES`` (default 200): run pages one task renders at most, newest
+  first; the first refresh over a long history fills the rest in over the next runs instead of
+  holding a worker for hours. This run's page is always among them (it is the newest).
 
 The link: the task carries an operator extra link, "Speed matrix site", which Airflow 3 shows
 as a button on the task's page of the run. The worker computes it when the task ends and keeps
@@ -31,6 +34,7 @@ from airflow.sdk import BaseOperator, BaseOperatorLink
 log = logging.getLogger("speedmatrix.site")
 
 LINK_NAME = "Speed matrix site"
+DEFAULT_MAX_RUN_PAGES = 200
 
 
 def site_dir(resolved: Mapping[str, Any]) -> str:
@@ -60,7 +64,8 @@ def refresh(resolved: Mapping[str, Any], out: str | None = None) -> dict[str, An
     out = out or site_dir(resolved)
     wh = warehouse_of(resolved)
     try:
-        result = build_site(wh, out)
+        limit = int(os.environ.get("SPEEDMATRIX_SITE_MAX_RUN_PAGES") or DEFAULT_MAX_RUN_PAGES)
+        result = build_site(wh, out, max_run_pages=limit)
     finally:
         wh.close()
     log.info("%s", result.summary())

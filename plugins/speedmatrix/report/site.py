@@ -136,6 +136,7 @@ class SiteResult:
     run_pages_kept: int = 0
     recipe_pages_written: int = 0
     recipe_pages_kept: int = 0
+    run_pages_deferred: int = 0
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -144,6 +145,7 @@ class SiteResult:
             f"site {self.out}: {self.runs} runs, {self.recipes} recipes; run pages "
             f"{self.run_pages_written} written, {self.run_pages_kept} unchanged; recipe pages "
             f"{self.recipe_pages_written} written, {self.recipe_pages_kept} unchanged"
+            + (f", {self.run_pages_deferred} left for later" if self.run_pages_deferred else "")
             + (f"; {len(self.failed)} failed" if self.failed else "")
             + f" ({self.seconds:.1f} s)"
         )
@@ -473,8 +475,18 @@ def _load(wh: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFra
     return runs, cells, comparisons, repeats
 
 
-def build_site(warehouse: Any, out: str | os.PathLike[str], *, force: bool = False) -> SiteResult:
+def build_site(
+    warehouse: Any,
+    out: str | os.PathLike[str],
+    *,
+    force: bool = False,
+    max_run_pages: int | None = None,
+) -> SiteResult:
     """Write (or refresh) the site of `warehouse` under `out`; see the module docstring.
+
+    `max_run_pages` bounds the run pages rendered in this build, newest runs first (None: all):
+    a first build over years of history fills in over several builds, while the newest runs,
+    the trends and the index are there at once (a run page takes ~0.3-1 s: see benchmarks).
 
     A run page that cannot be rendered is logged and listed in the result (the others, the
     index and the trends are still written: one bad run must not hide every other)."""
@@ -485,10 +497,12 @@ def build_site(warehouse: Any, out: str | os.PathLike[str], *, force: bool = Fal
     # (each page is replaced atomically anyway; the lock keeps the manifest whole)
     with open(root / LOCK, "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build(warehouse, root, force=force, t0=t0)
+        return _build(warehouse, root, force=force, max_run_pages=max_run_pages, t0=t0)
 
 
-def _build(warehouse: Any, root: Path, *, force: bool, t0: float) -> SiteResult:
+def _build(
+    warehouse: Any, root: Path, *, force: bool, max_run_pages: int | None, t0: float
+) -> SiteResult:
     from speedmatrix.analysis.compare import recipe_threshold
     from speedmatrix.analysis.noise import Z_95, NoiseModel, between_run_noise
     from speedmatrix.analysis.trend import trend
@@ -524,12 +538,19 @@ def _build(warehouse: Any, root: Path, *, force: bool, t0: float) -> SiteResult:
 
     # run pages
     new_runs: dict[str, str] = {}
-    for r in runs.to_dict("records"):
+    budget = math.inf if max_run_pages is None else max_run_pages
+    for r in runs.iloc[::-1].to_dict("records"):  # newest first: they matter most
         rid, recipe = str(r["run_id"]), _clean(r.get("recipe_id"))
         path = root / run_page(rid)
         if old_runs.get(rid) == run_fp[rid] and path.exists():
             new_runs[rid] = run_fp[rid]
             result.run_pages_kept += 1
+            continue
+        if result.run_pages_written >= budget:
+            # left for a later build; an older page of the run stays (and is linked) meanwhile
+            result.run_pages_deferred += 1
+            if path.exists() and rid in old_runs:
+                new_runs[rid] = old_runs[rid]
             continue
         try:
             page = render_run_page(wh, rid, recipe, by_run_cmp.get(rid))
@@ -573,7 +594,7 @@ def _build(warehouse: Any, root: Path, *, force: bool, t0: float) -> SiteResult:
                     "verdict": verdicts[str(latest["run_id"])],
                 }
             )
-        fp = _fingerprint(code, sorted(run_fp[str(i)] + str(i) for i in rruns["run_id"]))
+        fp = _fingerprint(code, sorted(new_runs.get(str(i), "-") + str(i) for i in rruns["run_id"]))
         if old_recipes.get(recipe_key) == fp and (root / page).exists():
             new_recipes[recipe_key] = fp
             result.recipe_pages_kept += 1
