@@ -137,6 +137,7 @@ class SiteResult:
     recipe_pages_written: int = 0
     recipe_pages_kept: int = 0
     run_pages_deferred: int = 0
+    run_pages_seconds: float = 0.0  # of `seconds`, rendering run pages (the benchmark's split)
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -552,6 +553,7 @@ def _build(
             if path.exists() and rid in old_runs:
                 new_runs[rid] = old_runs[rid]
             continue
+        started = time.monotonic()
         try:
             page = render_run_page(wh, rid, recipe, by_run_cmp.get(rid))
         except Exception as exc:  # one run's page must not cost the site
@@ -567,6 +569,7 @@ def _build(
         _write(path, with_nav(page, nav))
         new_runs[rid] = run_fp[rid]
         result.run_pages_written += 1
+        result.run_pages_seconds += time.monotonic() - started
     link_from_recipe = {rid: "../" + run_page(rid) for rid in new_runs}
 
     # recipe pages (one section per host)
