@@ -217,3 +217,20 @@ def test_a_long_history_fills_in_newest_first(tmp_path):
     assert (last.run_pages_written, last.run_pages_kept, last.recipe_pages_written) == (1, 2, 1)
     assert walk_site(out / "index.html")[1] == []
     wh.close()
+
+
+def test_trend_charts_show_the_recent_window_judged_by_the_point_before(
+    site, tmp_path, monkeypatch
+):
+    """A chart draws the last MAX_POINTS runs; the first shown point is still judged against
+    the run before the window (r2's regression is marked when only r1 and r2 are shown)."""
+    import speedmatrix.report.site as site_module
+
+    wh, _out, _ = site
+    monkeypatch.setattr(site_module, "MAX_POINTS", 1)
+    build_site(wh, tmp_path / "small", max_run_pages=0)
+    page = (tmp_path / "small" / recipe_page(RECIPE)).read_text()
+    charts = dict(re.findall(r'<figure class="cell" id="([^"]+)">(.*?)</figure>', page, re.S))
+    assert "last 1 of 3 runs" in charts["cell-64Kx2"]
+    assert 'class="reg"' in charts["cell-64Kx2"]  # r2 against r1, outside the shown window
+    assert 'class="reg"' not in charts["cell-8Kx1"]

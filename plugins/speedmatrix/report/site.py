@@ -611,7 +611,13 @@ def _build(
         sections = []
         for host_key, hruns in rruns.groupby(rruns["host"].fillna(""), sort=True):
             host = host_key or None
+            # The charts show the last MAX_POINTS successful runs: their trend is computed
+            # over those and the one before (which judges the first shown point), not over
+            # years of history (the cost of a recipe page stays flat as history grows).
+            ok = hruns[hruns["status"] == "success"]
+            window = ok.tail(MAX_POINTS + 1)
             hcells = rcells[rcells["run_id"].isin(set(hruns["run_id"]))]
+            wcells = hcells[hcells["run_id"].isin(set(window["run_id"]))]
             charts = []
             keys = (
                 hcells[["phase", "context_tokens", "context_label", "concurrency"]]
@@ -634,8 +640,8 @@ def _build(
                     continue
                 seen.add(name)
                 pts = trend(
-                    hruns,
-                    hcells,
+                    window,
+                    wcells,
                     recipe=recipe,
                     cell=name,
                     host=host,
@@ -656,7 +662,7 @@ def _build(
                 )
                 noise_half = math.sqrt(2) * Z_95 * rel_sd if rel_sd is not None else 0.0
                 band = max(threshold, noise_half)
-                total = len(pts)
+                total = len(ok)
                 shown = pts.tail(MAX_POINTS)
                 last = shown.iloc[-1].to_dict()
                 charts.append(
