@@ -467,13 +467,19 @@ def render_run_page(wh: Any, run_id: str, recipe_id: str | None, rows: pd.DataFr
     return render_html(run, cells, baseline, verdicts=verdicts, figures=figures)
 
 
-def _load(wh: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def _load(wh: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Runs and verdicts of the whole warehouse: what every build needs (cells are read per
+    recipe, and only for a recipe page that must be written: they are most of the data)."""
     runs = _query(wh, "runs", RUN_COLUMNS)
-    cells = _query(wh, "cells", CELL_COLUMNS)
     comparisons = _query(wh, "comparisons", COMPARISON_COLUMNS)
-    repeats = _query(wh, "cell_repeats", CELL_COLUMNS)
     runs = runs.sort_values("started_at", kind="stable").reset_index(drop=True)
-    return runs, cells, comparisons, repeats
+    return runs, comparisons
+
+
+def _recipe_rows(wh: Any, table: str, recipe: str | None) -> pd.DataFrame:
+    """One recipe's rows of `table` (the recipe_id partition: DuckDB reads only its files)."""
+    cols = ", ".join(CELL_COLUMNS)
+    return wh.query(f"SELECT {cols} FROM {table} WHERE recipe_id IS NOT DISTINCT FROM ?", [recipe])
 
 
 def build_site(
@@ -521,7 +527,7 @@ def _build(
     old_recipes: dict[str, str] = old.get("recipes", {})
     env = _env()
 
-    runs, cells, comparisons, repeats = _load(wh := warehouse)
+    runs, comparisons = _load(wh := warehouse)
     result.runs = len(runs)
     by_run_cmp = {k: g for k, g in comparisons.groupby("run_id", sort=False)}
     run_fp: dict[str, str] = {}
@@ -603,9 +609,10 @@ def _build(
             result.recipe_pages_kept += 1
             continue
         ids = set(rruns["run_id"])
-        rcells = cells[cells["run_id"].isin(ids)]
+        rcells = _recipe_rows(wh, "cells", recipe)
+        rcells = rcells[rcells["run_id"].isin(ids)]
         rcmp = comparisons[comparisons["run_id"].isin(ids)]
-        rrep = repeats[repeats["run_id"].isin(ids)] if not repeats.empty else repeats
+        rrep = _recipe_rows(wh, "cell_repeats", recipe)
         noise = NoiseModel(between_run_noise(rruns, rcells, rrep, columns=("total_tok_s",)))
         threshold = recipe_threshold(recipe)
         sections = []
