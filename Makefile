@@ -28,6 +28,9 @@ test-deps:
 	@command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || { \
 		echo "installing openssh-server (tests run a private sshd on 127.0.0.1)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing chromium (tests open the site and report pages headless)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@command -v redis-server >/dev/null 2>&1 && { command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || { \
 		echo "installing redis-server and postgresql (tests/deployment run a private Airflow deployment)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server postgresql >/dev/null; }

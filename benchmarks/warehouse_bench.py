@@ -4,6 +4,7 @@ of it, and the three analyst queries of ``warehouse/README.md``, cold and warm, 
 
     uv run python benchmarks/warehouse_bench.py generate --root /tmp/wh-bench   # once (minutes)
     uv run python benchmarks/warehouse_bench.py measure  --root /tmp/wh-bench   # the figures
+    uv run python benchmarks/warehouse_bench.py site --root /tmp/wh-bench --out /tmp/site-bench
 
 Not a test: the figures go to benchmarks/README.md. The generator writes the Parquet files
 directly (same schemas, same paths, same writer as land_run) with pyarrow, in bulk and in
@@ -32,8 +33,8 @@ import pyarrow as pa
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "plugins"))
 
-from speedmatrix import warehouse as W  # noqa: E402
 from speedmatrix.records import empty_cell  # noqa: E402
+from speedmatrix.store import warehouse as W  # noqa: E402
 
 RECIPES = [f"bench/hw{i // 5}/model-{i:02d}" for i in range(20)]
 START = dt.date(2023, 1, 1)
@@ -364,6 +365,79 @@ def measure(root: str) -> dict:
     return results
 
 
+def _du(path: Path) -> tuple[int, int]:
+    """(bytes, files) under path."""
+    size = files = 0
+    for dirpath, _dirs, names in os.walk(path):
+        for n in names:
+            size += os.path.getsize(os.path.join(dirpath, n))
+            files += 1
+    return size, files
+
+
+def measure_site(root: str, out: str, run_pages: int) -> dict:
+    """`speedmatrix site` over the big warehouse (issue #18): the index and every recipe's
+    trend page cold (no run page), `run_pages` run pages (the time and size of one, to
+    extrapolate the full first build), a rebuild with nothing changed, and the DAG's case: one
+    run landed, then the refresh. Each build is timed in this process (imports warmed first)."""
+    import shutil
+
+    from speedmatrix.report.site import build_site
+
+    site = Path(out)
+    shutil.rmtree(site, ignore_errors=True)
+    wh = W.Warehouse(root)
+    results: dict = {"load_average": os.getloadavg()}
+    runs = int(wh.query("SELECT count(*) AS n FROM runs")["n"][0])
+    results["runs"] = runs
+
+    def timed(label: str, **kw) -> dict:
+        t = time.perf_counter()
+        r = build_site(wh, site, **kw)
+        fig = {
+            "wall_s": round(time.perf_counter() - t, 2),
+            "run_pages_written": r.run_pages_written,
+            "run_pages_s": round(r.run_pages_seconds, 2),
+            "recipe_pages_written": r.recipe_pages_written,
+            "failed": len(r.failed),
+        }
+        print(f"site {label:24} {fig}", file=sys.stderr, flush=True)
+        return fig
+
+    results["cold_index_and_trends"] = timed("cold, no run page", max_run_pages=0)
+    size, files = _du(site)
+    results["cold_index_and_trends"] |= {"bytes": size, "files": files}
+    results["run_pages"] = timed(f"{run_pages} run pages", max_run_pages=run_pages)
+    page_bytes, page_files = _du(site / "runs")
+    per_page_s = results["run_pages"]["run_pages_s"] / max(1, run_pages)
+    results["run_page"] = {
+        "seconds": round(per_page_s, 3),
+        "bytes": page_bytes // max(1, page_files),
+    }
+    results["rebuild_nothing_changed"] = timed("nothing changed", max_run_pages=0)
+    run, cells, requests = template(0)
+    day = START + dt.timedelta(days=DAYS)
+    new = dict(
+        run,
+        run_id="bench-site-new-run",
+        recipe_id=RECIPES[0],
+        started_at=dt.datetime(day.year, day.month, day.day, 3, tzinfo=dt.UTC),
+    )
+    wh.land_run(new, cells, requests)
+    try:
+        results["refresh_after_one_run"] = timed("one run landed", max_run_pages=1)
+    finally:
+        wh.delete_run("bench-site-new-run")
+    total, _total_files = _du(site)
+    results["site_bytes_now"] = total
+    results["extrapolated_full_first_build"] = {
+        "seconds": round(results["cold_index_and_trends"]["wall_s"] + runs * per_page_s),
+        "bytes": results["cold_index_and_trends"]["bytes"] + runs * results["run_page"]["bytes"],
+    }
+    results["load_average_after"] = os.getloadavg()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -373,9 +447,19 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("measure")
     m.add_argument("--root", required=True)
     m.add_argument("--json", help="also write the figures here")
+    s = sub.add_parser("site", help="time and size of `speedmatrix site` over the warehouse")
+    s.add_argument("--root", required=True)
+    s.add_argument("--out", required=True, help="site directory (emptied first)")
+    s.add_argument("--run-pages", type=int, default=40, help="run pages to time")
+    s.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     if args.cmd == "generate":
         generate(args.root, args.workers)
+    elif args.cmd == "site":
+        text = json.dumps(measure_site(args.root, args.out, args.run_pages), indent=2)
+        print(text)
+        if args.json:
+            Path(args.json).write_text(text + "\n")
     else:
         results = measure(args.root)
         text = json.dumps(results, indent=2)

@@ -5,7 +5,9 @@ start) -> inspect -> plan -> prefill[8K…] -> decode[8K x 1…] -> stop_server 
 stops the server, releases the lease) ; validate (Great Expectations) -> land (Assets) ->
 report -> conclude (fails the run if a cell failed, after everything measured has landed);
 report -> regressions (compares with the baseline; fails the run on a regression) ->
-verdicts (a teardown: emits the comparisons / noise Assets whatever regressions decided).
+verdicts (a teardown: emits the comparisons / noise Assets whatever regressions decided);
+regressions -> site (a teardown: refreshes the static site, SPEEDMATRIX_SITE_DIR, and links the
+run's page on it from the task, "Speed matrix site"; its failure never fails the run).
 A failed DAG run (a failed cell, a regression, anything else) calls RunNotifier: mail and chat
 alerts where the deployment switched them on (speedmatrix.flows.notify). A clean run sends nothing.
 
@@ -28,6 +30,7 @@ from airflow.sdk import Asset, Param, PokeReturnValue, dag, get_current_context,
 
 from speedmatrix.flows import matrix
 from speedmatrix.flows.notifier import RunNotifier
+from speedmatrix.flows.site import SiteOperator
 
 ASSETS = [
     Asset(name=f"speedmatrix_{t}", uri=f"speedmatrix://warehouse/{t}", group="speedmatrix")
@@ -339,7 +342,11 @@ def speed_matrix():
     landed = land(resolved, checked)
     paths = report(resolved, landed)
     conclude(landed, paths)
-    paths >> regressions(resolved, landed) >> verdicts(resolved).as_teardown()
+    judged = regressions(resolved, landed)
+    paths >> judged >> verdicts(resolved).as_teardown()
+    # The site, after the verdicts are landed (also when regressions failed on one: the site
+    # must show it). A teardown, so that a failed site build never fails the run's result.
+    judged >> SiteOperator(task_id="site", resolved=resolved, retries=1).as_teardown()
 
 
 speed_matrix()

@@ -65,6 +65,19 @@ def airflow_db() -> Path:
     return Path(os.environ["AIRFLOW_HOME"])
 
 
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium (tests/browser.py): console messages, screenshots, link walking.
+    Fails when Debian's `chromium` is missing (`make test-deps` installs it): a page test that
+    did not run must not count as passed."""
+    from browser import Browser, find_chromium
+
+    binary = find_chromium()
+    if binary is None:
+        pytest.fail("chromium is not installed: apt-get install -y chromium (make test-deps)")
+    return Browser(binary)
+
+
 # pytest-xdist's `--dist loadgroup` does not group under pytest 9.2 here (checked: tests of one
 # `xdist_group` still spread over workers), so the parallel phase uses `--dist loadfile` (a
 # file's tests stay in one worker: module fixtures such as a DAG run start once) and the order

@@ -276,3 +276,22 @@ def test_example_consumer_is_paused_and_follows_the_verdicts(dagbag):
     assert names == {"speedmatrix_comparisons"}
     emitted = {a.name for a in dagbag.dags["speed_matrix"].task_dict["verdicts"].outlets}
     assert names <= emitted
+
+
+def test_site_task_refreshes_the_site_after_the_verdicts_and_never_fails_the_run(dagbag):
+    """`site` runs after `regressions` whatever it decided (a teardown: also after a
+    regression, which the site must show) and its failure does not fail the DAG run; its extra
+    link is serialized as an XCom link, which the API server reads with no plugin."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from speedmatrix.flows.site import LINK_NAME, SiteOperator
+
+    dag = dagbag.dags["speed_matrix"]
+    site = dag.task_dict["site"]
+    assert isinstance(site, SiteOperator)
+    assert site.upstream_task_ids == {"regressions", "resolve"}
+    assert site.is_teardown and not site.on_failure_fail_dagrun
+    assert site.downstream_task_ids == set()
+    data = DagSerialization.to_dict(dag)
+    task = next(t["__var"] for t in data["dag"]["tasks"] if t["__var"]["task_id"] == "site")
+    assert task["_operator_extra_links"] == {LINK_NAME: "_link_SiteLink"}

@@ -28,6 +28,7 @@ from speed_matrix_helpers import (
     wait_for_line,
 )
 
+from speedmatrix.report.site import run_page
 from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse
 
@@ -139,6 +140,12 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
     assert Path(out["xcom"]["report"]["html"]).stat().st_size > 1000
     assert f"report: {out['xcom']['report']['md']}" in log.read_text()  # the log says where
     assert KEY not in log.read_text()
+    # the site was refreshed after the run, and the task links to the run's page on it
+    assert tasks["site"]["state"] == "success"
+    site = out["xcom"]["site"]
+    page = Path(site["site"]) / run_page(run_id)
+    assert page.exists() and run_id in (Path(site["site"]) / "index.html").read_text()
+    assert out["links"]["site"]["_link_SiteLink"] == page.resolve().as_uri() == site["url"]
     # a clean run: mail and webhook switched on, and nothing sent
     assert alerts.inbox.messages == [] and alerts.posts == []
     no_server_left(home)
@@ -347,6 +354,11 @@ def test_a_regression_alerts_by_mail_and_webhook_and_emits_the_verdict_assets(
     assert tasks["conclude"]["state"] == "success"
     assert tasks["verdicts"]["state"] == "success"
     run_id = out["xcom"]["resolve"]["run_id"]
+    # the site runs after a regression too, and its run page shows it
+    assert tasks["site"]["state"] == "success"
+    site_page = Path(out["xcom"]["site"]["site"]) / run_page(run_id)
+    assert "regression" in site_page.read_text()
+    assert out["links"]["site"]["_link_SiteLink"] == out["xcom"]["site"]["url"]
     events = {e["uri"]: e["extra"] for e in out["asset_events"]}
     verdict = events["speedmatrix://warehouse/comparisons"]
     assert verdict["run_id"] == run_id and verdict["baseline_run_id"] == "planted-baseline"

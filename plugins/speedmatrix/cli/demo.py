@@ -105,6 +105,7 @@ def run_dag(conf: dict) -> dict:
     wall = time.monotonic() - started
     tis = {}
     xcoms = {}
+    links: dict[str, dict] = {}
     for ti in dr.get_task_instances():
         key = ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.rendered_map_index}]"
         tis[key] = {
@@ -120,9 +121,17 @@ def run_dag(conf: dict) -> dict:
         for row in session.query(XComModel).filter(
             XComModel.dag_id == dag.dag_id,
             XComModel.run_id == dr.run_id,
-            XComModel.task_id.in_(["resolve", "setup_server", "land", "report", "stop_server"]),
+            XComModel.task_id.in_(
+                ["resolve", "setup_server", "land", "report", "stop_server", "site"]
+            ),
         ):
-            xcoms[row.task_id] = row.value
+            if row.key == "return_value":
+                xcoms[row.task_id] = row.value
+            elif row.key.startswith("_link_"):  # operator extra links (the site's)
+                value = row.value
+                if isinstance(value, str) and value.startswith('"'):
+                    value = json.loads(value)
+                links.setdefault(row.task_id, {})[row.key] = value
         from airflow.models.asset import AssetEvent, AssetModel
 
         events = [
@@ -138,6 +147,7 @@ def run_dag(conf: dict) -> dict:
         "wall_s": wall,
         "tasks": tis,
         "xcom": json.loads(json.dumps(xcoms, default=str)),
+        "links": json.loads(json.dumps(links, default=str)),
     }
 
 
@@ -154,6 +164,7 @@ def _summary(result: dict) -> str:
         f"  run id:    {run_id}",
         f"  report:    {report.get('md', '(not written)')}",
         f"  html:      {report.get('html', '(not written)')}",
+        f"  site:      {(_xcom(result, 'site') or {}).get('index', '(not written)')}",
         f"  warehouse: {wh}   (Parquet tables runs / cells / requests)",
         "",
         "Query the tables:",
