@@ -86,7 +86,9 @@ def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None
     assert page.is_file() and page.parent.parent == wh / "artifacts"
     assert "<html" in page.read_text()[:500].lower()
     assert run["source"] == f"cli:speedmatrix run {sim_url}"
-    assert run["recipe_id"] == f"external/127.0.0.1-{sim_url.rsplit(':', 1)[1]}/kimi-k2.7-code-nvfp4"
+    assert (
+        run["recipe_id"] == f"external/127.0.0.1-{sim_url.rsplit(':', 1)[1]}/kimi-k2.7-code-nvfp4"
+    )
     assert run["engine_version"] == "0.1.dev1+g9fedd24fa" and run["engine_ref"] == "9fedd24fa"
     assert run["kv_num_blocks"] == 16640  # what inspect read from the server's /metrics
     got = {(c["phase"], c["context_label"], c["concurrency"]): c["status"] for c in cells}
@@ -120,7 +122,7 @@ def test_run_a_recipe_on_this_host(tmp_path, capsys, monkeypatch) -> None:
     ("args", "says"),
     [
         (["run", "nope/never"], "no such recipe"),
-        (["run", RECIPE, "--contexts", "8X"], "not a context length: '8X'"),
+        (["run", RECIPE, "--contexts", "8X"], "not a token count: '8X'"),
         (["run", RECIPE, "--contexts", "300K"], "max_model_len"),
         (["run", "--base-url", "http://127.0.0.1:9", "--model", "m"], "cannot reach a server"),
         (["run", "--base-url", "127.0.0.1:8000", "--model", "m"], "must be an http(s) URL"),
