@@ -124,6 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         show.end()
         matrix.teardown(resolved, server)
+    show.note("validating, landing and rendering the page")
     validated = matrix.validate(resolved, info, server, planned, results)
     landed = matrix.land(resolved, validated)
     paths = matrix.report(resolved, landed)
