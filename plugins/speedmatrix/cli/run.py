@@ -90,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("great_expectations").setLevel(logging.WARNING)
     conf, extra = _conf(args)
     now = dt.datetime.now(dt.UTC)
     try:

@@ -341,6 +341,12 @@ def inspect(resolved: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str,
     from speedmatrix.engine.vllm_server import inspect_server
 
     facts = inspect_server(_handle(server), host=host_of(resolved))
+    if server.get("existing"):  # the commit and hardware probes read this machine, not the
+        # server's: the commit is its /version's (engine_ref); hardware only when on loopback
+        from urllib.parse import urlsplit
+
+        loopback = urlsplit(server["base_url"]).hostname in ("127.0.0.1", "localhost", "::1")
+        facts = {**facts, "commit": None, "hardware": facts.get("hardware") if loopback else {}}
     blocks, block = facts.get("num_gpu_blocks"), facts.get("block_size")
     if not blocks and facts.get("kv_cache_tokens"):
         block = block or 16
