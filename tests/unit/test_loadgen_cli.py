@@ -265,3 +265,61 @@ def test_the_per_request_rate_is_the_reciprocal_of_the_median_interval() -> None
     assert rate * median(tbts) == pytest.approx(1.0)
     assert rate_median([0.01, 0.02, 0.04]) == pytest.approx(50.0)  # odd: the plain median
     assert rate_median([]) is None
+
+
+def _on_a_terminal(*args: str) -> tuple[int, str]:
+    """Run `speedmatrix …` with its stdout on a pseudo-terminal (as a person at a shell)."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "speedmatrix", *args],
+        stdout=slave,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    rc = proc.wait(120)
+    os.close(master)
+    return rc, b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_decode_on_a_terminal_ends_with_a_readable_summary_and_json_on_request(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "cell.json"
+    cell_args = ["--model", "ideal", "--context", "2K", "--concurrency", "2",
+                 "--duration", "1", "--max-output", "50"]  # fmt: skip
+    with ideal_server(ttft_s=0.01, interval_s=0.01) as url:
+        rc, text = _on_a_terminal("loadgen", "decode", "--base-url", url, *cell_args,
+                                  "--json", str(out))  # fmt: skip
+        assert rc == 0, text
+        # the person reads the figures; the pipeline's --json F file is unchanged
+        assert text.startswith("decode 2K x 2: valid\n"), text
+        for label in ("total:", "per request:", "TTFT:", "between tokens:", "window:"):
+            assert f"\n  {label}" in text, text
+        cell = json.loads(out.read_text())
+        assert f"{cell['total_tok_s']:,.1f} tok/s" in text
+        assert "p99" in text and "{" not in text
+        rc, text = _on_a_terminal("loadgen", "decode", "--base-url", url, *cell_args, "--json")
+    assert rc == 0, text
+    assert sorted(json.loads(text)) == CELL_KEYS  # --json alone: the record on stdout
+
+
+def test_the_summary_says_why_a_cell_is_not_valid() -> None:
+    from speedmatrix.loadgen.cli import summary
+    from speedmatrix.records import empty_cell
+
+    text = summary(empty_cell(phase="prefill", context_tokens=8192, context_label="8K",
+                              concurrency=1, status="failed", error="HTTP 500"))  # fmt: skip
+    assert text.splitlines()[:2] == ["prefill 8K: failed", "  why:             HTTP 500"]
+    assert "prompt:          -" in text  # nothing measured: no number made up

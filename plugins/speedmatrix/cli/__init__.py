@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "query": ("speedmatrix.cli.warehouse", "SQL over the runs / cells / requests tables"),
     "compare": ("speedmatrix.cli.compare", "compare a run with its baseline, cell by cell"),
     "trend": ("speedmatrix.cli.compare", "one cell over a recipe's runs, with verdicts"),
+    "run": ("speedmatrix.cli.run", "measure a matrix now, without Airflow, and land it"),
     "site": ("speedmatrix.cli.site", "write the static site over the warehouse"),
 }
 

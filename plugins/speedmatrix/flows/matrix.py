@@ -91,10 +91,17 @@ def resolve(
     dag_run_id: str,
     run_after: dt.datetime,
     dag_id: str = DAG_ID,
+    recipe: Any = None,
+    base_url: str | None = None,
+    source: str | None = None,
 ) -> Resolved:
     """Check the conf against the recipe and fix everything the run needs, touching no host.
 
     Raises ResolveError naming every problem (unknown recipe, bad ref, impossible matrix).
+    `recipe`, `base_url` and `source` are for `speedmatrix run` only (never a conf's: a URL
+    is trusted from the command line, not from a run's conf): a recipe made in memory for a
+    server already running at `base_url`, which `setup` then neither provisions nor starts
+    and `teardown` never stops; `source` names the run's origin in the runs row.
     """
     from speedmatrix.flows.runconf import conf_problems
     from speedmatrix.recipes import RecipeError, classify_ref, load_recipe_id
@@ -104,8 +111,9 @@ def resolve(
         raise ResolveError("conf must name a recipe, e.g. {'recipe': 'cpu/tiny/llama-tiny'}")
     if problems := conf_problems(conf):
         raise ResolveError("bad conf: " + "; ".join(problems))
+    given = recipe
     try:
-        recipe = load_recipe_id(recipe_name)
+        recipe = given or load_recipe_id(recipe_name)
     except (RecipeError, FileNotFoundError) as exc:
         raise ResolveError(f"recipe {recipe_name!r} cannot be used: {exc}") from exc
     ref = str(_override(conf, "engine_ref", recipe.engine.ref))
@@ -157,6 +165,10 @@ def resolve(
         },
         "repeats": repeats,
         "repeat_cells": repeat_cells,
+        # speedmatrix run only: the server already running, its in-memory recipe, the origin
+        "base_url": base_url,
+        "recipe": given.model_dump(mode="json") if given is not None else None,
+        "source": source,
     }
 
 
@@ -183,8 +195,10 @@ def _repeats(conf: Mapping[str, Any], m: Any, spec: MatrixSpec) -> tuple[int, li
 
 
 def _recipe(resolved: Resolved):
-    from speedmatrix.recipes import load_recipe_id
+    from speedmatrix.recipes import Recipe, load_recipe_id
 
+    if resolved.get("recipe"):  # made in memory by `speedmatrix run --base-url`
+        return Recipe.model_validate(resolved["recipe"])
     return load_recipe_id(resolved["recipe_id"])
 
 
@@ -246,6 +260,8 @@ def setup(resolved: Resolved) -> dict[str, Any]:
     from speedmatrix.engine.provision import provision
     from speedmatrix.engine.vllm_server import start_server
 
+    if resolved.get("base_url"):
+        return _existing_server(resolved)
     lease = host_lease(resolved)
     lease.renew()  # raises LeaseLost when another run holds the host
     recipe = _recipe(resolved)
@@ -286,6 +302,46 @@ def setup(resolved: Resolved) -> dict[str, Any]:
     return out
 
 
+def _existing_server(resolved: Resolved) -> dict[str, Any]:
+    """The handle of a server already running at `base_url` (`speedmatrix run --base-url`):
+    nothing provisioned or started, so nothing to stop. Its run dir is a private temporary
+    directory holding only the probes' key file (inspect reads it; teardown removes it)."""
+    import sys
+    import tempfile
+    from urllib.parse import urlsplit
+
+    from speedmatrix.engine.vllm_server import ServerHandle
+
+    url = str(resolved["base_url"]).rstrip("/")
+    why = server_health(resolved, {"base_url": url})
+    if why:
+        raise RuntimeError(f"no server ready at {url}: {why}")
+    run_dir = tempfile.mkdtemp(prefix="speedmatrix-run-")
+    key = api_key(resolved)
+    if key:
+        fd = os.open(f"{run_dir}/secrets.env", os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"SPEEDMATRIX_PROBE_KEY={shlex.quote(key)}\n")
+    handle = ServerHandle(
+        host=resolved["host"],
+        host_env={},
+        pid=0,
+        run_dir=run_dir,
+        log_path=f"{run_dir}/server.log",  # none: KV capacity comes from /metrics
+        base_url=url,
+        port=urlsplit(url).port or 0,
+        served_name=resolved["served_model"],
+        python=sys.executable,
+        api_key_env=resolved.get("api_key_env"),
+        command=f"(a server already running at {url})",
+        started_at=time.time(),
+        run=resolved["holder"],
+    )
+    return {"handle": handle.to_dict(), "base_url": url, "python": sys.executable,
+            "loadgen": None, "engine_version": None, "engine_commit": None,
+            "provision_s": 0.0, "start_s": 0.0, "existing": True}  # fmt: skip
+
+
 def _handle(server: Mapping[str, Any]):
     from speedmatrix.engine.vllm_server import ServerHandle
 
@@ -297,6 +353,12 @@ def inspect(resolved: Resolved, server: Mapping[str, Any]) -> dict[str, Any]:
     from speedmatrix.engine.vllm_server import inspect_server
 
     facts = inspect_server(_handle(server), host=host_of(resolved))
+    if server.get("existing"):  # the commit and hardware probes read this machine, not the
+        # server's: the commit is its /version's (engine_ref); hardware only when on loopback
+        from urllib.parse import urlsplit
+
+        loopback = urlsplit(server["base_url"]).hostname in ("127.0.0.1", "localhost", "::1")
+        facts = {**facts, "commit": None, "hardware": facts.get("hardware") if loopback else {}}
     blocks, block = facts.get("num_gpu_blocks"), facts.get("block_size")
     if not blocks and facts.get("kv_cache_tokens"):
         block = block or 16
@@ -346,6 +408,11 @@ def teardown(resolved: Resolved, server: Mapping[str, Any] | None) -> dict[str, 
     errors = []
     host = host_of(resolved)
     handles = [_handle(server)] if server and server.get("handle") else []
+    if server and server.get("existing"):  # not ours to stop: only our key file goes
+        import shutil
+
+        shutil.rmtree(_handle(server).run_dir, ignore_errors=True)
+        handles = []
     try:
         recorded = run_servers(host, resolved["holder"])
     except Exception as exc:
@@ -799,7 +866,7 @@ def run_row(
         kv_num_blocks=info.get("kv_num_blocks"),
         max_model_len=info.get("max_model_len") or recipe.model.max_model_len,
         host=resolved["host"],
-        source=f"airflow:{DAG_ID}/{resolved['dag_run_id']}",
+        source=resolved.get("source") or f"airflow:{DAG_ID}/{resolved['dag_run_id']}",
     )
     return row
 

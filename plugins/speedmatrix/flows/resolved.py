@@ -44,6 +44,11 @@ class Resolved(TypedDict):
     matrix: MatrixConf
     repeats: int  # passes over the repeated cells (1: no repeats)
     repeat_cells: list[str] | None  # canonical names of the cells to repeat; None: all
+    # `speedmatrix run` only (never from a conf): a server already running, the recipe made in
+    # memory for it (Recipe.model_dump), and the run's origin for the runs row; else None
+    base_url: str | None
+    recipe: dict | None
+    source: str | None
 
 
 RESOLVED_KEYS = tuple(Resolved.__annotations__)

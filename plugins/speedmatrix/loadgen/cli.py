@@ -161,7 +161,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--duration and every reported time are simulated seconds",
     )
     g = p.add_argument_group("output")
-    g.add_argument("--json", metavar="F", help="write the cell record (JSON object) to F")
+    g.add_argument(
+        "--json",
+        metavar="F",
+        nargs="?",
+        const="-",
+        help="the cell record as a JSON object: to file F, or on stdout with no F (or -). "
+        "Unset: a readable summary on a terminal, the JSON object when stdout is not one",
+    )
     g.add_argument("--requests", metavar="F", help="write per-request rows (JSON lines) to F")
     g.add_argument(
         "--progress",
@@ -353,14 +360,72 @@ def _run(args: argparse.Namespace) -> int:
     except CellNotAttempted as exc:
         print(f"speedmatrix loadgen {args.phase}: not attempted: {exc}", file=sys.stderr)
         return EXIT_NOT_ATTEMPTED
-    if args.json:
+    tty = _stdout_is_terminal()
+    if args.json and args.json != "-":
         _write_atomic(args.json, json.dumps(cell, default=_jsonable, indent=1) + "\n")
-    else:
+        if tty:
+            print(summary(cell))
+    elif args.json == "-" or not tty:  # a pipe keeps the machine-readable record
         print(json.dumps(cell, default=_jsonable))
+    else:
+        print(summary(cell))
     if args.requests:
         lines = "".join(json.dumps(r, default=_jsonable) + "\n" for r in rows)
         _write_atomic(args.requests, lines)
     return 0
+
+
+def _stdout_is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _num(value: object, unit: str, digits: int = 1) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    return f"{value:,.{digits}f} {unit}".rstrip()
+
+
+def summary(cell: dict[str, Any]) -> str:
+    """The cell's figures for a person at a terminal (the JSON record has all of them).
+
+    Why here and stdlib-only: the zipapp ships this module to the hosts; a person running a
+    cell by hand reads this, the pipeline reads the `--json F` file."""
+    phase, status = cell.get("phase"), cell.get("status")
+    head = f"{phase} {cell.get('context_label') or cell.get('context_tokens')}"
+    if phase == "decode":
+        head += f" x {cell.get('concurrency')}"
+    lines = [f"{head}: {status}"]
+    if cell.get("error"):
+        lines.append(f"  why:             {cell['error']}")
+    if phase == "prefill":
+        lines += [
+            f"  prompt:          {_num(cell.get('total_tok_s'), 'tok/s')}",
+            f"  TTFT:            {_num(cell.get('ttft_ms'), 'ms')}",
+        ]
+        return "\n".join(lines)
+
+    def pct(name: str) -> str:
+        return (
+            f"median {_num(cell.get(name + '_ms'), 'ms')}, p90 {_num(cell.get(name + '_p90_ms'), 'ms')}, "
+            f"p99 {_num(cell.get(name + '_p99_ms'), 'ms')}"
+        )
+
+    lines += [
+        f"  total:           {_num(cell.get('total_tok_s'), 'tok/s')}",
+        f"  per request:     {_num(cell.get('per_request_tok_s'), 'tok/s')}",
+        f"  TTFT:            {pct('ttft')}",
+        f"  between tokens:  {pct('tbt')}",
+        f"  window:          {_num(cell.get('measured_s'), 's', 2)}, "
+        f"{_num(cell.get('output_tokens'), 'output tokens', 0)}, "
+        f"{_num(cell.get('completed_requests'), 'requests completed', 0)}, "
+        f"{_num(cell.get('requests_failed'), 'failed', 0)}",
+        f"  active requests: {_num(cell.get('avg_active_requests'), '', 2)} on average "
+        f"({cell.get('active_source') or 'unknown'} count)",
+    ]
+    return "\n".join(lines)
 
 
 def _jsonable(value: object) -> str:

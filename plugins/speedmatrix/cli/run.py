@@ -1,0 +1,486 @@
+"""`speedmatrix run`: measure a matrix from the command line, without Airflow.
+
+`speedmatrix run RECIPE` provisions and starts the recipe's server on this machine, measures
+its matrix, lands it in the warehouse and renders its page; `speedmatrix run --base-url URL
+--model M` does the same against a server already running (nothing provisioned, started or
+stopped). The matrix options are the speed_matrix conf keys (`--contexts 8K 16K`,
+`--concurrencies 1 2`, ...), and override the recipe's.
+
+Why no code of its own for measuring, validating or landing: every step is the DAG's task body
+in :mod:`speedmatrix.flows.matrix`, called in the DAG's order (resolve, take_lease, setup,
+inspect, plan, the prefill then decode cells, teardown, validate, land, report, conclude), so a
+run from here lands exactly what the DAG would. What is here: the command line, the in-memory
+recipe of a server already running, and the live progress display.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import re
+import secrets
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from speedmatrix.cli import CliError
+
+# The matrix of a server already running when the command line names none: the published
+# reports' smallest contexts (those that fit the model), a few concurrencies.
+EXISTING_DEFAULTS = {
+    "prefill_contexts": ["8K", "16K", "32K"],
+    "contexts": ["8K", "16K", "32K"],
+    "concurrencies": [1, 2, 4, 8],
+}
+PREFILL_GUESS_S = 5.0  # ETA of a prefill cell before one was measured
+DECODE_OVERHEAD_S = 5.0  # a decode cell's warm-up and drain beyond its window, before measured
+
+
+def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        name,
+        help="measure a matrix now, without Airflow, and land it",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "recipe", nargs="?", help="recipe id (e.g. cpu/tiny/llama-tiny): its server on this host"
+    )
+    g = p.add_argument_group("a server already running (instead of a recipe)")
+    g.add_argument("--base-url", help="the server's root, e.g. http://127.0.0.1:8000")
+    g.add_argument("--model", help="its served model name")
+    g.add_argument(
+        "--api-key-env",
+        default="SPEEDMATRIX_API_KEY",
+        metavar="NAME",
+        help="environment variable holding its API key (unset or empty: no key)",
+    )
+    g = p.add_argument_group("matrix (the speed_matrix conf keys; default: the recipe's)")
+    g.add_argument("--contexts", nargs="+", metavar="N", help="decode contexts, e.g. 8K 16K")
+    g.add_argument("--concurrencies", nargs="+", type=int, metavar="C", help="e.g. 1 2 4")
+    g.add_argument("--prefill-contexts", nargs="+", metavar="N", help="prefill contexts")
+    g.add_argument("--duration-s", type=float, metavar="S", help="decode window, seconds")
+    g.add_argument("--max-output-tokens", type=int, metavar="T", help="output tokens per request")
+    g.add_argument("--prompt-mode", choices=("distinct", "shared"))
+    g.add_argument("--workload", choices=("article", "continuation"))
+    g.add_argument(
+        "--engine-ref",
+        help="recipe: the engine ref to install (default the recipe's); a server already "
+        "running: the ref it was built from (default: read from its /version, else main)",
+    )
+    g.add_argument("--port", type=int, help="recipe: the port its server listens on")
+    g.add_argument("--warehouse", metavar="W", help="default $SPEEDMATRIX_WAREHOUSE or ./warehouse")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every step")
+    p.set_defaults(func=_run)
+
+
+# ------------------------------------------------------------------------------- the run
+
+
+def _run(args: argparse.Namespace) -> int:
+    from speedmatrix.flows import matrix
+
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    conf, extra = _conf(args)
+    now = dt.datetime.now(dt.UTC)
+    try:
+        resolved = matrix.resolve(
+            conf,
+            dag_run_id=f"cli__{now.strftime('%Y%m%dT%H%M%S%fZ')}",
+            run_after=now,
+            **extra,
+        )
+    except matrix.ResolveError as exc:
+        raise CliError(str(exc)) from None
+    if matrix.take_lease(resolved) is None:
+        raise CliError(f"host {resolved['host']} is busy: another run holds its lease")
+    show = Display.make(resolved)
+    server = info = planned = None
+    results: list[dict[str, Any]] = []
+    try:
+        try:
+            show.note("starting the server" if not resolved["base_url"] else "inspecting")
+            server = matrix.setup(resolved)
+            info = matrix.inspect(resolved, server)
+            planned = matrix.plan(resolved, info)
+        except Exception as exc:
+            raise CliError(f"{type(exc).__name__}: {exc}") from None
+        cells = [*planned["prefill"], *planned["decode"]]
+        show.begin(cells, server["base_url"])
+        for cell in cells:
+            show.cell_started(cell)
+            result = matrix.run_cell(resolved, server, cell)
+            results.append(result)
+            show.cell_done(cell, result["cell"])
+    finally:
+        show.end()
+        matrix.teardown(resolved, server)
+    show.note("validating, landing and rendering the page")
+    validated = matrix.validate(resolved, info, server, planned, results)
+    landed = matrix.land(resolved, validated)
+    paths = matrix.report(resolved, landed)
+    print(_summary(landed, paths, len(planned["over_capacity"])))
+    try:
+        matrix.conclude(landed)
+    except RuntimeError as exc:
+        print(f"speedmatrix run: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _conf(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the speed_matrix conf, resolve's keywords for a server already running)."""
+    if bool(args.recipe) == bool(args.base_url):
+        raise CliError("name a RECIPE, or a server already running with --base-url and --model")
+    conf: dict[str, Any] = {
+        key: value
+        for key in (
+            "contexts",
+            "concurrencies",
+            "prefill_contexts",
+            "duration_s",
+            "max_output_tokens",
+            "prompt_mode",
+            "workload",
+            "engine_ref",
+            "warehouse",
+            "port",
+        )
+        if (value := getattr(args, key)) is not None
+    }
+    conf["ssh_conn_id"] = "local"
+    if args.recipe:
+        if args.model:
+            raise CliError("--model is for --base-url (a recipe names its model)")
+        conf["recipe"] = args.recipe
+        _sim_key(args.recipe)
+        return conf, {"source": "cli:speedmatrix run"}
+    if not args.model:
+        raise CliError("--base-url needs --model (the served model name)")
+    if args.port is not None:
+        raise CliError("--port is for a recipe's server (--base-url names the server's)")
+    url = args.base_url.rstrip("/")
+    key = os.environ.get(args.api_key_env) or None
+    version, max_len = server_facts(url, args.model, key)
+    ref = args.engine_ref or ref_of(version)
+    recipe = existing_recipe(url, args.model, ref, max_len, args.api_key_env if key else None)
+    conf["recipe"] = recipe.id
+    for k, default in EXISTING_DEFAULTS.items():
+        if k not in conf:
+            conf[k] = [c for c in default if k == "concurrencies" or _fits(c, conf, max_len, k)]
+    return conf, {"recipe": recipe, "base_url": url, "source": f"cli:speedmatrix run {url}"}
+
+
+def _fits(context: str, conf: Mapping[str, Any], max_len: int, key: str) -> bool:
+    from speedmatrix.plan import fits_model
+    from speedmatrix.records import parse_context
+
+    out = 1 if key == "prefill_contexts" else int(conf.get("max_output_tokens") or 4096)
+    return fits_model(parse_context(context), out, max_len)
+
+
+def _sim_key(recipe_id: str) -> None:
+    """A simulated engine needs the API key its recipe names; like `make demo`, a run of one
+    gets a fresh key when the environment has none (it guards nothing but the simulator)."""
+    from speedmatrix.recipes import RecipeError, load_recipe_id
+
+    try:
+        recipe = load_recipe_id(recipe_id)
+    except (RecipeError, FileNotFoundError):
+        return  # resolve says why, in the DAG's words
+    name = recipe.serve.api_key_secret
+    if recipe.engine.install.kind == "sim" and recipe.has_api_key and not os.environ.get(name):
+        os.environ[name] = "sk-run-" + secrets.token_hex(12)
+
+
+# --------------------------------------------------------------- a server already running
+
+
+def server_facts(url: str, model: str, key: str | None) -> tuple[str | None, int]:
+    """(its /version, the model's max_model_len) from the server, or CliError saying why not:
+    unreachable, not a vLLM server, or not serving `model`."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CliError(f"--base-url must be an http(s) URL such as http://127.0.0.1:8000: {url!r}")
+
+    def get(path: str) -> Any:
+        req = urllib.request.Request(url + path)
+        if key:
+            req.add_header("Authorization", f"Bearer {key}")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.load(resp)
+
+    try:
+        models = get("/v1/models").get("data") or []
+    except urllib.error.HTTPError as exc:
+        raise CliError(
+            f"{url}/v1/models answered HTTP {exc.code} (API key? --api-key-env)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot reach a server at {url}: {getattr(exc, 'reason', exc)}") from None
+    served = {m.get("id"): m for m in models if isinstance(m, dict)}
+    if model not in served:
+        raise CliError(f"{url} does not serve {model!r} (it serves: {', '.join(map(str, served))})")
+    try:
+        version = get("/version").get("version")
+    except (OSError, ValueError, AttributeError):
+        version = None
+    return version, int(served[model].get("max_model_len") or 0) or 1 << 30
+
+
+def ref_of(version: str | None) -> str:
+    """The engine ref a reported version names: `0.11.0` -> v0.11.0, a dev build's
+    `…+g9fedd24fa` -> its commit; else main (what the run row then says it is)."""
+    if not version:
+        return "main"
+    if m := re.search(r"\+g([0-9a-f]{7,40})", version):
+        return m.group(1)
+    if re.fullmatch(r"\d+\.\d+\.\d+", version):
+        return f"v{version}"
+    return "main"
+
+
+def existing_recipe(url: str, model: str, ref: str, max_model_len: int, key_env: str | None):
+    """The in-memory recipe of a server already running: what the run row needs (model,
+    engine ref, max_model_len), its id `external/<host-port>/<model>` (one recipe per server
+    and model, so its runs compare with each other), hardware unknown (the run row takes
+    what `inspect` reads from this machine). Never provisioned: its install kind and launch
+    command are placeholders that `setup` does not reach for a run with a base URL."""
+    from speedmatrix.recipes import Engine, Hardware, Install, Model, Recipe, Serve, classify_ref
+
+    try:
+        classify_ref(ref)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    where = re.sub(r"[^A-Za-z0-9.+-]+", "-", urlsplit(url).netloc).strip("-.") or "server"
+    slug = re.sub(r"[^a-z0-9.-]+", "-", model.lower()).strip("-.") or "model"
+    return Recipe(
+        id=f"external/{where}/{slug}",
+        description=f"a server already running at {url}",
+        hardware=Hardware(
+            type="unknown", gpu="unknown", gpu_count=0, vram_gb=0, backend="unknown", slug="ext"
+        ),
+        engine=Engine(ref=ref, install=Install(kind="release")),
+        model=Model(id=model, served_name=model, slug=slug, max_model_len=max_model_len),
+        serve=Serve(
+            command=("(already running)", "{model}"),
+            args=("--port", "{port}", *(("--api-key", "{api_key}") if key_env else ())),
+            api_key_secret=key_env,
+        ),
+        matrix={},
+    )
+
+
+# -------------------------------------------------------------------------------- output
+
+
+def _summary(landed: Mapping[str, Any], paths: Mapping[str, str], over: int) -> str:
+    lines = [
+        f"run {landed['run_id']}: {landed['status']} ({landed['cells']} cells, "
+        f"{over} over capacity, {len(landed.get('failed') or [])} failed, "
+        f"{len(landed.get('quarantined') or [])} quarantined)",
+        f"  page:      {paths['html']}",
+        f"  markdown:  {paths['md']}",
+        f"  warehouse: {landed['warehouse']}",
+    ]
+    lines += [f"  failed:    {f}" for f in landed.get("failed") or []]
+    return "\n".join(lines)
+
+
+def _figure(cell: Mapping[str, Any]) -> str:
+    tok = cell.get("total_tok_s")
+    what = f"{tok:,.1f} tok/s" if isinstance(tok, int | float) else "-"
+    status = cell.get("status")
+    return what if status == "valid" else f"{what} {status}: {cell.get('error') or ''}".strip()
+
+
+class Display:
+    """Cells done, the current cell's tok/s (live, from the server's /metrics counters), ETA.
+
+    On a terminal: a `rich` live progress bar on stderr; off a terminal: one plain line per
+    cell (a log, a CI job). The tok/s is read beside the load generator, never from it, so
+    the measurement is the DAG's to the byte."""
+
+    def __init__(self, resolved: Mapping[str, Any], out: Any = None) -> None:
+        self.window_s = float(resolved["matrix"]["window_s"])
+        self.out = out or sys.stderr
+        self.cells: list[Mapping[str, Any]] = []
+        self.done = 0
+        self.took: dict[str, list[float]] = {"prefill": [], "decode": []}
+        self.started = 0.0
+        self.meter: RateMeter | None = None
+
+    @staticmethod
+    def make(resolved: Mapping[str, Any]) -> Display:
+        tty = getattr(sys.stderr, "isatty", lambda: False)()
+        return RichDisplay(resolved) if tty else Display(resolved)
+
+    def eta_s(self, now: float | None = None) -> float:
+        """What is left: the cells not started at the mean time of their phase's measured
+        cells (a guess before one was), the current one's rest."""
+        left = 0.0
+        for cell in self.cells[self.done :]:
+            seen = self.took[cell["phase"]]
+            guess = (
+                PREFILL_GUESS_S if cell["phase"] == "prefill" else self.window_s + DECODE_OVERHEAD_S
+            )
+            left += sum(seen) / len(seen) if seen else guess
+        if self.started and self.done < len(self.cells):
+            left = max(0.0, left - ((now or time.monotonic()) - self.started))
+        return left
+
+    def note(self, text: str) -> None:
+        print(f"speedmatrix run: {text}", file=self.out, flush=True)
+
+    def begin(self, cells: Sequence[Mapping[str, Any]], base_url: str) -> None:
+        self.cells = list(cells)
+        self.meter = RateMeter(base_url)
+        self.note(f"{len(self.cells)} cells to measure at {base_url}")
+
+    def cell_started(self, cell: Mapping[str, Any]) -> None:
+        self.started = time.monotonic()
+        if self.meter:
+            self.meter.start(cell["phase"])
+
+    def cell_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
+        self.took[cell["phase"]].append(time.monotonic() - self.started)
+        self.done += 1
+        self.started = 0.0
+        if self.meter:
+            self.meter.stop()
+        print(
+            f"[{self.done}/{len(self.cells)}] {cell['label']}: {_figure(record)} "
+            f"(ETA {_clock(self.eta_s())})",
+            file=self.out,
+            flush=True,
+        )
+
+    def end(self) -> None:
+        if self.meter:
+            self.meter.stop()
+
+
+class RichDisplay(Display):
+    """The terminal's: one bar over the cells, the current cell and its live tok/s."""
+
+    def __init__(self, resolved: Mapping[str, Any]) -> None:
+        super().__init__(resolved)
+        self.progress: Any = None
+        self.task: Any = None
+
+    def begin(self, cells: Sequence[Mapping[str, Any]], base_url: str) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        super().begin(cells, base_url)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("ETA {task.fields[eta]}"),
+            console=Console(file=self.out),
+            refresh_per_second=2,
+        )
+        self.task = self.progress.add_task("cells", total=len(self.cells), rate="", eta="")
+        self.progress.start()
+        threading.Thread(target=self._tick, daemon=True).start()
+
+    def _tick(self) -> None:
+        while self.progress is not None and self.progress.live.is_started:
+            rate = self.meter.rate() if self.meter else None
+            self.progress.update(
+                self.task,
+                rate=f"{rate:,.0f} tok/s" if rate is not None else "",
+                eta=_clock(self.eta_s()),
+            )
+            time.sleep(0.5)
+
+    def cell_started(self, cell: Mapping[str, Any]) -> None:
+        super().cell_started(cell)
+        self.progress.update(self.task, description=cell["label"])
+
+    def cell_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
+        self.took[cell["phase"]].append(time.monotonic() - self.started)
+        self.done += 1
+        self.started = 0.0
+        if self.meter:
+            self.meter.stop()
+        self.progress.console.print(f"{cell['label']}: {_figure(record)}")
+        self.progress.update(self.task, completed=self.done)
+
+    def end(self) -> None:
+        super().end()
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+class RateMeter:
+    """The server's token rate now: its /metrics counter (generated tokens for a decode
+    cell, prompt tokens for a prefill) read once a second in a thread of its own."""
+
+    COUNTERS: ClassVar[dict[str, str]] = {
+        "decode": "vllm:generation_tokens_total",
+        "prefill": "vllm:prompt_tokens_total",
+    }
+
+    def __init__(self, base_url: str, read: Callable[[], str] | None = None) -> None:
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.read = read or self._read
+        self._last: tuple[float, float] | None = None
+        self._rate: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> str:
+        with urllib.request.urlopen(self.url, timeout=2) as resp:
+            return resp.read().decode("utf-8", "replace")
+
+    def start(self, phase: str) -> None:
+        self.stop()
+        self._stop = threading.Event()
+        self._last, self._rate = None, None
+        self._thread = threading.Thread(target=self._poll, args=(phase,), daemon=True)
+        self._thread.start()
+
+    def _poll(self, phase: str) -> None:
+        from speedmatrix.loadgen.promtext import parse_metrics
+
+        while not self._stop.is_set():
+            try:
+                value = parse_metrics(self.read()).get(self.COUNTERS[phase])
+            except (OSError, ValueError):
+                value = None
+            now = time.monotonic()
+            if value is not None:
+                if self._last is not None and now > self._last[0]:
+                    self._rate = max(0.0, (value - self._last[1]) / (now - self._last[0]))
+                self._last = (now, value)
+            self._stop.wait(1.0)
+
+    def rate(self) -> float | None:
+        return self._rate
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=3)
+            self._thread = None
+
+
+def _clock(seconds: float) -> str:
+    s = round(seconds)
+    return (
+        f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+    )

@@ -1,0 +1,143 @@
+"""`speedmatrix run` (issue #18 item 5): a matrix measured without Airflow, landed, its page printed.
+
+In process (`speedmatrix.cli.main`), so Great Expectations and the report's imports are paid once
+for the module; against the simulator calibrated from the reference report (8K x 64 is over its
+KV capacity, so the plan's over-capacity path is on the page too), with 1 s windows. What is
+checked is the command (the DAG's steps in order, the server's lifecycle, landing, the page,
+the progress lines and the errors), not the figures.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from speed_matrix_helpers import no_server_left
+
+from speedmatrix.cli import main
+from speedmatrix.store.warehouse import Warehouse
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / "include" / "sim-profiles" / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
+RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
+MODEL = "Kimi-K2.7-Code-NVFP4"
+TINY = ["--prefill-contexts", "8K", "--contexts", "8K", "--duration-s", "1"]
+TINY += ["--max-output-tokens", "256"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def sim_url() -> Iterator[str]:
+    """A simulated server already running on loopback (no API key), for the module."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "speedmatrix", "sim", "serve", "--profile", str(PROFILE),
+         "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not _healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, "sim did not start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _landed(wh: Path, out: str) -> tuple[dict, list[dict], Path]:
+    """The run the command printed (its page must exist) as the warehouse holds it."""
+    page = next(line.split(":", 1)[1].strip() for line in out.splitlines() if "page:" in line)
+    run_id = out.split()[1].rstrip(":")
+    run, cells, _ = Warehouse(str(wh)).read_run(run_id)
+    return run, list(cells), Path(page)
+
+
+def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None:
+    wh = tmp_path / "wh"
+    rc = main(["run", "--base-url", sim_url, "--model", MODEL, *TINY,
+               "--concurrencies", "1", "64", "--warehouse", str(wh)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    run, cells, page = _landed(wh, out)
+    assert page.is_file() and page.parent.parent == wh / "artifacts"
+    assert "<html" in page.read_text()[:500].lower()
+    assert run["source"] == f"cli:speedmatrix run {sim_url}"
+    assert (
+        run["recipe_id"] == f"external/127.0.0.1-{sim_url.rsplit(':', 1)[1]}/kimi-k2.7-code-nvfp4"
+    )
+    assert run["engine_version"] == "0.1.dev1+g9fedd24fa" and run["engine_ref"] == "9fedd24fa"
+    assert run["kv_num_blocks"] == 16640  # what inspect read from the server's /metrics
+    got = {(c["phase"], c["context_label"], c["concurrency"]): c["status"] for c in cells}
+    assert got[("decode", "8K", 64)] == "over_capacity"
+    assert got[("prefill", "8K", 1)] in ("valid", "invalid")
+    assert got[("decode", "8K", 1)] in ("valid", "invalid")
+    # the progress: a line per measured cell, its figure and the ETA (not a terminal: plain)
+    assert "[1/2] 8K: " in err and "[2/2] 8K x 1: " in err and "tok/s" in err and "ETA" in err
+    assert _healthy(sim_url), "a server already running is not ours to stop"
+
+
+def test_run_a_recipe_on_this_host(tmp_path, capsys, monkeypatch) -> None:
+    home, wh = tmp_path / "home", tmp_path / "wh"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SPEEDMATRIX_API_KEY", raising=False)  # a sim run makes its own
+    rc = main(["run", RECIPE, *TINY, "--concurrencies", "1", "--port", str(_free_port()),
+               "--warehouse", str(wh)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    run, cells, page = _landed(wh, out)
+    assert page.is_file()
+    assert run["recipe_id"] == RECIPE and run["source"] == "cli:speedmatrix run"
+    assert run["trigger"] == "manual" and run["host"] == "local"
+    assert sorted((c["phase"], c["concurrency"]) for c in cells) == [("decode", 1), ("prefill", 1)]
+    assert "starting the server" in err
+    no_server_left(home)  # the teardown stopped it and released the lease
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["run", "nope/never"], "no such recipe"),
+        (["run", RECIPE, "--contexts", "8X"], "not a token count: '8X'"),
+        (["run", RECIPE, "--contexts", "300K"], "max_model_len"),
+        (["run", "--base-url", "http://127.0.0.1:9", "--model", "m"], "cannot reach a server"),
+        (["run", "--base-url", "127.0.0.1:8000", "--model", "m"], "must be an http(s) URL"),
+        (["run", "--model", "m"], "name a RECIPE"),
+        (["run", RECIPE, "--base-url", "http://127.0.0.1:9"], "name a RECIPE"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_non_zero(args, says, capsys) -> None:
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert says in err and err.startswith("speedmatrix run: "), err
+
+
+def test_a_model_the_server_does_not_serve_is_refused(sim_url, capsys) -> None:
+    rc = main(["run", "--base-url", sim_url, "--model", "other"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"does not serve 'other' (it serves: {MODEL})" in err
