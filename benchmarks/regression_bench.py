@@ -19,7 +19,8 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from speedmatrix.analysis.compare import RegressionError, compare_in_warehouse, regressions_check
+from speedmatrix.analysis.compare import compare_in_warehouse, regressions_check
+from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.sim.predict import predict_matrix
 from speedmatrix.sim.profile import load_profile
 from speedmatrix.store.warehouse import Warehouse

@@ -4,7 +4,7 @@ Pure functions over plain values (no Airflow, no I/O) so that the capacity rule,
 become Airflow map indexes and the "impossible matrix" checks are tested in microseconds, and so
 that `resolve` can reject a bad conf before anything touches a host.
 
-The capacity rule (measurement.md): vLLM allocates KV cache in whole blocks and keeps one block
+The capacity rule (docs/measurement.md): vLLM allocates KV cache in whole blocks and keeps one block
 back, so C requests of ctx + max_out tokens fit only when
 ``C x ceil((ctx + max_out) / block_size) <= num_blocks - 1``.
 """

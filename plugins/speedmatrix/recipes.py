@@ -202,7 +202,7 @@ class Matrix(_Strict):
     window_s: float = Field(default=30.0, gt=0)
     max_output_tokens: int = Field(default=4096, gt=0)
     prompt_mode: Literal["distinct", "shared"] = "distinct"
-    # What the prompts say (measurement.md rule 11, records.WORKLOADS): article (default; a
+    # What the prompts say (docs/measurement.md rule 11, records.WORKLOADS): article (default; a
     # chat conversation rendered by the server's template, the published pages' workload) or
     # continuation (raw continuation of repeated prose, for servers without a chat template).
     workload: Literal["article", "continuation"] = "article"

@@ -1,5 +1,5 @@
 """The cell, request and run records: the contract between the load generator, validation,
-the warehouse and the report (design.md, "Cell record" and "Warehouse tables").
+the warehouse and the report (docs/design.md, "Cell record" and "Warehouse tables").
 
 Standard library only: the load generator imports this on GPU hosts where only the vLLM
 environment's Python (with aiohttp) is available. The warehouse turns these field lists into
@@ -25,7 +25,7 @@ STATUSES = ("valid", "over_capacity", "failed", "invalid")
 PROMPT_MODES = ("distinct", "shared")
 # article: the published tool's chat conversation (a reference document, then a request for a
 # long new article); continuation: raw continuation of repeated prose (servers without a chat
-# template). The first is the default (measurement.md rule 11).
+# template). The first is the default (docs/measurement.md rule 11).
 WORKLOADS = ("article", "continuation")
 DEFAULT_WORKLOAD = "article"
 TRIGGERS = ("nightly", "commit", "manual", "ingest")
@@ -43,7 +43,7 @@ class Field:
     doc: str
 
 
-# The contract fields, in the order design.md lists them; then what analysts need beyond them.
+# The contract fields, in the order docs/design.md lists them; then what analysts need beyond them.
 CELL_FIELDS: tuple[Field, ...] = (
     Field("phase", "str", False, "prefill or decode"),
     Field("context_tokens", "int", False, "exact prompt tokens sent (server usage.prompt_tokens)"),

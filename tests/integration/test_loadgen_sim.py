@@ -202,7 +202,7 @@ def test_accuracy_against_simulator_ground_truth(
         # 3 run, the 4th waits for a slot, starts, and from then on a restart always queues
         ({"max_running": 3}, "invalid", "requests queued on the server during the window"),
         ({"repetition_every": 1}, "invalid", "repetition loop"),
-        # a server whose outputs echo their prompt: the copy check (measurement.md rule 11)
+        # a server whose outputs echo their prompt: the copy check (docs/measurement.md rule 11)
         ({"echo_every": 1}, "invalid", "outputs copy their prompt"),
     ],
 )

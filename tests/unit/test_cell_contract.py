@@ -19,6 +19,7 @@ from test_repeats import decode, prefill, result
 
 from speedmatrix import records
 from speedmatrix.analysis import compare
+from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.flows import matrix
 from speedmatrix.flows.resolved import RESOLVED_KEYS, MatrixConf, Resolved
 from speedmatrix.quality import validate_run
@@ -31,6 +32,7 @@ from speedmatrix.records import (
     from_wire,
     to_wire,
 )
+from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse, WarehouseError, build_table
 
 SIM = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
@@ -268,16 +270,16 @@ def test_the_comparison_is_made_once_by_report_and_judged_by_regressions(wh, mon
     paths = matrix.report(resolved, {"run_id": "r2"})
     assert "Change against baseline r1" in Path(paths["md"]).read_text()
     assert calls == ["r2"]
-    with pytest.raises(compare.RegressionError, match="64Kx2"):
+    with pytest.raises(RegressionError, match="64Kx2"):
         matrix.regressions(resolved, {"run_id": "r2"})
     assert calls == ["r2"]  # judged the comparison the report made
-    handed = compare.read_extra(wh, "comparisons", run_id="r2")
-    noise = compare.read_extra(wh, "noise", run_id="r2")
+    handed = read_extra(wh, "comparisons", run_id="r2")
+    noise = read_extra(wh, "noise", run_id="r2")
 
     # the same verdicts as a comparison made by regressions itself
-    with pytest.raises(compare.RegressionError):
+    with pytest.raises(RegressionError):
         compare.regressions_check(wh, "r2")
-    made = compare.read_extra(wh, "comparisons", run_id="r2")
+    made = read_extra(wh, "comparisons", run_id="r2")
     key = ["phase", "context_tokens", "concurrency", "metric"]
     assert (
         handed.sort_values(key)[[*key, "verdict", "value", "baseline_value"]]
@@ -288,7 +290,7 @@ def test_the_comparison_is_made_once_by_report_and_judged_by_regressions(wh, mon
             )
         )
     )
-    assert len(noise) == len(compare.read_extra(wh, "noise", run_id="r2")) > 0
+    assert len(noise) == len(read_extra(wh, "noise", run_id="r2")) > 0
 
 
 def test_a_comparison_of_an_earlier_landing_is_not_taken_for_this_one(wh, monkeypatch):

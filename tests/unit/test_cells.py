@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from speedmatrix.analysis.compare import compare_runs
 from speedmatrix.analysis.trend import trend
+from speedmatrix.analysis.verdict import compare_runs
 from speedmatrix.plan import ordered_cells
 from speedmatrix.records import (
     cell_key,

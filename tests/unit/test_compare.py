@@ -373,7 +373,7 @@ def test_a_value_inside_the_other_sides_interval_is_noise():
 
 def test_cells_of_another_workload_are_not_comparable():
     """A continuation cell against an article baseline: a speculative decoder's figures differ
-    for the prompt's sake, not the engine's (measurement.md rule 11)."""
+    for the prompt's sake, not the engine's (docs/measurement.md rule 11)."""
     base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
     old = [dict(c, workload="article") for c in _matrix()]
     cells = [dict(c, workload="article") for c in _matrix()]

@@ -1,4 +1,4 @@
-"""The status verdicts of a decode cell (measurement.md rules 6-8), decided on set inputs."""
+"""The status verdicts of a decode cell (docs/measurement.md rules 6-8), decided on set inputs."""
 
 from __future__ import annotations
 

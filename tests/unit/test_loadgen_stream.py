@@ -1,7 +1,7 @@
 """The streaming parser and its timing rules, fed byte by byte with a controlled clock.
 
 No sockets: a fake transport and a fake perf_counter, so every figure has an exact expected
-value (measurement.md rules 2-4).
+value (docs/measurement.md rules 2-4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The decode workload (issue 15, measurement.md rule 11): the article conversation as exact
+"""The decode workload (issue 15, docs/measurement.md rule 11): the article conversation as exact
 token ids, rendered by the server's chat template; and the copy check.
 
 The prompts are built against the simulator (its /tokenize renders `messages` with its own

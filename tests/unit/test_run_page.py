@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from speedmatrix.analysis.compare import compare_runs
+from speedmatrix.analysis.verdict import compare_runs
 from speedmatrix.cli import main
 from speedmatrix.report import palette
 from speedmatrix.report.charts import HEATMAP_FONT_PT, diff_heatmap_svg

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from browser import local_links, page_refs, walk_site
 
-from speedmatrix.analysis.compare import RegressionError, regressions_check
+from speedmatrix.analysis.compare import regressions_check
+from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.cli import main
 from speedmatrix.report.site import build_site, recipe_page, run_page, slug
 from speedmatrix.store.warehouse import Warehouse

@@ -232,7 +232,7 @@ def compare_runs(
             continue
         if a.get("workload") != b.get("workload"):
             # an article and a continuation measure different things on a speculative
-            # decoder (measurement.md rule 11): never a regression or an improvement
+            # decoder (docs/measurement.md rule 11): never a regression or an improvement
             emit(
                 **cell_common,
                 metric=STATUS_METRIC,

@@ -6,7 +6,7 @@ Everything passed between steps is a small dict that survives XCom: `resolved` (
 is), `server` (where the engine listens and how to stop it), `info` (what the server reports),
 `planned` (the cells), and one `{"cell": record, "requests": rows}` per measured cell.
 
-The flow (design.md): resolve -> take the host lease -> setup (provision + start) -> inspect ->
+The flow (docs/design.md): resolve -> take the host lease -> setup (provision + start) -> inspect ->
 plan -> prefill cells -> decode cells -> teardown (stop + release) ; validate -> land -> report
 -> conclude. Rules kept here:
 

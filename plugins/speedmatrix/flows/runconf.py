@@ -15,7 +15,7 @@ from typing import Any
 
 from speedmatrix.records import PROMPT_MODES, WORKLOADS
 
-# The conf keys of speed_matrix (design.md, contract); anything else is refused.
+# The conf keys of speed_matrix (docs/design.md, contract); anything else is refused.
 CONF_KEYS = (
     "recipe",
     "engine_ref",

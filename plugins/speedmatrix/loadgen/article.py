@@ -1,6 +1,6 @@
 """The `article` workload: the published tool's chat conversation, as exact token ids.
 
-measurement.md rule 11. A decode prompt that the model can simply continue (or copy) makes
+docs/measurement.md rule 11. A decode prompt that the model can simply continue (or copy) makes
 speculative decoding accept drafts almost for free, so every decode figure comes out inflated
 on a speculative-decoding server. The published pages were measured with a conversation that
 asks for fresh prose instead; this module builds that conversation (our own words and our own

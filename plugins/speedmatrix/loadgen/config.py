@@ -27,11 +27,11 @@ class CellConfig:
     api_key: str | None = None
     run_tag: str = field(default_factory=new_run_tag)
     cache_salt: bool = True
-    # what the prompts say (measurement.md rule 11): article (a chat conversation asking for a
+    # what the prompts say (docs/measurement.md rule 11): article (a chat conversation asking for a
     # new article, the published pages' workload) or continuation (raw repeated prose)
     workload: str = DEFAULT_WORKLOAD
     extra_body: dict[str, Any] | None = None
-    # per-phase timeouts (measurement.md rule 9)
+    # per-phase timeouts (docs/measurement.md rule 9)
     connect_timeout_s: float = 10.0
     first_token_timeout_s: float = 60.0
     first_token_s_per_1k: float = 1.0
@@ -83,7 +83,7 @@ class DecodeConfig(CellConfig):
     max_output_tokens: int = 4096
     prompt_mode: str = "distinct"
     warm_cache: bool = True
-    # validity limits (measurement.md rules 6-8)
+    # validity limits (docs/measurement.md rules 6-8)
     token_tolerance: float = 0.01
     max_loop_lag_ms: float = 10.0
     max_client_cpu_pct: float = 90.0
@@ -100,7 +100,7 @@ class DecodeConfig(CellConfig):
     min_window_readings: int = 20
     repetition_check: bool = True
     max_loop_fraction: float = 0.25
-    # The copy check (measurement.md rule 11): outputs whose word 8-grams are found in their
+    # The copy check (docs/measurement.md rule 11): outputs whose word 8-grams are found in their
     # own prompt more than this share of the time are copying it (stats.CopyCheck), and a
     # speculative decoder accepts copied tokens almost for free: the cell is invalid.
     copy_check: bool = True

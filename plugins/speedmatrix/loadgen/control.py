@@ -162,7 +162,7 @@ class ControlClient:
         )
 
     async def wait_idle(self, timeout_s: float) -> tuple[bool, Snapshot | None]:
-        """Poll until running = waiting = 0 (measurement.md rule 4); (idle?, last reading).
+        """Poll until running = waiting = 0 (docs/measurement.md rule 4); (idle?, last reading).
 
         A failed read is not idle: it is read again until the deadline, and a server whose
         /metrics never answered is reported not idle (last reading None; `metrics_error`

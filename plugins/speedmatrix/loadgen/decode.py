@@ -1,4 +1,4 @@
-"""One sustained-decode cell: C streams kept busy over an exact window (measurement.md).
+"""One sustained-decode cell: C streams kept busy over an exact window (docs/measurement.md).
 
 Order of a cell: model check -> prompts as token ids -> server idle? -> C connections ->
 warm the prefix cache (max_tokens=1 per distinct prompt) -> C streams, each restarted the

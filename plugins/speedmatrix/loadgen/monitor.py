@@ -1,4 +1,4 @@
-"""How busy the load generator itself is (measurement.md rule 8).
+"""How busy the load generator itself is (docs/measurement.md rule 8).
 
 The event loop's lag (how late a 10 ms sleep wakes up) and the process's CPU time over the
 window. A lagging loop stamps chunks late and inflates time-between-tokens; a cell measured by

@@ -1,6 +1,6 @@
 """Exact-length prompts as token ids, and the request bodies that carry them.
 
-measurement.md rule 1: the prompt is sent as token ids to `/v1/completions`, so the server
+docs/measurement.md rule 1: the prompt is sent as token ids to `/v1/completions`, so the server
 counts exactly the context we mean. The ids come from the server's own `/tokenize` (no client
 tokenizer). Two workloads (rule 11, records.WORKLOADS):
 
@@ -131,7 +131,7 @@ async def _article_prompts(
 
 
 class BodyBuilder:
-    """Request bodies for /v1/completions with fixed output length (measurement.md rule 5)."""
+    """Request bodies for /v1/completions with fixed output length (docs/measurement.md rule 5)."""
 
     def __init__(
         self,

@@ -2,11 +2,11 @@
 
 Why not aiohttp here: every chunk read through aiohttp's StreamReader wakes a coroutine, which
 costs several times the parsing itself; at 60K chunks/s on one core that is the difference
-between measuring the server and measuring the client (measurement.md rule 8). An asyncio
+between measuring the server and measuring the client (docs/measurement.md rule 8). An asyncio
 Protocol stamps each socket read once (`perf_counter`) and parses every SSE event in it without
 a task switch. The control plane (tokenize, metrics, models) still goes through aiohttp.
 
-Timing rules implemented here (measurement.md rules 2-4):
+Timing rules implemented here (docs/measurement.md rules 2-4):
 - a request is stamped when its last byte left for the socket (not when it was queued);
 - tokens come from the rise of `usage.completion_tokens`, never from counting chunks;
 - a chunk that carries no new token is neither a first token nor an interval;

@@ -2,7 +2,7 @@
 
 One module for formatting and parsing so that the renderer writes exactly what the parser
 reads back (the round trip the report contract asks for). The formats are taken from the
-reference page (``../shared/reference/``) and design.md: ``6,206.0``, ``17.7K``, ``18K``,
+reference page (``include/reference/``) and docs/design.md: ``6,206.0``, ``17.7K``, ``18K``,
 ``1,320 ms``, ``18.2 ms``, ``1,647``, ``30.0 s``, ``—``, ``Over capacity``.
 """
 

@@ -1,6 +1,6 @@
 """Parse a published "Speed test matrix" page into one run record and its cell records.
 
-The pages are scraped text (``../shared/reference/`` holds one). Values come from the labelled
+The pages are scraped text (``include/reference/`` holds one). Values come from the labelled
 header fields (Hardware, Engine, Run) and from the unambiguous "All measurements" table; the
 summary sections (the title line, Prefill, the Sustained decode matrix) are scraped with numbers
 glued to their neighbours (``6,2061,320 ms TTFT`` is 6,206 tok/s and 1,320 ms), so they are used

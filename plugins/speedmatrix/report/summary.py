@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedmatrix.analysis.compare import KV_METRIC, METRIC_BY_NAME, STATUS_METRIC, cell_name
+from speedmatrix.analysis.verdict import KV_METRIC, METRIC_BY_NAME, STATUS_METRIC
+from speedmatrix.records import cell_name
 from speedmatrix.report import formats as F
 from speedmatrix.report import palette
 

@@ -1,6 +1,6 @@
 """Predict a matrix cell by driving the engine model directly in simulated time (no HTTP).
 
-This is a load generator in simulated time that follows measurement.md the way the published
+This is a load generator in simulated time that follows docs/measurement.md the way the published
 tool does: a prefill cell is one cold request with max_tokens=1 (prompt tok/s = tokens / TTFT);
 a decode cell warms the prompt(s) into the prefix cache, starts C streams at once, restarts a
 stream the moment it finishes, opens the window when all C have their first token, and counts
@@ -68,7 +68,7 @@ def default_prompt_mode(profile: Profile) -> str:
 
 
 def over_capacity(profile: Profile, context: int, concurrency: int, max_output: int) -> bool:
-    """measurement.md's rule: C x ceil((ctx + max_out) / block) > blocks - 1."""
+    """docs/measurement.md's rule: C x ceil((ctx + max_out) / block) > blocks - 1."""
     per_request = -(-(context + max_output) // profile.block_size)
     return concurrency * per_request > profile.num_gpu_blocks - 1
 
