@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, Param, PokeReturnValue, dag, get_current_context, task
 
-from speedmatrix.flows import matrix
+from speedmatrix.flows import matrix, resolution
 from speedmatrix.flows.notifier import RunNotifier
 from speedmatrix.flows.site import SiteOperator
 
@@ -169,7 +169,7 @@ def _label(cell: dict) -> None:
 
 
 @dag(
-    dag_id=matrix.DAG_ID,
+    dag_id=resolution.DAG_ID,
     description="Speed test matrix of one vLLM recipe x engine ref x host",
     schedule=None,
     start_date=datetime(2026, 1, 1),
@@ -192,7 +192,9 @@ def speed_matrix():
         """Validate the conf against the recipe: a bad conf fails here, touching no host."""
         ctx = get_current_context()
         dag_run = ctx["dag_run"]
-        return matrix.resolve(ctx["params"], dag_run_id=dag_run.run_id, run_after=dag_run.run_after)
+        return resolution.resolve(
+            ctx["params"], dag_run_id=dag_run.run_id, run_after=dag_run.run_after
+        )
 
     @task.sensor(
         poke_interval=15,

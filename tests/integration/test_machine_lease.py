@@ -37,7 +37,7 @@ from speedmatrix.engine.vllm_server import (
     start_server,
     stop_server,
 )
-from speedmatrix.flows import matrix
+from speedmatrix.flows import matrix, resolution
 from speedmatrix.recipes import load_recipe
 
 pytestmark = pytest.mark.integration
@@ -196,7 +196,7 @@ def test_a_setup_failed_after_the_launch_is_torn_down_from_the_hosts_records(tmp
     monkeypatch.setenv("SPEEDMATRIX_API_KEY", "sk-" + secrets.token_hex(8))
     home = tmp_path / "home"
     home.mkdir()
-    resolved = matrix.resolve(
+    resolved = resolution.resolve(
         {"recipe": SIM, "host_home": str(home), "port": _free_port()},
         dag_run_id="manual__failed-setup",
         run_after=dt.datetime.now(dt.UTC),

@@ -20,7 +20,7 @@ from test_repeats import decode, prefill, result
 from speedmatrix import records
 from speedmatrix.analysis import compare
 from speedmatrix.analysis.verdict import RegressionError
-from speedmatrix.flows import matrix
+from speedmatrix.flows import collect, handoff, matrix, resolution
 from speedmatrix.flows.resolved import RESOLVED_KEYS, MatrixConf, Resolved
 from speedmatrix.quality import validate_run
 from speedmatrix.records import (
@@ -42,7 +42,7 @@ WHEN = dt.datetime(2026, 12, 2, 20, 30, 5, tzinfo=dt.UTC)
 
 def resolve(tmp_path, **conf) -> Resolved:
     conf = {"recipe": SIM, "warehouse": str(tmp_path / "wh"), **conf}
-    return matrix.resolve(conf, dag_run_id="manual__2026-12-02T20:30:05+00:00", run_after=WHEN)
+    return resolution.resolve(conf, dag_run_id="manual__2026-12-02T20:30:05+00:00", run_after=WHEN)
 
 
 # ------------------------------------------------------------------------------- the types
@@ -102,7 +102,7 @@ def test_records_cross_xcom_as_strings_and_reach_the_table_builder_as_datetimes(
     planned = matrix.plan(r, INFO)
     results = [result(prefill(started_at=WHEN)), result(decode(started_at=WHEN))]
     assert isinstance(results[0]["cell"]["started_at"], str)  # the cell task's XCom form
-    cells, _ = matrix.collect_cells(planned, results)
+    cells, _ = collect.collect_cells(planned, results)
     assert [c["started_at"] for c in cells] == [WHEN, WHEN]
 
     built = []
@@ -186,7 +186,7 @@ def test_run_cell_gives_the_record_the_planned_label_and_keeps_the_measured_toke
         "requests",
         "repeat",
     }
-    cells, _ = matrix.collect_cells(
+    cells, _ = collect.collect_cells(
         {"prefill": [], "decode": [planned], "over_capacity": []}, [out]
     )
     assert [(c["context_tokens"], c["status"]) for c in cells] == [(7000, "valid")]
@@ -296,10 +296,10 @@ def test_the_comparison_is_made_once_by_report_and_judged_by_regressions(wh, mon
 def test_a_comparison_of_an_earlier_landing_is_not_taken_for_this_one(wh, monkeypatch):
     resolved = {"run_id": "r1", "warehouse": wh.root}
     matrix.report(resolved, {"run_id": "r1"})
-    assert matrix.handed_on_comparison(wh, "r1").baseline["run_id"] == "r0"
+    assert handoff.handed_on_comparison(wh, "r1").baseline["run_id"] == "r0"
     run, cells, requests = wh.read_run("r1")
     wh.land_run(run, cells, requests)  # landed again (a retried or cleared land task)
-    assert matrix.handed_on_comparison(wh, "r1") is None
+    assert handoff.handed_on_comparison(wh, "r1") is None
     calls = []
     real = compare.compare_in_warehouse
     monkeypatch.setattr(
@@ -312,6 +312,6 @@ def test_a_comparison_of_an_earlier_landing_is_not_taken_for_this_one(wh, monkey
 def test_a_run_without_a_comparison_hands_on_that_there_is_none(wh):
     resolved = {"run_id": "r0", "warehouse": wh.root}
     matrix.report(resolved, {"run_id": "r0"})  # r0 is the first: no baseline
-    handed = matrix.handed_on_comparison(wh, "r0")
+    handed = handoff.handed_on_comparison(wh, "r0")
     assert handed is not None and handed.baseline is None and handed.rows == []
     assert matrix.regressions(resolved, {"run_id": "r0"})["baseline_run_id"] is None

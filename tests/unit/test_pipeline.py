@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix.flows import matrix
-from speedmatrix.flows.matrix import ResolveError
+from speedmatrix.flows import collect, matrix, resolution
+from speedmatrix.flows.resolution import ResolveError
 
 WHEN = dt.datetime(2026, 11, 29, 20, 30, 5, tzinfo=dt.UTC)
 SIM = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
@@ -17,7 +17,7 @@ CPU = "cpu/tiny/llama-tiny"
 
 
 def resolve(conf, run_id="manual__2026-11-29T20:30:05+00:00"):
-    return matrix.resolve(conf, dag_run_id=run_id, run_after=WHEN)
+    return resolution.resolve(conf, dag_run_id=run_id, run_after=WHEN)
 
 
 def test_resolve_uses_recipe_defaults_and_makes_readable_stable_ids():
@@ -64,7 +64,7 @@ def test_resolve_applies_overrides_and_trigger_from_run_id():
     assert (r["host"], r["warehouse"]) == ("gpu7", "/tmp/wh")
     # the recipe's workload (article) unless the conf says otherwise
     assert resolve({"recipe": CPU}, run_id="manual__x")["matrix"]["workload"] == "article"
-    assert matrix.trigger_of("commit__x__abc") == "commit"
+    assert resolution.trigger_of("commit__x__abc") == "commit"
 
 
 @pytest.mark.parametrize(
@@ -110,15 +110,15 @@ PLANNED = {
         for c in (1, 2)
     ],
     "over_capacity": [
-        matrix.failed_cell({"phase": "decode", "context_tokens": 512, "concurrency": 64}, "x")
+        collect.failed_cell({"phase": "decode", "context_tokens": 512, "concurrency": 64}, "x")
         | {"status": "over_capacity"}
     ],
 }
 
 
 def test_collect_cells_keeps_every_planned_cell_once_in_report_order():
-    measured = matrix.failed_cell(PLANNED["decode"][1], "stream disconnected")
-    cells, requests = matrix.collect_cells(
+    measured = collect.failed_cell(PLANNED["decode"][1], "stream disconnected")
+    cells, requests = collect.collect_cells(
         PLANNED, [{"cell": measured, "requests": [{"phase": "decode", "x": 1}]}, None]
     )
     assert [(c["phase"], c["concurrency"], c["status"]) for c in cells] == [
@@ -153,7 +153,7 @@ def test_the_workload_reaches_every_cell_and_the_load_generator(monkeypatch):
     server = {"base_url": "http://127.0.0.1:9", "loadgen": "/x/loadgen.pyz"}
     cfg = matrix._loadgen_config(r, server, planned["decode"][0])
     assert cfg.workload == "continuation"
-    assert matrix.failed_cell(planned["decode"][0], "x")["workload"] == "continuation"
+    assert collect.failed_cell(planned["decode"][0], "x")["workload"] == "continuation"
     sent: list[str] = []
 
     class FakeHost:

@@ -12,8 +12,8 @@ import pytest
 from speedmatrix.analysis.compare import regressions_check
 from speedmatrix.analysis.noise import NOISE_SCHEMA, NoiseModel, between_run_noise, noise_table
 from speedmatrix.cli import main
-from speedmatrix.flows import matrix
-from speedmatrix.flows.matrix import ResolveError
+from speedmatrix.flows import collect, matrix, resolution
+from speedmatrix.flows.resolution import ResolveError
 from speedmatrix.plan import (
     KvCapacity,
     MatrixSpec,
@@ -23,7 +23,7 @@ from speedmatrix.plan import (
     repeat_keys,
 )
 from speedmatrix.quality import validate_run
-from speedmatrix.records import empty_cell, parse_cell
+from speedmatrix.records import empty_cell, parse_cell, to_wire
 from speedmatrix.store.extra import cell_repeats_table, land_cell_repeats, land_extra, read_extra
 from speedmatrix.store.schemas import CELL_REPEATS_SCHEMA, EXTRA_TABLES, view_schema
 from speedmatrix.store.warehouse import Warehouse
@@ -152,7 +152,7 @@ def test_repeats_is_an_integer_from_1_to_10(bad):
 
 
 def resolve(conf):
-    return matrix.resolve(
+    return resolution.resolve(
         {"recipe": SIM, **conf}, dag_run_id="manual__2026-11-29T20:30:05+00:00", run_after=WHEN
     )
 
@@ -236,7 +236,7 @@ def prefill(ctx=8 * K, **over):
 
 
 def result(record, repeat=0, requests=()):
-    return {"cell": matrix._jsonable(record), "requests": list(requests), "repeat": repeat}
+    return {"cell": to_wire(record), "requests": list(requests), "repeat": repeat}
 
 
 def test_collect_splits_primaries_from_repeats_and_fails_the_missing():
@@ -253,14 +253,14 @@ def test_collect_splits_primaries_from_repeats_and_fails_the_missing():
         result(decode(c=2, scale=1.01), 1, requests=[{"phase": "decode", "request_index": 0}]),
         None,  # the third pass's task died
     ]
-    cells, requests = matrix.collect_cells(planned, results)
+    cells, requests = collect.collect_cells(planned, results)
     assert [(c["phase"], c["concurrency"], c["total_tok_s"]) for c in cells] == [
         ("prefill", 1, 6206.0),
         ("decode", 1, 54.9),
         ("decode", 2, 109.8),
     ]
     assert len(requests) == 1  # a repeat's requests are not kept
-    repeats = matrix.collect_repeats(planned, results)
+    repeats = collect.collect_repeats(planned, results)
     assert [(r["concurrency"], r["repeat"], r["status"]) for r in repeats] == [
         (2, 1, "valid"),
         (2, 2, "failed"),

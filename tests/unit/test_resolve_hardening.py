@@ -14,8 +14,8 @@ import shutil
 
 import pytest
 
-from speedmatrix.flows import matrix
-from speedmatrix.flows.matrix import ResolveError
+from speedmatrix.flows import resolution
+from speedmatrix.flows.resolution import ResolveError
 from speedmatrix.recipes import RECIPES_DIR, RecipeError, load_recipe_id
 
 WHEN = dt.datetime(2026, 11, 29, 20, 30, 5, tzinfo=dt.UTC)
@@ -24,7 +24,7 @@ CPU = "cpu/tiny/llama-tiny"
 
 
 def resolve(conf):
-    return matrix.resolve(conf, dag_run_id="manual__2026-11-29T20:30:05+00:00", run_after=WHEN)
+    return resolution.resolve(conf, dag_run_id="manual__2026-11-29T20:30:05+00:00", run_after=WHEN)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from speedmatrix.engine.provision import ProvisionError, WheelNotFound, plan_ins
 from speedmatrix.flows import triggers as T
 from speedmatrix.recipes import ENV_WHEEL_INDEX, load_recipe
 from speedmatrix.upstream import wheels
+from speedmatrix.upstream.schedule import CommitWatchConfig
 
 READY = "a" * 40  # the page lists a wheel (under the variant, as vLLM publishes cu130 builds)
 UPLOADING = "b" * 40  # the page exists but lists no wheel yet: HEAD said 200 all the same
@@ -101,7 +102,7 @@ def test_bisection_commit_watch_and_provisioning_agree(index, monkeypatch):
     assert recipe.engine.variant == "cu130"
     bisect_has = wheel_check(recipe)
     scheduled = T.ScheduledRecipe(recipe.id, wheel_index=index, variant=recipe.engine.variant)
-    watch_has = T.make_wheel_check(T.CommitWatchConfig().wheel_url, timeout_s=5)
+    watch_has = T.make_wheel_check(CommitWatchConfig().wheel_url, timeout_s=5)
     for commit, want in ((READY, True), (UPLOADING, False), (NO_VARIANT, False), (MISSING, False)):
         got = (
             _provisioning_accepts(recipe, commit),

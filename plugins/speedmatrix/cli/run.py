@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
 
 
 def _run(args: argparse.Namespace) -> int:
-    from speedmatrix.flows import matrix
+    from speedmatrix.flows import matrix, resolution
 
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -94,13 +94,13 @@ def _run(args: argparse.Namespace) -> int:
     conf, extra = _conf(args)
     now = dt.datetime.now(dt.UTC)
     try:
-        resolved = matrix.resolve(
+        resolved = resolution.resolve(
             conf,
             dag_run_id=f"cli__{now.strftime('%Y%m%dT%H%M%S%fZ')}",
             run_after=now,
             **extra,
         )
-    except matrix.ResolveError as exc:
+    except resolution.ResolveError as exc:
         raise CliError(str(exc)) from None
     if matrix.take_lease(resolved) is None:
         raise CliError(f"host {resolved['host']} is busy: another run holds its lease")

@@ -1,5 +1,10 @@
 """The speed_matrix DAG's task bodies, as plain functions of plain (JSON-able) values.
 
+One job, the steps of a run in order (hence its length: one short function per task, the host
+and server steps included). What a step needs beyond that lives beside it: `resolve` in
+flows/resolution.py, pairing cell results with the plan in flows/collect.py, the comparison
+handed from `report` to `regressions` in flows/handoff.py.
+
 Why plain functions: the DAG file stays orchestration only, and every step is tested without
 Airflow (tests/unit/test_pipeline*.py) and reused by scripts and the overhead benchmark.
 Everything passed between steps is a small dict that survives XCom: `resolved` (what the run
@@ -22,7 +27,6 @@ plan -> prefill cells -> decode cells -> teardown (stop + release) ; validate ->
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
 import os
@@ -32,166 +36,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from speedmatrix import __version__
-from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost, holder_id
+from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost
+from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cell
+from speedmatrix.flows.handoff import compare_run, hand_on_comparison, handed_on_comparison
+from speedmatrix.flows.resolution import DAG_ID
 from speedmatrix.flows.resolved import Resolved
-from speedmatrix.plan import KvCapacity, MatrixSpec, check_matrix, ordered_cells, plan_matrix
+from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 from speedmatrix.quality import run_status
 from speedmatrix.records import (
-    CELL_FIELDS,
     REQUEST_FIELDS,
     RUN_FIELDS,
     CellRecord,
-    Field,
-    cell_name,
     context_label,
-    empty_cell,
     from_wire,
     to_wire,
 )
 
 log = logging.getLogger("speedmatrix.pipeline")
 
-DAG_ID = "speed_matrix"
 HEALTH_TIMEOUT_S = 10.0
-_CELL_NAMES = {f.name for f in CELL_FIELDS}
-_REQUEST_NAMES = {f.name for f in REQUEST_FIELDS}
-
-
-class ResolveError(ValueError):
-    """The conf cannot become a run (unknown recipe, bad ref, impossible matrix)."""
-
-
-# ------------------------------------------------------------------------------------ resolve
-
-
-def trigger_of(dag_run_id: str) -> str:
-    """nightly / commit from the trigger DAGs' run ids (`nightly__…`, `commit__…`), else manual."""
-    for trigger in ("nightly", "commit"):
-        if dag_run_id.startswith(f"{trigger}__"):
-            return trigger
-    return "manual"
-
-
-def make_run_id(recipe_id: str, ref: str, trigger: str, when: dt.datetime) -> str:
-    """Stable and readable: `<recipe with ~ for />__<ref slug>__<trigger>__<UTC stamp>`."""
-    from speedmatrix.recipes import ref_slug
-
-    stamp = when.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return f"{recipe_id.replace('/', '~')}__{ref_slug(ref)}__{trigger}__{stamp}"
-
-
-def _override(conf: Mapping[str, Any], key: str, default: Any) -> Any:
-    value = conf.get(key)
-    return default if value is None or value == [] else value
-
-
-def resolve(
-    conf: Mapping[str, Any],
-    *,
-    dag_run_id: str,
-    run_after: dt.datetime,
-    dag_id: str = DAG_ID,
-    recipe: Any = None,
-    base_url: str | None = None,
-    source: str | None = None,
-) -> Resolved:
-    """Check the conf against the recipe and fix everything the run needs, touching no host.
-
-    Raises ResolveError naming every problem (unknown recipe, bad ref, impossible matrix).
-    `recipe`, `base_url` and `source` are for `speedmatrix run` only (never a conf's: a URL
-    is trusted from the command line, not from a run's conf): a recipe made in memory for a
-    server already running at `base_url`, which `setup` then neither provisions nor starts
-    and `teardown` never stops; `source` names the run's origin in the runs row.
-    """
-    from speedmatrix.flows.runconf import conf_problems
-    from speedmatrix.recipes import RecipeError, classify_ref, load_recipe_id
-
-    recipe_name = conf.get("recipe")
-    if not recipe_name:
-        raise ResolveError("conf must name a recipe, e.g. {'recipe': 'cpu/tiny/llama-tiny'}")
-    if problems := conf_problems(conf):
-        raise ResolveError("bad conf: " + "; ".join(problems))
-    given = recipe
-    try:
-        recipe = given or load_recipe_id(recipe_name)
-    except (RecipeError, FileNotFoundError) as exc:
-        raise ResolveError(f"recipe {recipe_name!r} cannot be used: {exc}") from exc
-    ref = str(_override(conf, "engine_ref", recipe.engine.ref))
-    try:
-        classify_ref(ref)
-    except ValueError as exc:
-        raise ResolveError(str(exc)) from exc
-    m = recipe.matrix
-    try:
-        spec = MatrixSpec.build(
-            prefill_contexts=_override(conf, "prefill_contexts", m.prefill_contexts),
-            contexts=_override(conf, "contexts", m.contexts),
-            concurrencies=_override(conf, "concurrencies", m.concurrencies),
-            max_output_tokens=_override(conf, "max_output_tokens", m.max_output_tokens),
-            window_s=_override(conf, "duration_s", m.window_s),
-            prompt_mode=_override(conf, "prompt_mode", m.prompt_mode),
-            workload=_override(conf, "workload", m.workload),
-        )
-        check_matrix(spec, recipe.model.max_model_len)
-    except ValueError as exc:
-        raise ResolveError(f"recipe {recipe.id}: {exc}") from exc
-    repeats, repeat_cells = _repeats(conf, m, spec)
-    trigger = trigger_of(dag_run_id)
-    run_id = make_run_id(recipe.id, ref, trigger, run_after)
-    host = str(_override(conf, "ssh_conn_id", recipe.schedule.host or "local"))
-    return {
-        "run_id": run_id,
-        "dag_run_id": dag_run_id,
-        "recipe_id": recipe.id,
-        "engine_ref": ref,
-        "trigger": trigger,
-        "host": host,
-        "warehouse": conf.get("warehouse") or None,
-        "host_home": conf.get("host_home") or None,
-        "holder": holder_id(dag_id, dag_run_id),
-        "run_tag": hashlib.sha1(f"{run_id}|{dag_run_id}".encode()).hexdigest()[:10],
-        "served_model": recipe.model.served_name,
-        "api_key_env": recipe.serve.api_key_secret if recipe.has_api_key else None,
-        "port": conf.get("port"),
-        "started_at": dt.datetime.now(dt.UTC).isoformat(),
-        "matrix": {
-            "prefill_contexts": list(spec.prefill_contexts),
-            "contexts": list(spec.contexts),
-            "concurrencies": list(spec.concurrencies),
-            "max_output_tokens": spec.max_output_tokens,
-            "window_s": spec.window_s,
-            "prompt_mode": spec.prompt_mode,
-            "workload": spec.workload,
-        },
-        "repeats": repeats,
-        "repeat_cells": repeat_cells,
-        # speedmatrix run only: the server already running, its in-memory recipe, the origin
-        "base_url": base_url,
-        "recipe": given.model_dump(mode="json") if given is not None else None,
-        "source": source,
-    }
-
-
-def _repeats(conf: Mapping[str, Any], m: Any, spec: MatrixSpec) -> tuple[int, list[str] | None]:
-    """(repeats, the canonical names of the cells to repeat or None for all), checked against
-    the matrix now so that a typo fails before a host is touched."""
-    from speedmatrix.plan import PlanError, check_repeats, repeat_keys
-
-    named = conf.get("repeat_cells")
-    try:
-        repeats = check_repeats(
-            conf.get("repeats") if conf.get("repeats") is not None else m.repeats
-        )
-        if named is not None and repeats < 2:
-            raise PlanError(
-                "repeat_cells names cells to repeat but repeats is 1: set repeats to 2 or more"
-            )
-        keys = repeat_keys(spec, named if named is not None else m.repeat_cells)
-    except PlanError as exc:
-        raise ResolveError(str(exc)) from exc
-    if repeats < 2:
-        return 1, None
-    return repeats, None if keys is None else [cell_name(*k) for k in keys]
 
 
 def _recipe(resolved: Resolved):
@@ -484,29 +347,6 @@ def plan(resolved: Resolved, info: Mapping[str, Any]) -> dict[str, list[dict]]:
 # ------------------------------------------------------------------------------------- cells
 
 
-def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> CellRecord:
-    """A planned cell recorded as `failed` with its reason (nothing measured)."""
-    phase = cell["phase"]
-    return empty_cell(
-        phase=phase,
-        context_tokens=int(cell["context_tokens"]),
-        context_label=context_label(int(cell["context_tokens"])),
-        concurrency=int(cell["concurrency"]),
-        status="failed",
-        error=reason,
-        max_output_tokens=cell.get("max_output_tokens"),
-        window_s=cell.get("window_s"),
-        prompt_mode=cell.get("prompt_mode"),
-        workload=cell.get("workload"),
-        **values,
-    )
-
-
-def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A cell record's XCom form (records.to_wire: its timestamps as ISO strings)."""
-    return to_wire(row)
-
-
 def server_health(resolved: Resolved, server: Mapping[str, Any]) -> str | None:
     """None when GET /health answers 200 within HEALTH_TIMEOUT_S, else why not (one line)."""
     url = server["base_url"].rstrip("/") + "/health"
@@ -557,17 +397,17 @@ def _run_cell(
         lease.renew()
     except LeaseLost as exc:
         return {
-            "cell": _jsonable(failed_cell(cell, str(exc), started_at=started_at)),
+            "cell": to_wire(failed_cell(cell, str(exc), started_at=started_at)),
             "requests": [],
         }
     except Exception as exc:
         reason = f"host {resolved['host']} unreachable before the cell: {exc}"
-        return {"cell": _jsonable(failed_cell(cell, reason, started_at=started_at)), "requests": []}
+        return {"cell": to_wire(failed_cell(cell, reason, started_at=started_at)), "requests": []}
     why = server_health(resolved, server)
     if why:
         reason = f"server not healthy before the cell: {why}"
         log.error("%s: %s", cell.get("label"), reason)
-        return {"cell": _jsonable(failed_cell(cell, reason, started_at=started_at)), "requests": []}
+        return {"cell": to_wire(failed_cell(cell, reason, started_at=started_at)), "requests": []}
     with lease.renewing() as renewer:
         try:
             record, rows = measure(resolved, server, cell)
@@ -714,102 +554,6 @@ def _measure_remote(resolved, server, cell, cfg) -> tuple[CellRecord, list[dict[
 
 
 # ---------------------------------------------------------------------------- validate, land
-
-
-def _results(
-    results: Sequence[Mapping[str, Any] | None], repeats: bool
-) -> list[tuple[int, CellRecord, list[dict]]]:
-    """(pass, cell record, request rows) of each cell task's XCom result, read back from its
-    wire form (records.from_wire): primaries, or with `repeats` the later passes."""
-    out = []
-    for res in results:
-        if not res or not res.get("cell") or bool(res.get("repeat")) != repeats:
-            continue
-        rows = [from_wire(r, REQUEST_FIELDS) for r in res.get("requests") or []]
-        out.append((int(res.get("repeat") or 0), from_wire(res["cell"]), rows))  # type: ignore[arg-type]
-    return out
-
-
-def _pair(
-    planned: Sequence[Mapping[str, Any]], got: list[tuple[int, CellRecord, list[dict]]]
-) -> list[tuple[Mapping[str, Any], tuple[int, CellRecord, list[dict]] | None]]:
-    """Each planned cell with its result, or None. A result is its planned cell's by the exact
-    key (phase, context tokens, concurrency, pass), else, when the server confirmed another
-    prompt length than planned (8,176 tokens for 8K), by the planned label run_cell gave it:
-    the record keeps its measured tokens, never the planned ones."""
-    left = list(got)
-
-    def take(match) -> tuple[int, CellRecord, list[dict]] | None:
-        for i, item in enumerate(left):
-            if match(item):
-                return left.pop(i)
-        return None
-
-    def ident(p: Mapping[str, Any]) -> tuple[str, int, int]:
-        return str(p["phase"]), int(p["concurrency"]), int(p.get("repeat") or 0)
-
-    found = [
-        take(
-            lambda r, p=p: (
-                (r[1]["phase"], int(r[1]["concurrency"]), r[0]) == ident(p)
-                and int(r[1]["context_tokens"]) == int(p["context_tokens"])
-            )
-        )
-        for p in planned
-    ]
-    for i, p in enumerate(planned):
-        if found[i] is None:
-            label = context_label(int(p["context_tokens"]))
-            found[i] = take(
-                lambda r, p=p, label=label: (
-                    (r[1]["phase"], int(r[1]["concurrency"]), r[0]) == ident(p)
-                    and r[1].get("context_label") == label
-                )
-            )
-    return list(zip(planned, found, strict=True))
-
-
-def collect_cells(
-    planned: Mapping[str, Sequence[dict]] | None, results: Sequence[Mapping[str, Any] | None]
-) -> tuple[list[CellRecord], list[dict]]:
-    """Every planned cell exactly once, in report order: measured records, over-capacity
-    records, and `failed` for a planned cell whose task left no result (it crashed).
-    Records come back from their XCom form with datetimes (records.from_wire); a request row
-    carries its cell's context_tokens (the measured count, the cells table's key)."""
-    planned = planned or {"prefill": [], "decode": [], "over_capacity": []}
-    primaries = [p for p in [*planned["prefill"], *planned["decode"]] if not p.get("repeat")]
-    cells: list[CellRecord] = [from_wire(c) for c in planned["over_capacity"]]  # type: ignore[misc]
-    requests: list[dict] = []
-    for p, res in _pair(primaries, _results(results, repeats=False)):
-        if res is None:
-            cells.append(failed_cell(p, "the cell's task ended without a result"))
-            continue
-        _, cell, rows = res
-        cells.append(cell)
-        requests += [{**r, "context_tokens": cell["context_tokens"]} for r in rows]
-    return ordered_cells(cells), requests
-
-
-def collect_repeats(
-    planned: Mapping[str, Sequence[dict]] | None, results: Sequence[Mapping[str, Any] | None]
-) -> list[dict]:
-    """Every planned repeat (pass >= 1) exactly once, as its cell record plus `repeat`, in pass
-    then report order; `failed` for a repeat whose task left no result. Their requests are
-    not kept: the requests table holds one set per cell, and a repeat is only there to give
-    the between-run spread of the cell's figures."""
-    planned = planned or {"prefill": [], "decode": []}
-    later = [
-        p for p in [*planned.get("prefill", []), *planned.get("decode", [])] if p.get("repeat")
-    ]
-    out = []
-    for p, res in _pair(later, _results(results, repeats=True)):
-        cell = failed_cell(p, "the cell's task ended without a result") if res is None else res[1]
-        out.append({**cell, "repeat": int(p["repeat"])})
-    rank = {"prefill": 0, "decode": 1}
-    return sorted(
-        out,
-        key=lambda c: (c["repeat"], rank.get(c["phase"], 2), c["context_tokens"], c["concurrency"]),
-    )
 
 
 def run_row(
@@ -965,7 +709,7 @@ def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
     from speedmatrix.report.render import render_markdown
 
     wh = warehouse_of(resolved)
-    result = _compare(wh, resolved["run_id"])
+    result = compare_run(wh, resolved["run_id"])
     hand_on_comparison(wh, resolved["run_id"], result)
     # the baseline the `regressions` task judges against, and its noise-aware verdicts
     data = load_run_page(wh, resolved["run_id"], result=result, compare=result is not None)
@@ -979,86 +723,6 @@ def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
     }
     log.info("report: %s (html: %s)", paths["md"], paths["html"])
     return paths
-
-
-COMPARISON_HANDOFF = "comparison"
-"""The run's artifacts folder where `report` leaves the comparison for `regressions`:
-rows.parquet and noise.parquet (the comparisons / noise tables' schemas: typed, timestamps
-included) and meta.json (the baseline, and the run's landed_at the comparison was made of)."""
-
-
-def _compare(wh: Any, run_id: str):
-    """The run's comparison (speedmatrix.analysis.compare.compare_in_warehouse), or None,
-    logged, when it cannot be made: the report is written anyway and `regressions`, finding
-    no comparison handed on, makes it again and fails where it belongs."""
-    from speedmatrix.analysis.compare import compare_in_warehouse
-
-    try:
-        return compare_in_warehouse(wh, run_id)
-    except Exception as exc:
-        log.warning("no comparison in the report of %s: %s", run_id, exc)
-        return None
-
-
-def hand_on_comparison(wh: Any, run_id: str, result: Any) -> None:
-    """Leave the comparison made by `report` for `regressions` (see COMPARISON_HANDOFF);
-    None leaves a marker saying there is none, so a comparison of an earlier landing of the
-    run is never taken for this one's."""
-    import io
-
-    import pyarrow.parquet as pq
-
-    from speedmatrix.analysis.noise import noise_table
-    from speedmatrix.analysis.verdict import comparisons_table
-
-    meta: dict[str, Any] = {"made": result is not None}
-    if result is not None:
-        for name, table in (
-            ("rows", comparisons_table(result.rows)),
-            ("noise", noise_table(result.noise)),
-        ):
-            buf = io.BytesIO()
-            pq.write_table(table, buf)
-            wh.write_artifact(run_id, f"{COMPARISON_HANDOFF}/{name}.parquet", buf.getvalue())
-        meta.update(
-            baseline_run_id=(result.baseline or {}).get("run_id"),
-            landed_at=result.run.get("landed_at"),
-        )
-    # last: a reader finds the meta of this landing only once its tables are written
-    wh.write_artifact(
-        run_id, f"{COMPARISON_HANDOFF}/meta.json", json.dumps(to_wire(meta, [_LANDED_AT]))
-    )
-
-
-_LANDED_AT = Field("landed_at", "timestamp", True, "the landing a comparison was made of")
-
-
-def handed_on_comparison(wh: Any, run_id: str):
-    """The comparison `report` made of this landing of the run (a ComparisonResult), or None
-    when there is none to take: not made, not found, or made of an earlier landing."""
-    import io
-
-    import pyarrow.parquet as pq
-
-    from speedmatrix.analysis.compare import ComparisonResult
-
-    try:
-        raw = json.loads(wh.read_artifact(run_id, f"{COMPARISON_HANDOFF}/meta.json"))
-        meta = from_wire(raw, [_LANDED_AT])
-        run, _, _ = wh.read_run(run_id)
-    except (OSError, KeyError, ValueError):
-        return None
-    if not meta.get("made") or meta.get("landed_at") != run.get("landed_at"):
-        return None
-    tables = {
-        name: pq.read_table(
-            io.BytesIO(wh.read_artifact(run_id, f"{COMPARISON_HANDOFF}/{name}.parquet"))
-        ).to_pylist()
-        for name in ("rows", "noise")
-    }
-    base = meta.get("baseline_run_id")
-    baseline = wh.read_run(base)[0] if base else None
-    return ComparisonResult(run, baseline, tables["rows"], tables["noise"])
 
 
 def regressions(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def summary_from_context(context: Any, settings: notify.NotifySettings) -> notif
     and a DAG callback cannot rely on XCom), and what it found."""
     # flows.matrix loads the engine, GX and the warehouse: only a DAG callback that fires pays
     # for it, not every DAG file that builds a notifier at parse time
-    from speedmatrix.flows import matrix
+    from speedmatrix.flows import matrix, resolution
 
     dag_run = context.get("dag_run")
     ti = context.get("ti")
@@ -61,7 +61,7 @@ def summary_from_context(context: Any, settings: notify.NotifySettings) -> notif
     params = dict(context.get("params") or {})
     params.update(getattr(dag_run, "conf", None) or {})
     try:
-        resolved = matrix.resolve(params, dag_run_id=dag_run_id, run_after=dag_run.run_after)
+        resolved = resolution.resolve(params, dag_run_id=dag_run_id, run_after=dag_run.run_after)
     except Exception as exc:
         return notify.RunSummary(
             run_id=None,

@@ -25,7 +25,7 @@ class MatrixConf(TypedDict):
 
 
 class Resolved(TypedDict):
-    """What a run is, fixed by `flows.matrix.resolve` before anything touches a host."""
+    """What a run is, fixed by `flows.resolution.resolve` before anything touches a host."""
 
     run_id: str  # stable, readable: recipe__ref__trigger__UTC stamp (make_run_id)
     dag_run_id: str

@@ -1,0 +1,96 @@
+"""The run's comparison, made once by `report` and handed on to `regressions`.
+
+Why a hand-off: comparing a run with its baseline reads history and computes noise; the page
+and the verdict must be of one comparison. `report` makes it and writes it next to the run's
+artifacts (typed Parquet, not XCom: it can be large); `regressions` reads it back when it is of
+the same landing of the run, else makes it again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from speedmatrix.records import Field, from_wire, to_wire
+
+log = logging.getLogger("speedmatrix.pipeline")
+
+COMPARISON_HANDOFF = "comparison"
+"""The run's artifacts folder where `report` leaves the comparison for `regressions`:
+rows.parquet and noise.parquet (the comparisons / noise tables' schemas: typed, timestamps
+included) and meta.json (the baseline, and the run's landed_at the comparison was made of)."""
+
+
+def compare_run(wh: Any, run_id: str):
+    """The run's comparison (speedmatrix.analysis.compare.compare_in_warehouse), or None,
+    logged, when it cannot be made: the report is written anyway and `regressions`, finding
+    no comparison handed on, makes it again and fails where it belongs."""
+    from speedmatrix.analysis.compare import compare_in_warehouse
+
+    try:
+        return compare_in_warehouse(wh, run_id)
+    except Exception as exc:
+        log.warning("no comparison in the report of %s: %s", run_id, exc)
+        return None
+
+
+def hand_on_comparison(wh: Any, run_id: str, result: Any) -> None:
+    """Leave the comparison made by `report` for `regressions` (see COMPARISON_HANDOFF);
+    None leaves a marker saying there is none, so a comparison of an earlier landing of the
+    run is never taken for this one's."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from speedmatrix.analysis.noise import noise_table
+    from speedmatrix.analysis.verdict import comparisons_table
+
+    meta: dict[str, Any] = {"made": result is not None}
+    if result is not None:
+        for name, table in (
+            ("rows", comparisons_table(result.rows)),
+            ("noise", noise_table(result.noise)),
+        ):
+            buf = io.BytesIO()
+            pq.write_table(table, buf)
+            wh.write_artifact(run_id, f"{COMPARISON_HANDOFF}/{name}.parquet", buf.getvalue())
+        meta.update(
+            baseline_run_id=(result.baseline or {}).get("run_id"),
+            landed_at=result.run.get("landed_at"),
+        )
+    # last: a reader finds the meta of this landing only once its tables are written
+    wh.write_artifact(
+        run_id, f"{COMPARISON_HANDOFF}/meta.json", json.dumps(to_wire(meta, [_LANDED_AT]))
+    )
+
+
+_LANDED_AT = Field("landed_at", "timestamp", True, "the landing a comparison was made of")
+
+
+def handed_on_comparison(wh: Any, run_id: str):
+    """The comparison `report` made of this landing of the run (a ComparisonResult), or None
+    when there is none to take: not made, not found, or made of an earlier landing."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from speedmatrix.analysis.compare import ComparisonResult
+
+    try:
+        raw = json.loads(wh.read_artifact(run_id, f"{COMPARISON_HANDOFF}/meta.json"))
+        meta = from_wire(raw, [_LANDED_AT])
+        run, _, _ = wh.read_run(run_id)
+    except (OSError, KeyError, ValueError):
+        return None
+    if not meta.get("made") or meta.get("landed_at") != run.get("landed_at"):
+        return None
+    tables = {
+        name: pq.read_table(
+            io.BytesIO(wh.read_artifact(run_id, f"{COMPARISON_HANDOFF}/{name}.parquet"))
+        ).to_pylist()
+        for name in ("rows", "noise")
+    }
+    base = meta.get("baseline_run_id")
+    baseline = wh.read_run(base)[0] if base else None
+    return ComparisonResult(run, baseline, tables["rows"], tables["noise"])
