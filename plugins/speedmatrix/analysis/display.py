@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from speedmatrix.analysis.verdict import VERDICTS, _fmt, _num
+from speedmatrix.analysis.verdict import VERDICTS, _fmt, number
 from speedmatrix.records import cell_name
 
 _VERDICT_MARK = {"regression": "▼ regression", "improvement": "▲ improvement"}
@@ -32,8 +32,8 @@ def display_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
     """Rows as short strings, the columns `compare` prints and the report's section shows."""
     out = []
     for r in rows:
-        change, noise = _num(r.get("change_pct")), _num(r.get("noise_pct"))
-        thr = _num(r.get("threshold_pct"))
+        change, noise = number(r.get("change_pct")), number(r.get("noise_pct"))
+        thr = number(r.get("threshold_pct"))
         out.append(
             {
                 "Cell": cell_name(

@@ -67,8 +67,10 @@ KV_METRIC = Metric("kv_cache_tokens", "kv_cache_tokens", ("run",), True, "KV cac
 STATUS_METRIC = "status"
 
 
-def _num(value: Any) -> float | None:
-    if value is None:
+def number(value: Any) -> float | None:
+    """A finite float of a stored figure, else None (null, NaN, text, a bool): the one reading
+    of a comparison value the verdict, the display, the page summary and the alert share."""
+    if value is None or isinstance(value, bool):
         return None
     try:
         out = float(value)
@@ -135,7 +137,7 @@ def _within(
         key = cell_key(dict(zip(CELL_KEY, key, strict=True)))
         cell = cells.get(key)
         if cell is not None and cell.get("status") == "valid":
-            out[key] = within_window(group, _num(cell.get("measured_s")))
+            out[key] = within_window(group, number(cell.get("measured_s")))
     return out
 
 
@@ -183,7 +185,7 @@ def compare_runs(
         row.update(values)
         rows.append(row)
 
-    kv_new, kv_old = _num(run.get("kv_cache_tokens")), _num(baseline_run.get("kv_cache_tokens"))
+    kv_new, kv_old = number(run.get("kv_cache_tokens")), number(baseline_run.get("kv_cache_tokens"))
     kv_note = ""
     if kv_new is not None and kv_old is not None:
         t = _threshold_for(threshold, KV_METRIC.name)
@@ -243,7 +245,7 @@ def compare_runs(
         for metric in METRICS:
             if phase not in metric.phases:
                 continue
-            va, vb = _num(a.get(metric.column)), _num(b.get(metric.column))
+            va, vb = number(a.get(metric.column)), number(b.get(metric.column))
             if va is None and vb is None:
                 continue
             t = _threshold_for(threshold, metric.name)
@@ -313,7 +315,7 @@ def _resolution(cell: Mapping[str, Any], metric: Metric) -> float:
     keeps a cell whose bootstrap and history happen to show no spread from claiming zero noise."""
     if cell.get("phase") != "decode":
         return 0.0
-    tokens, conc = _num(cell.get("output_tokens")), _num(cell.get("concurrency"))
+    tokens, conc = number(cell.get("output_tokens")), number(cell.get("concurrency"))
     return conc / tokens if tokens and conc else 0.0
 
 
@@ -372,7 +374,7 @@ def compare_url(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> str | No
 
 
 def _fmt(value: Any) -> str:
-    v = _num(value)
+    v = number(value)
     if v is None:
         return "—"
     return f"{v:,.1f}" if abs(v) < 1e5 else f"{v:,.0f}"

@@ -142,21 +142,11 @@ def _conf(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the speed_matrix conf, resolve's keywords for a server already running)."""
     if bool(args.recipe) == bool(args.base_url):
         raise CliError("name a RECIPE, or a server already running with --base-url and --model")
+    from speedmatrix.flows.runconf import CONF_KEYS
+
+    # the conf keys this command takes as options (recipe and host are set below)
     conf: dict[str, Any] = {
-        key: value
-        for key in (
-            "contexts",
-            "concurrencies",
-            "prefill_contexts",
-            "duration_s",
-            "max_output_tokens",
-            "prompt_mode",
-            "workload",
-            "engine_ref",
-            "warehouse",
-            "port",
-        )
-        if (value := getattr(args, key)) is not None
+        key: value for key in CONF_KEYS if (value := getattr(args, key, None)) is not None
     }
     conf["ssh_conn_id"] = "local"
     if args.recipe:

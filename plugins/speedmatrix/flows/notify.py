@@ -157,11 +157,11 @@ def _cell(r: Mapping[str, Any]) -> str:
 
 
 def _change_line(r: Mapping[str, Any]) -> str:
-    from speedmatrix.analysis.verdict import STATUS_METRIC, _fmt, _num
+    from speedmatrix.analysis.verdict import STATUS_METRIC, _fmt, number
 
     if r.get("metric") == STATUS_METRIC:
         return f"{_cell(r)}: {r.get('reason') or r.get('status')}"
-    pct = _num(r.get("change_pct"))
+    pct = number(r.get("change_pct"))
     change = f"{pct:+.1f}%" if pct is not None else "—"
     return (
         f"{_cell(r)} {r.get('metric')}: {_fmt(r.get('baseline_value'))} -> "

@@ -9,12 +9,11 @@ not measure (invalid, failed) with their reasons. The numbers are the noise-awar
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedmatrix.analysis.verdict import KV_METRIC, METRIC_BY_NAME, STATUS_METRIC
+from speedmatrix.analysis.verdict import KV_METRIC, METRIC_BY_NAME, STATUS_METRIC, number
 from speedmatrix.records import cell_name
 from speedmatrix.report import formats as F
 from speedmatrix.report import palette
@@ -23,18 +22,8 @@ _ORDER = {"regression": 0, "improvement": 1}
 PROBLEM_STATUSES = ("invalid", "failed")
 
 
-def _num(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
 def _value(v: Any) -> str:
-    x = _num(v)
+    x = number(v)
     if x is None:
         return F.DASH
     return f"{x:,.1f}" if abs(x) < 1e5 else f"{x:,.0f}"
@@ -120,7 +109,7 @@ def _change(row: Mapping[str, Any]) -> Change:
         row.get("context_label") or row.get("context_tokens"),
         row.get("concurrency"),
     )
-    change, noise, thr = (_num(row.get(k)) for k in ("change_pct", "noise_pct", "threshold_pct"))
+    change, noise, thr = (number(row.get(k)) for k in ("change_pct", "noise_pct", "threshold_pct"))
     higher = row.get("higher_is_better")
     better = None
     if change is not None:
