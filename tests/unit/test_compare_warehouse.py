@@ -186,32 +186,30 @@ def test_trend_command(wh, capsys, tmp_path):
     assert main(["trend", "--recipe", "sim/wh-test", "--cell", "64K", "--warehouse", wh.root]) == 2
 
 
-def test_report_comparison_gives_the_report_its_baseline_and_verdicts(wh):
-    from speedmatrix.analysis.compare import ReportComparison, report_comparison
+def test_the_run_page_gets_its_baseline_verdicts_and_figures(wh):
     from speedmatrix.report.page import load_run_page
     from speedmatrix.report.render import render_html, render_markdown
 
-    cmp = report_comparison(wh, "r2")
-    baseline, section = cmp.baseline, cmp.markdown
+    data = load_run_page(wh, "r2")
+    baseline, section = data.baseline, data.markdown
     assert baseline[0]["run_id"] == "r1" and len(baseline[1]) == 4
     assert section.startswith("## Comparison") and "▼ regression" in section and "64Kx2" in section
-    assert cmp.counts["regression"] >= 1
-    assert any(v["Cell"] == "64Kx2" and "regression" in v["Verdict"] for v in cmp.verdicts)
-    assert cmp.figures == []  # analysis does not draw: the run page's loader does
-    data = load_run_page(wh, "r2")
-    assert data.baseline[0]["run_id"] == "r1" and data.verdicts == cmp.verdicts
+    assert any(r["verdict"] == "regression" for r in data.rows)
+    assert any(v["Cell"] == "64Kx2" and "regression" in v["Verdict"] for v in data.verdicts)
     # the diff heat map and the regressed cell's trend over commits, inline SVG
     ids = [f["id"] for f in data.figures]
     assert ids[0] == "diff-heatmap" and "trend-64Kx2" in ids
     assert all(f["svg"].startswith("<svg") for f in data.figures)
     run, cells, _ = wh.read_run("r2")
     assert "Change against baseline r1" in render_markdown(run, cells, baseline)
-    page = render_html(run, cells, baseline, verdicts=cmp.verdicts, figures=data.figures)
+    page = render_html(run, cells, baseline, verdicts=data.verdicts, figures=data.figures)
     assert "r1" in page and "Verdicts beyond noise" in page
     assert 'id="diff-heatmap"' in page and 'id="trend-64Kx2"' in page
     assert "<?xml" not in page
-    assert report_comparison(wh, "r0") == ReportComparison()
-    assert report_comparison(wh, "missing") == ReportComparison()  # logged, not raised
+    first = load_run_page(wh, "r0")  # no earlier run: no baseline, no verdicts
+    assert first.baseline is None and first.rows is None and not first.verdicts
+    with pytest.raises(KeyError):
+        load_run_page(wh, "missing")
 
 
 def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from speedmatrix.analysis import bisection
 from speedmatrix.analysis.baseline import read_history, recipe_threshold, select_baseline
 from speedmatrix.analysis.display import (
     comparison_markdown,
-    display_rows,
-    notable,
     verdict_counts,
 )
 from speedmatrix.analysis.noise import noise_rows, noise_table
@@ -130,47 +128,6 @@ def regressions_check(
         "counts": verdict_counts(result.rows),
         "regressions": 0,
     }
-
-
-@dataclass
-class ReportComparison:
-    """What the report shows of the comparison with the baseline.
-
-    `baseline` is `(run, cells)` for render_markdown / render_html's "Change against baseline"
-    table; `markdown` is this module's verdict section; `verdicts` the same rows for the HTML
-    (display_rows of the notable cells); `figures` stays empty here: the charts are drawn by
-    speedmatrix.report (report.page.load_run_page), analysis does not draw."""
-
-    baseline: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
-    markdown: str = ""
-    verdicts: list[dict[str, str]] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-    figures: list[dict[str, str]] = field(default_factory=list)
-
-
-def report_comparison(
-    warehouse: Any, run_id: str, result: ComparisonResult | None = None
-) -> ReportComparison:
-    """The report's view of the comparison; empty without a baseline. `result`: the run's
-    comparison already made (the report task makes it once and hands it on to `regressions`).
-
-    A comparison that cannot be made is logged, not raised: the report must still be written,
-    and the `regressions` task that follows raises the same error where it belongs."""
-    try:
-        if result is None:
-            result = compare_in_warehouse(warehouse, run_id, with_noise=False)
-        if result.baseline is None:
-            return ReportComparison()
-        _, base_cells, _ = warehouse.read_run(result.baseline["run_id"])
-    except Exception as exc:
-        log.warning("no comparison in the report of %s: %s", run_id, exc)
-        return ReportComparison()
-    return ReportComparison(
-        baseline=(result.baseline, base_cells),
-        markdown=comparison_markdown(result.rows, result.run, result.baseline),
-        verdicts=display_rows(notable(result.rows)),
-        counts=verdict_counts(result.rows),
-    )
 
 
 def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str] | None:
