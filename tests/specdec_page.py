@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from speedmatrix.report.parse import parse_report
+from speedmatrix.published.parse import parse_report
 from speedmatrix.report.render import render_markdown
 from speedmatrix.sim.predict import predict_matrix
 from speedmatrix.sim.profile import Profile

@@ -315,7 +315,7 @@ def test_replay_of_the_reference_matrix_within_5_percent() -> None:
     """
     # both ship with the project: missing is a failure, never a skip
     assert REFERENCE_PROFILE.exists() and REFERENCE_REPORT.exists()
-    from speedmatrix.report.parse import parse_report
+    from speedmatrix.published.parse import parse_report
     from speedmatrix.sim.profile import load_profile
 
     profile = load_profile(str(REFERENCE_PROFILE))
@@ -478,7 +478,7 @@ def test_replay_of_a_speculative_decoding_page_within_5_percent(tmp_path: Path) 
     """
     from specdec_page import WINDOW_S, calibrated, spec_page
 
-    from speedmatrix.report.parse import parse_report
+    from speedmatrix.published.parse import parse_report
     from speedmatrix.sim.predict import predict_decode
     from speedmatrix.sim.profile import save_profile
 

@@ -9,8 +9,8 @@ import pytest
 
 from speedmatrix.loadgen.cli import parse_tokens as loadgen_tokens
 from speedmatrix.plan import MatrixSpec, PlanError
+from speedmatrix.published import parse as report_parse
 from speedmatrix.records import context_label, parse_context
-from speedmatrix.report import parse as report_parse
 
 REFERENCE_LABELS = ("8K", "16K", "32K", "64K", "128K", "251K", "256K")
 

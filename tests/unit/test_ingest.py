@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedmatrix.report.parse import parse_report
+from speedmatrix.published.parse import parse_report
 from speedmatrix.store.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]

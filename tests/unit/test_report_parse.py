@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from speedmatrix.published.parse import ReportParseError, parse_report
 from speedmatrix.records import CELL_FIELDS, RUN_FIELDS
-from speedmatrix.report.parse import ReportParseError, parse_report
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"
@@ -137,7 +137,7 @@ def test_glued_header_section_heading(text):
 
 
 def test_k_quantities_parse():
-    from speedmatrix.report import formats as F
+    from speedmatrix.published import formats as F
 
     assert F.parse_number("17.7K") == 17700.0
     assert F.parse_number("18K") == 18000.0

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix.report import formats as F
-from speedmatrix.report.parse import HEADER_LABELS, SECTIONS, parse_report
+from speedmatrix.published import formats as F
+from speedmatrix.published.parse import HEADER_LABELS, SECTIONS, parse_report
 from speedmatrix.report.render import render_html, render_markdown
 from speedmatrix.store.warehouse import Warehouse
 

@@ -18,10 +18,10 @@ from markupsafe import escape
 
 from speedmatrix.analysis.verdict import compare_runs
 from speedmatrix.cli import main
+from speedmatrix.published.parse import parse_report
 from speedmatrix.report import palette
 from speedmatrix.report.charts import HEATMAP_FONT_PT, diff_heatmap_svg
 from speedmatrix.report.page import render_run_page
-from speedmatrix.report.parse import parse_report
 from speedmatrix.report.render import render_html, render_markdown
 from speedmatrix.store.warehouse import Warehouse
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from speedmatrix.cli import main
-from speedmatrix.report.parse import parse_report
+from speedmatrix.published.parse import parse_report
 from speedmatrix.sim.calibrate import CalibrationError, compare, fit_kv_blocks
 from speedmatrix.sim.predict import over_capacity, predict_decode
 from speedmatrix.sim.profile import load_profile

@@ -15,7 +15,7 @@ import pytest
 from specdec_page import CONTEXTS, VARIANTS, spec_page, truth_profile
 from specdec_page import calibrated as calibrated_page
 
-from speedmatrix.report.parse import parse_report
+from speedmatrix.published.parse import parse_report
 from speedmatrix.sim.calibrate import compare, fit_summary, smooth_part
 from speedmatrix.sim.engine import Engine, Request
 from speedmatrix.sim.metrics import render_metrics

@@ -69,8 +69,8 @@ def _cli_error(message: str) -> Exception:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    from speedmatrix.published.parse import parse_report
     from speedmatrix.quality import check_for_landing
-    from speedmatrix.report.parse import parse_report
     from speedmatrix.store.warehouse import Warehouse
 
     parsed = []
@@ -83,7 +83,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         # errors name the file as given on the command line, and the line
         report = parse_report(text, source=path)
         if args.recipe_id:
-            from speedmatrix.report.parse import content_run_id
+            from speedmatrix.published.parse import content_run_id
 
             report.run["recipe_id"] = args.recipe_id
             report.run_id = content_run_id(report.run, report.cells)

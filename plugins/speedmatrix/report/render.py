@@ -4,7 +4,7 @@
 Hardware / Engine / Run header fields, the launch command, the Prefill summary, the Sustained
 decode matrix and the "All measurements" table, in that order and with the same labels; every
 "All measurements" row is formatted exactly as the published pages write it (see
-``speedmatrix.report.formats``). The Markdown parses back (``speedmatrix.report.parse``) to the
+``speedmatrix.published.formats``). The Markdown parses back (``speedmatrix.published.parse``) to the
 same run fields and cells, hence the same run id. With ``baseline=(run, cells)`` a section
 "Change against baseline" follows, one row per cell present in both runs.
 
@@ -23,8 +23,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from speedmatrix.published import formats as F
 from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
-from speedmatrix.report import formats as F
 from speedmatrix.report import palette
 
 OVER_CAPACITY_NOTE = (
@@ -91,7 +91,7 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
     """Section -> [(label, value text)] in page order; optional fields without a value are
     left out, required ones show ``—``. `html` adds the Run section's Workload row (the
     Markdown keeps the published labels; see decode_test_text)."""
-    from speedmatrix.report.parse import HEADER_LABELS, REQUIRED_LABELS
+    from speedmatrix.published.parse import HEADER_LABELS, REQUIRED_LABELS
 
     out: dict[str, list[tuple[str, str]]] = {}
     for section, labels in HEADER_LABELS.items():

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedmatrix.analysis.verdict import KV_METRIC, METRIC_BY_NAME, STATUS_METRIC, number
+from speedmatrix.published import formats as F
 from speedmatrix.records import cell_name
-from speedmatrix.report import formats as F
 from speedmatrix.report import palette
 
 _ORDER = {"regression": 0, "improvement": 1}

@@ -1,6 +1,6 @@
 """Fit a simulator profile to a published Speed test matrix report.
 
-The report is parsed with the ingest code (``speedmatrix.report.parse``). Then:
+The report is parsed with the ingest code (``speedmatrix.published.parse``). Then:
 
 - KV capacity: the statuses pin it down. A valid decode cell needs C x ceil((ctx+max_out)/block)
   <= blocks - 1, an over-capacity cell needs more; vLLM also refuses to start unless one
@@ -198,7 +198,7 @@ def calibrate(
     """A profile that reproduces the report's matrix (see the module docstring)."""
     # the report's parser, below which sim/ sits: a known layer exception (pyproject's
     # import-linter ignore), kept out of the module's imports until the parser moves down
-    from speedmatrix.report.parse import parse_report
+    from speedmatrix.published.parse import parse_report
 
     parsed = parse_report(text, source)
     run, cells = parsed.run, parsed.cells
@@ -411,7 +411,7 @@ def compare(
     """Predict every cell of the report; return the rows (published, predicted, error)."""
     # the report's parser, below which sim/ sits: a known layer exception (pyproject's
     # import-linter ignore), kept out of the module's imports until the parser moves down
-    from speedmatrix.report.parse import parse_report
+    from speedmatrix.published.parse import parse_report
 
     parsed = parse_report(text, source)
     max_out = int(parsed.run.get("max_output_tokens") or 4096)

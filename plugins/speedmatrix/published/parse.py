@@ -27,6 +27,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from speedmatrix.published import formats as F
 from speedmatrix.records import (
     CELL_FIELDS,
     DEFAULT_WORKLOAD,
@@ -38,7 +39,6 @@ from speedmatrix.records import (
     parse_context,
 )
 from speedmatrix.redact import redact
-from speedmatrix.report import formats as F
 
 TITLE = "Speed test matrix"
 SECTIONS = (
