@@ -1,5 +1,8 @@
 """Recipes: everything a matrix run needs, declared in one YAML file per configuration.
 
+One job, hence its length: the recipe model (its pydantic fields and their validators are most
+of the file), loaded, validated and rendered into the launch command.
+
 A run must be reproducible from a recipe and an engine ref alone, so the recipe holds the
 hardware facts the report prints, how the engine is installed, how the model is obtained,
 the exact serve command, the matrix, and the schedule. This module loads and validates

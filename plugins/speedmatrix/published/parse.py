@@ -1,5 +1,7 @@
 """Parse a published "Speed test matrix" page into one run record and its cell records.
 
+One job, hence its length: reading the page's every section, each checked against the others.
+
 The pages are scraped text (``include/reference/`` holds one). Values come from the labelled
 header fields (Hardware, Engine, Run) and from the unambiguous "All measurements" table; the
 summary sections (the title line, Prefill, the Sustained decode matrix) are scraped with numbers

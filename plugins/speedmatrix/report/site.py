@@ -1,5 +1,8 @@
 """A static site over the warehouse: where users look for "did the last commit make it slower?".
 
+One job, hence its length: building the site (what to rewrite, the pages, the manifest that
+makes a refresh incremental); the run pages themselves are report.page's.
+
 ``build_site(warehouse, out)`` writes, under ``out``:
 
 - ``index.html``: every recipe x host with its latest run, that run's status and verdict

@@ -1,5 +1,8 @@
 """The engine model: a continuous-batching scheduler stepping in simulated time.
 
+One job, hence its length: the scheduler's step (admission, KV blocks, preemption, prefix cache,
+speculative decoding) and nothing of HTTP or clocks.
+
 It mirrors vLLM V1's scheduler closely enough that a load generator sees the same effects:
 
 - KV cache in blocks of ``block_size`` tokens; ``num_gpu_blocks - 1`` usable (vLLM keeps a null
