@@ -45,6 +45,7 @@ class PageLoad:
     console: list[str] = field(default_factory=list)
     screenshot: Path | None = None
     log: str = ""
+    dom: str = ""  # the page's DOM after load (only without a screenshot: --dump-dom)
 
 
 @dataclass
@@ -97,7 +98,8 @@ class Browser:
         shot = Path(screenshot) if screenshot is not None else None
         if shot is not None and not shot.exists():
             raise RuntimeError(f"chromium wrote no screenshot of {url}: {log[-2000:]}")
-        return PageLoad(url=url, console=console, screenshot=shot, log=log)
+        dom = proc.stdout if shot is None else ""
+        return PageLoad(url=url, console=console, screenshot=shot, log=log, dom=dom)
 
 
 class _Refs(HTMLParser):

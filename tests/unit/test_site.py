@@ -87,6 +87,9 @@ def test_run_pages_are_the_report_page_with_verdicts_and_a_way_back(site):
     assert 'href="../index.html"' in page and f'href="../{recipe_page(RECIPE)}"' in page
     assert "64Kx2" in page and "regression" in page  # the landed verdict is on the page
     assert "r1" in page  # its baseline
+    # the pipeline's page, verdict first: the summary with the landed regression opens it
+    assert 'id="summary"' in page and page.index('id="summary"') < page.index('class="matrix')
+    assert "Slower than the baseline" in page
 
 
 def test_every_link_resolves_and_nothing_comes_from_elsewhere(site):
