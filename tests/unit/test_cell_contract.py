@@ -192,6 +192,48 @@ def test_run_cell_gives_the_record_the_planned_label_and_keeps_the_measured_toke
     assert [(c["context_tokens"], c["status"]) for c in cells] == [(7000, "valid")]
 
 
+def test_a_prefill_found_warm_is_measured_again_cold(tmp_path, monkeypatch):
+    """dag.test() runs a mapped task's instances in no set order: a decode cell of the context
+    can run before its prefill cell and leave the prompt cached. The prefill cell then measures
+    again with a prompt of its own (another run tag) and records that cold measurement."""
+    r = resolve(tmp_path, contexts=["8K"], concurrencies=[1])
+    planned = matrix.plan(r, INFO)["prefill"][0]
+    warm = prefill(
+        status="invalid", error="prompt was not cold: 896 tokens came from the prefix cache"
+    )
+    cold = prefill(started_at=WHEN)
+    tags = []
+
+    def measure(resolved, server, cell):
+        tags.append(
+            matrix._loadgen_config(resolved, {"base_url": "http://127.0.0.1:1"}, cell).run_tag
+        )
+        return (warm if len(tags) == 1 else cold), []
+
+    class Lease:
+        def renew(self):
+            pass
+
+        def renewing(self):
+            import contextlib
+
+            return contextlib.nullcontext(type("R", (), {"lost": None})())
+
+    monkeypatch.setattr(matrix, "host_lease", lambda resolved: Lease())
+    monkeypatch.setattr(matrix, "server_health", lambda resolved, server: None)
+    monkeypatch.setattr(matrix, "measure", measure)
+    out = matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned)
+    assert out["cell"]["status"] == "valid" and out["cell"]["error"] is None
+    assert len(tags) == 2 and tags[0] == r["run_tag"] and tags[1] != tags[0]
+    # a valid prefill, or a decode cell, is measured once
+    tags.clear()
+    warm.update(status="valid", error=None)
+    assert (
+        matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned)["cell"]["status"] == "valid"
+    )
+    assert len(tags) == 1
+
+
 # -------------------------------------------------------------- the validity rules, once
 
 

@@ -411,6 +411,17 @@ def _run_cell(
     with lease.renewing() as renewer:
         try:
             record, rows = measure(resolved, server, cell)
+            if _warm_prefill(record):
+                # A decode cell of this context ran first and left the prompt cached: the plan's
+                # order (plan.run_order) was not kept (dag.test() runs mapped instances in no
+                # set order). Measure again with a prompt of its own, cold: the cell stays
+                # true, the order only costs this one prefill more.
+                log.warning(
+                    "cell %s: %s; measuring it again with a fresh prompt",
+                    cell.get("label"),
+                    record.get("error"),
+                )
+                record, rows = measure(resolved, server, {**cell, "cold_tag": COLD_TAG})
         except Exception as exc:
             log.exception("cell %s could not be measured", cell.get("label"))
             record, rows = failed_cell(cell, f"{type(exc).__name__}: {exc}"), []
@@ -435,6 +446,20 @@ def _run_cell(
     return {"cell": to_wire(record), "requests": [to_wire(r, REQUEST_FIELDS) for r in rows]}
 
 
+COLD_TAG = "c"
+"""Appended to a prefill cell's run tag when its prompt was found cached (see _run_cell)."""
+
+
+def _warm_prefill(record: Mapping[str, Any]) -> bool:
+    """A prefill cell measured on a prompt the prefix cache already held (loadgen.prefill's
+    "prompt was not cold" verdict), which a fresh prompt would measure truly."""
+    return (
+        record.get("phase") == "prefill"
+        and record.get("status") == "invalid"
+        and "prompt was not cold" in str(record.get("error") or "")
+    )
+
+
 def pass_run_tag(run_tag: str, repeat: int) -> str:
     """The run tag a cell of pass `repeat` sends (0: the run's own).
 
@@ -454,7 +479,8 @@ def _loadgen_config(resolved: Resolved, server: Mapping[str, Any], cell: Mapping
         "model": resolved["served_model"],
         "context": int(cell["context_tokens"]),
         "api_key": api_key(resolved),
-        "run_tag": pass_run_tag(resolved["run_tag"], int(cell.get("repeat") or 0)),
+        "run_tag": pass_run_tag(resolved["run_tag"], int(cell.get("repeat") or 0))
+        + str(cell.get("cold_tag") or ""),
         "progress": False,
     }
     if cell.get("workload"):  # planned before workloads were declared: the loader's default
