@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 
 import pytest
-from test_compare_warehouse import _land
+from test_compare_warehouse import three_runs
 from test_repeats import decode, prefill, result
 
 from speedmatrix import records
@@ -33,7 +33,7 @@ from speedmatrix.records import (
     to_wire,
 )
 from speedmatrix.store.extra import read_extra
-from speedmatrix.store.warehouse import Warehouse, WarehouseError, build_table
+from speedmatrix.store.warehouse import WarehouseError, build_table
 
 SIM = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
 INFO = {"kv_num_blocks": 16640, "kv_block_size": 16, "kv_cache_tokens": 266240}
@@ -158,6 +158,21 @@ def test_a_cell_measured_at_8176_tokens_for_8k_keeps_8176_in_the_cells_table(tmp
     wh.close()
 
 
+def _quiet_host(monkeypatch):
+    """run_cell without a host: a lease that always renews, a server always healthy."""
+    import contextlib
+
+    class Lease:
+        def renew(self):
+            pass
+
+        def renewing(self):
+            return contextlib.nullcontext(type("R", (), {"lost": None})())
+
+    monkeypatch.setattr(matrix, "host_lease", lambda resolved: Lease())
+    monkeypatch.setattr(matrix, "server_health", lambda resolved, server: None)
+
+
 def test_run_cell_gives_the_record_the_planned_label_and_keeps_the_measured_tokens(
     tmp_path, monkeypatch
 ):
@@ -167,17 +182,7 @@ def test_run_cell_gives_the_record_the_planned_label_and_keeps_the_measured_toke
     planned = matrix.plan(r, INFO)["decode"][0]
     measured = decode(ctx=7000, context_label="7K", started_at=WHEN)
 
-    class Lease:
-        def renew(self):
-            pass
-
-        def renewing(self):
-            import contextlib
-
-            return contextlib.nullcontext(type("R", (), {"lost": None})())
-
-    monkeypatch.setattr(matrix, "host_lease", lambda resolved: Lease())
-    monkeypatch.setattr(matrix, "server_health", lambda resolved, server: None)
+    _quiet_host(monkeypatch)
     monkeypatch.setattr(matrix, "measure", lambda resolved, server, cell: (measured, []))
     out = matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned)
     assert out["cell"]["context_tokens"] == 7000 and out["cell"]["context_label"] == "8K"
@@ -210,17 +215,7 @@ def test_a_prefill_found_warm_is_measured_again_cold(tmp_path, monkeypatch):
         )
         return (warm if len(tags) == 1 else cold), []
 
-    class Lease:
-        def renew(self):
-            pass
-
-        def renewing(self):
-            import contextlib
-
-            return contextlib.nullcontext(type("R", (), {"lost": None})())
-
-    monkeypatch.setattr(matrix, "host_lease", lambda resolved: Lease())
-    monkeypatch.setattr(matrix, "server_health", lambda resolved, server: None)
+    _quiet_host(monkeypatch)
     monkeypatch.setattr(matrix, "measure", measure)
     out = matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned)
     assert out["cell"]["status"] == "valid" and out["cell"]["error"] is None
@@ -289,12 +284,7 @@ def test_request_rows_keep_their_own_fields_on_the_wire():
 
 @pytest.fixture
 def wh(tmp_path):
-    w = Warehouse(str(tmp_path / "wh"))
-    _land(w, "r0", "a" * 40, 0, seed=0)
-    _land(w, "r1", "a" * 40, 1, seed=1)
-    _land(w, "r2", "b" * 40, 2, slow={(65536, 2): 0.9}, seed=2)
-    yield w
-    w.close()
+    yield from three_runs(tmp_path / "wh")
 
 
 def test_the_comparison_is_made_once_by_report_and_judged_by_regressions(wh, monkeypatch):

@@ -82,14 +82,20 @@ def _land(wh, run_id, commit, day, *, slow=None, seed=0):
     return run
 
 
-@pytest.fixture
-def wh(tmp_path):
-    w = Warehouse(str(tmp_path / "wh"))
+def three_runs(root):
+    """r0 and r1 at commit a…, then r2 at commit b… with 64Kx2 10% slower: the warehouse the
+    comparison, run-page and hand-off tests share (yields it open, closes it after)."""
+    w = Warehouse(str(root))
     _land(w, "r0", "a" * 40, 0, seed=0)
     _land(w, "r1", "a" * 40, 1, seed=1)
     _land(w, "r2", "b" * 40, 2, slow={(65536, 2): 0.9}, seed=2)
     yield w
     w.close()
+
+
+@pytest.fixture
+def wh(tmp_path):
+    yield from three_runs(tmp_path / "wh")
 
 
 def test_compare_in_warehouse_uses_the_previous_run_and_its_requests(wh):

@@ -22,11 +22,10 @@ from speedmatrix.report import palette
 from speedmatrix.report.charts import HEATMAP_FONT_PT, diff_heatmap_svg
 from speedmatrix.report.page import render_run_page
 from speedmatrix.report.render import render_html, render_markdown
-from speedmatrix.store.warehouse import Warehouse
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from test_compare_warehouse import _land  # noqa: E402
+from test_compare_warehouse import three_runs  # noqa: E402
 from test_warehouse import make_cells, make_run  # noqa: E402
 
 REFERENCE = (
@@ -163,12 +162,7 @@ def test_heatmap_labels_are_readable_text_coloured_for_their_cell():
 
 @pytest.fixture
 def wh(tmp_path):
-    w = Warehouse(str(tmp_path / "wh"))
-    _land(w, "r0", "a" * 40, 0, seed=0)
-    _land(w, "r1", "a" * 40, 1, seed=1)
-    _land(w, "r2", "b" * 40, 2, slow={(65536, 2): 0.9}, seed=2)
-    yield w
-    w.close()
+    yield from three_runs(tmp_path / "wh")
 
 
 def test_report_command_renders_the_run_page_with_its_baseline(wh, tmp_path):
