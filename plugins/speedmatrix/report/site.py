@@ -40,7 +40,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -776,8 +776,3 @@ def _gpu(run: Mapping[str, Any]) -> str:
     if not gpu:
         return "—"
     return f"{gpu} ×{int(count)}" if count else gpu
-
-
-def result_dict(result: SiteResult) -> dict[str, Any]:
-    """The result as XCom-able JSON (the DAG task returns it)."""
-    return asdict(result)
