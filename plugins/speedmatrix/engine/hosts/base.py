@@ -38,6 +38,13 @@ class CommandResult:
     def ok(self) -> bool:
         return self.rc == 0
 
+    @property
+    def last_line(self) -> str:
+        """The last line of stdout ("" when it printed nothing): where a probe script leaves
+        its answer after whatever a login shell printed before it."""
+        text = self.stdout.strip()
+        return text.splitlines()[-1] if text else ""
+
     def tail(self, lines: int = 40) -> str:
         """The last lines of stdout and stderr together, for error messages."""
         text = (self.stdout + ("\n" if self.stdout and self.stderr else "") + self.stderr).strip()

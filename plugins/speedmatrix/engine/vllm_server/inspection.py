@@ -98,7 +98,7 @@ def inspect_server(handle: ServerHandle, *, host: Host | None = None) -> dict:
         idempotent=True,
         stream=False,
     )
-    mml = mm.stdout.strip().splitlines()[-1] if mm.stdout.strip() else ""
+    mml = mm.last_line
     facts["max_model_len"] = int(mml) if mml.isdigit() else None
     # The commit: vLLM's own metadata when the build recorded one.
     commit = host.run(

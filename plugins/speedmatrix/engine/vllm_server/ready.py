@@ -78,7 +78,7 @@ def run_probe(host: Host, handle: ServerHandle, timeout_s: float = 120) -> dict:
         stream=False,
     )
     try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        return json.loads(res.last_line)
     except (json.JSONDecodeError, IndexError):
         return {"probe_error": res.tail(5)}
 

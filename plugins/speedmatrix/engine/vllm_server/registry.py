@@ -210,7 +210,7 @@ def server_state(host: Host, handle: ServerHandle) -> str:
         idempotent=True,
         stream=False,
     )
-    state = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    state = res.last_line
     if res.rc != 0 or not (state in (*OURS, "dead") or state.startswith("gone: ")):
         raise ServerError(
             f"on {host.name}: cannot tell whether server group {pid} is ours: "
