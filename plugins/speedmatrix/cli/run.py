@@ -342,12 +342,17 @@ class Display:
         if self.meter:
             self.meter.start(cell["phase"])
 
-    def cell_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
+    def _count_done(self, cell: Mapping[str, Any]) -> None:
+        """The bookkeeping of a finished cell (its time for the ETA, the meter stopped),
+        shared by both displays; what they print differs."""
         self.took[cell["phase"]].append(time.monotonic() - self.started)
         self.done += 1
         self.started = 0.0
         if self.meter:
             self.meter.stop()
+
+    def cell_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
+        self._count_done(cell)
         print(
             f"[{self.done}/{len(self.cells)}] {cell['label']}: {_figure(record)} "
             f"(ETA {_clock(self.eta_s())})",
@@ -401,11 +406,7 @@ class RichDisplay(Display):
         self.progress.update(self.task, description=cell["label"])
 
     def cell_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
-        self.took[cell["phase"]].append(time.monotonic() - self.started)
-        self.done += 1
-        self.started = 0.0
-        if self.meter:
-            self.meter.stop()
+        self._count_done(cell)
         self.progress.console.print(f"{cell['label']}: {_figure(record)}")
         self.progress.update(self.task, completed=self.done)
 
