@@ -130,12 +130,16 @@ def test_short_requests_leave_the_server_idle_and_the_cell_invalid(  # type: ign
 ) -> None:
     """8-token requests at C = 1: between the end of one and the next one's first step the
     server runs nothing (32-token ones read 0.78 here), so the cell did not measure one
-    stream held through the window, and says so rather than landing as valid."""
+    stream held through the window, and says so rather than landing as valid.
+
+    The requests repeat every ~51 ms, so the gauge's readings must not be a fixed step apart
+    (they read one phase of the cycle: 1.0, twice in full suites); 40 readings at random moments
+    of their slots put a held-looking average (>= 0.9) at about 3 sigma from the ~0.65 read."""
     s = vllm_cpu_server
     cfg = DecodeConfig(
         base_url=s.base_url, model=s.model, context=512, concurrency=1, duration_s=3.0,
         max_output_tokens=8, api_key=_key(s), run_tag="vllmtest", max_loop_lag_ms=50.0,
-        max_client_cpu_pct=100.0,
+        max_client_cpu_pct=100.0, min_window_readings=40,
     )  # fmt: skip
     cell, _rows = run_loop(run_decode(cfg))
     assert cell["active_source"] == "server"

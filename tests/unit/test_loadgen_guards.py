@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+from statistics import mean
+
 import pytest
 
 from speedmatrix.loadgen.config import DecodeConfig
+from speedmatrix.loadgen.control import reading_times
 from speedmatrix.loadgen.decode import _DecodeCell
 from speedmatrix.loadgen.promtext import Snapshot
 from speedmatrix.loadgen.stream import Request
@@ -155,6 +160,29 @@ def test_short_windows_are_sampled_often_enough() -> None:
     assert cell(duration_s=4.0, min_window_readings=4)._sample_interval() == 0.5
     with pytest.raises(ValueError, match="min_window_readings"):
         DecodeConfig(base_url="http://h", model="m", context=8, min_window_readings=0).validate()
+
+
+def test_gauge_readings_cannot_lock_onto_a_periodic_server() -> None:
+    """Seen on real vLLM: 8-token requests at C = 1 repeat every ~51 ms and the running gauge
+    reads 0 for about a third of each cycle. Readings a fixed step apart that is a multiple of
+    the cycle read one phase only (here: always 1.0, a held cell). One reading at a random
+    moment of each slot reads the true share, one per slot."""
+    period, busy = 0.05, 2 / 3
+
+    def running(t: float) -> float:
+        return 1.0 if (t % period) < busy * period else 0.0
+
+    interval = 0.15  # three cycles
+    assert mean(running(0.01 + k * interval) for k in range(20)) == 1.0  # the fixed step
+    rng = random.Random(7)
+    averages = []
+    for w in range(400):
+        start = 3.0 * w + 0.01
+        times = list(itertools.islice(reading_times(start, interval, rng), 20))
+        assert [int((t - start) // interval) for t in times] == list(range(20))
+        averages.append(mean(running(t) for t in times))
+    assert mean(averages) == pytest.approx(busy, abs=0.01)
+    assert sum(a >= 0.9 for a in averages) / len(averages) < 0.02  # not held, said so
 
 
 def test_a_window_without_its_server_readings_is_invalid() -> None:

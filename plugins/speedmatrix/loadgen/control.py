@@ -8,6 +8,8 @@ attempted (`CellNotAttempted`, non-zero exit); later failures make the cell `fai
 from __future__ import annotations
 
 import asyncio
+import random
+from collections.abc import Iterator
 from time import perf_counter
 from typing import Any
 
@@ -32,6 +34,22 @@ class MetricsUnavailable(Exception):
 METRICS_ATTEMPTS = 3
 """One read of /metrics is this many requests at most (a failed one is retried at once)."""
 METRICS_RETRY_S = 0.05
+
+
+def reading_times(start: float, interval: float, rng: random.Random) -> Iterator[float]:
+    """When to read the server's gauges: one reading at a random moment of each `interval`.
+
+    A time-average of `vllm:num_requests_running` is only as good as the moments it is read
+    at. Readings a fixed sleep apart lock onto a server whose work is periodic: 8-token requests
+    at C = 1 on real vLLM (the gauge at 0 for about a third of each 51 ms cycle) read in runs of
+    equal values at 0.17 s steps and sometimes all 1.0, a cell that looked held when it was not.
+    One reading drawn uniformly inside each slot (stratified sampling) cannot stay in phase
+    with any cycle, averages to the true share, and still gives the window its count.
+    """
+    k = 0
+    while True:
+        yield start + (k + rng.random()) * interval
+        k += 1
 
 
 class ControlClient:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -22,7 +23,7 @@ from speedmatrix.records import CellRecord, context_label, empty_cell
 
 from .common import Progress, Watchdog, check_model, progress_enabled, request_row
 from .config import DecodeConfig
-from .control import ControlClient, MetricsUnavailable
+from .control import ControlClient, MetricsUnavailable, reading_times
 from .monitor import ClientMonitor
 from .prompts import BodyBuilder, build_prompts
 from .promtext import Snapshot, rise
@@ -306,12 +307,18 @@ class _DecodeCell:
             return None
 
     async def _sample(self) -> None:
-        """Server gauges through the cell; only readings inside the window are used.
+        """Server gauges through the cell, at `reading_times`; only readings inside the window
+        are used. A reading whose moment passed while the last read was answered is skipped,
+        not made up by a burst of reads (on a slow server those would all read one moment).
 
         A failed read is skipped, never the end of sampling: the next tick reads again (one
         timeout during warm-up used to stop the sampler for good). Only a server without
         /metrics stops it."""
-        while True:
+        for due in reading_times(perf_counter(), self._sample_interval(), random.Random()):
+            wait = due - perf_counter()
+            if wait < 0:
+                continue
+            await asyncio.sleep(wait)
             try:
                 snap = await self.ctl.metrics()
             except MetricsUnavailable:
@@ -320,7 +327,6 @@ class _DecodeCell:
                 if snap is None:
                     return
                 self.samples.append(snap)
-            await asyncio.sleep(self._sample_interval())
 
     def _sample_interval(self) -> float:
         """The configured interval, shortened so the window gets `min_window_readings`."""
