@@ -185,6 +185,59 @@ def warmup_floor(cells: list[dict]) -> tuple[float | None, str]:
     return floor, "sum over decode contexts of (C_max - 1) x that context's prefill TTFT"
 
 
+def lease_span(tasks: dict, busy_s: float) -> dict:
+    """The host's part of the wall: from setup_server's start to stop_server's end, the span in
+    which the run holds the host (the lease is taken just before and released by stop_server;
+    resolve runs before it, validate ... site after it, with the host free for another run).
+    `busy_s` is what the host did in the span (windows + warm-up + server start)."""
+    setup, stop = tasks.get("setup_server") or {}, tasks.get("stop_server") or {}
+    if not (setup.get("start") and stop.get("end")):
+        return {}
+    span = _ts(stop["end"]) - _ts(setup["start"])
+    return {
+        "lease_span_s": round(span, 1),
+        "lease_idle_s": round(span - busy_s, 1),
+        "lease_idle_pct": round(100 * (span - busy_s) / span, 2),
+    }
+
+
+def cell_split(tasks: dict, cells: list[dict]) -> dict:
+    """Where a cell task's time outside its window goes: before the load generator started the
+    cell (task start, DAG file, lease renewal, /health; to the record's started_at) and after
+    (everything from started_at on that is neither warm-up nor the window: idle check, prompts,
+    streams starting, the end of the window's requests, the task's return)."""
+    by_label: dict[str, dict] = {}
+    for c in cells:
+        if c["status"] not in ("valid", "invalid") or c.get("started_at") is None:
+            continue
+        label = c["context_label"]
+        keys = (
+            [f"{label} x {c['concurrency']}"]
+            if c["phase"] == "decode"
+            else [label, f"prefill {label}"]
+        )
+        for k in keys:
+            by_label.setdefault(k, c)
+    before = after = 0.0
+    n = 0
+    for k, t in tasks.items():
+        c = by_label.get(t.get("label") or "")
+        if not k.startswith(("prefill[", "decode[")) or c is None or not t.get("start"):
+            continue
+        started = c["started_at"]
+        started = started.timestamp() if hasattr(started, "timestamp") else _ts(str(started))
+        window = (c["measured_s"] or 0.0) if c["phase"] == "decode" else (c["ttft_ms"] or 0) / 1e3
+        pre = started - _ts(t["start"])
+        before += pre
+        after += (t["duration_s"] or 0.0) - pre - window - (c.get("warmup_s") or 0.0)
+        n += 1
+    return {
+        "cells_split": n,
+        "cell_before_loadgen_s": round(before, 1),
+        "cell_loadgen_not_window_s": round(after, 1),
+    }
+
+
 def analyse(out: dict) -> dict:
     sys.path.insert(0, str(REPO / "plugins"))
     from speedmatrix.store.warehouse import Warehouse
@@ -248,6 +301,8 @@ def analyse(out: dict) -> dict:
         "pipeline_only_pct": round(100 * (wall - cell_s - start_s) / wall, 2),
         "gaps_between_tasks_s": round(wall - busy, 1),
         "by_task_s": {k: round(v, 1) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+        **lease_span(tasks, windows + warmup + start_s),
+        **cell_split(tasks, cells),
     }
 
 
