@@ -22,9 +22,9 @@ uv:
 		$(PY) -m pip install --user --quiet uv || $(PY) -m pip install --quiet uv
 
 # Bytecode is compiled once here, not by every process: uv installs without .pyc by default, and
-# where Python may not write them (PYTHONDONTWRITEBYTECODE=1, as on this project's CI machines;
-# a read-only venv) every process recompiled what it imports: `import airflow.sdk` 6.2 s -> 2.4 s,
-# Great Expectations 12.2 s -> 4.2 s (benchmarks/README.md, "Bytecode"). Then the library's own.
+# where Python may not write them (PYTHONDONTWRITEBYTECODE=1, as on the machine this was measured
+# on; a read-only venv) every process recompiled what it imports: `import airflow.sdk` 6.2 -> 2.4 s,
+# great_expectations 12-13 -> 5-6 s (benchmarks/README.md, "Bytecode"). Then the library's own.
 venv: uv
 	@$(UV) sync --frozen --quiet --compile-bytecode
 	@$(UV) run --frozen --no-sync python -m compileall -q plugins >/dev/null
