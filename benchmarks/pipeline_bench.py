@@ -205,29 +205,31 @@ def cell_split(tasks: dict, cells: list[dict]) -> dict:
     """Where a cell task's time outside its window goes: before the load generator started the
     cell (task start, DAG file, lease renewal, /health; to the record's started_at) and after
     (everything from started_at on that is neither warm-up nor the window: idle check, prompts,
-    streams starting, the end of the window's requests, the task's return)."""
-    by_label: dict[str, dict] = {}
-    for c in cells:
-        if c["status"] not in ("valid", "invalid") or c.get("started_at") is None:
-            continue
-        label = c["context_label"]
-        keys = (
-            [f"{label} x {c['concurrency']}"]
-            if c["phase"] == "decode"
-            else [label, f"prefill {label}"]
-        )
-        for k in keys:
-            by_label.setdefault(k, c)
+    streams starting, the end of the window's requests, the task's return).
+
+    A task is paired with its cell by records' cell key: the map index label (`8K x 1`,
+    `prefill 16K`, a bare `256K` under `prefill`) read back by `parse_cell`."""
+    from speedmatrix.records import cell_key, parse_cell
+
+    by_key = {
+        cell_key(c): c
+        for c in cells
+        if c["status"] in ("valid", "invalid") and c.get("started_at") is not None
+    }
     before = after = 0.0
     n = 0
     for k, t in tasks.items():
-        c = by_label.get(t.get("label") or "")
-        if not k.startswith(("prefill[", "decode[")) or c is None or not t.get("start"):
+        if not k.startswith(("prefill[", "decode[")) or not t.get("start"):
             continue
-        started = c["started_at"]
-        started = started.timestamp() if hasattr(started, "timestamp") else _ts(str(started))
+        label = t.get("label") or ""
+        try:
+            c = by_key.get(parse_cell(f"prefill {label}" if k.startswith("prefill[") else label))
+        except ValueError:  # a repeat pass (`8K x 1 #2`): it lands in cell_repeats
+            continue
+        if c is None:
+            continue
         window = (c["measured_s"] or 0.0) if c["phase"] == "decode" else (c["ttft_ms"] or 0) / 1e3
-        pre = started - _ts(t["start"])
+        pre = c["started_at"].timestamp() - _ts(t["start"])
         before += pre
         after += (t["duration_s"] or 0.0) - pre - window - (c.get("warmup_s") or 0.0)
         n += 1
