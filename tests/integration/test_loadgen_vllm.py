@@ -129,7 +129,7 @@ def test_short_requests_leave_the_server_idle_and_the_cell_invalid(  # type: ign
     vllm_cpu_server,
 ) -> None:
     """8-token requests at C = 1: between the end of one and the next one's first step the
-    server runs nothing (32-token ones read 0.78 here), so the cell did not measure one
+    server runs nothing (32-token ones read 0.89-0.98 here), so the cell did not measure one
     stream held through the window, and says so rather than landing as valid.
 
     The requests repeat every ~51 ms, so the gauge's readings must not be a fixed step apart
