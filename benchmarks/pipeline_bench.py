@@ -143,6 +143,24 @@ def run_local_executor(conf: dict, celery: bool = False) -> dict:
                 "/xcomEntries/return_value",
             )
             xcom[task_id] = entry["value"]
+        turns = {}  # each cell's hold on the host (flows/turn.py), from its result
+        for key in tasks:
+            if not key.startswith(("prefill[", "decode[")):
+                continue
+            task_id, _, index = key.rstrip("]").partition("[")
+            try:
+                value = dep.api(
+                    "GET",
+                    f"/dags/speed_matrix/dagRuns/{run_id}/taskInstances/{task_id}"
+                    "/xcomEntries/return_value",
+                    params={"map_index": int(index)},
+                )["value"]
+            except Exception as exc:  # a cell task that died left no result
+                print(f"no result for {key}: {exc}", file=sys.stderr)
+                continue
+            value = json.loads(value) if isinstance(value, str) else value
+            if isinstance(value, dict) and value.get("turn"):
+                turns[key] = value["turn"]
     finally:
         left = dep.stop()
         if left:
@@ -151,6 +169,7 @@ def run_local_executor(conf: dict, celery: bool = False) -> dict:
         "state": state,
         "tasks": tasks,
         "xcom": xcom,
+        "turns": turns,
         "wall_s": outer_wall,
         "outer_wall_s": outer_wall,
         "work": str(work),
@@ -207,6 +226,9 @@ def cell_split(tasks: dict, cells: list[dict]) -> dict:
     (everything from started_at on that is neither warm-up nor the window: idle check, prompts,
     streams starting, the end of the window's requests, the task's return).
 
+    Since the cell tasks start early (flows/turn.py), "before" also holds the wait for the
+    previous cell, spent while that cell measures: turn_split gives the host's side.
+
     A task is paired with its cell by records' cell key: the map index label (`8K x 1`,
     `prefill 16K`, a bare `256K` under `prefill`) read back by `parse_cell`."""
     from speedmatrix.records import cell_key, parse_cell
@@ -237,6 +259,33 @@ def cell_split(tasks: dict, cells: list[dict]) -> dict:
         "cells_split": n,
         "cell_before_loadgen_s": round(before, 1),
         "cell_loadgen_not_window_s": round(after, 1),
+    }
+
+
+def turn_split(turns: dict, windows_s: float, warmup_s: float) -> dict:
+    """The host's view of the cells (issue #19's turn, flows/turn.py): each cell task holds the
+    host from its turn's `began` to `ended`; between one cell's end and the next one's begin
+    the host waits for nothing but the hand-off (the previous task's end reaching the API
+    server, one poll of the next); inside the turns, what is neither window nor warm-up is the
+    cell's own steps (lease renewal, /health, idle check, prompts, the window's end). With the
+    cell tasks starting early, the tasks' own start-up no longer appears on the host's side."""
+    spans = sorted(
+        (_ts(t["began"]), _ts(t["ended"]), float(t.get("waited_s") or 0.0))
+        for t in turns.values()
+        if t.get("began") and t.get("ended")
+    )
+    if not spans:
+        return {}
+    held = sum(e - b for b, e, _ in spans)
+    handoffs = [spans[k + 1][0] - spans[k][1] for k in range(len(spans) - 1)]
+    return {
+        "turns": len(spans),
+        "turns_held_s": round(held, 1),
+        "turn_not_window_s": round(held - windows_s - warmup_s, 1),
+        "handoffs_s": round(sum(handoffs), 1),
+        "handoff_median_s": round(sorted(handoffs)[len(handoffs) // 2], 2) if handoffs else None,
+        "handoff_max_s": round(max(handoffs), 2) if handoffs else None,
+        "cells_waited_s": round(sum(w for _, _, w in spans), 1),
     }
 
 
@@ -305,6 +354,7 @@ def analyse(out: dict) -> dict:
         "by_task_s": {k: round(v, 1) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
         **lease_span(tasks, windows + warmup + start_s),
         **cell_split(tasks, cells),
+        **turn_split(out.get("turns") or {}, windows, warmup),
     }
 
 

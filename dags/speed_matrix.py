@@ -14,7 +14,10 @@ alerts where the deployment switched them on (speedmatrix.flows.notify). A clean
 Cells run in the plan's order (plan.run_order), context by context: the context's prefill, then
 its decode cells C ascending, so each prompt is prefilled once. `prefill` maps the prefill cells
 at the head of that order, `decode` the rest, later contexts' prefill cells included (map index
-`prefill 16K`); the scheduler runs each in map index order, one at a time.
+`prefill 16K`); the scheduler starts each in map index order. Two instances of a cell task
+run at once: the next one starts (process, DAG file, imports) while the previous cell measures,
+then waits for it to finish before it touches the host (flows/turn.py), so the host measures one
+cell at a time and a hand-off costs it ~nothing (issue #19).
 
 With `repeats` > 1, decode also maps the repeated cells after the matrix, one pass after
 another (map index `8K x 1 #2`); they land in cell_repeats (plan.plan_matrix).
@@ -31,6 +34,7 @@ from airflow.sdk import Asset, Param, PokeReturnValue, dag, get_current_context,
 from speedmatrix.flows import matrix, resolution
 from speedmatrix.flows.notifier import RunNotifier
 from speedmatrix.flows.site import SiteOperator
+from speedmatrix.flows.turn import previous_cell_state
 
 ASSETS = [
     Asset(name=f"speedmatrix_{t}", uri=f"speedmatrix://warehouse/{t}", group="speedmatrix")
@@ -41,6 +45,8 @@ VERDICT_ASSETS = [
     for t in ("comparisons", "noise")
 ]
 CELL_TIMEOUT = timedelta(hours=2)  # a cell bounds itself (window + first-token timeouts)
+# A cell task waits for the previous cell's turn (at most that cell's own bound), then measures.
+CELL_TASK_TIMEOUT = 2 * CELL_TIMEOUT
 HOST_STEP_TIMEOUT = timedelta(minutes=10)
 
 _CONTEXTS = {
@@ -164,8 +170,11 @@ PARAMS = {
 }
 
 
-def _label(cell: dict) -> None:
-    get_current_context()["cell_label"] = cell["label"]
+def _cell(resolved: dict, server: dict, cell: dict) -> dict:
+    """A mapped cell task's body: its label for the map index, then its turn and its cell."""
+    ctx = get_current_context()
+    ctx["cell_label"] = cell["label"]
+    return matrix.run_cell(resolved, server, cell, previous_cell_state(ctx["ti"]))
 
 
 @dag(
@@ -229,24 +238,22 @@ def speed_matrix():
         return task_cells(planned, phase)
 
     @task(
-        max_active_tis_per_dagrun=1,
+        max_active_tis_per_dagrun=2,  # one measuring, the next one starting (flows/turn.py)
         map_index_template="{{ cell_label }}",
-        execution_timeout=CELL_TIMEOUT,
+        execution_timeout=CELL_TASK_TIMEOUT,
         retries=0,
     )
     def prefill(resolved: dict, server: dict, cell: dict) -> dict:
-        _label(cell)
-        return matrix.run_cell(resolved, server, cell)
+        return _cell(resolved, server, cell)
 
     @task(
-        max_active_tis_per_dagrun=1,
+        max_active_tis_per_dagrun=2,  # one measuring, the next one starting (flows/turn.py)
         map_index_template="{{ cell_label }}",
-        execution_timeout=CELL_TIMEOUT,
+        execution_timeout=CELL_TASK_TIMEOUT,
         retries=0,
     )
     def decode(resolved: dict, server: dict, cell: dict) -> dict:
-        _label(cell)
-        return matrix.run_cell(resolved, server, cell)
+        return _cell(resolved, server, cell)
 
     @task(trigger_rule="all_done", retries=0)
     def prefill_done() -> None:

@@ -124,8 +124,11 @@ def test_one_run_per_host_across_workers_and_scheduler_restart(env: Env) -> None
         "b": dep.trigger(
             SM, {**base, "ssh_conn_id": "local", "port": free_port()}, "manual__lease-b-pin-worker2"
         ),
+        # Three decode cells: their hand-offs are checked below (issue #19's turn).
         "c": dep.trigger(
-            SM, {**base, "ssh_conn_id": SSH_CONN_ID, "port": free_port()}, "manual__lease-c"
+            SM,
+            {**base, "ssh_conn_id": SSH_CONN_ID, "port": free_port(), "concurrencies": [1, 2, 4]},
+            "manual__lease-c",
         ),
     }
 
@@ -156,6 +159,28 @@ def test_one_run_per_host_across_workers_and_scheduler_restart(env: Env) -> None
         f"the other host's run did not overlap: {inner}"
     )
     print({k: [t.isoformat() for t in v] for k, v in outer.items()})
+    _cells_took_turns(dep, runs["c"], 3)
+
+
+def _cells_took_turns(dep: Deployment, run_id: str, n: int) -> None:
+    """(#19) Under the real scheduler two decode cell tasks run at once, yet the host measured
+    one cell at a time in map index order: each cell's hold on the host (`turn`, from its
+    result) began after the previous one's ended, and each waited for a finished predecessor.
+    And the hand-off was hidden: some cell task started before the previous one ended."""
+    tis = _tis(dep, run_id)
+    turns = [_xcom(dep, SM, run_id, "decode", i)["turn"] for i in range(n)]
+    assert turns[0]["after"] is None, turns
+    for i in range(1, n):
+        assert turns[i]["after"] == f"decode[{i - 1}]", turns
+        assert turns[i]["state"] == "success", turns  # never "scheduled" under a scheduler
+        assert _ts(turns[i]["began"]) >= _ts(turns[i - 1]["ended"]), turns
+    spans = [
+        (_ts(tis[("decode", i)]["start_date"]), _ts(tis[("decode", i)]["end_date"]))
+        for i in range(n)
+    ]
+    early = [i for i in range(1, n) if spans[i][0] < spans[i - 1][1]]
+    assert early, f"no cell task started before the previous one ended: {spans}"
+    print({"turns": turns, "started early": early})
 
 
 def test_worker_killed_mid_decode_cell(env: Env) -> None:

@@ -111,6 +111,17 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
     }
     assert "prefill[8K]" in tasks
     assert tasks["stop_server"]["state"] == "success"
+    # Each cell task read the state of the one before it through the real execution API
+    # (flows/turn.py): under dag.test, one at a time, that state is finished or not started,
+    # never unknown (a key the API does not answer would read None and void the turn).
+    turns = out["turns"]
+    assert set(turns) == {k for k in tasks if k.startswith(("prefill[", "decode["))}
+    firsts = [k for k, t in turns.items() if t["after"] is None]
+    assert sorted(firsts) == ["decode[8K x 1]", "prefill[8K]"], turns
+    for key, t in turns.items():
+        if t["after"] is not None:
+            assert t["state"] in ("scheduled", "success"), (key, t)
+            assert t["began"] <= t["ended"]
     # landing emitted one Asset event per table, saying which run landed; `verdicts` one for
     # comparisons and noise once `regressions` had landed them
     events = {e["uri"]: e["extra"] for e in out["asset_events"]}

@@ -20,7 +20,7 @@ from test_repeats import decode, prefill, result
 from speedmatrix import records
 from speedmatrix.analysis import compare
 from speedmatrix.analysis.verdict import RegressionError
-from speedmatrix.flows import collect, handoff, matrix, resolution
+from speedmatrix.flows import collect, handoff, matrix, resolution, turn
 from speedmatrix.flows.resolved import RESOLVED_KEYS, MatrixConf, Resolved
 from speedmatrix.quality import validate_run
 from speedmatrix.records import (
@@ -190,11 +190,58 @@ def test_run_cell_gives_the_record_the_planned_label_and_keeps_the_measured_toke
         "cell",
         "requests",
         "repeat",
+        "turn",
     }
     cells, _ = collect.collect_cells(
         {"prefill": [], "decode": [planned], "over_capacity": []}, [out]
     )
     assert [(c["context_tokens"], c["status"]) for c in cells] == [(7000, "valid")]
+
+
+def test_a_cell_measures_only_after_the_previous_cell_has_finished(tmp_path, monkeypatch):
+    """Issue #19: the cell task starts while the previous cell measures; nothing of it touches
+    the host (lease, health, load generator) until the previous cell's state says finished, and
+    its result says when it held the host and how long it waited."""
+    r = resolve(tmp_path, contexts=["8K"], concurrencies=[1])
+    planned = matrix.plan(r, INFO)["decode"][0]
+    events = []
+    states = iter(["running", "running", "success"])
+
+    def previous():
+        events.append("asked")
+        return next(states)
+
+    _quiet_host(monkeypatch)
+    monkeypatch.setattr(matrix, "server_health", lambda *a: events.append("health"))
+    monkeypatch.setattr(turn, "POLL_S", 0.001)
+    monkeypatch.setattr(
+        matrix,
+        "measure",
+        lambda *a: (events.append("measure"), (decode(ctx=8176, started_at=WHEN), []))[1],
+    )
+    out = matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned, (previous, "decode[0]"))
+    assert events == ["asked", "asked", "asked", "health", "measure"]
+    t = out["turn"]
+    assert t["after"] == "decode[0]" and t["state"] == "success" and t["waited_s"] >= 0
+    assert t["began"] <= t["ended"] and out["cell"]["status"] == "valid"
+
+
+def test_a_cell_that_cannot_learn_its_turn_fails_without_touching_the_host(tmp_path, monkeypatch):
+    r = resolve(tmp_path, contexts=["8K"], concurrencies=[1])
+    planned = matrix.plan(r, INFO)["decode"][0]
+
+    def previous():
+        raise ConnectionError("API server gone")
+
+    def host_touched(*a):
+        raise AssertionError("the host was touched")
+
+    monkeypatch.setattr(matrix, "host_lease", host_touched)
+    monkeypatch.setattr(matrix, "measure", host_touched)
+    out = matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned, (previous, "decode[0]"))
+    assert out["cell"]["status"] == "failed" and out["requests"] == []
+    assert "could not learn whether decode[0] had finished" in out["cell"]["error"]
+    assert "API server gone" in out["cell"]["error"]
 
 
 def test_a_prefill_found_warm_is_measured_again_cold(tmp_path, monkeypatch):

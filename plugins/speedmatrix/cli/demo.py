@@ -105,9 +105,12 @@ def run_dag(conf: dict) -> dict:
     wall = time.monotonic() - started
     tis = {}
     xcoms = {}
+    turns = {}  # each cell task's hold on the host (flows/turn.py), by its task key
+    labels = {}
     links: dict[str, dict] = {}
     for ti in dr.get_task_instances():
         key = ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.rendered_map_index}]"
+        labels[(ti.task_id, ti.map_index)] = key
         tis[key] = {
             "state": str(ti.state),
             "start": ti.start_date.isoformat() if ti.start_date else None,
@@ -132,6 +135,15 @@ def run_dag(conf: dict) -> dict:
                 if isinstance(value, str) and value.startswith('"'):
                     value = json.loads(value)
                 links.setdefault(row.task_id, {})[row.key] = value
+        for row in session.query(XComModel).filter(
+            XComModel.dag_id == dag.dag_id,
+            XComModel.run_id == dr.run_id,
+            XComModel.task_id.in_(["prefill", "decode"]),
+            XComModel.key == "return_value",
+        ):
+            value = row.value if isinstance(row.value, dict) else {}
+            if value.get("turn"):
+                turns[labels.get((row.task_id, row.map_index), row.task_id)] = value["turn"]
         from airflow.models.asset import AssetEvent, AssetModel
 
         events = [
@@ -147,6 +159,7 @@ def run_dag(conf: dict) -> dict:
         "wall_s": wall,
         "tasks": tis,
         "xcom": json.loads(json.dumps(xcoms, default=str)),
+        "turns": json.loads(json.dumps(turns, default=str)),
         "links": json.loads(json.dumps(links, default=str)),
     }
 

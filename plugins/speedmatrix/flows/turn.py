@@ -1,0 +1,97 @@
+"""A cell's turn on its host: the cell task starts while the previous cell measures (issue #19).
+
+Why: a cell task's start is Airflow's cost (a new process, the DAG file, the task runner, our
+imports: 10-15 s on a 2-core worker), and with one cell task at a time the GPU host sat idle for
+all of it at every hand-off. The DAG lets two instances of a mapped cell task run at once
+(`max_active_tis_per_dagrun=2`); the second one starts, imports, and then waits here until the
+cell before it in map index order (the plan's run order) has finished. So the host still
+measures one cell at a time, in the plan's order, and a hand-off costs it one poll.
+
+The rule, from the previous instance's state (Airflow's, read through the execution API):
+- queued, running or any other live state: wait; it holds (or is about to hold) the host.
+  It cannot wait forever: a cell bounds itself, its task has an execution timeout, and a task
+  whose worker died is failed by the scheduler's heartbeat timeout.
+- finished (success, failed, skipped, upstream_failed, removed): go.
+- not started (None, scheduled): go. The real scheduler queues a mapped task's instances in
+  map index order (scheduler_job_runner orders by map_index), so a later cell never runs while
+  its predecessor is merely scheduled; `dag.test()` does, since it runs mapped instances one at
+  a time in no set order, and there waiting would never end. Cells one at a time hold there
+  anyway (one process runs them in turn).
+
+Pure of Airflow but for :func:`previous_cell_state`, so the rule is unit-tested as is.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("speedmatrix.turn")
+
+GO_STATES = frozenset(
+    {None, "scheduled", "success", "failed", "skipped", "upstream_failed", "removed"}
+)
+POLL_S = 0.25
+"""How often the waiting cell reads its predecessor's state: the host's idle time per hand-off
+is about half of it (one API read each time, the supervisor's, cheap)."""
+PROGRESS_EVERY_S = 30.0
+
+
+def wait_for_turn(
+    previous_state: Callable[[], str | None] | None,
+    previous: str = "the previous cell",
+    *,
+    poll_s: float | None = None,
+    progress_every_s: float = PROGRESS_EVERY_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """Block until the previous cell leaves the host; say what happened.
+
+    Returns {"after": previous or None, "waited_s", "state"} (the state that let it go), which
+    the cell's result carries so the run shows each hand-off. A predecessor whose state cannot
+    be read (the API failing) is not waited for blindly: the error is raised, the cell fails
+    and says why (measuring beside a running cell would give numbers that are wrong)."""
+    if previous_state is None:
+        return {"after": None, "waited_s": 0.0, "state": None}
+    poll_s = POLL_S if poll_s is None else poll_s
+    t0 = clock()
+    next_note = t0 + progress_every_s
+    while True:
+        state = previous_state()
+        state = None if state is None else str(state)
+        if state in GO_STATES:
+            return {"after": previous, "waited_s": round(clock() - t0, 3), "state": state}
+        now = clock()
+        if now >= next_note:
+            log.info("waiting for %s to finish (%s) for %.0f s", previous, state, now - t0)
+            next_note = now + progress_every_s
+        sleep(poll_s)
+
+
+def previous_cell_state(ti: Any) -> tuple[Callable[[], str | None] | None, str]:
+    """The reader of the state of the instance before `ti` in map index order, and its name.
+
+    (None, "") for the first instance (and for an unmapped task). `ti` is the running task
+    instance (airflow.sdk's RuntimeTaskInstance: get_task_states asks the API server)."""
+    index = getattr(ti, "map_index", -1)
+    if index is None or index <= 0:
+        return None, ""
+    prev = index - 1
+    key = f"{ti.task_id}_{prev}"  # how the execution API names a mapped instance
+
+    def read() -> str | None:
+        states = ti.get_task_states(
+            dag_id=ti.dag_id, map_index=prev, task_ids=[ti.task_id], run_ids=[ti.run_id]
+        )
+        return (states.get(ti.run_id) or {}).get(key)
+
+    return read, f"{ti.task_id}[{prev}]"
+
+
+def stamp() -> str:
+    """Now, UTC, ISO 8601: when a cell's hold on the host began or ended."""
+    return dt.datetime.now(dt.UTC).isoformat()
