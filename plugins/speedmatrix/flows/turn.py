@@ -1,8 +1,9 @@
 """A cell's turn on its host: the cell task starts while the previous cell measures (issue #19).
 
-Why: a cell task's start is Airflow's cost (a new process, the DAG file, the task runner, our
-imports: 10-15 s on a 2-core worker), and with one cell task at a time the GPU host sat idle for
-all of it at every hand-off. The DAG lets two instances of a mapped cell task run at once
+Why: a cell task's start is Airflow's cost (the scheduler's hand-off, a new process, the DAG
+file, the task runner, our imports), and with one cell task at a time the GPU host sat idle for
+all of it at every hand-off: 27.9 s over the 23 cells of the reference matrix (benchmarks/
+README.md, issue #19). The DAG lets two instances of a mapped cell task run at once
 (`max_active_tis_per_dagrun=2`); the second one starts, imports, and then waits here until the
 cell before it in map index order (the plan's run order) has finished. So the host still
 measures one cell at a time, in the plan's order, and a hand-off costs it one poll.
@@ -10,7 +11,11 @@ measures one cell at a time, in the plan's order, and a hand-off costs it one po
 The rule, from the previous instance's state (Airflow's, read through the execution API):
 - queued, running or any other live state: wait; it holds (or is about to hold) the host.
   It cannot wait forever: a cell bounds itself, its task has an execution timeout, and a task
-  whose worker died is failed by the scheduler's heartbeat timeout.
+  whose worker died is failed by the scheduler's heartbeat timeout. The waiting task holds a
+  worker slot; the one it waits for was queued before it (the scheduler queues in map index
+  order) and executors start queued tasks in order (LocalExecutor's queue, Celery's FIFO
+  queue), so it has a slot. An executor that let the later instance take the last free slot
+  first would leave it waiting until its execution timeout: not seen, and said here.
 - finished (success, failed, skipped, upstream_failed, removed): go.
 - not started (None, scheduled): go. The real scheduler queues a mapped task's instances in
   map index order (scheduler_job_runner orders by map_index), so a later cell never runs while
@@ -34,9 +39,10 @@ log = logging.getLogger("speedmatrix.turn")
 GO_STATES = frozenset(
     {None, "scheduled", "success", "failed", "skipped", "upstream_failed", "removed"}
 )
-POLL_S = 0.25
-"""How often the waiting cell reads its predecessor's state: the host's idle time per hand-off
-is about half of it (one API read each time, the supervisor's, cheap)."""
+POLL_S = 0.1
+"""How often the waiting cell reads its predecessor's state: the host waits about half of it per
+hand-off (at 0.25 s the median hand-off was 0.25 s, issue #19's benchmark), for one read of the
+execution API each time (a GET the supervisor makes; ~300 over a 30 s window)."""
 PROGRESS_EVERY_S = 30.0
 
 
