@@ -78,7 +78,9 @@ def run(conf: dict) -> dict:
     return out
 
 
-def run_local_executor(conf: dict, celery: bool = False) -> dict:
+def run_local_executor(
+    conf: dict, celery: bool = False, scheduler_idle_sleep: float | None = None
+) -> dict:
     """One speed_matrix run on a deployment (deploy/'s topology, started as the deployment
     tests start it): the LocalExecutor, or with `celery` the CeleryExecutor with one worker
     (Redis broker, PostgreSQL result backend); the same result shape as `run`."""
@@ -108,6 +110,8 @@ def run_local_executor(conf: dict, celery: bool = False) -> dict:
     }
     if not celery:
         env["AIRFLOW__CORE__EXECUTOR"] = "LocalExecutor"
+    if scheduler_idle_sleep is not None:
+        env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = f"{scheduler_idle_sleep:g}"
     dep = Deployment(work, dags, workers=1 if celery else 0, extra_env=env)
     dep.start()
     try:
@@ -370,6 +374,13 @@ def main() -> int:
         help="dag.test in one process, or a deployment: scheduler with the LocalExecutor, "
         "or the CeleryExecutor with one worker (deploy/'s production topology)",
     )
+    p.add_argument(
+        "--scheduler-idle-sleep",
+        type=float,
+        default=None,
+        help="[scheduler] scheduler_idle_sleep_time for --runner local|celery (Airflow's "
+        "default: 1 s; how long an idle scheduler sleeps before it sees a finished task)",
+    )
     args = p.parse_args()
     conf = {**FULL, "duration_s": args.duration}
     if args.short:
@@ -380,14 +391,16 @@ def main() -> int:
     if args.runner == "dag-test":
         out = run(conf)
     else:
-        out = run_local_executor(conf, celery=args.runner == "celery")
+        out = run_local_executor(
+            conf, celery=args.runner == "celery", scheduler_idle_sleep=args.scheduler_idle_sleep
+        )
     figures = analyse(out)
     runner = {
         "dag-test": "dag.test in-process",
         "local": "scheduler, LocalExecutor",
         "celery": "scheduler, CeleryExecutor (1 worker)",
     }[args.runner]
-    figures.update(conf=conf, runner=runner)
+    figures.update(conf=conf, runner=runner, scheduler_idle_sleep=args.scheduler_idle_sleep)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     dest = REPO / "benchmarks" / "out" / f"pipeline_bench-{stamp}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
