@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -290,7 +291,27 @@ def turn_split(turns: dict, windows_s: float, warmup_s: float) -> dict:
         "handoff_median_s": round(sorted(handoffs)[len(handoffs) // 2], 2) if handoffs else None,
         "handoff_max_s": round(max(handoffs), 2) if handoffs else None,
         "cells_waited_s": round(sum(w for _, _, w in spans), 1),
+        # what let each cell go: its predecessor's word "released" (flows/turn.py) or state
+        "turn_states": dict(
+            Counter(str(t.get("state")) for t in turns.values() if t.get("after") is not None)
+        ),
     }
+
+
+def ramp_split(requests: list[dict]) -> dict:
+    """The decode cells' ramps: from their first stream's request to the window opening, once
+    every stream has its first token from its cached prompt (docs/measurement.md). The engine
+    works then (a prefill step per stream on its cached prompt, then the first decode steps),
+    yet the issue's formula counts it with the idle time, being neither window nor warm-up; this
+    says how much of that time it is. From the request rows: a row's start_offset_s is its
+    start relative to the window's (negative before it)."""
+    first: dict[tuple, float] = {}
+    for q in requests:
+        if q["phase"] != "decode" or q.get("start_offset_s") is None:
+            continue
+        k = (q["context_tokens"], q["concurrency"])
+        first[k] = min(first.get(k, 0.0), float(q["start_offset_s"]))
+    return {"ramps": len(first), "ramps_s": round(-sum(first.values()), 1)}
 
 
 def analyse(out: dict) -> dict:
@@ -300,7 +321,9 @@ def analyse(out: dict) -> dict:
     tasks = out["tasks"]
     resolved = out["xcom"]["resolve"]
     resolved = json.loads(resolved) if isinstance(resolved, str) else resolved
-    _, cells, _ = Warehouse(str(Path(out["work"]) / "warehouse")).read_run(resolved["run_id"])
+    _, cells, requests = Warehouse(str(Path(out["work"]) / "warehouse")).read_run(
+        resolved["run_id"]
+    )
     starts = [_ts(t["start"]) for t in tasks.values() if t["start"]]
     ends = [_ts(t["end"]) for t in tasks.values() if t["end"]]
     wall = max(ends) - min(starts)  # first task start to last task end
@@ -359,6 +382,7 @@ def analyse(out: dict) -> dict:
         **lease_span(tasks, windows + warmup + start_s),
         **cell_split(tasks, cells),
         **turn_split(out.get("turns") or {}, windows, warmup),
+        **ramp_split(requests),
     }
 
 

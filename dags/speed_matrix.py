@@ -29,12 +29,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import Asset, Param, PokeReturnValue, dag, get_current_context, task
 
 from speedmatrix.flows import matrix, resolution
 from speedmatrix.flows.notifier import RunNotifier
 from speedmatrix.flows.site import SiteOperator
-from speedmatrix.flows.turn import previous_cell_state
+from speedmatrix.flows.turn import cell_turn
 
 ASSETS = [
     Asset(name=f"speedmatrix_{t}", uri=f"speedmatrix://warehouse/{t}", group="speedmatrix")
@@ -174,7 +175,7 @@ def _cell(resolved: dict, server: dict, cell: dict) -> dict:
     """A mapped cell task's body: its label for the map index, then its turn and its cell."""
     ctx = get_current_context()
     ctx["cell_label"] = cell["label"]
-    return matrix.run_cell(resolved, server, cell, previous_cell_state(ctx["ti"]))
+    return matrix.run_cell(resolved, server, cell, cell_turn(ctx["ti"], ctx["dag_run"]))
 
 
 @dag(
@@ -254,11 +255,6 @@ def speed_matrix():
     )
     def decode(resolved: dict, server: dict, cell: dict) -> dict:
         return _cell(resolved, server, cell)
-
-    @task(trigger_rule="all_done", retries=0)
-    def prefill_done() -> None:
-        """Decode cells run after the prefill cells whatever became of them (each cell checks
-        the server itself); also when there were no prefill cells at all."""
 
     @task(retries=2, execution_timeout=HOST_STEP_TIMEOUT)
     def stop_server(resolved: dict) -> dict:
@@ -345,7 +341,12 @@ def speed_matrix():
         cell=runnable.override(task_id="decode_cells")(planned, "decode")
     )
     stop = stop_server(resolved).as_teardown(setups=[lease, server], on_failure_fail_dagrun=True)
-    pre >> prefill_done() >> dec >> stop
+    # Decode cells run after the prefill cells whatever became of them (each cell checks the
+    # server itself); also when there were no prefill cells at all. An EmptyOperator, so that
+    # the scheduler marks it done itself: no worker, no task start between the last prefill
+    # cell and the first decode cell (issue #19).
+    prefill_done = EmptyOperator(task_id="prefill_done", trigger_rule="all_done")
+    pre >> prefill_done >> dec >> stop
     checked = validate(resolved)
     [dec, stop] >> checked
     landed = land(resolved, checked)

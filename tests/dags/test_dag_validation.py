@@ -96,6 +96,12 @@ def test_speed_matrix_shape(dagbag):
         assert t[tid].map_index_template == "{{ cell_label }}"
     assert "prefill_done" in t["decode"].upstream_task_ids
     assert t["prefill_done"].trigger_rule == "all_done"
+    # ...and the scheduler marks it done itself (an EmptyOperator with no callbacks, inlets or
+    # outlets): no task start between the last prefill cell and the first decode cell (#19)
+    from airflow.models.taskinstance import TaskInstance
+
+    assert not TaskInstance.is_task_schedulable(t["prefill_done"])
+    assert TaskInstance.is_task_schedulable(t["decode"])
     assert t["validate"].trigger_rule == "all_done"
     assert {a.uri for a in t["land"].outlets} == {
         "speedmatrix://warehouse/runs",

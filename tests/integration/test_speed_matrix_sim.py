@@ -121,7 +121,10 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
     for key, t in turns.items():
         if t["after"] is not None:
             assert t["state"] in ("scheduled", "success"), (key, t)
-            assert t["began"] <= t["ended"]
+        assert t["began"] <= t["ended"]
+        # ...and said it had left the host once its turn ended, through the real execution
+        # API (an XCom of this run's clear_number; the next cell reads it while this one runs)
+        assert t["released"]["clear_number"] == 0 and t["released"]["at"] >= t["ended"], t
     # landing emitted one Asset event per table, saying which run landed; `verdicts` one for
     # comparisons and noise once `regressions` had landed them
     events = {e["uri"]: e["extra"] for e in out["asset_events"]}

@@ -219,11 +219,30 @@ def test_a_cell_measures_only_after_the_previous_cell_has_finished(tmp_path, mon
         "measure",
         lambda *a: (events.append("measure"), (decode(ctx=8176, started_at=WHEN), []))[1],
     )
-    out = matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned, (previous, "decode[0]"))
-    assert events == ["asked", "asked", "asked", "health", "measure"]
+    held = turn.CellTurn(previous, "decode[0]", lambda: events.append("released"))
+    out = matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned, held)
+    # ...and it says it has left the host only after everything it did there
+    assert events == ["asked", "asked", "asked", "health", "measure", "released"]
     t = out["turn"]
     assert t["after"] == "decode[0]" and t["state"] == "success" and t["waited_s"] >= 0
     assert t["began"] <= t["ended"] and out["cell"]["status"] == "valid"
+
+
+def test_a_cell_whose_release_cannot_be_said_keeps_its_measurement(tmp_path, monkeypatch, caplog):
+    """The next cell then goes on this task's end, as it would without the word."""
+    r = resolve(tmp_path, contexts=["8K"], concurrencies=[1])
+    planned = matrix.plan(r, INFO)["decode"][0]
+    _quiet_host(monkeypatch)
+    monkeypatch.setattr(matrix, "measure", lambda *a: (decode(ctx=8176, started_at=WHEN), []))
+
+    def release():
+        raise ConnectionError("API server gone")
+
+    out = matrix.run_cell(
+        r, {"base_url": "http://127.0.0.1:1"}, planned, turn.CellTurn(None, "", release)
+    )
+    assert out["cell"]["status"] == "valid" and out["turn"]["ended"]
+    assert "could not say the host is released: API server gone" in caplog.text
 
 
 def test_a_cell_that_cannot_learn_its_turn_fails_without_touching_the_host(tmp_path, monkeypatch):
@@ -238,7 +257,9 @@ def test_a_cell_that_cannot_learn_its_turn_fails_without_touching_the_host(tmp_p
 
     monkeypatch.setattr(matrix, "host_lease", host_touched)
     monkeypatch.setattr(matrix, "measure", host_touched)
-    out = matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned, (previous, "decode[0]"))
+    # nor does it say it released a host it never held
+    held = turn.CellTurn(previous, "decode[0]", lambda: host_touched())
+    out = matrix.run_cell(r, {"base_url": "http://127.0.0.1:1"}, planned, held)
     assert out["cell"]["status"] == "failed" and out["requests"] == []
     assert "could not learn whether decode[0] had finished" in out["cell"]["error"]
     assert "API server gone" in out["cell"]["error"]

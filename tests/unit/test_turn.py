@@ -95,27 +95,42 @@ def test_a_long_wait_says_so(caplog):
 
 
 class FakeTI:
-    """The parts of airflow.sdk's RuntimeTaskInstance the reader uses; get_task_states answers
-    as the execution API does (tests/dags checks the real one under dag.test)."""
+    """The parts of airflow.sdk's RuntimeTaskInstance the turn uses; get_task_states and
+    xcom_pull answer as the execution API does (tests/integration checks the real ones under
+    dag.test, tests/deployment under the scheduler)."""
 
     dag_id = "speed_matrix"
     run_id = "manual__r1"
     task_id = "decode"
 
-    def __init__(self, map_index, states):
+    def __init__(self, map_index, states, xcoms=None):
         self.map_index = map_index
         self.states = states
+        self.xcoms = dict(xcoms or {})
         self.asked = []
+        self.pulled = []
 
     def get_task_states(self, **kw):
         self.asked.append(kw)
         return {self.run_id: dict(self.states)}
 
+    def xcom_pull(self, **kw):
+        self.pulled.append(kw)
+        return self.xcoms.get((kw["task_ids"], kw["map_indexes"], kw["key"]))
+
+    def xcom_push(self, key, value):
+        self.xcoms[(self.task_id, self.map_index, key)] = value
+
+
+class Run:
+    def __init__(self, clear_number=0):
+        self.clear_number = clear_number
+
 
 def test_the_previous_cell_is_the_previous_map_index_of_the_same_task():
     ti = FakeTI(3, {"decode_2": "running"})
-    read, name = turn.previous_cell_state(ti)
-    assert name == "decode[2]" and read() == "running"
+    t = turn.cell_turn(ti, Run())
+    assert t.name == "decode[2]" and t.previous() == "running"
     assert ti.asked == [
         {
             "dag_id": "speed_matrix",
@@ -124,10 +139,55 @@ def test_the_previous_cell_is_the_previous_map_index_of_the_same_task():
             "run_ids": ["manual__r1"],
         }
     ]
+    assert ti.pulled == [{"task_ids": "decode", "key": turn.RELEASED_KEY, "map_indexes": 2}]
     ti.states = {}
-    assert read() is None
+    assert t.previous() is None
 
 
 @pytest.mark.parametrize("index", [0, -1, None])
 def test_the_first_instance_and_an_unmapped_task_have_no_previous_cell(index):
-    assert turn.previous_cell_state(FakeTI(index, {})) == (None, "")
+    t = turn.cell_turn(FakeTI(index, {}), Run())
+    assert (t.previous, t.name) == (None, "") and t.release is not None
+
+
+def _released_by(prev: FakeTI, run: Run) -> dict:
+    turn.cell_turn(prev, run).release()
+    return prev.xcoms
+
+
+def test_a_running_previous_cell_that_released_the_host_lets_the_next_one_go():
+    """Issue #19: the hand-off need not wait for the previous task's end to reach the API
+    server; the cell says it has left the host as its turn ends."""
+    xcoms = _released_by(FakeTI(2, {}), Run(0))
+    (value,) = xcoms.values()
+    assert value["clear_number"] == 0 and value["at"]
+    ti = FakeTI(3, {"decode_2": "running"}, xcoms)
+    t = turn.cell_turn(ti, Run(0))
+    assert t.previous() == turn.RELEASED
+    clock = Clock()
+    got = turn.wait_for_turn(t.previous, t.name, sleep=clock.sleep, clock=clock)
+    assert got == {"after": "decode[2]", "waited_s": 0.0, "state": "released"}
+    assert clock.slept == []
+
+
+@pytest.mark.parametrize("state", ["queued", "restarting", "up_for_retry"])
+def test_released_counts_only_from_a_running_previous_cell(state):
+    """A "released" beside a predecessor that is not running comes from an earlier try (a
+    cleared cell erases its XComs only once its next try starts): it is not read at all."""
+    xcoms = _released_by(FakeTI(2, {}), Run(0))
+    ti = FakeTI(3, {"decode_2": state}, xcoms)
+    assert turn.cell_turn(ti, Run(0)).previous() == state and ti.pulled == []
+
+
+def test_released_before_the_run_was_cleared_is_not_this_tries_word():
+    """A cleared run counts its clears: the earlier try's "released" (clear 0) is stale once
+    the new try runs (clear 1), even in the moment before that try erases it."""
+    xcoms = _released_by(FakeTI(2, {}), Run(0))
+    ti = FakeTI(3, {"decode_2": "running"}, xcoms)
+    assert turn.cell_turn(ti, Run(1)).previous() == "running"
+    assert turn.cell_turn(ti, Run(0)).previous() == turn.RELEASED
+
+
+def test_no_word_yet_keeps_the_next_cell_waiting():
+    ti = FakeTI(3, {"decode_2": "running"}, {("decode", 2, "other"): {"clear_number": 0}})
+    assert turn.cell_turn(ti, Run()).previous() == "running"

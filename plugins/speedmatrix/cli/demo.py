@@ -120,6 +120,8 @@ def run_dag(conf: dict) -> dict:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
+    from speedmatrix.flows.turn import RELEASED_KEY
+
     with create_session() as session:
         for row in session.query(XComModel).filter(
             XComModel.dag_id == dag.dag_id,
@@ -135,15 +137,22 @@ def run_dag(conf: dict) -> dict:
                 if isinstance(value, str) and value.startswith('"'):
                     value = json.loads(value)
                 links.setdefault(row.task_id, {})[row.key] = value
+        said = {}  # when each cell said it had left the host (flows/turn.py)
         for row in session.query(XComModel).filter(
             XComModel.dag_id == dag.dag_id,
             XComModel.run_id == dr.run_id,
             XComModel.task_id.in_(["prefill", "decode"]),
-            XComModel.key == "return_value",
+            XComModel.key.in_(["return_value", RELEASED_KEY]),
         ):
             value = row.value if isinstance(row.value, dict) else {}
-            if value.get("turn"):
-                turns[labels.get((row.task_id, row.map_index), row.task_id)] = value["turn"]
+            label = labels.get((row.task_id, row.map_index), row.task_id)
+            if row.key == RELEASED_KEY:
+                said[label] = value
+            elif value.get("turn"):
+                turns[label] = value["turn"]
+        for label, value in said.items():
+            if label in turns:
+                turns[label]["released"] = value
         from airflow.models.asset import AssetEvent, AssetModel
 
         events = [

@@ -32,7 +32,7 @@ import logging
 import os
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from speedmatrix import __version__
@@ -41,7 +41,7 @@ from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cel
 from speedmatrix.flows.handoff import compare_run, hand_on_comparison, handed_on_comparison
 from speedmatrix.flows.resolution import DAG_ID
 from speedmatrix.flows.resolved import Resolved
-from speedmatrix.flows.turn import stamp, wait_for_turn
+from speedmatrix.flows.turn import NO_TURN, CellTurn, stamp, wait_for_turn
 from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 from speedmatrix.quality import run_status
 from speedmatrix.records import (
@@ -382,12 +382,13 @@ def run_cell(
     resolved: Resolved,
     server: Mapping[str, Any],
     cell: Mapping[str, Any],
-    previous: tuple[Callable[[], str | None] | None, str] = (None, ""),
+    turn: CellTurn = NO_TURN,
 ) -> dict[str, Any]:
     """Measure one planned cell on the run's host. Never raises for a measurement problem.
 
-    `previous` reads the state of the cell task before this one (flows.turn): the task starts
-    and imports while that cell measures, and measures once it has finished. The result says
+    `turn` (flows.turn) reads the state of the cell task before this one: the task starts and
+    imports while that cell measures, and measures once it has left the host; then this cell
+    says it has left the host (`turn.release`), before its task ends. The result says
     which pass it was (`repeat`, 0 = the primary) beside the cell record, not in it: the
     record is the contract's, the pass is where it lands (cells or cell_repeats); and `turn`,
     when this cell held the host (began, ended) and how long it waited for it."""
@@ -396,18 +397,22 @@ def run_cell(
     import speedmatrix.loadgen  # noqa: F401
 
     repeat = int(cell.get("repeat") or 0)
-    reader, name = previous
     try:
-        turn = wait_for_turn(reader, name)
+        held = wait_for_turn(turn.previous, turn.name)
     except Exception as exc:
-        reason = f"could not learn whether {name} had finished: {type(exc).__name__}: {exc}"
+        reason = f"could not learn whether {turn.name} had finished: {type(exc).__name__}: {exc}"
         log.error("%s: %s", cell.get("label"), reason)
         record = failed_cell(cell, reason, started_at=dt.datetime.now(dt.UTC))
         return {"cell": to_wire(record), "requests": [], "repeat": repeat}
-    turn["began"] = stamp()
+    held["began"] = stamp()
     result = _run_cell(resolved, server, cell)
-    turn["ended"] = stamp()
-    return {**result, "repeat": repeat, "turn": turn}
+    held["ended"] = stamp()
+    if turn.release is not None:
+        try:
+            turn.release()
+        except Exception as exc:  # the next cell then goes on this task's end, as before
+            log.warning("%s: could not say the host is released: %s", cell.get("label"), exc)
+    return {**result, "repeat": repeat, "turn": held}
 
 
 def _run_cell(
