@@ -16,8 +16,9 @@ its decode cells C ascending, so each prompt is prefilled once. `prefill` maps t
 at the head of that order, `decode` the rest, later contexts' prefill cells included (map index
 `prefill 16K`); the scheduler starts each in map index order. Two instances of a cell task
 run at once: the next one starts (process, DAG file, imports) while the previous cell measures,
-then waits for it to finish before it touches the host (flows/turn.py), so the host measures one
-cell at a time and a hand-off costs it ~0.25 s, not a task start-up (issue #19).
+then waits until that cell has left the host (it says so as its turn ends) before it touches the
+host (flows/turn.py), so the host measures one cell at a time and a hand-off costs it a fraction
+of a second, not a task start-up (issue #19).
 
 With `repeats` > 1, decode also maps the repeated cells after the matrix, one pass after
 another (map index `8K x 1 #2`); they land in cell_repeats (plan.plan_matrix).

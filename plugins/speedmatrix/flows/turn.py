@@ -5,9 +5,9 @@ file, the task runner, our imports), and with one cell task at a time the GPU ho
 all of it at every hand-off: 27.9 s over the 23 cells of the reference matrix (benchmarks/
 README.md, issue #19). The DAG lets two instances of a mapped cell task run at once
 (`max_active_tis_per_dagrun=2`); the second one starts, imports, and then waits here until the
-cell before it in map index order (the plan's run order) has finished. So the host still
-measures one cell at a time, in the plan's order, and a hand-off costs it 0.22-0.29 s
-(median, measured: the previous task's end reaching the API server, then one poll).
+cell before it in map index order (the plan's run order) has left the host. So the host still
+measures one cell at a time, in the plan's order, and a hand-off costs it 0.13-0.15 s
+(median, measured with the "released" word below: one XCom push, then one poll of the next).
 
 The rule, from the previous instance's state (Airflow's, read through the execution API):
 - queued, running or any other live state: wait; it holds (or is about to hold) the host.
@@ -17,6 +17,7 @@ The rule, from the previous instance's state (Airflow's, read through the execut
   order) and executors start queued tasks in order (LocalExecutor's queue, Celery's FIFO
   queue), so it has a slot. An executor that let the later instance take the last free slot
   first would leave it waiting until its execution timeout: not seen, and said here.
+- running, and it has said "released" (below): go.
 - finished (success, failed, skipped, upstream_failed, removed): go.
 - not started (None, scheduled): go. The real scheduler queues a mapped task's instances in
   map index order (scheduler_job_runner orders by map_index), so a later cell never runs while
@@ -52,9 +53,10 @@ GO_STATES = frozenset(
 )
 POLL_S = 0.1
 """How often the waiting cell reads its predecessor's state, one read of the execution API each
-time (a GET the supervisor makes; ~300 over a 30 s window). Measured (issue #19's benchmark):
-median hand-off 0.25 s at a 0.25 s poll, 0.22-0.26 s at 0.1 s; the rest is the previous task's
-end reaching the API server."""
+time (a GET the supervisor makes; ~300 over a 30 s window), two while the predecessor runs (its
+"released" XCom too). Measured (issue #19's benchmark): median hand-off 0.25 s at a 0.25 s poll,
+0.22-0.26 s at 0.1 s waiting for the previous task's end to reach the API server, 0.13-0.15 s
+with the "released" word."""
 PROGRESS_EVERY_S = 30.0
 
 
