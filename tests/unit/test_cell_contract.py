@@ -166,7 +166,7 @@ def _quiet_host(monkeypatch):
         def renew(self):
             pass
 
-        def renewing(self):
+        def renewing(self, **kw):
             return contextlib.nullcontext(type("R", (), {"lost": None})())
 
     monkeypatch.setattr(matrix, "host_lease", lambda resolved: Lease())

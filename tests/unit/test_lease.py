@@ -76,6 +76,22 @@ def test_renewer_keeps_lease_alive_past_ttl_then_it_expires(lease_dir):
     assert b.try_acquire().status == "ACQUIRED"
 
 
+def test_a_renewer_entered_just_after_a_renewal_does_not_renew_again(lease_dir, monkeypatch):
+    """A cell renews before its health check, then measures under a renewer: one host command
+    on entry, not two (issue #19); any other caller still gets a renewal on entry."""
+    a = lease("run-a", lease_dir, ttl=60)
+    a.try_acquire()
+    calls = []
+    real = a.renew
+    monkeypatch.setattr(a, "renew", lambda: (calls.append(1), real())[1])
+    with a.renewing(interval_s=30, renewed=True):
+        pass
+    assert calls == []
+    with a.renewing(interval_s=30):
+        pass
+    assert calls == [1]
+
+
 def test_renewer_reports_a_lost_lease(lease_dir):
     # The renewer renews more slowly than the ttl: the lease lapses, run-b takes it, and the
     # renewer's next renewal finds out and says so instead of stealing it back.

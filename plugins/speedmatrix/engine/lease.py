@@ -337,9 +337,13 @@ class HostLease:
             every,
         )
 
-    def renewing(self, interval_s: float | None = None) -> Renewer:
-        """`with lease.renewing(): long_work()` keeps the lease fresh while the work runs."""
-        return Renewer(self, interval_s or max(1.0, self.ttl_s / 4))
+    def renewing(self, interval_s: float | None = None, *, renewed: bool = False) -> Renewer:
+        """`with lease.renewing(): long_work()` keeps the lease fresh while the work runs.
+
+        It renews on entry, unless the caller says it has just `renewed` (each cell renews before
+        its health check, to fail before touching the server: renewing again at once cost a host
+        command per cell, an SSH round trip on a remote host, while the host waited; issue #19)."""
+        return Renewer(self, interval_s or max(1.0, self.ttl_s / 4), renewed=renewed)
 
 
 class Renewer:
@@ -351,9 +355,10 @@ class Renewer:
     next interval.
     """
 
-    def __init__(self, lease: HostLease, interval_s: float):
+    def __init__(self, lease: HostLease, interval_s: float, *, renewed: bool = False):
         self.lease = lease
         self.interval_s = interval_s
+        self.renewed = renewed
         self.lost: LeaseLost | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lease-renewer", daemon=True)
@@ -370,7 +375,8 @@ class Renewer:
                 log.warning("lease renewal on %s failed: %s", self.lease.host.name, exc)
 
     def __enter__(self) -> Renewer:
-        self.lease.renew()
+        if not self.renewed:
+            self.lease.renew()
         self._thread.start()
         return self
 

@@ -131,7 +131,7 @@ def setup(resolved: Resolved) -> dict[str, Any]:
     recipe = _recipe(resolved)
     host = host_of(resolved)
     started = time.monotonic()
-    with lease.renewing():
+    with lease.renewing(renewed=True):
         prov = provision(recipe, resolved["engine_ref"], host)
         provisioned_s = time.monotonic() - started
         handle = start_server(
@@ -435,7 +435,7 @@ def _run_cell(
         reason = f"server not healthy before the cell: {why}"
         log.error("%s: %s", cell.get("label"), reason)
         return {"cell": to_wire(failed_cell(cell, reason, started_at=started_at)), "requests": []}
-    with lease.renewing() as renewer:
+    with lease.renewing(renewed=True) as renewer:
         try:
             record, rows = measure(resolved, server, cell)
             if _warm_prefill(record):
