@@ -6,7 +6,7 @@ all of it at every hand-off: 27.9 s over the 23 cells of the reference matrix (b
 README.md, issue #19). The DAG lets two instances of a mapped cell task run at once
 (`max_active_tis_per_dagrun=2`); the second one starts, imports, and then waits here until the
 cell before it in map index order (the plan's run order) has left the host. So the host still
-measures one cell at a time, in the plan's order, and a hand-off costs it 0.13-0.15 s
+measures one cell at a time, in the plan's order, and a hand-off costs it 0.09-0.15 s
 (median, measured with the "released" word below: one XCom push, then one poll of the next).
 
 The rule, from the previous instance's state (Airflow's, read through the execution API):
@@ -55,7 +55,7 @@ POLL_S = 0.1
 """How often the waiting cell reads its predecessor's state, one read of the execution API each
 time (a GET the supervisor makes; ~300 over a 30 s window), two while the predecessor runs (its
 "released" XCom too). Measured (issue #19's benchmark): median hand-off 0.25 s at a 0.25 s poll,
-0.22-0.26 s at 0.1 s waiting for the previous task's end to reach the API server, 0.13-0.15 s
+0.22-0.26 s at 0.1 s waiting for the previous task's end to reach the API server, 0.09-0.15 s
 with the "released" word."""
 PROGRESS_EVERY_S = 30.0
 
