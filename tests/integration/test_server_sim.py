@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import running
 
 from speedmatrix.engine.hosts import get_host
 from speedmatrix.engine.provision import ProvisionResult, provision
@@ -29,6 +30,7 @@ from speedmatrix.engine.vllm_server import (
     alive_servers,
     group_pids,
     inspect_server,
+    server_state,
     start_server,
     stop_server,
 )
@@ -59,11 +61,6 @@ def sim():
 
 def _with_serve(recipe, **serve):
     return recipe.model_copy(update={"serve": recipe.serve.model_copy(update=serve)})
-
-
-def _alive(pids: list[int]) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid="], capture_output=True, text=True).stdout.split()
-    return [p for p in pids if str(p) in out]
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -99,7 +96,7 @@ def test_start_inspect_stop_leaves_nothing(local, sim):
         out = stop_server(handle, host=local)
     assert out["was_running"] and out["left"] == []
     assert group_pids(local, handle.pid) == []
-    assert _alive(pids) == []
+    assert running(pids) == []
     again = stop_server(handle, host=local)  # idempotent
     assert again["was_running"] is False and again["left"] == []
 
@@ -213,7 +210,7 @@ def test_a_server_that_ignores_sigterm_is_killed_and_nothing_is_left(any_host, l
     assert handle.pid in out["term_survivors"]
     assert any("SIGKILL" in m and str(handle.pid) in m for m in msgs), msgs
     assert out["left"] == [] and group_pids(any_host, handle.pid) == []
-    assert _alive(pids) == []
+    assert running(pids) == []
     assert out["gpu_check"] == "skipped: no nvidia-smi on the host"
 
 
@@ -283,7 +280,7 @@ def test_gpu_check_after_stop(tmp_path, log_messages, mode):
                 stop_server(handle, host=host, gpu_wait_s=0)
         else:
             out = stop_server(handle, host=host, gpu_wait_s=0)
-    assert group_pids(host, handle.pid) == [] and _alive(pids) == []  # stopped in every case
+    assert group_pids(host, handle.pid) == [] and running(pids) == []  # stopped in every case
     if mode != "absent":
         assert "--query-compute-apps=pid" in (fake / "calls").read_text()
     if mode == "ours":
@@ -772,6 +769,34 @@ def test_a_matching_identity_and_a_bare_pid_file_are_ours(local, tmp_path, stran
             assert out["killed"] is False and proc.wait_gone()  # SIGTERM did it
     finally:
         other.kill()
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def test_a_zombie_is_stopped_not_waited_for(local, tmp_path):
+    """A server that exited on SIGTERM but is not yet reaped (a zombie: its parent, or the
+    host's init, reaps late or never, as in a container without an init) holds nothing: the
+    stop is verified at once, without a SIGKILL, and the group reads as dead. Here the test
+    process is the parent and reaps only at the end; before, the stop waited out its grace,
+    sent SIGKILL and failed with the zombie "left"."""
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)  # our child: not reaped
+    try:
+        servers = tmp_path / "servers"
+        identity = f"{_start_ticks(proc.pid)} {_boot_id()}"
+        _record(servers / "8000", proc.pid, identity)
+        handle = _handle(servers / "8000", proc.pid, identity)
+        assert alive_servers(local, str(servers)) == {str(servers / "8000"): proc.pid}
+        out = stop_server(handle, host=local, grace_s=10, gpu_wait_s=0)
+        assert _state(proc.pid) == "Z"  # exited, still in the process table
+        assert out["was_running"] and out["killed"] is False and out["term_survivors"] == []
+        assert out["left"] == [] and group_pids(local, proc.pid) == []
+        assert server_state(local, handle) == "dead"
+        assert alive_servers(local, str(servers)) == {}
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_stale_record_does_not_block_a_new_start(local, sim, tmp_path, stranger):

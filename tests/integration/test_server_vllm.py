@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from processes import running
 
 from speedmatrix.engine.vllm_server import (
     NO_TELEMETRY_ENV,
@@ -37,11 +38,6 @@ def _with(recipe, serve=None, model=None):
     if model:
         update["model"] = recipe.model.model_copy(update=model)
     return recipe.model_copy(update=update)
-
-
-def _alive(pids: list[int]) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid="], capture_output=True, text=True).stdout.split()
-    return [p for p in pids if str(p) in out]
 
 
 def test_session_server_kv_capacity_metrics_match_the_log(vllm_cpu_server, vllm_cpu_host):
@@ -124,7 +120,7 @@ def test_start_inspect_stop_with_a_metacharacter_name_leaves_nothing(
         out = stop_server(handle, host=vllm_cpu_host)
     assert out["was_running"] and out["left"] == []
     assert group_pids(vllm_cpu_host, handle.pid) == []
-    assert _alive(pids) == []
+    assert running(pids) == []
     assert vllm_cpu_host.run("test -e /tmp/speedmatrix-pwned").rc == 1
     assert stop_server(handle, host=vllm_cpu_host)["was_running"] is False  # idempotent
 

@@ -31,16 +31,19 @@ RECORD_IDENTITY = (
 # sm_state PID IDENTITY: is the group recorded as PID (with that identity, or "" for a run dir
 # without one) still our server? Prints "alive" (the leader is ours), "orphans" (the leader
 # died, its group lives on), "dead", or "gone: <why>" (the PID is another process now).
+# A zombie (exited, not yet reaped by its parent or the host's init) is dead: see group_pids.
 _STATE_SH = r"""
 sm_state() {
-  local p=$1 ident=$2 want_start want_boot now= boot s grp=
-  ps -eo pgid= | awk -v g="$p" '$1 == g {f = 1} END {exit !f}' && grp=1
+  local p=$1 ident=$2 want_start want_boot now= boot s grp= zombie=
+  ps -eo pgid=,stat= | awk -v g="$p" '$1 == g && $2 !~ /^Z/ {f = 1} END {exit !f}' && grp=1
   if [ -z "$ident" ]; then
     if [ -n "$grp" ]; then echo alive; else echo dead; fi
     return 0
   fi
   set -- $ident; want_start=$1; want_boot=$2
-  if s=$(cat /proc/"$p"/stat 2>/dev/null); then s=${s##*) }; set -- $s; now=${20}; fi
+  if s=$(cat /proc/"$p"/stat 2>/dev/null); then
+    s=${s##*) }; set -- $s; now=${20}; [ "$1" = Z ] && zombie=1
+  fi
   if [ -z "$now" ] && [ -z "$grp" ]; then echo dead; return 0; fi
   boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)
   if [ -n "$want_boot" ] && [ -n "$boot" ] && [ "$boot" != "$want_boot" ]; then
@@ -51,7 +54,9 @@ sm_state() {
     echo "gone: PID $p is another process now (started $now clock ticks after boot; the server's leader started at $want_start)"
     return 0
   fi
-  if [ -n "$now" ]; then echo alive; else echo orphans; fi
+  if [ -n "$now" ] && [ -z "$zombie" ]; then echo alive
+  elif [ -n "$grp" ]; then echo orphans
+  else echo dead; fi
 }
 """
 
@@ -225,9 +230,14 @@ def is_alive(host: Host, handle: ServerHandle) -> bool:
 
 
 def group_pids(host: Host, pgid: int) -> list[int]:
-    """Processes still in process group ``pgid`` on the host."""
+    """Processes still running in process group ``pgid`` on the host (zombies excluded: an
+    exited process holds no memory, port or GPU; it only waits for its parent, or the host's
+    init once orphaned, to reap it. Measured here: this machine's init reaps ~2 s after the
+    exit, so a stop that counted zombies held the host that long (issue #19); on a host whose
+    init never reaps, as in a container without one, the stop would fail as "survived
+    SIGKILL")."""
     res = host.run(
-        f"ps -eo pid=,pgid= | awk '$2 == {int(pgid)} {{print $1}}'",
+        f"ps -eo pid=,pgid=,stat= | awk '$2 == {int(pgid)} && $3 !~ /^Z/ {{print $1}}'",
         timeout_s=30,
         idempotent=True,
         stream=False,
