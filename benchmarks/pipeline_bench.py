@@ -129,6 +129,8 @@ def run_local_executor(
                 else f"{ti['task_id']}[{ti['map_index']}]"
             )
             tasks[key] = {
+                "scheduled": ti.get("scheduled_when"),
+                "queued": ti.get("queued_when"),
                 "start": ti.get("start_date"),
                 "end": ti.get("end_date"),
                 "duration_s": ti.get("duration"),

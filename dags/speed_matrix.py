@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import Asset, Param, PokeReturnValue, dag, get_current_context, task
 
 from speedmatrix.flows import matrix, resolution
@@ -172,10 +171,16 @@ PARAMS = {
 }
 
 
-def _cell(resolved: dict, server: dict, cell: dict) -> dict:
-    """A mapped cell task's body: its label for the map index, then its turn and its cell."""
+def _cell(resolved: dict, cell: dict) -> dict:
+    """A mapped cell task's body: its label for the map index, then its turn and its cell.
+
+    The server's handle is pulled here, not passed as an argument: an argument would make the
+    cell task a direct downstream of the setup task, and Airflow requires those to run on
+    all_success, which `decode` (all_done: after the prefill cells whatever became of them)
+    is not. A failed setup still stops the cells: their cell lists come after it."""
     ctx = get_current_context()
     ctx["cell_label"] = cell["label"]
+    server = ctx["ti"].xcom_pull(task_ids="setup_server")
     return matrix.run_cell(resolved, server, cell, cell_turn(ctx["ti"], ctx["dag_run"]))
 
 
@@ -245,17 +250,21 @@ def speed_matrix():
         execution_timeout=CELL_TASK_TIMEOUT,
         retries=0,
     )
-    def prefill(resolved: dict, server: dict, cell: dict) -> dict:
-        return _cell(resolved, server, cell)
+    def prefill(resolved: dict, cell: dict) -> dict:
+        return _cell(resolved, cell)
 
     @task(
         max_active_tis_per_dagrun=2,  # one measuring, the next one starting (flows/turn.py)
         map_index_template="{{ cell_label }}",
         execution_timeout=CELL_TASK_TIMEOUT,
         retries=0,
+        # After the prefill cells whatever became of them (each cell checks the server
+        # itself), also when there were none; without its cell list (decode_cells failed)
+        # Airflow cannot expand it and marks it upstream_failed.
+        trigger_rule="all_done",
     )
-    def decode(resolved: dict, server: dict, cell: dict) -> dict:
-        return _cell(resolved, server, cell)
+    def decode(resolved: dict, cell: dict) -> dict:
+        return _cell(resolved, cell)
 
     @task(retries=2, execution_timeout=HOST_STEP_TIMEOUT)
     def stop_server(resolved: dict) -> dict:
@@ -335,19 +344,18 @@ def speed_matrix():
     server = setup_server(resolved, lease)
     info = inspect(resolved, server)
     planned = plan(resolved, info)
-    pre = prefill.partial(resolved=resolved, server=server).expand(
+    pre = prefill.partial(resolved=resolved).expand(
         cell=runnable.override(task_id="prefill_cells")(planned, "prefill")
     )
-    dec = decode.partial(resolved=resolved, server=server).expand(
+    dec = decode.partial(resolved=resolved).expand(
         cell=runnable.override(task_id="decode_cells")(planned, "decode")
     )
     stop = stop_server(resolved).as_teardown(setups=[lease, server], on_failure_fail_dagrun=True)
-    # Decode cells run after the prefill cells whatever became of them (each cell checks the
-    # server itself); also when there were no prefill cells at all. An EmptyOperator, so that
-    # the scheduler marks it done itself: no worker, no task start between the last prefill
-    # cell and the first decode cell (issue #19).
-    prefill_done = EmptyOperator(task_id="prefill_done", trigger_rule="all_done")
-    pre >> prefill_done >> dec >> stop
+    # Decode straight after prefill, no gate task between them (issue #19): the scheduler
+    # schedules the first decode cell in the loop that sees the last prefill cell done. A gate
+    # (prefill_done, an EmptyOperator until 2026-12-03) cost a scheduler loop more, and the loop
+    # that marked it counted as idle, so the scheduler slept (1 s by default) before the next.
+    pre >> dec >> stop
     checked = validate(resolved)
     [dec, stop] >> checked
     landed = land(resolved, checked)

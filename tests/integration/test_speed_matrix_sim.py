@@ -168,11 +168,14 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
 def test_repeated_cell_lands_in_cell_repeats_and_gives_its_own_noise(migrated, tmp_path, home):
     """repeats = 2 on one decode cell, in one DAG run: the primary in cells, the repeat (its
     own mapped decode task) in cell_repeats, and the noise table's between-run spread of that
-    cell from this run alone."""
+    cell from this run alone. The first context has no prefill cell, so `prefill` (the prefill
+    cells at the head of the run order) maps nothing and is skipped, and `decode` (all_done
+    after it, no gate task between them) runs all the same, 16K's prefill cell among them."""
     wh_root = tmp_path / "wh"  # no baseline from the other tests' runs
     conf = {
         **CONF,
-        "contexts": ["8K"],
+        "prefill_contexts": ["16K"],
+        "contexts": ["8K", "16K"],
         "concurrencies": [1],
         "repeats": 2,
         "repeat_cells": ["8Kx1"],
@@ -184,7 +187,14 @@ def test_repeated_cell_lands_in_cell_repeats_and_gives_its_own_noise(migrated, t
     out = outcome(result)
     assert out["state"] == "success", log.read_text()[-4000:]
     tasks = out["tasks"]
-    assert {k for k in tasks if k.startswith("decode[")} == {"decode[8K x 1]", "decode[8K x 1 #2]"}
+    assert {k for k in tasks if k.startswith("decode[")} == {
+        "decode[8K x 1]",
+        "decode[prefill 16K]",
+        "decode[16K x 1]",
+        "decode[8K x 1 #2]",
+    }
+    assert not any(k.startswith("prefill[") for k in tasks), tasks
+    assert tasks["prefill"]["state"] == "skipped", tasks
     # (the order of the mapped cells is the scheduler's, by map index: dag.test runs them
     # in set order, so when the repeat ran is not checked here; plan.py's tests check the order)
     assert tasks["regressions"]["state"] == "success"
@@ -193,13 +203,18 @@ def test_repeated_cell_lands_in_cell_repeats_and_gives_its_own_noise(migrated, t
     wh = Warehouse(str(wh_root))
     _, cells, _ = wh.read_run(run_id)
     cells = [(c["phase"], c["context_label"], c["concurrency"], c["status"]) for c in cells]
-    assert cells == [("prefill", "8K", 1, "valid"), ("decode", "8K", 1, "valid")]
+    assert sorted(cells) == [
+        ("decode", "16K", 1, "valid"),
+        ("decode", "8K", 1, "valid"),
+        ("prefill", "16K", 1, "valid"),
+    ]
     repeats = read_extra(wh, "cell_repeats", run_id=run_id)
     assert repeats[["phase", "concurrency", "repeat", "status"]].values.tolist() == [
         ["decode", 1, 1, "valid"]
     ]
     noise = read_extra(wh, "noise", run_id=run_id)
-    row = noise[(noise["phase"] == "decode") & (noise["metric"] == "total_tok_s")]
+    decode = noise[(noise["phase"] == "decode") & (noise["metric"] == "total_tok_s")]
+    row = decode[decode["context_tokens"] == 8192]
     assert row["between_source"].tolist() == ["cell"]
     assert row["between_rel_sd"].item() >= 0
     no_server_left(home)
