@@ -357,7 +357,8 @@ def speed_matrix():
     # that marked it counted as idle, so the scheduler slept (1 s by default) before the next.
     pre >> dec >> stop
     checked = validate(resolved)
-    [dec, stop] >> checked
+    # Validation needs the cells, not the host: it runs beside the stop, not after it (#19).
+    dec >> checked
     landed = land(resolved, checked)
     paths = report(resolved, landed)
     conclude(landed, paths)

@@ -102,6 +102,8 @@ def test_speed_matrix_shape(dagbag):
     assert "prefill_done" not in t
     assert "setup_server" in t["decode_cells"].get_flat_relative_ids(upstream=True)
     assert t["validate"].trigger_rule == "all_done"
+    # validation needs the cells, not the host: beside the stop, not after it (#19)
+    assert t["validate"].upstream_task_ids == {"resolve", "decode"}
     assert {a.uri for a in t["land"].outlets} == {
         "speedmatrix://warehouse/runs",
         "speedmatrix://warehouse/cells",
