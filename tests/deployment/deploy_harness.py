@@ -37,8 +37,19 @@ import requests
 
 REPO = Path(__file__).resolve().parents[2]
 COMPONENT_SCRIPT = REPO / "deploy" / "bin" / "airflow-component.sh"
+ENV_EXAMPLE = REPO / "deploy" / "airflow.env.example"
 VENV_BIN = REPO / ".venv" / "bin"
 ADMIN_USER = "admin"
+
+
+def deploy_setting(key: str) -> str:
+    """A setting the production env file (deploy/airflow.env.example) fixes for every
+    deployment, read from there so that the tests and the benchmark run what it says."""
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() == key:
+            return value.strip()
+    raise KeyError(f"{key} is not set in {ENV_EXAMPLE}")
 
 
 class DeploymentError(RuntimeError):
@@ -197,6 +208,9 @@ class Deployment:
             "AIRFLOW__API__PORT": str(self.api_port),
             "AIRFLOW__API__BASE_URL": self.api_url,
             "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": deploy_setting(
+                "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"
+            ),
             "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
