@@ -41,6 +41,33 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FULL = {"recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"}
 SHORT = {"prefill_contexts": ["8K", "16K"], "contexts": ["8K", "16K"]}
+# Run on the deployment before the measured run (unless --cold): what a deployment that has
+# served runs before has done once and a fresh one does in the measured run's first tasks.
+# Measured on a fresh deployment (2026-12-03, Celery): the api-server answered its first
+# execution-API call (`resolve`'s PATCH .../run) after 4.99 s, later ones in ~15 ms; the first
+# `report` on a new HOME builds matplotlib's font list (~/.cache/matplotlib; 0.1-0.3 s here),
+# which every later report reuses. Four parallel tasks, so every Celery pool process has run
+# one before the measured run.
+WARMUP_DAG = '''"""pipeline_bench's warm-up: the execution API and the workers used once, matplotlib's
+font list built, as on a deployment that has run before (benchmarks/pipeline_bench.py)."""
+from datetime import datetime
+
+from airflow.sdk import dag, task
+
+
+@dag(dag_id="bench_warmup", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def bench_warmup():
+    @task
+    def touch(i: int) -> None:
+        from matplotlib import font_manager
+
+        font_manager.fontManager.get_default_size()
+
+    touch.expand(i=[0, 1, 2, 3])
+
+
+bench_warmup()
+'''
 
 
 def _ts(value: str | None) -> float | None:
@@ -80,19 +107,22 @@ def run(conf: dict) -> dict:
 
 
 def run_local_executor(
-    conf: dict, celery: bool = False, scheduler_idle_sleep: float | None = None
+    conf: dict, celery: bool = False, scheduler_idle_sleep: float | None = None, cold: bool = False
 ) -> dict:
     """One speed_matrix run on a deployment (deploy/'s topology, started as the deployment
     tests start it): the LocalExecutor, or with `celery` the CeleryExecutor with one worker
-    (Redis broker, PostgreSQL result backend); the same result shape as `run`."""
+    of deploy/'s concurrency (Redis broker, PostgreSQL result backend); the same result shape
+    as `run`. Unless `cold`, a warm-up run (WARMUP_DAG) goes first."""
     sys.path.insert(0, str(REPO / "tests" / "deployment"))
-    from deploy_harness import Deployment
+    from deploy_harness import Deployment, deploy_setting
 
     work = Path(tempfile.mkdtemp(prefix="speedmatrix-bench-"))
     os.chmod(work, 0o755)
     dags = work / "dags"
     dags.mkdir()
     shutil.copy(REPO / "dags" / "speed_matrix.py", dags / "speed_matrix.py")
+    if not cold:
+        (dags / "bench_warmup.py").write_text(WARMUP_DAG)
     home = work / "home"
     home.mkdir()
     env = {
@@ -113,10 +143,23 @@ def run_local_executor(
         env["AIRFLOW__CORE__EXECUTOR"] = "LocalExecutor"
     if scheduler_idle_sleep is not None:
         env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = f"{scheduler_idle_sleep:g}"
-    dep = Deployment(work, dags, workers=1 if celery else 0, extra_env=env)
+    # deploy/'s worker concurrency (4), not the deployment tests' 2: with 2, a pool process
+    # whose task had ended was still busy ~5 s in one task out of two (Airflow's supervisor
+    # noticed its task process's exit only at its next 5 s wake-up, min_heartbeat_interval),
+    # and the next task waited for it: `plan` 2.95-3.2 s in three runs (2026-12-03).
+    concurrency = int(deploy_setting("AIRFLOW__CELERY__WORKER_CONCURRENCY"))
+    dep = Deployment(
+        work, dags, workers=1 if celery else 0, worker_concurrency=concurrency, extra_env=env
+    )
     dep.start()
     try:
         dep.wait_dag("speed_matrix")
+        if not cold:
+            dep.wait_dag("bench_warmup")
+            warm = dep.trigger("bench_warmup", {}, "manual__bench-warmup")
+            warm_state = dep.wait_runs("bench_warmup", [warm], timeout_s=600)[warm]
+            if warm_state != "success":
+                raise SystemExit(f"the warm-up run {warm_state}; logs under {work}")
         t0 = time.monotonic()
         run_id = dep.trigger("speed_matrix", conf, "manual__pipeline-bench")
         state = dep.wait_runs("speed_matrix", [run_id], timeout_s=4 * 3600)[run_id]
@@ -180,6 +223,8 @@ def run_local_executor(
         "wall_s": outer_wall,
         "outer_wall_s": outer_wall,
         "work": str(work),
+        "warm_deployment": not cold,
+        "worker_concurrency": concurrency if celery else None,
     }
 
 
@@ -220,10 +265,16 @@ def lease_span(tasks: dict, busy_s: float) -> dict:
     if not (setup.get("start") and stop.get("end")):
         return {}
     span = _ts(stop["end"]) - _ts(setup["start"])
+    ran = [t for t in tasks.values() if t.get("start") and t.get("end")]
+    first = min(_ts(t["start"]) for t in ran)
+    last = max(_ts(t["end"]) for t in ran)
     return {
         "lease_span_s": round(span, 1),
         "lease_idle_s": round(span - busy_s, 1),
         "lease_idle_pct": round(100 * (span - busy_s) / span, 2),
+        # the rest of the issue's wall: the tasks before the host is taken, after it is freed
+        "before_setup_s": round(_ts(setup["start"]) - first, 1),
+        "after_stop_s": round(last - _ts(stop["end"]), 1),
     }
 
 
@@ -401,6 +452,13 @@ def main() -> int:
         "or the CeleryExecutor with one worker (deploy/'s production topology)",
     )
     p.add_argument(
+        "--cold",
+        action="store_true",
+        help="for --runner local|celery: measure the first run of a freshly started "
+        "deployment (cold api-server, no font cache), as every run before 2026-12-03 did; "
+        "by default a warm-up run goes first, as on a deployment that has run before",
+    )
+    p.add_argument(
         "--scheduler-idle-sleep",
         type=float,
         default=None,
@@ -419,7 +477,10 @@ def main() -> int:
         out = run(conf)
     else:
         out = run_local_executor(
-            conf, celery=args.runner == "celery", scheduler_idle_sleep=args.scheduler_idle_sleep
+            conf,
+            celery=args.runner == "celery",
+            scheduler_idle_sleep=args.scheduler_idle_sleep,
+            cold=args.cold,
         )
     figures = analyse(out)
     runner = {
@@ -432,7 +493,13 @@ def main() -> int:
         from deploy_harness import deploy_setting  # on sys.path since run_local_executor
 
         idle_sleep = float(deploy_setting("AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"))
-    figures.update(conf=conf, runner=runner, scheduler_idle_sleep=idle_sleep)
+    figures.update(
+        conf=conf,
+        runner=runner,
+        scheduler_idle_sleep=idle_sleep,
+        warm_deployment=out.get("warm_deployment"),
+        worker_concurrency=out.get("worker_concurrency"),
+    )
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     dest = REPO / "benchmarks" / "out" / f"pipeline_bench-{stamp}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)

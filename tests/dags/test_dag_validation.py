@@ -303,3 +303,15 @@ def test_site_task_refreshes_the_site_after_the_verdicts_and_never_fails_the_run
     data = DagSerialization.to_dict(dag)
     task = next(t["__var"] for t in data["dag"]["tasks"] if t["__var"]["task_id"] == "site")
     assert task["_operator_extra_links"] == {LINK_NAME: "_link_SiteLink"}
+
+
+def test_speed_matrix_pushes_no_xcom_per_key(dagbag):
+    """Issue #19: a task returning a dict would push every key as an XCom of its own (Airflow
+    infers multiple_outputs from a `-> dict` annotation), one execution-API call per key that
+    nothing reads, in the hand-offs the host waits through. Each pushes its return_value only."""
+    dag = dagbag.dags["speed_matrix"]
+    splitting = [t.task_id for t in dag.tasks if getattr(t, "multiple_outputs", False)]
+    assert splitting == []
+    # the check sees the flag: the cells are mapped tasks, and resolve returns a dict
+    assert dag.task_dict["decode"].multiple_outputs is False
+    assert dag.task_dict["resolve"].python_callable.__annotations__["return"] in (dict, "dict")
