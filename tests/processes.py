@@ -1,8 +1,10 @@
-"""What the tests ask of the machine's process table."""
+"""What the tests ask of the machine's process table (one place: a zombie is not running)."""
 
 from __future__ import annotations
 
 import subprocess
+import time
+from pathlib import Path
 
 
 def running(pids: list[int]) -> list[int]:
@@ -12,3 +14,38 @@ def running(pids: list[int]) -> list[int]:
     out = subprocess.run(["ps", "-eo", "pid=,stat="], capture_output=True, text=True).stdout
     live = {int(pid) for pid, stat in (line.split() for line in out.splitlines()) if stat[0] != "Z"}
     return [p for p in pids if p in live]
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name (which may hold spaces and parentheses): field 0
+    is the state (Z for a zombie), field 19 the start time in clock ticks after boot; None
+    once the PID is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except FileNotFoundError:
+        return None
+
+
+def state(pid: int) -> str | None:
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def start_ticks(pid: int) -> str:
+    """The process's start time in clock ticks after boot, as the server's identity records it."""
+    fields = stat_fields(pid)
+    assert fields is not None, f"PID {pid} is gone"
+    return fields[19]
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is running (neither gone nor a zombie)."""
+    return state(pid) not in (None, "Z")
+
+
+def wait_gone(pid: int, within_s: float = 5.0) -> bool:
+    """Whether ``pid`` stops running (is gone or a zombie) within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)

@@ -11,6 +11,7 @@ import time
 import uuid
 
 import pytest
+from processes import wait_gone
 
 from speedmatrix.engine import hosts
 from speedmatrix.engine.hosts import (
@@ -75,20 +76,6 @@ def test_idle_timeout_is_separate_from_the_total(host):
         host.run("echo x; sleep 5", idle_timeout_s=1)
 
 
-def _gone(pid: int, within_s: float = 5.0) -> bool:
-    """Whether process ``pid`` is gone (or a zombie) within ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                if fh.read().rpartition(")")[2].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.mark.parametrize("total", [None, 60], ids=["idle-only", "idle-and-total"])
 def test_idle_timeout_kills_the_command_on_the_host(host, tmp_path, total):
     """Silent after one line: the idle timeout fires, and the command (its bash, recorded in a
@@ -101,7 +88,7 @@ def test_idle_timeout_kills_the_command_on_the_host(host, tmp_path, total):
     assert time.monotonic() - t0 < 15
     assert exc.value.partial is not None and exc.value.partial.stdout == "once\n"
     pid = int(pidfile.read_text())
-    assert _gone(pid), f"the command's bash (PID {pid}) still runs after the idle timeout"
+    assert wait_gone(pid), f"the command's bash (PID {pid}) still runs after the idle timeout"
     deadline = time.monotonic() + 5
     while _alive(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -145,7 +132,7 @@ def test_total_timeout_kills_a_command_that_ignores_sigterm(host, tmp_path, monk
     assert exc.value.partial is not None and exc.value.partial.rc == 137
     assert exc.value.partial.stdout == "up\n"
     assert "total timeout fired" not in exc.value.partial.stderr  # the marker is taken out
-    assert _gone(int(pidfile.read_text()))
+    assert wait_gone(int(pidfile.read_text()))
 
 
 def test_put_get_and_put_text_with_mode(host, tmp_path):

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import processes
 import pytest
 from processes import running
 
@@ -603,10 +604,6 @@ def _boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
-def _start_ticks(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-
-
 def test_inspect_on_a_gpu_host_reports_gpus_kv_version_and_commit(tmp_path, sim):
     """nvidia-smi (a stand-in) answers the GPU query; the simulator's KV capacity in /metrics
     is the one its start-up log line says; the commit is None (below)."""
@@ -621,7 +618,7 @@ def test_inspect_on_a_gpu_host_reports_gpus_kv_version_and_commit(tmp_path, sim)
     handle = start_server(recipe, prov, host, port=_free_port(), api_key="k")
     try:
         # The leader's identity is recorded beside its PID and in the handle.
-        assert handle.identity == f"{_start_ticks(handle.pid)} {_boot_id()}"
+        assert handle.identity == f"{processes.start_ticks(handle.pid)} {_boot_id()}"
         assert Path(handle.run_dir, "pid.identity").read_text().strip() == handle.identity
         facts = inspect_server(handle, host=host)
         log_text = Path(handle.log_path).read_text()
@@ -683,17 +680,10 @@ class _Stranger:
         self.pid = int(out.stdout)
 
     def alive(self) -> bool:
-        try:
-            state = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except FileNotFoundError:
-            return False
-        return state != "Z"
+        return processes.alive(self.pid)
 
     def wait_gone(self, within_s: float = 5.0) -> bool:
-        deadline = time.monotonic() + within_s
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return not self.alive()
+        return processes.wait_gone(self.pid, within_s)
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -730,7 +720,7 @@ def _handle(run_dir: Path, pid: int, identity: str | None = None) -> ServerHandl
 def test_a_reused_pid_is_never_signalled(local, tmp_path, stranger, log_messages, why, where):
     """The pid file names a live process group that is not our server (its start time, or
     the boot, differ from what the launcher recorded): not alive, not killed, "gone"."""
-    ticks, boot = _start_ticks(stranger.pid), _boot_id()
+    ticks, boot = processes.start_ticks(stranger.pid), _boot_id()
     identity = f"{int(ticks) - 1} {boot}" if why == "start-time" else f"{ticks} not-{boot}"
     servers = tmp_path / "servers"
     run_dir = servers / "8000"
@@ -755,7 +745,7 @@ def test_a_matching_identity_and_a_bare_pid_file_are_ours(local, tmp_path, stran
     group is ours; with only a pid file (a run dir from before identities) it is judged as
     before (a live group is ours). Either way stop_server stops it."""
     servers = tmp_path / "servers"
-    _record(servers / "1", stranger.pid, f"{_start_ticks(stranger.pid)} {_boot_id()}")
+    _record(servers / "1", stranger.pid, f"{processes.start_ticks(stranger.pid)} {_boot_id()}")
     other = _Stranger()
     try:
         _record(servers / "2", other.pid, None)
@@ -771,10 +761,6 @@ def test_a_matching_identity_and_a_bare_pid_file_are_ours(local, tmp_path, stran
         other.kill()
 
 
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-
-
 def test_a_zombie_is_stopped_not_waited_for(local, tmp_path):
     """A server that exited on SIGTERM but is not yet reaped (a zombie: its parent, or the
     host's init, reaps late or never, as in a container without an init) holds nothing: the
@@ -784,12 +770,12 @@ def test_a_zombie_is_stopped_not_waited_for(local, tmp_path):
     proc = subprocess.Popen(["sleep", "300"], start_new_session=True)  # our child: not reaped
     try:
         servers = tmp_path / "servers"
-        identity = f"{_start_ticks(proc.pid)} {_boot_id()}"
+        identity = f"{processes.start_ticks(proc.pid)} {_boot_id()}"
         _record(servers / "8000", proc.pid, identity)
         handle = _handle(servers / "8000", proc.pid, identity)
         assert alive_servers(local, str(servers)) == {str(servers / "8000"): proc.pid}
         out = stop_server(handle, host=local, grace_s=10, gpu_wait_s=0)
-        assert _state(proc.pid) == "Z"  # exited, still in the process table
+        assert processes.state(proc.pid) == "Z"  # exited, still in the process table
         assert out["was_running"] and out["killed"] is False and out["term_survivors"] == []
         assert out["left"] == [] and group_pids(local, proc.pid) == []
         assert server_state(local, handle) == "dead"
@@ -803,7 +789,7 @@ def test_a_stale_record_does_not_block_a_new_start(local, sim, tmp_path, strange
     """A previous server's pid file whose PID is another process now: start goes ahead."""
     recipe, prov = sim
     stale = tmp_path / ".speedmatrix/servers/1"
-    _record(stale, stranger.pid, f"{int(_start_ticks(stranger.pid)) + 5} {_boot_id()}")
+    _record(stale, stranger.pid, f"{int(processes.start_ticks(stranger.pid)) + 5} {_boot_id()}")
     handle = start_server(recipe, prov, local, port=_free_port(), api_key="k")
     stop_server(handle, host=local)
     assert stranger.alive()

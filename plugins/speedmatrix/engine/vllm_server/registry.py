@@ -28,14 +28,18 @@ RECORD_IDENTITY = (
 )
 
 
+# sm_members PGID: the PIDs of process group PGID still running, one per line. A zombie
+# (exited, not yet reaped by its parent or the host's init) is not one: see group_pids.
 # sm_state PID IDENTITY: is the group recorded as PID (with that identity, or "" for a run dir
 # without one) still our server? Prints "alive" (the leader is ours), "orphans" (the leader
 # died, its group lives on), "dead", or "gone: <why>" (the PID is another process now).
-# A zombie (exited, not yet reaped by its parent or the host's init) is dead: see group_pids.
 _STATE_SH = r"""
+sm_members() {
+  ps -eo pid=,pgid=,stat= | awk -v g="$1" '$2 == g && $3 !~ /^Z/ {print $1}'
+}
 sm_state() {
   local p=$1 ident=$2 want_start want_boot now= boot s grp= zombie=
-  ps -eo pgid=,stat= | awk -v g="$p" '$1 == g && $2 !~ /^Z/ {f = 1} END {exit !f}' && grp=1
+  [ -n "$(sm_members "$p")" ] && grp=1
   if [ -z "$ident" ]; then
     if [ -n "$grp" ]; then echo alive; else echo dead; fi
     return 0
@@ -237,7 +241,7 @@ def group_pids(host: Host, pgid: int) -> list[int]:
     init never reaps, as in a container without one, the stop would fail as "survived
     SIGKILL")."""
     res = host.run(
-        f"ps -eo pid=,pgid=,stat= | awk '$2 == {int(pgid)} && $3 !~ /^Z/ {{print $1}}'",
+        _STATE_SH + f"sm_members {int(pgid)}",
         timeout_s=30,
         idempotent=True,
         stream=False,
