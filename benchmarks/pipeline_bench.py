@@ -144,7 +144,7 @@ def run_local_executor(
     if scheduler_idle_sleep is not None:
         env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = f"{scheduler_idle_sleep:g}"
     # deploy/'s worker concurrency (4), not the deployment tests' 2: with 2, a pool process
-    # whose task had ended was still busy ~5 s in one task out of two (Airflow's supervisor
+    # whose task had ended stayed busy 5 s more for 9 tasks of 26 (Airflow's supervisor
     # noticed its task process's exit only at its next 5 s wake-up, min_heartbeat_interval),
     # and the next task waited for it: `plan` 2.95-3.2 s in three runs (2026-12-03).
     concurrency = int(deploy_setting("AIRFLOW__CELERY__WORKER_CONCURRENCY"))
