@@ -16,7 +16,8 @@ through the REST API; cells then run in map index order, the plan's run order. T
 with wall from the first task's start to the last task's end, windows the decode windows plus
 the prefill cells' TTFTs, warm-up the decode cells' recorded `warmup_s`; and the warm-up floor
 of the matrix it ran (`warmup_floor`) beside the warm-up it measured. `--runner celery` runs
-the CeleryExecutor deployment with one worker, as deploy/ and the deployment tests do.
+the CeleryExecutor deployment with one worker of deploy/'s concurrency. A deployment run first
+runs a warm-up DAG (WARMUP_DAG), as on a deployment that has run before; `--cold` does not.
 
 and where the time goes: every task's duration, cache warm-up inside the cells (each decode
 cell first puts its C prompts in the prefix cache; each prefill cell's window is its TTFT),
