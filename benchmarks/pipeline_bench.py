@@ -142,7 +142,11 @@ def run_local_executor(
     }
     if not celery:
         env["AIRFLOW__CORE__EXECUTOR"] = "LocalExecutor"
-    if scheduler_idle_sleep is not None:
+    if scheduler_idle_sleep is None:  # deploy/'s, as the deployment applies it
+        scheduler_idle_sleep = float(
+            deploy_setting("AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME")
+        )
+    else:
         env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = f"{scheduler_idle_sleep:g}"
     # deploy/'s worker concurrency (4), not the deployment tests' 2: with 2, a pool process
     # whose task had ended stayed busy 5 s more for 9 tasks of 26 (Airflow's supervisor
@@ -226,6 +230,7 @@ def run_local_executor(
         "work": str(work),
         "warm_deployment": not cold,
         "worker_concurrency": concurrency if celery else None,
+        "scheduler_idle_sleep": scheduler_idle_sleep,
     }
 
 
@@ -257,18 +262,16 @@ def warmup_floor(cells: list[dict]) -> tuple[float | None, str]:
     return floor, "sum over decode contexts of (C_max - 1) x that context's prefill TTFT"
 
 
-def lease_span(tasks: dict, busy_s: float) -> dict:
+def lease_span(tasks: dict, busy_s: float, first: float, last: float) -> dict:
     """The host's part of the wall: from setup_server's start to stop_server's end, the span in
     which the run holds the host (the lease is taken just before and released by stop_server;
     resolve runs before it, validate ... site after it, with the host free for another run).
-    `busy_s` is what the host did in the span (windows + warm-up + server start)."""
+    `busy_s` is what the host did in the span (windows + warm-up + server start); `first` and
+    `last` bound the issue's wall (the first task's start, the last task's end)."""
     setup, stop = tasks.get("setup_server") or {}, tasks.get("stop_server") or {}
     if not (setup.get("start") and stop.get("end")):
         return {}
     span = _ts(stop["end"]) - _ts(setup["start"])
-    ran = [t for t in tasks.values() if t.get("start") and t.get("end")]
-    first = min(_ts(t["start"]) for t in ran)
-    last = max(_ts(t["end"]) for t in ran)
     return {
         "lease_span_s": round(span, 1),
         "lease_idle_s": round(span - busy_s, 1),
@@ -380,7 +383,8 @@ def analyse(out: dict) -> dict:
     )
     starts = [_ts(t["start"]) for t in tasks.values() if t["start"]]
     ends = [_ts(t["end"]) for t in tasks.values() if t["end"]]
-    wall = max(ends) - min(starts)  # first task start to last task end
+    first, last = min(starts), max(ends)
+    wall = last - first  # first task start to last task end
     windows = 0.0
     for c in cells:
         if c["status"] not in ("valid", "invalid"):
@@ -433,7 +437,7 @@ def analyse(out: dict) -> dict:
         "pipeline_only_pct": round(100 * (wall - cell_s - start_s) / wall, 2),
         "gaps_between_tasks_s": round(wall - busy, 1),
         "by_task_s": {k: round(v, 1) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
-        **lease_span(tasks, windows + warmup + start_s),
+        **lease_span(tasks, windows + warmup + start_s, first, last),
         **cell_split(tasks, cells),
         **turn_split(out.get("turns") or {}, windows, warmup),
         **ramp_split(requests),
@@ -489,15 +493,10 @@ def main() -> int:
         "local": "scheduler, LocalExecutor",
         "celery": "scheduler, CeleryExecutor (1 worker)",
     }[args.runner]
-    idle_sleep = args.scheduler_idle_sleep
-    if idle_sleep is None and args.runner != "dag-test":
-        from deploy_harness import deploy_setting  # on sys.path since run_local_executor
-
-        idle_sleep = float(deploy_setting("AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"))
     figures.update(
         conf=conf,
         runner=runner,
-        scheduler_idle_sleep=idle_sleep,
+        scheduler_idle_sleep=out.get("scheduler_idle_sleep"),
         warm_deployment=out.get("warm_deployment"),
         worker_concurrency=out.get("worker_concurrency"),
     )
