@@ -217,6 +217,49 @@ def test_pipeline_report_task_writes_the_same_page(wh):
     assert "Summary" not in md
 
 
+def test_the_report_tasks_charts_are_shown_again_not_drawn_again(wh, tmp_path, monkeypatch):
+    """The `report` task keeps the run's charts beside it with the key of what they were drawn
+    from; `speedmatrix report` and the site's page of the run show them (the same bytes: the
+    drawing is deterministic) instead of drawing them again (#19: 1.3-1.6 s of the site task),
+    and draw them again when the key no longer fits."""
+    import contextlib
+    import json
+
+    from speedmatrix.analysis.verdict import RegressionError
+    from speedmatrix.flows import matrix
+    from speedmatrix.report import charts
+    from speedmatrix.report.page import CHARTS_ARTIFACT, load_run_page
+    from speedmatrix.report.site import build_site, run_page
+
+    resolved = {"run_id": "r2", "warehouse": wh.root}
+    drawn = render_run_page(wh, "r2")  # nothing kept yet: drawn here
+    matrix.report(resolved, {})
+    with contextlib.suppress(RegressionError):  # r2 regressed: its verdicts land all the same
+        matrix.regressions(resolved, {"run_id": "r2"})
+    kept = json.loads(wh.read_artifact("r2", CHARTS_ARTIFACT))
+    assert [c["id"] for c in kept["charts"]] == [
+        "prefill-tok-s",
+        "prefill-ttft",
+        "decode-total",
+        "decode-per-request",
+    ]
+    calls = []
+    real = charts.render_all
+    monkeypatch.setattr(charts, "render_all", lambda *a, **k: calls.append(a) or real(*a, **k))
+    assert render_run_page(wh, "r2") == drawn and calls == []
+    build_site(wh, tmp_path / "site")
+    assert len(calls) == 2  # r0's and r1's pages (no report task kept theirs); r2's shown
+    site_page = (tmp_path / "site" / run_page("r2")).read_text(encoding="utf-8")
+    assert all(c["svg"] in site_page for c in kept["charts"])
+    # kept for other cells (a run landed again, another baseline, a new chart design): drawn
+    page = load_run_page(wh, "r2", compare=False)
+    assert page.charts_key() != kept["key"]  # without its baseline, r2's charts differ
+    wh.write_artifact("r2", CHARTS_ARTIFACT, json.dumps({**kept, "key": "0" * 64}))
+    assert render_run_page(wh, "r2") == drawn and len(calls) == 3
+    wh.write_artifact("r2", CHARTS_ARTIFACT, "not json")
+    assert render_run_page(wh, "r2") == drawn and len(calls) == 4
+
+
 def test_run_page_in_headless_chromium(wh, tmp_path, browser):
     """The real page in a real browser: no console errors, the summary (with the regression)
     in the first screen of a 1280 px wide window, before the matrix. A probe script is

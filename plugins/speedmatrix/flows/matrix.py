@@ -758,7 +758,7 @@ def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
 
     The run's comparison with its baseline is made here, once: the page shows it and
     `regressions` judges it, read back from the run's artifacts (hand_on_comparison)."""
-    from speedmatrix.report.page import load_run_page, render_page
+    from speedmatrix.report.page import keep_charts, load_run_page, render_page
     from speedmatrix.report.render import render_markdown
 
     wh = warehouse_of(resolved)
@@ -769,6 +769,7 @@ def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
     md = render_markdown(data.run, data.cells, data.baseline) + (
         "\n" + data.markdown if data.markdown else ""
     )
+    keep_charts(wh, data)  # the site's page of the run shows the same charts, not drawn again
     page = render_page(data)
     paths = {
         "md": wh.write_artifact(resolved["run_id"], "report.md", md),

@@ -9,12 +9,18 @@ comparison figures; ``render_run_page`` returns the HTML (report.render.render_h
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger("speedmatrix.report")
+
+# The run's charts, kept beside it by the pipeline's `report` task with the key they were
+# drawn for (report.render.run_charts_key), so the site and `speedmatrix report` show them
+# without drawing them again.
+CHARTS_ARTIFACT = "charts/run.json"
 
 
 @dataclass
@@ -23,7 +29,8 @@ class RunPage:
 
     `baseline` is `(run, cells)` or None; `rows` the comparison rows (None: not compared);
     `markdown` the comparison section the Markdown report appends after the published page;
-    `verdicts` the notable rows as display strings; `figures` the heat map and trends."""
+    `verdicts` the notable rows as display strings; `figures` the heat map and trends;
+    `charts` the run's own charts when already drawn (None: render_page draws them)."""
 
     run: dict[str, Any]
     cells: list[dict[str, Any]]
@@ -32,6 +39,34 @@ class RunPage:
     markdown: str = ""
     verdicts: list[dict[str, str]] = field(default_factory=list)
     figures: list[dict[str, str]] = field(default_factory=list)
+    charts: list[dict[str, str]] | None = None
+
+    def charts_key(self) -> str:
+        from speedmatrix.report.render import run_charts_key
+
+        return run_charts_key(self.cells, self.baseline[1] if self.baseline else None)
+
+
+def keep_charts(warehouse: Any, page: RunPage) -> str:
+    """Draw the page's charts and keep them beside the run with their key; returns the path."""
+    from speedmatrix.report.render import run_charts
+
+    page.charts = run_charts(page.cells, page.baseline[1] if page.baseline else None)
+    kept = {"key": page.charts_key(), "charts": page.charts}
+    return warehouse.write_artifact(page.run["run_id"], CHARTS_ARTIFACT, json.dumps(kept))
+
+
+def kept_charts(warehouse: Any, page: RunPage) -> list[dict[str, str]] | None:
+    """The charts kept beside the run when they were drawn from exactly this page's cells and
+    baseline by this code; None (draw them) when none were kept or they were drawn from
+    anything else (a run landed again, another baseline, a new chart design)."""
+    try:
+        kept = json.loads(warehouse.read_artifact(page.run["run_id"], CHARTS_ARTIFACT))
+    except (OSError, KeyError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("key") != page.charts_key():
+        return None
+    return kept.get("charts")
 
 
 def load_run_page(
@@ -100,6 +135,7 @@ def render_page(page: RunPage, *, links: Sequence[tuple[str, str]] = ()) -> str:
         figures=page.figures,
         comparison=page.rows,
         links=links,
+        charts=page.charts,
     )
 
 
@@ -112,4 +148,6 @@ def render_run_page(
 ) -> str:
     """The HTML page of one run (verdict first), as the pipeline writes it. `links`:
     (text, href) pairs shown above the title (e.g. a static site's index)."""
-    return render_page(load_run_page(warehouse, run_id, baseline_ref=baseline_ref), links=links)
+    page = load_run_page(warehouse, run_id, baseline_ref=baseline_ref)
+    page.charts = kept_charts(warehouse, page)
+    return render_page(page, links=links)

@@ -448,6 +448,20 @@ def _matrix_cell(cell: dict | None, lo: float, hi: float) -> dict:
     }
 
 
+def run_charts(cells: list[dict], baseline: Sequence[dict] | None = None) -> list[dict]:
+    """The run's charts ({id, title, svg}) as its page shows them."""
+    from speedmatrix.report.charts import render_all
+
+    return render_all(sort_cells(cells), baseline)
+
+
+def run_charts_key(cells: list[dict], baseline: Sequence[dict] | None = None) -> str:
+    """run_charts' inputs as one digest (report.charts.run_charts_key)."""
+    from speedmatrix.report.charts import run_charts_key as key
+
+    return key(sort_cells(cells), baseline)
+
+
 def render_html(
     run: dict,
     cells: list[dict],
@@ -457,6 +471,7 @@ def render_html(
     figures: Sequence[Mapping[str, str]] = (),
     comparison: Sequence[Mapping[str, Any]] | None = None,
     links: Sequence[tuple[str, str]] = (),
+    charts: Sequence[Mapping[str, str]] | None = None,
 ) -> str:
     """The run page as one self-contained HTML file (see the module docstring).
 
@@ -467,10 +482,10 @@ def render_html(
     and `figures` ({id, title, svg}: the diff heat map and trends over commits) come from the
     same comparison; the page only lays them out, so that rendering never needs the
     warehouse (report.page.render_run_page gathers them). `links`: (text, href) shown above
-    the title (a site's way back to its index)."""
+    the title (a site's way back to its index). `charts`: the run's charts already drawn
+    (run_charts, for these cells and this baseline); None: drawn here."""
     import jinja2
 
-    from speedmatrix.report import charts
     from speedmatrix.report.summary import build_summary
 
     cells = sort_cells(cells)
@@ -567,7 +582,7 @@ def render_html(
         + ["Reason"],
         table_rows=[F.table_cells(c) + extra_cells(c) for c in cells],
         table_status=[c.get("status") for c in cells],
-        charts=charts.render_all(cells, baseline[1] if baseline else None),
+        charts=run_charts(cells, baseline[1] if baseline else None) if charts is None else charts,
         comparison=comp,
         verdicts=list(verdicts),
         verdict_header=list(verdicts[0]) if verdicts else [],

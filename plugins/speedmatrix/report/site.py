@@ -442,7 +442,7 @@ def render_run_page(wh: Any, run_id: str, recipe_id: str | None, rows: pd.DataFr
     site build must stay cheap) and the diff heat map when the task drew one."""
     from speedmatrix.analysis.display import display_rows, notable
     from speedmatrix.report.charts import inline
-    from speedmatrix.report.page import RunPage, render_page
+    from speedmatrix.report.page import RunPage, kept_charts, render_page
 
     run, cells, _ = wh.read_run(run_id, recipe_id)
     page = RunPage(run=run, cells=cells)
@@ -468,6 +468,7 @@ def render_run_page(wh: Any, run_id: str, recipe_id: str | None, rows: pd.DataFr
             ]
         except (FileNotFoundError, OSError):
             page.figures = []
+    page.charts = kept_charts(wh, page)  # the `report` task's, when drawn from these cells
     return render_page(page)
 
 
