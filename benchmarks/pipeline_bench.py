@@ -142,6 +142,13 @@ def run_local_executor(
     }
     if not celery:
         env["AIRFLOW__CORE__EXECUTOR"] = "LocalExecutor"
+        # deploy/'s preload for a LocalExecutor deployment (speedmatrix.flows.preload); the
+        # Celery worker gets its own from the deployment's settings (celery_config_options)
+        for key in (
+            "AIRFLOW__SCHEDULER__MP_START_METHOD",
+            "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD",
+        ):
+            env[key] = deploy_setting(key, commented=True)
     if scheduler_idle_sleep is None:  # deploy/'s, as the deployment applies it
         scheduler_idle_sleep = float(
             deploy_setting("AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME")

@@ -22,8 +22,11 @@ SSH_CONN_ID = "host_b"
 SSHD = "/usr/sbin/sshd"
 
 PROBE_DAG = '''
-"""Test probe: which Celery worker runs a task (SPEEDMATRIX_WORKER_NAME is per worker)."""
+"""Test probe: which Celery worker runs a task (SPEEDMATRIX_WORKER_NAME is per worker), and
+whether the worker had loaded the task path's libraries before the task began (preloaded: the
+task imports none of them; speedmatrix.flows.preload)."""
 import os
+import sys
 import time
 
 import pendulum
@@ -36,7 +39,15 @@ def deploy_probe():
     @task
     def where(n: int) -> dict:
         time.sleep(1)
-        return {"n": n, "worker": os.environ.get("SPEEDMATRIX_WORKER_NAME"), "pid": os.getpid()}
+        return {
+            "n": n,
+            "worker": os.environ.get("SPEEDMATRIX_WORKER_NAME"),
+            "pid": os.getpid(),
+            "preloaded": sorted(
+                m for m in ("great_expectations", "scipy.stats", "matplotlib.pyplot")
+                if m in sys.modules
+            ),
+        }
 
     where.expand(n=[0, 1, 2, 3])
 

@@ -42,10 +42,16 @@ VENV_BIN = REPO / ".venv" / "bin"
 ADMIN_USER = "admin"
 
 
-def deploy_setting(key: str) -> str:
+def deploy_setting(key: str, *, commented: bool = False) -> str:
     """A setting the production env file (deploy/airflow.env.example) fixes for every
-    deployment, read from there so that the tests and the benchmark run what it says."""
+    deployment, read from there so that the tests and the benchmark run what it says.
+    `commented`: a setting the file offers commented out (`#KEY=value`), for another topology
+    (the LocalExecutor's)."""
     for line in ENV_EXAMPLE.read_text().splitlines():
+        if commented:
+            if not line.startswith("#"):
+                continue
+            line = line[1:]
         name, sep, value = line.partition("=")
         if sep and name.strip() == key:
             return value.strip()
@@ -204,6 +210,9 @@ class Deployment:
             "AIRFLOW__CELERY__BROKER_URL": self.broker_url,
             "AIRFLOW__CELERY__RESULT_BACKEND": self._pg_dsn("db+postgresql+psycopg2"),
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
+            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": deploy_setting(
+                "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS"
+            ),
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.api_port),
             "AIRFLOW__API__BASE_URL": self.api_url,

@@ -89,7 +89,9 @@ def _port_open(port: int) -> bool:
 
 def test_trivial_dag_runs_on_each_celery_worker(env: Env) -> None:
     """(1) The deployment is up (conftest), and tasks run on the Celery workers: a run pinned
-    to each worker's queue executes there (the task reports the worker it ran in)."""
+    to each worker's queue executes there (the task reports the worker it ran in), and finds
+    the task path's heavy libraries already loaded by its worker (deploy/'s
+    celery_config_options: speedmatrix.flows.preload, issue #19)."""
     dep = env.dep
     assert dep.celery_workers() == sorted(
         f"{n}@{socket.gethostname()}" for n in ("worker1", "worker2")
@@ -108,6 +110,7 @@ def test_trivial_dag_runs_on_each_celery_worker(env: Env) -> None:
             assert ti["queue"] == worker
             got = _xcom(dep, "deploy_probe", run_id, "where", ti["map_index"])
             assert got["worker"] == worker, got
+            assert got["preloaded"] == ["great_expectations", "matplotlib.pyplot", "scipy.stats"]
 
 
 def test_one_run_per_host_across_workers_and_scheduler_restart(env: Env) -> None:
