@@ -225,8 +225,10 @@ def test_the_report_tasks_charts_are_shown_again_not_drawn_again(wh, tmp_path, m
     import contextlib
     import json
 
+    from speedmatrix.analysis.compare import regressions_check
     from speedmatrix.analysis.verdict import RegressionError
     from speedmatrix.flows import matrix
+    from speedmatrix.flows.handoff import handed_on_comparison
     from speedmatrix.report import charts
     from speedmatrix.report.page import CHARTS_ARTIFACT, load_run_page
     from speedmatrix.report.site import build_site, run_page
@@ -234,8 +236,9 @@ def test_the_report_tasks_charts_are_shown_again_not_drawn_again(wh, tmp_path, m
     resolved = {"run_id": "r2", "warehouse": wh.root}
     drawn = render_run_page(wh, "r2")  # nothing kept yet: drawn here
     matrix.report(resolved, {})
+    # what the `regressions` task lands, without its commit lookup (no network in tests)
     with contextlib.suppress(RegressionError):  # r2 regressed: its verdicts land all the same
-        matrix.regressions(resolved, {"run_id": "r2"})
+        regressions_check(wh, "r2", result=handed_on_comparison(wh, "r2"))
     kept = json.loads(wh.read_artifact("r2", CHARTS_ARTIFACT))
     assert [c["id"] for c in kept["charts"]] == [
         "prefill-tok-s",
