@@ -33,6 +33,12 @@ Path(os.environ["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
 # on this box) never wait for nor refuse one another. Session fixtures that start a server
 # name a directory of their own.
 os.environ["SPEEDMATRIX_LEASE_DIR"] = str(_SESSION_DIR / "machine")
+# Tests contact loopback only. A run's `regressions` asks the GitHub API for the commits
+# between it and its baseline (upstream.schedule.github_api_url): unless a test points it at a
+# fake of its own (monkeypatch), it goes to a loopback port where nothing listens, so the
+# lookup fails at once and is logged, as it would on a host without GitHub; api.github.com is
+# never tried.
+os.environ["SPEEDMATRIX_GITHUB_API_URL"] = "http://127.0.0.1:9"
 _machines = itertools.count()
 
 

@@ -176,7 +176,7 @@ def render_all(cells: Sequence[dict], baseline: Sequence[dict] | None = None) ->
     return out
 
 
-def run_charts_key(cells: Sequence[dict], baseline: Sequence[dict] | None = None) -> str:
+def charts_fingerprint(cells: Sequence[dict], baseline: Sequence[dict] | None = None) -> str:
     """One digest of everything a run's charts are drawn from: the cells and the baseline's
     cells (as render_all gets them) and the code that draws them (this module, the palette,
     matplotlib's version). The drawing is deterministic (svg.hashsalt, no date), so an equal

@@ -41,17 +41,21 @@ class RunPage:
     figures: list[dict[str, str]] = field(default_factory=list)
     charts: list[dict[str, str]] | None = None
 
+    @property
+    def baseline_cells(self) -> list[dict[str, Any]] | None:
+        return self.baseline[1] if self.baseline else None
+
     def charts_key(self) -> str:
         from speedmatrix.report.render import run_charts_key
 
-        return run_charts_key(self.cells, self.baseline[1] if self.baseline else None)
+        return run_charts_key(self.cells, self.baseline_cells)
 
 
 def keep_charts(warehouse: Any, page: RunPage) -> str:
     """Draw the page's charts and keep them beside the run with their key; returns the path."""
     from speedmatrix.report.render import run_charts
 
-    page.charts = run_charts(page.cells, page.baseline[1] if page.baseline else None)
+    page.charts = run_charts(page.cells, page.baseline_cells)
     kept = {"key": page.charts_key(), "charts": page.charts}
     return warehouse.write_artifact(page.run["run_id"], CHARTS_ARTIFACT, json.dumps(kept))
 

@@ -456,10 +456,11 @@ def run_charts(cells: list[dict], baseline: Sequence[dict] | None = None) -> lis
 
 
 def run_charts_key(cells: list[dict], baseline: Sequence[dict] | None = None) -> str:
-    """run_charts' inputs as one digest (report.charts.run_charts_key)."""
-    from speedmatrix.report.charts import run_charts_key as key
+    """run_charts' inputs and drawing code as one digest, the cells in the page's order
+    (report.charts.charts_fingerprint)."""
+    from speedmatrix.report.charts import charts_fingerprint
 
-    return key(sort_cells(cells), baseline)
+    return charts_fingerprint(sort_cells(cells), baseline)
 
 
 def render_html(
