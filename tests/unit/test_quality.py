@@ -155,6 +155,32 @@ def test_failed_cell_needs_a_reason_and_duplicates_are_caught():
     assert any(r.startswith("expect_compound_columns_to_be_unique") for r in reasons)
 
 
+def test_the_stored_result_has_the_failing_rows_of_each_failed_expectation():
+    """Two passes (BASIC for all, COMPLETE for the failed ones): the stored GX result still
+    names every failing row of a failed expectation, in the place GX puts it, and keeps the
+    counts of the met ones; the suite's statistics are those of all its expectations."""
+    cells = [decode(c=1), decode(c=1), decode(c=2, status="weird"), decode(c=4)]
+    v = validate_run(run_row(), cells)
+    gx = v.results_json["cells"]["gx"]
+    by_kind: dict[str, list[dict]] = {}
+    for res in gx["results"]:
+        by_kind.setdefault(res["expectation_config"]["type"], []).append(res)
+    (unique,) = by_kind["expect_compound_columns_to_be_unique"]
+    assert not unique["success"]
+    assert sorted(i["row"] for i in unique["result"]["unexpected_index_list"]) == [0, 1]
+    status = next(
+        r for r in by_kind["expect_column_values_to_be_in_set"]
+        if r["expectation_config"]["kwargs"]["column"] == "status"
+    )  # fmt: skip
+    assert [i["row"] for i in status["result"]["unexpected_index_list"]] == [2]
+    met = next(r for r in by_kind["expect_column_values_to_not_be_null"] if r["success"])
+    assert met["result"]["element_count"] == 4 and "unexpected_index_list" not in met["result"]
+    stats = gx["statistics"]
+    assert stats["evaluated_expectations"] == len(gx["results"])
+    assert stats["unsuccessful_expectations"] == sum(not r["success"] for r in gx["results"]) == 2
+    assert sorted(c["concurrency"] for c in v.bad_cells) == [1, 1, 2]
+
+
 @pytest.mark.parametrize(
     "command",
     [
