@@ -271,8 +271,7 @@ def _run_suite(context: Any, name: str, df: Any, expectations: list) -> SuiteOut
             gx.ExpectationSuite(
                 name=f"{name}_failed",
                 expectations=[
-                    copy.copy(result.results[i].expectation_config.to_domain_obj())
-                    for i in failed
+                    copy.copy(result.results[i].expectation_config.to_domain_obj()) for i in failed
                 ],
             )
         )

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import gc
 
-import airflow.dag_processing.bundles.local  # noqa: F401  the dags-folder bundle
+import airflow.dag_processing.bundles.local  # the dags-folder bundle
 import airflow.dag_processing.dagbag  # noqa: F401  every task parses its DAG file with it
 import duckdb  # noqa: F401  the warehouse's queries (store)
 import great_expectations  # validate (quality)
