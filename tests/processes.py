@@ -40,6 +40,16 @@ def alive(pid: int) -> bool:
     return state(pid) not in (None, "Z")
 
 
+def group_running(pgid: int) -> list[int]:
+    """The running members of process group ``pgid`` (zombies not, as in ``running``)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        fields = stat_fields(int(entry.name)) if entry.name.isdigit() else None
+        if fields and fields[2] == str(pgid) and fields[0] != "Z":  # field 2: the group
+            members.append(int(entry.name))
+    return members
+
+
 def wait_gone(pid: int, within_s: float = 5.0) -> bool:
     """Whether ``pid`` stops running (is gone or a zombie) within ``within_s``."""
     deadline = time.monotonic() + within_s

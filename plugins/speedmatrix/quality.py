@@ -249,6 +249,36 @@ def _identity(config: Any) -> tuple[str, str]:
     return config.type, json.dumps(kwargs, default=str, sort_keys=True)
 
 
+def _detail_failed(context: Any, name: str, batch: Any, result: Any) -> None:
+    """Replace, in ``result``, each failed expectation's BASIC answer by its COMPLETE one (the
+    failing rows' indexes), from a second pass over the failed expectations only. Matched by
+    what each expectation is, not by position: GX answers in the suite's order today, but
+    nothing promises it."""
+    import great_expectations as gx
+
+    failed = [i for i, res in enumerate(result.results) if not res.success]
+    if not failed:
+        return
+    again = context.suites.add(
+        gx.ExpectationSuite(
+            name=f"{name}_failed",
+            expectations=[
+                copy.copy(result.results[i].expectation_config.to_domain_obj()) for i in failed
+            ],
+        )
+    )
+    detail = batch.validate(
+        again,
+        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["row"]},
+    )
+    answers = {_identity(res.expectation_config): res for res in detail.results}
+    for i in failed:
+        key = _identity(result.results[i].expectation_config)
+        if key not in answers:
+            raise RuntimeError(f"GX's second pass over {name} lost {key[0]}")
+        result.results[i] = answers[key]
+
+
 def _run_suite(context: Any, name: str, df: Any, expectations: list) -> SuiteOutcome:
     import great_expectations as gx
 
@@ -265,28 +295,7 @@ def _run_suite(context: Any, name: str, df: Any, expectations: list) -> SuiteOut
     # the host is freed). A met expectation's COMPLETE lists are empty anyway, and BASIC keeps
     # its counts, so the stored result loses nothing.
     result = batch.validate(suite, result_format={"result_format": "BASIC"})
-    failed = [i for i, res in enumerate(result.results) if not res.success]
-    if failed:
-        again = context.suites.add(
-            gx.ExpectationSuite(
-                name=f"{name}_failed",
-                expectations=[
-                    copy.copy(result.results[i].expectation_config.to_domain_obj()) for i in failed
-                ],
-            )
-        )
-        detail = batch.validate(
-            again,
-            result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["row"]},
-        )
-        # matched by what each expectation is, not by position: GX answers in the suite's order
-        # today, but nothing promises it
-        answers = {_identity(res.expectation_config): res for res in detail.results}
-        for i in failed:
-            key = _identity(result.results[i].expectation_config)
-            if key not in answers:
-                raise RuntimeError(f"GX's second pass over {name} lost {key[0]}")
-            result.results[i] = answers[key]
+    _detail_failed(context, name, batch, result)
     failed_rows: dict[int, list[str]] = {}
     summary = []
     for res in result.results:

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from processes import group_running
+
 from speedmatrix.engine.hosts import get_host
 from speedmatrix.engine.lease import HostLease
 
@@ -88,15 +90,11 @@ def outcome(result: Path) -> dict:
 def no_server_left(home: Path) -> None:
     """Every server group recorded under the test HOME is gone, and the lease is free.
 
-    A zombie is not running: a stopped group's leader, orphaned to PID 1 by its setsid start,
-    stays a zombie until PID 1 reaps it, which this VM's init does only every few seconds
-    (seen: a CI-like run failed here on group 5513 1.7 s after its verified stop); the stop's
-    own check (registry's sm_members) skips zombies too."""
+    A zombie is not running (tests/processes.py): a stopped group's leader, orphaned to PID 1
+    by its setsid start, stays a zombie until this VM's init reaps it every few seconds (seen:
+    a run failed here on group 5513 1.7 s after its verified stop)."""
     for pid_file in (home / ".speedmatrix" / "servers").glob("*/pid"):
-        pgid = pid_file.read_text().split()[0]
-        ps = subprocess.run(["ps", "-eo", "pgid=,stat="], capture_output=True, text=True).stdout
-        rows = [row.split() for row in ps.splitlines()]
-        live = {r[0] for r in rows if len(r) == 2 and not r[1].startswith("Z")}
-        assert pgid not in live, f"server group {pgid} still running"
+        pgid = int(pid_file.read_text().split()[0])
+        assert not group_running(pgid), f"server group {pgid} still running"
     state = HostLease(get_host("local", env={"HOME": str(home)}), "probe").show()
     assert state.holder is None or state.seconds_left == 0
