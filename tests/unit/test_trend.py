@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from speedmatrix.analysis.trend import trend
+from speedmatrix.analysis.trend import trend, trends
 from speedmatrix.records import empty_cell
 from speedmatrix.report.charts import trend_chart_svg
 
@@ -103,6 +103,48 @@ def test_trend_prefers_stored_comparison_verdicts():
         trend(runs, cells, recipe="sim/x", cell="64Kx16", threshold=0.001).loc[1, "verdict"]
         == "regression"
     )
+
+
+def test_every_cell_in_one_pass_is_each_cell_on_its_own():
+    """trends() (one merge for a recipe page's cells) gives each cell the points trend() gives
+    it alone: no cell's rows, order or verdicts leak into another's, ties in time included."""
+    runs, cells = _history([400, 402, 360, 361], statuses={2: "failed"})
+    runs[1]["started_at"] = runs[2]["started_at"]  # a tie: the runs table's order decides
+    for i, run in enumerate(list(runs)):
+        cells.append(
+            empty_cell(
+                phase="decode",
+                context_tokens=8192,
+                context_label="8K",
+                concurrency=2,
+                status="valid",
+                total_tok_s=100.0 + 7 * (i % 2),
+            )
+            | {"run_id": run["run_id"]}
+        )
+    stored = [
+        {
+            "run_id": "r3",
+            "phase": "decode",
+            "context_label": "8K",
+            "concurrency": 2,
+            "metric": "total_tok_s",
+            "verdict": "noise",
+            "change_pct": -1.0,
+        }
+    ]
+    runs.reverse()
+    names = ["64Kx16", "prefill 64K", "8Kx2", "8Kx4"]
+    together = trends(runs, cells, recipe="sim/x", names=names, comparisons=stored)
+    assert list(together) == names
+    for name in names:
+        alone = trend(runs, cells, recipe="sim/x", cell=name, comparisons=stored)
+        assert together[name].equals(alone), name
+    # r1 ties r2 in time and comes after it in the (reversed) runs table
+    assert list(together["8Kx2"]["run_id"]) == ["r0", "r2", "r1", "r3"]
+    assert list(together["8Kx2"]["verdict"]) == ["first", "noise", "improvement", "noise"]
+    assert list(together["64Kx16"]["verdict"]) == ["first", "failed", "noise", "regression"]
+    assert together["8Kx4"].empty
 
 
 def test_chart_is_svg_with_the_regression_marked():

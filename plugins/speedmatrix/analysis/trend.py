@@ -10,7 +10,7 @@ carries its status (`failed`, `over_capacity`…). The charts of a trend are dra
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -57,32 +57,103 @@ def trend(
 
     `metric` is a compare.METRICS name; prefill cells use `prefill_tok_s`.
     """
-    phase, label, conc = parse_cell(cell)
-    if phase == "prefill" and metric == "total_tok_s":
-        metric = "prefill_tok_s"
-    column = _column_for(metric, phase)
-    higher = METRIC_BY_NAME[metric].higher_is_better
+    return trends(
+        runs,
+        cells,
+        recipe=recipe,
+        names=[cell],
+        metric=metric,
+        host=host,
+        comparisons=comparisons,
+        threshold=threshold,
+        noise=noise,
+    )[cell]
+
+
+def trends(
+    runs: pd.DataFrame | Iterable[Mapping[str, Any]],
+    cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    *,
+    recipe: str,
+    names: Sequence[str],
+    metric: str = "total_tok_s",
+    host: str | None = None,
+    comparisons: pd.DataFrame | Iterable[Mapping[str, Any]] | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    noise: NoiseModel | None = None,
+) -> dict[str, pd.DataFrame]:
+    """:func:`trend` of each named cell, from one pass over the tables.
+
+    Why one pass: the site's recipe page draws every cell of a recipe, and filtering and
+    merging the tables again for each cell was most of its time (55 cells: 0.78 of 1.28 s,
+    measured 2026-12-04; the page is rewritten after every run, issue #19)."""
+    wanted: dict[str, tuple[str, str, int, str, str]] = {}
+    for name in names:
+        phase, label, conc = parse_cell(name)
+        m = "prefill_tok_s" if phase == "prefill" and metric == "total_tok_s" else metric
+        wanted[name] = (phase, label, conc, m, _column_for(m, phase))
     rdf, cdf = frame(runs), frame(cells)
     if rdf.empty or cdf.empty:
-        return pd.DataFrame(columns=list(TREND_COLUMNS))
+        return {name: pd.DataFrame(columns=list(TREND_COLUMNS)) for name in wanted}
     rdf = rdf[(rdf["recipe_id"] == recipe) & (rdf["status"] == "success")]
     if host is not None:
         rdf = rdf[rdf["host"] == host]
-    sel = cdf[
-        (cdf["phase"] == phase) & (cdf["context_label"] == label) & (cdf["concurrency"] == conc)
-    ]
-    keep = ["run_id", "started_at", "engine_commit", "engine_version", "host"]
-    rdf = rdf[[c for c in keep if c in rdf]].copy()
-    for c in keep:
+    rdf = rdf[[c for c in _RUN_KEEP if c in rdf]].copy()
+    for c in _RUN_KEEP:
         if c not in rdf:
             rdf[c] = None
-    merged = rdf.merge(sel[["run_id", "status", column, "context_tokens"]], on="run_id")
-    merged = merged.sort_values("started_at", kind="stable").reset_index(drop=True)
-    known = _known_verdicts(comparisons, metric if phase != "prefill" else "prefill_tok_s")
+    columns = sorted({w[4] for w in wanted.values()})
+    sel = cdf[["run_id", "phase", "context_label", "concurrency", "status", *columns]]
+    sel = sel.assign(context_tokens=cdf["context_tokens"])
+    merged = rdf.merge(sel, on="run_id")
+    # sorted as a whole, then grouped: a stable sort keeps each cell's rows in the order its
+    # own merge and sort would give them
+    merged = merged.sort_values("started_at", kind="stable")
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in merged.to_dict("records"):
+        conc = row["concurrency"]
+        if conc is None or pd.isna(conc):
+            continue
+        groups.setdefault((row["phase"], row["context_label"], int(conc)), []).append(row)
     noise = noise or NoiseModel.empty()
+    known: dict[str, dict[tuple[Any, ...], tuple[str, float | None]]] = {}
+    out: dict[str, pd.DataFrame] = {}
+    for name, (phase, label, conc, m, column) in wanted.items():
+        judged = m if phase != "prefill" else "prefill_tok_s"
+        if judged not in known:
+            known[judged] = _known_verdicts(comparisons, judged)
+        out[name] = _points(
+            groups.get((phase, label, conc), []),
+            recipe=recipe,
+            cell=(phase, label, conc),
+            column=column,
+            higher=METRIC_BY_NAME[m].higher_is_better,
+            known=known[judged],
+            threshold=threshold,
+            noise=noise,
+        )
+    return out
+
+
+_RUN_KEEP = ("run_id", "started_at", "engine_commit", "engine_version", "host")
+
+
+def _points(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    recipe: str,
+    cell: tuple[str, str, int],
+    column: str,
+    higher: bool,
+    known: Mapping[tuple[Any, ...], tuple[str, float | None]],
+    threshold: float,
+    noise: NoiseModel,
+) -> pd.DataFrame:
+    """One cell's rows (its runs, oldest first) judged point by point."""
+    phase, label, conc = cell
     out: list[dict[str, Any]] = []
     prev: float | None = None
-    for row in merged.to_dict("records"):
+    for row in rows:
         value = row[column] if row["status"] == "valid" else None
         value = None if value is None or pd.isna(value) else float(value)
         verdict, change = None, None
@@ -102,7 +173,7 @@ def trend(
             verdict = "first"
         out.append(
             {
-                **{k: row.get(k) for k in keep},
+                **{k: row.get(k) for k in _RUN_KEEP},
                 "status": row["status"],
                 "value": value,
                 "change_pct": change,

@@ -517,7 +517,8 @@ def _build(
 ) -> SiteResult:
     from speedmatrix.analysis.baseline import recipe_threshold
     from speedmatrix.analysis.noise import Z_95, NoiseModel, between_run_noise
-    from speedmatrix.analysis.trend import trend
+    from speedmatrix.analysis.trend import trends
+    from speedmatrix.records import cell_name
 
     result = SiteResult(out=str(root))
     manifest_path = root / MANIFEST
@@ -643,24 +644,23 @@ def _build(
                     int(k["concurrency"]),
                 )
             )
-            seen: set[str] = set()
+            named: dict[str, dict[str, Any]] = {}
             for k in keys:
-                from speedmatrix.records import cell_name
-
                 name = cell_name(k["phase"], k["context_label"], k["concurrency"])
-                if name in seen or k["phase"] not in ("prefill", "decode"):
-                    continue
-                seen.add(name)
-                pts = trend(
-                    window,
-                    wcells,
-                    recipe=recipe,
-                    cell=name,
-                    host=host,
-                    comparisons=rcmp,
-                    threshold=threshold,
-                    noise=noise,
-                )
+                if k["phase"] in ("prefill", "decode"):
+                    named.setdefault(name, k)
+            by_cell = trends(
+                window,
+                wcells,
+                recipe=recipe,
+                names=list(named),
+                host=host,
+                comparisons=rcmp,
+                threshold=threshold,
+                noise=noise,
+            )
+            for name, k in named.items():
+                pts = by_cell[name]
                 if pts.empty or pts["value"].notna().sum() == 0:
                     continue  # never valid (e.g. always over capacity): no trend to draw
                 metric = "total_tok_s"
