@@ -2,12 +2,13 @@
 
 resolve -> wait_for_host (lease; reschedules, holds no worker slot) -> setup_server (provision +
 start) -> inspect -> plan -> prefill[8K…] -> decode[8K x 1…] -> stop_server (teardown: always,
-stops the server, releases the lease) ; validate (Great Expectations) -> land (Assets) ->
-report -> conclude (fails the run if a cell failed, after everything measured has landed);
-report -> regressions (compares with the baseline; fails the run on a regression) ->
-verdicts (a teardown: emits the comparisons / noise Assets whatever regressions decided);
-regressions -> site (a teardown: refreshes the static site, SPEEDMATRIX_SITE_DIR, and links the
-run's page on it from the task, "Speed matrix site"; its failure never fails the run).
+stops the server, releases the lease) ; validate (Great Expectations) -> land (Assets; compares
+the run with its baseline, once) -> report -> conclude (fails the run if a cell failed, after
+everything measured has landed); land -> regressions (judges that comparison, beside report;
+fails the run on a regression) -> verdicts (a teardown: emits the comparisons / noise Assets
+whatever regressions decided); report and regressions -> site (a teardown: refreshes the
+static site, SPEEDMATRIX_SITE_DIR, and links the run's page on it from the task, "Speed matrix
+site"; its failure never fails the run).
 A failed DAG run (a failed cell, a regression, anything else) calls RunNotifier: mail and chat
 alerts where the deployment switched them on (speedmatrix.flows.notify). A clean run sends nothing.
 
@@ -323,7 +324,7 @@ def speed_matrix():
         from speedmatrix.analysis.verdict import RegressionError
 
         try:
-            return matrix.regressions(resolved, landed)  # the comparison `report` made
+            return matrix.regressions(resolved, landed)  # the comparison `land` made
         except RegressionError as err:
             raise AirflowFailException(str(err)) from err
 
@@ -365,13 +366,15 @@ def speed_matrix():
     # Validation needs the cells, not the host: it runs beside the stop, not after it (#19).
     dec >> checked
     landed = land(resolved, checked)
+    # report and regressions side by side: both take the comparison `land` made (#19)
     paths = report(resolved, landed)
     conclude(landed, paths)
     judged = regressions(resolved, landed)
-    paths >> judged >> verdicts(resolved).as_teardown()
-    # The site, after the verdicts are landed (also when regressions failed on one: the site
-    # must show it). A teardown, so that a failed site build never fails the run's result.
-    judged >> SiteOperator(task_id="site", resolved=resolved, retries=1).as_teardown()
+    judged >> verdicts(resolved).as_teardown()
+    # The site, after the page's charts are kept and the verdicts landed (also when
+    # regressions failed on one: the site must show it). A teardown, so that a failed site
+    # build never fails the run's result.
+    [paths, judged] >> SiteOperator(task_id="site", resolved=resolved, retries=1).as_teardown()
 
 
 speed_matrix()

@@ -110,6 +110,9 @@ def test_speed_matrix_shape(dagbag):
         "speedmatrix://warehouse/requests",
     }
     assert t["conclude"].downstream_task_ids == set()
+    # report and regressions side by side, both after land (which hands on the comparison)
+    assert t["report"].upstream_task_ids == {"resolve", "land"}
+    assert t["regressions"].upstream_task_ids == {"resolve", "land"}
 
 
 def test_speed_matrix_maps_cells_in_the_plans_run_order(dagbag):
@@ -287,8 +290,8 @@ def test_example_consumer_is_paused_and_follows_the_verdicts(dagbag):
 
 
 def test_site_task_refreshes_the_site_after_the_verdicts_and_never_fails_the_run(dagbag):
-    """`site` runs after `regressions` whatever it decided (a teardown: also after a
-    regression, which the site must show) and its failure does not fail the DAG run; its extra
+    """`site` runs after `report` (the run's kept charts) and `regressions` whatever it
+    decided (a teardown: also after a regression, which the site must show) and its failure does not fail the DAG run; its extra
     link is serialized as an XCom link, which the API server reads with no plugin."""
     from airflow.serialization.serialized_objects import DagSerialization
 
@@ -297,7 +300,7 @@ def test_site_task_refreshes_the_site_after_the_verdicts_and_never_fails_the_run
     dag = dagbag.dags["speed_matrix"]
     site = dag.task_dict["site"]
     assert isinstance(site, SiteOperator)
-    assert site.upstream_task_ids == {"regressions", "resolve"}
+    assert site.upstream_task_ids == {"report", "regressions", "resolve"}
     assert site.is_teardown and not site.on_failure_fail_dagrun
     assert site.downstream_task_ids == set()
     data = DagSerialization.to_dict(dag)

@@ -155,6 +155,10 @@ def test_a_cell_measured_at_8176_tokens_for_8k_keeps_8176_in_the_cells_table(tmp
         ("decode", 8192, "8K", "valid"),
     ]
     assert [(q["context_tokens"], q["concurrency"]) for q in requests] == [(8176, 1)]
+    # land compared this landing with its baseline (none: the recipe's first run) and handed
+    # the comparison on to report and regressions
+    handed = handoff.handed_on_comparison(wh, r["run_id"])
+    assert handed is not None and handed.baseline is None
     wh.close()
 
 
@@ -355,9 +359,15 @@ def wh(tmp_path):
     yield from three_runs(tmp_path / "wh")
 
 
-def test_the_comparison_is_made_once_by_report_and_judged_by_regressions(wh, monkeypatch):
-    """`report` compares the run with its baseline and hands the comparison on; `regressions`
-    judges that one (no second comparison) and lands the same verdicts it would have made."""
+def _hand_on(wh, run_id):
+    """What `land` does once the run has landed (matrix.land's last step)."""
+    handoff.hand_on_comparison(wh, run_id, handoff.compare_run(wh, run_id))
+
+
+def test_the_comparison_is_made_once_by_land_and_shown_and_judged_after(wh, monkeypatch):
+    """`land` compares the run with its baseline and hands the comparison on; `report` shows
+    that one and `regressions` judges it (no second comparison, in either order: they run side
+    by side), landing the same verdicts it would have made."""
     calls = []
     real = compare.compare_in_warehouse
 
@@ -367,12 +377,13 @@ def test_the_comparison_is_made_once_by_report_and_judged_by_regressions(wh, mon
 
     monkeypatch.setattr(compare, "compare_in_warehouse", counted)
     resolved = {"run_id": "r2", "warehouse": wh.root}
-    paths = matrix.report(resolved, {"run_id": "r2"})
-    assert "Change against baseline r1" in Path(paths["md"]).read_text()
+    _hand_on(wh, "r2")
     assert calls == ["r2"]
     with pytest.raises(RegressionError, match="64Kx2"):
         matrix.regressions(resolved, {"run_id": "r2"})
-    assert calls == ["r2"]  # judged the comparison the report made
+    paths = matrix.report(resolved, {"run_id": "r2"})
+    assert "Change against baseline r1" in Path(paths["md"]).read_text()
+    assert calls == ["r2"]  # both took the comparison land made
     handed = read_extra(wh, "comparisons", run_id="r2")
     noise = read_extra(wh, "noise", run_id="r2")
 
@@ -395,7 +406,7 @@ def test_the_comparison_is_made_once_by_report_and_judged_by_regressions(wh, mon
 
 def test_a_comparison_of_an_earlier_landing_is_not_taken_for_this_one(wh, monkeypatch):
     resolved = {"run_id": "r1", "warehouse": wh.root}
-    matrix.report(resolved, {"run_id": "r1"})
+    _hand_on(wh, "r1")
     assert handoff.handed_on_comparison(wh, "r1").baseline["run_id"] == "r0"
     run, cells, requests = wh.read_run("r1")
     wh.land_run(run, cells, requests)  # landed again (a retried or cleared land task)
@@ -407,11 +418,14 @@ def test_a_comparison_of_an_earlier_landing_is_not_taken_for_this_one(wh, monkey
     )
     assert matrix.regressions(resolved, {"run_id": "r1"})["baseline_run_id"] == "r0"
     assert calls == ["r1"]  # made again, of the run as it is now
+    paths = matrix.report(resolved, {"run_id": "r1"})
+    assert "Change against baseline r0" in Path(paths["md"]).read_text()
+    assert calls == ["r1", "r1"]  # the page too: never a comparison of another landing
 
 
 def test_a_run_without_a_comparison_hands_on_that_there_is_none(wh):
     resolved = {"run_id": "r0", "warehouse": wh.root}
-    matrix.report(resolved, {"run_id": "r0"})  # r0 is the first: no baseline
+    _hand_on(wh, "r0")  # r0 is the first: no baseline
     handed = handoff.handed_on_comparison(wh, "r0")
     assert handed is not None and handed.baseline is None and handed.rows == []
     assert matrix.regressions(resolved, {"run_id": "r0"})["baseline_run_id"] is None

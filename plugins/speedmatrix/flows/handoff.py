@@ -1,9 +1,12 @@
-"""The run's comparison, made once by `report` and handed on to `regressions`.
+"""The run's comparison, made once by `land` and handed on to `report` and `regressions`.
 
 Why a hand-off: comparing a run with its baseline reads history and computes noise; the page
-and the verdict must be of one comparison. `report` makes it and writes it next to the run's
-artifacts (typed Parquet, not XCom: it can be large); `regressions` reads it back when it is of
-the same landing of the run, else makes it again.
+and the verdict must be of one comparison. `land` makes it once the run has landed and writes
+it next to the run's artifacts (typed Parquet, not XCom: it can be large); `report` and
+`regressions` read it back when it is of the same landing of the run, else make it again.
+Why `land` and not `report` (which made it until 2026-12-04): so that `report` and
+`regressions` need nothing of each other and run side by side, one task after the host's
+server stopped instead of two in a row (issue #19).
 """
 
 from __future__ import annotations
@@ -17,26 +20,27 @@ from speedmatrix.records import Field, from_wire, to_wire
 log = logging.getLogger("speedmatrix.pipeline")
 
 COMPARISON_HANDOFF = "comparison"
-"""The run's artifacts folder where `report` leaves the comparison for `regressions`:
+"""The run's artifacts folder where `land` leaves the comparison for `report` and `regressions`:
 rows.parquet and noise.parquet (the comparisons / noise tables' schemas: typed, timestamps
 included) and meta.json (the baseline, and the run's landed_at the comparison was made of)."""
 
 
 def compare_run(wh: Any, run_id: str):
     """The run's comparison (speedmatrix.analysis.compare.compare_in_warehouse), or None,
-    logged, when it cannot be made: the report is written anyway and `regressions`, finding
-    no comparison handed on, makes it again and fails where it belongs."""
+    logged, when it cannot be made: the run lands anyway, `report` writes its page without one,
+    and `regressions`, finding no comparison handed on, makes it again and fails where it
+    belongs."""
     from speedmatrix.analysis.compare import compare_in_warehouse
 
     try:
         return compare_in_warehouse(wh, run_id)
     except Exception as exc:
-        log.warning("no comparison in the report of %s: %s", run_id, exc)
+        log.warning("no comparison of %s with its baseline: %s", run_id, exc)
         return None
 
 
 def hand_on_comparison(wh: Any, run_id: str, result: Any) -> None:
-    """Leave the comparison made by `report` for `regressions` (see COMPARISON_HANDOFF);
+    """Leave the comparison made by `land` for `report` and `regressions` (COMPARISON_HANDOFF);
     None leaves a marker saying there is none, so a comparison of an earlier landing of the
     run is never taken for this one's."""
     import io
@@ -69,7 +73,7 @@ _LANDED_AT = Field("landed_at", "timestamp", True, "the landing a comparison was
 
 
 def handed_on_comparison(wh: Any, run_id: str):
-    """The comparison `report` made of this landing of the run (a ComparisonResult), or None
+    """The comparison `land` made of this landing of the run (a ComparisonResult), or None
     when there is none to take: not made, not found, or made of an earlier landing."""
     import io
 

@@ -750,21 +750,24 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
         "failed_repeats": failed_repeats,
     }
     log.info("landed %s: %s", resolved["run_id"], out)
+    # The run's comparison with its baseline, made once, of this landing: `report` shows it
+    # and `regressions` judges it, side by side after this task (flows/handoff.py, issue #19).
+    hand_on_comparison(wh, resolved["run_id"], compare_run(wh, resolved["run_id"]))
     return out
 
 
 def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
     """Render the landed run (md + html) next to it in the warehouse; log where.
 
-    The run's comparison with its baseline is made here, once: the page shows it and
-    `regressions` judges it, read back from the run's artifacts (hand_on_comparison)."""
+    The page shows the comparison `land` made and handed on, the one `regressions` judges
+    (made again here only when none was handed on: flows/handoff.py)."""
     from speedmatrix.report.page import keep_charts, load_run_page, render_page
     from speedmatrix.report.render import render_markdown
 
     wh = warehouse_of(resolved)
-    result = compare_run(wh, resolved["run_id"])
-    hand_on_comparison(wh, resolved["run_id"], result)
-    # the baseline the `regressions` task judges against, and its noise-aware verdicts
+    result = handed_on_comparison(wh, resolved["run_id"])
+    if result is None:
+        result = compare_run(wh, resolved["run_id"])
     data = load_run_page(wh, resolved["run_id"], result=result, compare=result is not None)
     md = render_markdown(data.run, data.cells, data.baseline) + (
         "\n" + data.markdown if data.markdown else ""
@@ -780,7 +783,7 @@ def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
 
 
 def regressions(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, Any]:
-    """The `regressions` task: judge the comparison `report` made (made again only when none
+    """The `regressions` task: judge the comparison `land` made (made again only when none
     was handed on), land the verdicts; RegressionError on a regression."""
     from speedmatrix.analysis.compare import regressions_check
     from speedmatrix.report.charts import write_comparison_charts

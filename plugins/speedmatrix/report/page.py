@@ -84,8 +84,8 @@ def load_run_page(
 ) -> RunPage:
     """The run and its comparison with `baseline_ref` (a run id or engine commit/ref) or,
     without one, the automatic baseline. `result`: the comparison already made (the pipeline's
-    `report` task makes it once and hands it on to `regressions`); `compare=False`: none is to
-    be made (the pipeline's attempt failed and was logged), the page goes without.
+    `land` task makes it once and hands it on to `report` and `regressions`); `compare=False`:
+    none is to be made (the pipeline's attempt failed and was logged), the page goes without.
 
     The run missing raises KeyError and a named baseline not found ValueError (the caller
     asked for it); any other failure of the comparison or of a chart is logged and the page
