@@ -181,6 +181,27 @@ def test_the_stored_result_has_the_failing_rows_of_each_failed_expectation():
     assert sorted(c["concurrency"] for c in v.bad_cells) == [1, 1, 2]
 
 
+def test_each_expectation_sees_the_rows_of_its_scope_and_says_which():
+    """The cells suite runs scope by scope (quality.CELL_SCOPES, not GX row conditions): each
+    stored result names its rows, and counted exactly those (good_cells: one valid prefill,
+    two valid decode, one over capacity, one failed)."""
+    v = validate_run(run_row(), good_cells())
+    counts = {}
+    for res in v.results_json["cells"]["gx"]["results"]:
+        rows = res["expectation_config"]["meta"]["rows"]
+        counts.setdefault(json.dumps(rows, sort_keys=True), set()).add(
+            res["result"]["element_count"]
+        )
+    assert counts == {
+        "{}": {5},
+        '{"phase": ["prefill"]}': {1},
+        '{"status": ["failed", "invalid"]}': {1},
+        '{"status": ["over_capacity"]}': {1},
+        '{"phase": ["decode"], "status": ["valid"]}': {2},
+        '{"phase": ["prefill"], "status": ["valid"]}': {1},
+    }
+
+
 @pytest.mark.parametrize(
     "command",
     [
