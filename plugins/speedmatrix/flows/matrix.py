@@ -38,6 +38,7 @@ from typing import Any
 from speedmatrix import __version__
 from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost
 from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cell
+from speedmatrix.flows.fresh_stack import on_fresh_stack
 from speedmatrix.flows.handoff import compare_run, hand_on_comparison, handed_on_comparison
 from speedmatrix.flows.resolution import DAG_ID
 from speedmatrix.flows.resolved import Resolved
@@ -674,6 +675,7 @@ def warehouse_of(resolved: Resolved):
     return Warehouse(resolved.get("warehouse") or None)
 
 
+@on_fresh_stack  # the work after the host's stop, whatever executor runs it
 def validate(
     resolved: Resolved,
     info: Mapping[str, Any] | None,
@@ -709,6 +711,7 @@ def validate(
     }
 
 
+@on_fresh_stack  # the work after the host's stop, whatever executor runs it
 def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
     """Land the run atomically; landing it again replaces it (idempotent, safe to retry)."""
     from speedmatrix.store.extra import land_cell_repeats
@@ -756,6 +759,7 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+@on_fresh_stack  # the work after the host's stop, whatever executor runs it
 def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
     """Render the landed run (md + html) next to it in the warehouse; log where.
 
@@ -782,6 +786,7 @@ def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
     return paths
 
 
+@on_fresh_stack  # the work after the host's stop, whatever executor runs it
 def regressions(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, Any]:
     """The `regressions` task: judge the comparison `land` made (made again only when none
     was handed on), land the verdicts; RegressionError on a regression."""

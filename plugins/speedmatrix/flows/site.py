@@ -31,6 +31,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
+from speedmatrix.flows.fresh_stack import on_fresh_stack
+
 log = logging.getLogger("speedmatrix.site")
 
 LINK_NAME = "Speed matrix site"
@@ -55,6 +57,7 @@ def site_url(resolved: Mapping[str, Any], out: str | None = None) -> str:
     return (Path(out or site_dir(resolved)).resolve() / page).as_uri()
 
 
+@on_fresh_stack  # the work after the host's stop, whatever executor runs it
 def refresh(resolved: Mapping[str, Any], out: str | None = None) -> dict[str, Any]:
     """Build (incrementally) the site of the run's warehouse; a run page that could not be
     rendered fails the task (after everything else was written)."""
