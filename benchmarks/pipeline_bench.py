@@ -155,10 +155,11 @@ def run_local_executor(
         )
     else:
         env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = f"{scheduler_idle_sleep:g}"
-    # deploy/'s worker concurrency (4), not the deployment tests' 2: with 2, a pool process
-    # whose task had ended stayed busy 5 s more for 9 tasks of 26 (Airflow's supervisor
-    # noticed its task process's exit only at its next 5 s wake-up, min_heartbeat_interval),
-    # and the next task waited for it: `plan` 2.95-3.2 s in three runs (2026-12-03).
+    # deploy/'s worker concurrency (8; 4 until 2026-12-04), not the deployment tests' 2: with
+    # 2, a pool process whose task had ended stayed busy 5 s more for 9 tasks of 26 (Airflow's
+    # supervisor noticed its task process's exit only at its next 5 s wake-up,
+    # min_heartbeat_interval), and the next task waited for it: `plan` 2.95-3.2 s in three
+    # runs (2026-12-03); with 4, `site` waited 0.9 s after the stop (2026-12-04).
     concurrency = int(deploy_setting("AIRFLOW__CELERY__WORKER_CONCURRENCY"))
     dep = Deployment(
         work, dags, workers=1 if celery else 0, worker_concurrency=concurrency, extra_env=env

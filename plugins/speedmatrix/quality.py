@@ -3,10 +3,10 @@
 GX Core runs inside the `validate` task (the GX Airflow provider does not install with Airflow
 3.3.2): an ephemeral context (nothing written to disk by GX itself), a `cells` suite (run
 scope by scope over the rows each group of expectations applies to: CELL_SCOPES) and a `runs`
-suite. Consistency checks between figures (e.g. output tokens vs
-total tok/s x window) are expressed as ratio columns computed here in pandas and bounded by GX
-expectations, so each rule is one named expectation in the results JSON and a failing row is
-identified by its position.
+suite. Consistency checks between figures (e.g. output tokens vs total tok/s x window) are
+expressed as ratio columns computed here in pandas and bounded by GX expectations, so each
+rule is one named expectation in the results JSON and a failing row is identified by its
+position.
 
 A failing row is quarantined (it does not land) with the names of the expectations it failed;
 the rest lands. The results JSON is kept next to the run's report. Secrets: the runs suite checks
