@@ -107,6 +107,34 @@ def run(conf: dict) -> dict:
     return out
 
 
+def deployment(work: Path, dags: Path, *, celery: bool, env: dict[str, str]):
+    """(a Deployment of deploy/'s topology, its Celery slots per worker), not started: the
+    LocalExecutor with deploy/'s forkserver preload, or the CeleryExecutor with one worker of
+    deploy/'s concurrency. `env` gets the LocalExecutor's settings."""
+    sys.path.insert(0, str(REPO / "tests" / "deployment"))
+    from deploy_harness import Deployment, deploy_setting
+
+    if not celery:
+        env["AIRFLOW__CORE__EXECUTOR"] = "LocalExecutor"
+        # deploy/'s preload for a LocalExecutor deployment (speedmatrix.flows.preload); the
+        # Celery worker gets its own from the deployment's settings (celery_config_options)
+        for key in (
+            "AIRFLOW__SCHEDULER__MP_START_METHOD",
+            "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD",
+        ):
+            env[key] = deploy_setting(key, commented=True)
+    # deploy/'s worker concurrency (8; 4 until 2026-12-04), not the deployment tests' 2: with
+    # 2, a pool process whose task had ended stayed busy 5 s more for 9 tasks of 26 (Airflow's
+    # supervisor noticed its task process's exit only at its next 5 s wake-up,
+    # min_heartbeat_interval), and the next task waited for it: `plan` 2.95-3.2 s in three
+    # runs (2026-12-03); with 4, `site` waited 0.9 s after the stop (2026-12-04).
+    concurrency = int(deploy_setting("AIRFLOW__CELERY__WORKER_CONCURRENCY"))
+    dep = Deployment(
+        work, dags, workers=1 if celery else 0, worker_concurrency=concurrency, extra_env=env
+    )
+    return dep, concurrency
+
+
 def run_local_executor(
     conf: dict, celery: bool = False, scheduler_idle_sleep: float | None = None, cold: bool = False
 ) -> dict:
@@ -115,7 +143,7 @@ def run_local_executor(
     of deploy/'s concurrency (Redis broker, PostgreSQL result backend); the same result shape
     as `run`. Unless `cold`, a warm-up run (WARMUP_DAG) goes first."""
     sys.path.insert(0, str(REPO / "tests" / "deployment"))
-    from deploy_harness import Deployment, deploy_setting
+    from deploy_harness import deploy_setting
 
     work = Path(tempfile.mkdtemp(prefix="speedmatrix-bench-"))
     os.chmod(work, 0o755)
@@ -140,30 +168,13 @@ def run_local_executor(
             "BENCH_EXECUTION_API_TIMEOUT", "60"
         ),
     }
-    if not celery:
-        env["AIRFLOW__CORE__EXECUTOR"] = "LocalExecutor"
-        # deploy/'s preload for a LocalExecutor deployment (speedmatrix.flows.preload); the
-        # Celery worker gets its own from the deployment's settings (celery_config_options)
-        for key in (
-            "AIRFLOW__SCHEDULER__MP_START_METHOD",
-            "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD",
-        ):
-            env[key] = deploy_setting(key, commented=True)
     if scheduler_idle_sleep is None:  # deploy/'s, as the deployment applies it
         scheduler_idle_sleep = float(
             deploy_setting("AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME")
         )
     else:
         env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = f"{scheduler_idle_sleep:g}"
-    # deploy/'s worker concurrency (8; 4 until 2026-12-04), not the deployment tests' 2: with
-    # 2, a pool process whose task had ended stayed busy 5 s more for 9 tasks of 26 (Airflow's
-    # supervisor noticed its task process's exit only at its next 5 s wake-up,
-    # min_heartbeat_interval), and the next task waited for it: `plan` 2.95-3.2 s in three
-    # runs (2026-12-03); with 4, `site` waited 0.9 s after the stop (2026-12-04).
-    concurrency = int(deploy_setting("AIRFLOW__CELERY__WORKER_CONCURRENCY"))
-    dep = Deployment(
-        work, dags, workers=1 if celery else 0, worker_concurrency=concurrency, extra_env=env
-    )
+    dep, concurrency = deployment(work, dags, celery=celery, env=env)
     dep.start()
     try:
         dep.wait_dag("speed_matrix")

@@ -1,8 +1,8 @@
 """Why `validate` was slower under Celery than under the LocalExecutor (issue #19).
 
-Starts the benchmark's deployment (tests/deployment/deploy_harness.py: the LocalExecutor with
-deploy/'s forkserver preload, or the CeleryExecutor with one worker of deploy/'s concurrency),
-runs a probe DAG whose two tasks validate the same 55-cell run (the published reference page,
+Starts the benchmark's deployment (pipeline_bench.deployment: the LocalExecutor with deploy/'s
+forkserver preload, or the CeleryExecutor with one worker of deploy/'s concurrency), runs a
+probe DAG whose two tasks validate the same 55-cell run (the published reference page,
 ingested into a scratch warehouse) with speedmatrix.quality, one on the task's own thread and
 one through speedmatrix.flows.fresh_stack, and prints for each: seconds, page faults, user and
 system CPU, and the mmap/munmap calls strace counted during the validation.
@@ -11,7 +11,7 @@ system CPU, and the mmap/munmap calls strace counted during the validation.
     .venv/bin/python benchmarks/task_stack_probe.py local
 
 Needs strace (Debian's package) and ptrace rights over the worker's processes (root here).
-What it showed is in benchmarks/README.md ("the Celery task's frame stack").
+What it showed is in benchmarks/README.md ("Celery's slow validation explained").
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "deployment"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 PROBE_DAG = r"""
 import math, os, resource, signal, subprocess, time
@@ -84,7 +84,7 @@ stack_probe()
 
 
 def main() -> int:
-    from deploy_harness import Deployment, deploy_setting
+    from pipeline_bench import deployment
 
     celery = sys.argv[1:] == ["celery"]
     if sys.argv[1:] not in (["celery"], ["local"]):
@@ -106,17 +106,7 @@ def main() -> int:
     )  # fmt: skip
     os.chmod(warehouse, 0o777)
     env = {"HOME": str(work), "PROBE_WAREHOUSE": str(warehouse)}
-    if not celery:
-        env["AIRFLOW__CORE__EXECUTOR"] = "LocalExecutor"
-        for key in (
-            "AIRFLOW__SCHEDULER__MP_START_METHOD",
-            "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD",
-        ):
-            env[key] = deploy_setting(key, commented=True)
-    concurrency = int(deploy_setting("AIRFLOW__CELERY__WORKER_CONCURRENCY"))
-    dep = Deployment(
-        work, dags, workers=1 if celery else 0, worker_concurrency=concurrency, extra_env=env
-    )
+    dep, _ = deployment(work, dags, celery=celery, env=env)
     dep.start()
     try:
         dep.wait_dag("stack_probe")
