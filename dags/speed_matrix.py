@@ -1,7 +1,7 @@
 """speed_matrix: one speed test matrix = one recipe x one engine ref x one host.
 
 resolve -> wait_for_host (lease; reschedules, holds no worker slot) -> setup_server (provision +
-start) -> inspect -> plan -> prefill[8K…] -> decode[8K x 1…] -> stop_server (teardown: always,
+start) -> inspect -> plan -> prefill[8K…], decode[8K x 1…] -> stop_server (teardown: always,
 stops the server, releases the lease) ; validate (Great Expectations) -> land (Assets; compares
 the run with its baseline, once) -> report -> conclude (fails the run if a cell failed, after
 everything measured has landed); land -> regressions (judges that comparison, beside report;
@@ -19,7 +19,9 @@ at the head of that order, `decode` the rest, later contexts' prefill cells incl
 run at once: the next one starts (process, DAG file, imports) while the previous cell measures,
 then waits until that cell has left the host (it says so as its turn ends) before it touches the
 host (flows/turn.py), so the host measures one cell at a time and a hand-off costs it a fraction
-of a second, not a task start-up (issue #19).
+of a second, not a task start-up (issue #19). The same holds where the two tasks meet: `decode`
+is prefill's sibling, not its downstream, and its first instance starts beside the prefill
+cells and waits for the last of them.
 
 With `repeats` > 1, decode also maps the repeated cells after the matrix, one pass after
 another (map index `8K x 1 #2`); they land in cell_repeats (plan.plan_matrix).
@@ -175,17 +177,22 @@ PARAMS = {
 }
 
 
-def _cell(resolved: dict, cell: dict) -> dict:
+def _cell(resolved: dict, cell: dict, after: str | None = None) -> dict:
     """A mapped cell task's body: its label for the map index, then its turn and its cell.
 
-    The server's handle is pulled here, not passed as an argument: an argument would make the
-    cell task a direct downstream of the setup task, and Airflow requires those to run on
-    all_success, which `decode` (all_done: after the prefill cells whatever became of them)
-    is not. A failed setup still stops the cells: their cell lists come after it."""
+    `after`: the cell task whose cells come before this task's in the run order; its last
+    instance is this task's first instance's predecessor (flows/turn.py), and how many it maps
+    is its cell list's length. The server's handle is pulled here, not passed as an argument:
+    an argument would make the cell task a direct downstream of the setup task (the setups
+    reach it through its cell list, which comes after them)."""
     ctx = get_current_context()
     ctx["cell_label"] = cell["label"]
-    server = ctx["ti"].xcom_pull(task_ids="setup_server")
-    return matrix.run_cell(resolved, server, cell, cell_turn(ctx["ti"], ctx["dag_run"]))
+    ti = ctx["ti"]
+    server = ti.xcom_pull(task_ids="setup_server")
+    before = None
+    if after is not None and ti.map_index == 0:
+        before = (after, len(ti.xcom_pull(task_ids=f"{after}_cells") or []))
+    return matrix.run_cell(resolved, server, cell, cell_turn(ti, ctx["dag_run"], before))
 
 
 @dag(
@@ -254,6 +261,9 @@ def speed_matrix():
         map_index_template="{{ cell_label }}",
         execution_timeout=CELL_TASK_TIMEOUT,
         retries=0,
+        # Queued before decode's instances when both are ready (the scheduler queues by
+        # weight): decode's first cell waits for prefill's last, so prefill must have its slot.
+        priority_weight=2,
     )
     def prefill(resolved: dict, cell: dict) -> dict:
         return _cell(resolved, cell)
@@ -264,13 +274,11 @@ def speed_matrix():
         map_index_template="{{ cell_label }}",
         execution_timeout=CELL_TASK_TIMEOUT,
         retries=0,
-        # After the prefill cells whatever became of them (each cell checks the server
-        # itself), also when there were none; without its cell list (decode_cells failed)
-        # Airflow cannot expand it and marks it upstream_failed.
-        trigger_rule="all_done",
     )
     def decode(resolved: dict, cell: dict) -> dict:
-        return _cell(resolved, cell)
+        # Beside prefill, not after it: its first cell starts while the last prefill cell
+        # measures and waits for it (flows/turn.py), whatever became of it (issue #19).
+        return _cell(resolved, cell, after="prefill")
 
     @task(multiple_outputs=False, retries=2, execution_timeout=HOST_STEP_TIMEOUT)
     def stop_server(resolved: dict) -> dict:
@@ -350,21 +358,22 @@ def speed_matrix():
     server = setup_server(resolved, lease)
     info = inspect(resolved, server)
     planned = plan(resolved, info)
-    pre = prefill.partial(resolved=resolved).expand(
-        cell=runnable.override(task_id="prefill_cells")(planned, "prefill")
-    )
-    dec = decode.partial(resolved=resolved).expand(
-        cell=runnable.override(task_id="decode_cells")(planned, "decode")
-    )
+    pre_cells = runnable.override(task_id="prefill_cells")(planned, "prefill")
+    dec_cells = runnable.override(task_id="decode_cells")(planned, "decode")
+    # prefill's instances exist (and are queued, by weight) no later than decode's: the first
+    # decode cell waits for the last prefill cell, which must not wait for a slot behind it.
+    pre_cells >> dec_cells
+    pre = prefill.partial(resolved=resolved).expand(cell=pre_cells)
+    dec = decode.partial(resolved=resolved).expand(cell=dec_cells)
     stop = stop_server(resolved).as_teardown(setups=[lease, server], on_failure_fail_dagrun=True)
-    # Decode straight after prefill, no gate task between them (issue #19): the scheduler
-    # schedules the first decode cell in the loop that sees the last prefill cell done. A gate
-    # (prefill_done, an EmptyOperator until 2026-12-03) cost a scheduler loop more, and the loop
-    # that marked it counted as idle, so the scheduler slept (1 s by default) before the next.
-    pre >> dec >> stop
+    # prefill and decode side by side, no Airflow edge between them (issue #19): the first
+    # decode cell starts while the last prefill cell measures and takes the host from it as
+    # one cell takes it from the previous one (flows/turn.py). With `prefill >> decode` the host
+    # sat idle for a whole task start-up there (0.71-1.52 s, the run's largest hand-off).
+    [pre, dec] >> stop
     checked = validate(resolved)
     # Validation needs the cells, not the host: it runs beside the stop, not after it (#19).
-    dec >> checked
+    [pre, dec] >> checked
     landed = land(resolved, checked)
     # report and regressions side by side: both take the comparison `land` made (#19)
     paths = report(resolved, landed)

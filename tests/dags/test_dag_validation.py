@@ -94,16 +94,25 @@ def test_speed_matrix_shape(dagbag):
         # one cell measuring, the next one starting; flows/turn.py keeps the host to one
         assert t[tid].max_active_tis_per_dagrun == 2
         assert t[tid].map_index_template == "{{ cell_label }}"
-    # decode follows prefill directly, whatever became of the prefill cells: no gate task
-    # between them, which cost a scheduler loop (#19). Not a direct downstream of a setup
-    # (Airflow would refuse all_done there); the setups reach it through its cell list.
-    assert t["decode"].upstream_task_ids == {"resolve", "prefill", "decode_cells"}
-    assert t["decode"].trigger_rule == "all_done"
+    # decode beside prefill, not after it: its first cell waits for the last prefill cell
+    # (flows/turn.py), so the hand-off between them costs no task start-up (#19). No gate task,
+    # no edge; the setups reach decode through its cell list, which comes after prefill's, and
+    # prefill weighs more, so the scheduler queues prefill's instances first.
+    assert t["decode"].upstream_task_ids == {"resolve", "decode_cells"}
     assert "prefill_done" not in t
     assert "setup_server" in t["decode_cells"].get_flat_relative_ids(upstream=True)
+    assert t["decode_cells"].upstream_task_ids == {"plan", "prefill_cells"}
+    # the scheduler queues by weight; Airflow's default rule: own + every downstream task's
+    weight = {
+        tid: t[tid].priority_weight
+        + sum(t[x].priority_weight for x in t[tid].get_flat_relative_ids(upstream=False))
+        for tid in ("prefill", "decode")
+    }
+    assert weight["prefill"] > weight["decode"], weight
+    assert {"prefill", "decode"} <= t["stop_server"].upstream_task_ids
     assert t["validate"].trigger_rule == "all_done"
     # validation needs the cells, not the host: beside the stop, not after it (#19)
-    assert t["validate"].upstream_task_ids == {"resolve", "decode"}
+    assert t["validate"].upstream_task_ids == {"resolve", "prefill", "decode"}
     assert {a.uri for a in t["land"].outlets} == {
         "speedmatrix://warehouse/runs",
         "speedmatrix://warehouse/cells",
@@ -133,7 +142,7 @@ def test_speed_matrix_maps_cells_in_the_plans_run_order(dagbag):
     planned = plan_matrix(spec, KvCapacity(40_000, 16), repeats=2).as_dict()
     planned = json.loads(json.dumps(planned))  # as XCom hands it over
     mapped = {tid: t[f"{tid}_cells"].python_callable(planned, tid) for tid in ("prefill", "decode")}
-    assert t["prefill_cells"].downstream_task_ids == {"prefill"}
+    assert t["prefill_cells"].downstream_task_ids == {"prefill", "decode_cells"}
     assert t["decode_cells"].downstream_task_ids == {"decode"}
     labels = [c["label"] for c in [*mapped["prefill"], *mapped["decode"]]]
     assert labels[:6] == ["256K", "8K", "8K x 1", "8K x 2", "prefill 16K", "16K x 1"]

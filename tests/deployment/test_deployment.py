@@ -169,22 +169,21 @@ def _cells_took_turns(dep: Deployment, run_id: str, n: int) -> None:
     """(#19) Under the real scheduler two decode cell tasks run at once, yet the host measured
     one cell at a time in map index order: each cell's hold on the host (`turn`, from its
     result) began after the previous one's ended, and each waited for a predecessor that had
-    left the host.
+    left the host; the first decode cell after the run's one prefill cell, another task's
+    instance (its sibling, no Airflow edge between them).
     And the hand-off was hidden: some cell task started before the previous one ended."""
     tis = _tis(dep, run_id)
-    turns = [_xcom(dep, SM, run_id, "decode", i)["turn"] for i in range(n)]
+    cells = [("prefill", 0)] + [("decode", i) for i in range(n)]
+    turns = [_xcom(dep, SM, run_id, task, i)["turn"] for task, i in cells]
     assert turns[0]["after"] is None, turns
-    for i in range(1, n):
-        assert turns[i]["after"] == f"decode[{i - 1}]", turns
+    for k in range(1, len(cells)):
+        assert turns[k]["after"] == "{}[{}]".format(*cells[k - 1]), turns
         # never "scheduled" under a scheduler: the predecessor said it had left the host
         # (flows/turn.py's "released", read while its task still ran) or its task had ended
-        assert turns[i]["state"] in ("released", "success"), turns
-        assert _ts(turns[i]["began"]) >= _ts(turns[i - 1]["ended"]), turns
-    spans = [
-        (_ts(tis[("decode", i)]["start_date"]), _ts(tis[("decode", i)]["end_date"]))
-        for i in range(n)
-    ]
-    early = [i for i in range(1, n) if spans[i][0] < spans[i - 1][1]]
+        assert turns[k]["state"] in ("released", "success"), turns
+        assert _ts(turns[k]["began"]) >= _ts(turns[k - 1]["ended"]), turns
+    spans = [(_ts(tis[c]["start_date"]), _ts(tis[c]["end_date"])) for c in cells]
+    early = [cells[k] for k in range(1, len(cells)) if spans[k][0] < spans[k - 1][1]]
     assert early, f"no cell task started before the previous one ended: {spans}"
     print({"turns": turns, "started early": early})
 

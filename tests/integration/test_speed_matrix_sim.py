@@ -117,7 +117,9 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
     turns = out["turns"]
     assert set(turns) == {k for k in tasks if k.startswith(("prefill[", "decode["))}
     firsts = [k for k, t in turns.items() if t["after"] is None]
-    assert sorted(firsts) == ["decode[8K x 1]", "prefill[8K]"], turns
+    assert firsts == ["prefill[8K]"], turns
+    # decode's first cell follows prefill's last one, another task's instance (#19)
+    assert turns["decode[8K x 1]"]["after"] == "prefill[0]", turns
     for key, t in turns.items():
         if t["after"] is not None:
             assert t["state"] in ("scheduled", "success"), (key, t)
@@ -169,8 +171,9 @@ def test_repeated_cell_lands_in_cell_repeats_and_gives_its_own_noise(migrated, t
     """repeats = 2 on one decode cell, in one DAG run: the primary in cells, the repeat (its
     own mapped decode task) in cell_repeats, and the noise table's between-run spread of that
     cell from this run alone. The first context has no prefill cell, so `prefill` (the prefill
-    cells at the head of the run order) maps nothing and is skipped, and `decode` (all_done
-    after it, no gate task between them) runs all the same, 16K's prefill cell among them."""
+    cells at the head of the run order) maps nothing and is skipped, and `decode` (its sibling:
+    its first cell has no prefill cell to wait for) runs all the same, 16K's prefill cell among
+    them."""
     wh_root = tmp_path / "wh"  # no baseline from the other tests' runs
     conf = {
         **CONF,

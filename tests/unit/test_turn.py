@@ -191,3 +191,74 @@ def test_released_before_the_run_was_cleared_is_not_this_tries_word():
 def test_no_word_yet_keeps_the_next_cell_waiting():
     ti = FakeTI(3, {"decode_2": "running"}, {("decode", 2, "other"): {"clear_number": 0}})
     assert turn.cell_turn(ti, Run()).previous() == "running"
+
+
+# -- across the two cell tasks: decode's first cell after prefill's last (issue #19) -----------
+
+
+def test_the_first_decode_cell_follows_the_last_prefill_cell():
+    ti = FakeTI(0, {"prefill_1": "running"})
+    t = turn.cell_turn(ti, Run(), ("prefill", 2))
+    assert t.name == "prefill[1]" and t.previous() == "running"
+    assert t.go == turn.ACROSS_GO_STATES
+    assert ti.asked == [
+        {
+            "dag_id": "speed_matrix",
+            "map_index": 1,
+            "task_ids": ["prefill"],
+            "run_ids": ["manual__r1"],
+        }
+    ]
+    assert ti.pulled == [{"task_ids": "prefill", "key": turn.RELEASED_KEY, "map_indexes": 1}]
+
+
+@pytest.mark.parametrize("state", [None, "scheduled", "queued", "running"])
+def test_a_prefill_cell_not_started_or_not_done_keeps_the_first_decode_cell_waiting(state):
+    """Between two tasks the scheduler's map index order says nothing: a last prefill cell not
+    yet started (or not yet expanded: no state) will still measure, so it is waited for."""
+    t = turn.cell_turn(FakeTI(0, {"prefill_0": state} if state else {}), Run(), ("prefill", 1))
+    clock = Clock()
+    read, seen = _states(t.previous(), t.previous(), "success")
+    got = turn.wait_for_turn(read, t.name, go=t.go, sleep=clock.sleep, clock=clock)
+    assert got["state"] == "success" and seen == [state, state, "success"]
+    assert len(clock.slept) == 2
+
+
+@pytest.mark.parametrize("state", ["success", "failed", "upstream_failed", "skipped"])
+def test_a_finished_last_prefill_cell_lets_the_first_decode_cell_go(state):
+    t = turn.cell_turn(FakeTI(0, {"prefill_2": state}), Run(), ("prefill", 3))
+    assert t.previous() == state and state in t.go
+
+
+def test_a_last_prefill_cell_that_released_the_host_lets_the_first_decode_cell_go():
+    xcoms = _released_by(FakeTI(0, {}), Run(0))
+    xcoms = {("prefill", 0, k): v for (_, _, k), v in xcoms.items()}
+    t = turn.cell_turn(FakeTI(0, {"prefill_0": "running"}, xcoms), Run(0), ("prefill", 1))
+    assert t.previous() == turn.RELEASED and turn.RELEASED in t.go
+
+
+@pytest.mark.parametrize("after", [None, ("prefill", 0)])
+def test_no_prefill_cells_no_wait(after):
+    t = turn.cell_turn(FakeTI(0, {}), Run(), after)
+    assert t.previous is None
+
+
+def test_a_later_decode_cell_still_follows_its_own_tasks_previous_instance():
+    t = turn.cell_turn(FakeTI(4, {"decode_3": "scheduled"}), Run(), ("prefill", 2))
+    assert t.name == "decode[3]" and t.go == turn.GO_STATES
+
+
+def test_under_dag_test_a_prefill_cell_not_started_is_not_waited_for(monkeypatch):
+    """dag.test() runs one task at a time in its own process: a prefill cell not started yet
+    starts only after this one, so waiting for it would never end (the cell then finds the
+    context's prompt cached and measures again cold: matrix._warm_prefill)."""
+    from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
+
+    assert turn.in_process() is False  # pytest's own process: no supervisor at all
+    comms = InProcessSupervisorComms.__new__(InProcessSupervisorComms)
+    from airflow.sdk.execution_time import task_runner
+
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
+    assert turn.in_process() is True
+    t = turn.cell_turn(FakeTI(0, {"prefill_0": "scheduled"}), Run(), ("prefill", 1))
+    assert t.go == turn.GO_STATES and t.previous() in t.go

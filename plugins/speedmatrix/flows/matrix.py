@@ -399,7 +399,7 @@ def run_cell(
 
     repeat = int(cell.get("repeat") or 0)
     try:
-        held = wait_for_turn(turn.previous, turn.name)
+        held = wait_for_turn(turn.previous, turn.name, go=turn.go)
     except Exception as exc:
         reason = f"could not learn whether {turn.name} had finished: {type(exc).__name__}: {exc}"
         log.error("%s: %s", cell.get("label"), reason)

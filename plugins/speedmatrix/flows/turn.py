@@ -25,6 +25,18 @@ The rule, from the previous instance's state (Airflow's, read through the execut
   a time in no set order, and there waiting would never end. Cells one at a time hold there
   anyway (one process runs them in turn).
 
+Across the two cell tasks (issue #19): `prefill` maps the cells at the head of the run order and
+`decode` the rest, so the first decode cell's predecessor is the last prefill cell. Until
+2026-12-04 `decode` waited for `prefill` in Airflow (an edge), so at that one boundary the host
+sat idle for a whole task start-up (0.71-1.52 s measured, the largest hand-off of a run). Now
+the two tasks are siblings and the first decode instance starts with the prefill cells and
+waits here for the last one, as a cell waits for the one before it in its own task. Its
+predecessor is then of another task, and a not-started one (None: not yet expanded, or
+scheduled) is waited for: the order between two tasks' instances is the scheduler's priority
+(`prefill` weighs more) and whatever slot each found, not map index order. The one exception
+is dag.test(), which runs every task in its own process one at a time (:func:`in_process`):
+there a predecessor not started starts only after this task, and waiting would never end.
+
 The previous cell also says "released" as soon as it has left the host (an XCom it pushes when
 its turn ends, :func:`cell_turn`), so the next one need not wait for its task's end to reach
 the API server (its result's XCom push, then its state: ~0.15 s per hand-off, issue #19). That
@@ -48,9 +60,12 @@ log = logging.getLogger("speedmatrix.turn")
 RELEASED = "released"
 """What the reader says for a running predecessor that has left the host (not an Airflow state)."""
 RELEASED_KEY = "speedmatrix_turn_released"
-GO_STATES = frozenset(
-    {None, "scheduled", "success", "failed", "skipped", "upstream_failed", "removed", RELEASED}
-)
+FINISHED = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
+GO_STATES = FINISHED | {None, "scheduled", RELEASED}
+"""What lets a cell go when its predecessor is the previous instance of its own task."""
+ACROSS_GO_STATES = FINISHED | {RELEASED}
+"""... when its predecessor is another task's instance (the first decode cell after the last
+prefill cell): one not started yet is waited for."""
 POLL_S = 0.1
 """How often the waiting cell reads its predecessor's state, one read of the execution API each
 time (a GET the supervisor makes; ~300 over a 30 s window), two while the predecessor runs (its
@@ -64,6 +79,7 @@ def wait_for_turn(
     previous_state: Callable[[], str | None] | None,
     previous: str = "the previous cell",
     *,
+    go: frozenset[str | None] = GO_STATES,
     poll_s: float | None = None,
     progress_every_s: float = PROGRESS_EVERY_S,
     sleep: Callable[[float], None] = time.sleep,
@@ -83,7 +99,7 @@ def wait_for_turn(
     while True:
         state = previous_state()
         state = None if state is None else str(state)
-        if state in GO_STATES:
+        if state in go:
             return {"after": previous, "waited_s": round(clock() - t0, 3), "state": state}
         now = clock()
         if now >= next_note:
@@ -95,49 +111,70 @@ def wait_for_turn(
 class CellTurn(NamedTuple):
     """A cell task's side of the turn, handed from the DAG to `matrix.run_cell`.
 
-    `previous` reads the previous instance's state (None for the first one), `name` names it,
-    `release` tells the next instance that this cell has left the host (None: nobody to tell,
-    e.g. outside Airflow)."""
+    `previous` reads the previous cell's state (None for the first one), `name` names it, `go`
+    are the states that let this cell go (:data:`GO_STATES`, or :data:`ACROSS_GO_STATES` for a
+    predecessor of another task), `release` tells the next cell that this one has left the
+    host (None: nobody to tell, e.g. outside Airflow)."""
 
     previous: Callable[[], str | None] | None = None
     name: str = ""
     release: Callable[[], None] | None = None
+    go: frozenset[str | None] = GO_STATES
 
 
 NO_TURN = CellTurn()
 """A cell run outside a mapped task: nobody before it, nobody to tell."""
 
 
-def cell_turn(ti: Any, dag_run: Any = None) -> CellTurn:
+def cell_turn(ti: Any, dag_run: Any = None, after: tuple[str, int] | None = None) -> CellTurn:
     """The turn of the running mapped cell task instance `ti` (airflow.sdk's
     RuntimeTaskInstance: get_task_states, xcom_pull and xcom_push ask the API server).
 
-    The previous instance is the one before `ti` in map index order; none for the first (and
-    for an unmapped task). `dag_run` (the task's context's) gives the run's clear_number."""
+    The previous cell is the instance before `ti` in map index order. The first instance's is
+    the last of `after` = (task id, how many instances it maps), the cell task whose cells
+    come before this task's in the run order (decode's: prefill's); none when `after` maps
+    none, or is not given, and none for an unmapped task. `dag_run` (the task's context's)
+    gives the run's clear_number."""
     clears = int(getattr(dag_run, "clear_number", 0) or 0)
 
     def release() -> None:
         ti.xcom_push(RELEASED_KEY, {"clear_number": clears, "at": stamp()})
 
     index = getattr(ti, "map_index", -1)
-    if index is None or index <= 0:
+    if index is not None and index > 0:
+        task_id, prev, go = ti.task_id, index - 1, GO_STATES
+    elif index == 0 and after is not None and after[1] > 0:
+        task_id, prev = after[0], after[1] - 1
+        go = GO_STATES if in_process() else ACROSS_GO_STATES
+    else:
         return CellTurn(None, "", release)
-    prev = index - 1
-    key = f"{ti.task_id}_{prev}"  # how the execution API names a mapped instance
+    key = f"{task_id}_{prev}"  # how the execution API names a mapped instance
 
     def read() -> str | None:
         states = ti.get_task_states(
-            dag_id=ti.dag_id, map_index=prev, task_ids=[ti.task_id], run_ids=[ti.run_id]
+            dag_id=ti.dag_id, map_index=prev, task_ids=[task_id], run_ids=[ti.run_id]
         )
         state = (states.get(ti.run_id) or {}).get(key)
         if state != "running":
             return state
-        said = ti.xcom_pull(task_ids=ti.task_id, key=RELEASED_KEY, map_indexes=prev)
+        said = ti.xcom_pull(task_ids=task_id, key=RELEASED_KEY, map_indexes=prev)
         if isinstance(said, dict) and said.get("clear_number") == clears:
             return RELEASED
         return state
 
-    return CellTurn(read, f"{ti.task_id}[{prev}]", release)
+    return CellTurn(read, f"{task_id}[{prev}]", release, go)
+
+
+def in_process() -> bool:
+    """True under dag.test() (and `airflow dags test`): Airflow runs each task in the test's
+    own process, one at a time, through its in-process supervisor, instead of a process of
+    its own beside others."""
+    try:
+        from airflow.sdk.execution_time import task_runner
+        from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
+    except ImportError:  # another Airflow: not the test runner we know
+        return False
+    return isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None), InProcessSupervisorComms)
 
 
 def stamp() -> str:
