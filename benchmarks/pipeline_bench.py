@@ -351,14 +351,16 @@ def turn_split(turns: dict, windows_s: float, warmup_s: float) -> dict:
     cell's own steps (lease renewal, /health, idle check, prompts, the window's end). With the
     cell tasks starting early, the tasks' own start-up no longer appears on the host's side."""
     spans = sorted(
-        (_ts(t["began"]), _ts(t["ended"]), float(t.get("waited_s") or 0.0))
-        for t in turns.values()
+        (_ts(t["began"]), _ts(t["ended"]), float(t.get("waited_s") or 0.0), label)
+        for label, t in turns.items()
         if t.get("began") and t.get("ended")
     )
     if not spans:
         return {}
-    held = sum(e - b for b, e, _ in spans)
+    held = sum(e - b for b, e, _, _ in spans)
     handoffs = [spans[k + 1][0] - spans[k][1] for k in range(len(spans) - 1)]
+    # the three longest, named: where the host waited longest between two cells
+    longest = sorted(range(len(handoffs)), key=lambda k: -handoffs[k])[:3]
     return {
         "turns": len(spans),
         "turns_held_s": round(held, 1),
@@ -366,7 +368,10 @@ def turn_split(turns: dict, windows_s: float, warmup_s: float) -> dict:
         "handoffs_s": round(sum(handoffs), 1),
         "handoff_median_s": round(sorted(handoffs)[len(handoffs) // 2], 2) if handoffs else None,
         "handoff_max_s": round(max(handoffs), 2) if handoffs else None,
-        "cells_waited_s": round(sum(w for _, _, w in spans), 1),
+        "handoffs_longest": [
+            f"{spans[k][3]} -> {spans[k + 1][3]}: {handoffs[k]:.2f} s" for k in longest
+        ],
+        "cells_waited_s": round(sum(w for _, _, w, _ in spans), 1),
         # what let each cell go: its predecessor's word "released" (flows/turn.py) or state
         "turn_states": dict(
             Counter(str(t.get("state")) for t in turns.values() if t.get("after") is not None)
