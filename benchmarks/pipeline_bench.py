@@ -368,6 +368,9 @@ def turn_split(turns: dict, windows_s: float, warmup_s: float) -> dict:
         "handoffs_s": round(sum(handoffs), 1),
         "handoff_median_s": round(sorted(handoffs)[len(handoffs) // 2], 2) if handoffs else None,
         "handoff_max_s": round(max(handoffs), 2) if handoffs else None,
+        # cells whose turn began before the previous one's ended (two cells on the host at
+        # once: flows/turn.py exists to keep this at 0)
+        "turn_overlaps": sum(1 for h in handoffs if h < 0),
         "handoffs_longest": [
             f"{spans[k][3]} -> {spans[k + 1][3]}: {handoffs[k]:.2f} s" for k in longest
         ],

@@ -127,18 +127,21 @@ class Run:
         self.clear_number = clear_number
 
 
+def _asked(task_id: str, map_index: int) -> dict:
+    """The execution API query for one instance's state, as cell_turn makes it."""
+    return {
+        "dag_id": "speed_matrix",
+        "map_index": map_index,
+        "task_ids": [task_id],
+        "run_ids": ["manual__r1"],
+    }
+
+
 def test_the_previous_cell_is_the_previous_map_index_of_the_same_task():
     ti = FakeTI(3, {"decode_2": "running"})
     t = turn.cell_turn(ti, Run())
     assert t.name == "decode[2]" and t.previous() == "running"
-    assert ti.asked == [
-        {
-            "dag_id": "speed_matrix",
-            "map_index": 2,
-            "task_ids": ["decode"],
-            "run_ids": ["manual__r1"],
-        }
-    ]
+    assert ti.asked == [_asked("decode", 2)]
     assert ti.pulled == [{"task_ids": "decode", "key": turn.RELEASED_KEY, "map_indexes": 2}]
     ti.states = {}
     assert t.previous() is None
@@ -201,14 +204,7 @@ def test_the_first_decode_cell_follows_the_last_prefill_cell():
     t = turn.cell_turn(ti, Run(), ("prefill", 2))
     assert t.name == "prefill[1]" and t.previous() == "running"
     assert t.go == turn.ACROSS_GO_STATES
-    assert ti.asked == [
-        {
-            "dag_id": "speed_matrix",
-            "map_index": 1,
-            "task_ids": ["prefill"],
-            "run_ids": ["manual__r1"],
-        }
-    ]
+    assert ti.asked == [_asked("prefill", 1)]
     assert ti.pulled == [{"task_ids": "prefill", "key": turn.RELEASED_KEY, "map_indexes": 1}]
 
 
