@@ -11,13 +11,14 @@ the test near a minute.
 from __future__ import annotations
 
 import asyncio
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from test_regression_sim import profile_at
 
 from speedmatrix.analysis.baseline import read_history
-from speedmatrix.analysis.bisection import bisect, max_measurements
+from speedmatrix.analysis.bisection import bisect
 from speedmatrix.analysis.compare import compare_in_warehouse, regressions_check
 from speedmatrix.analysis.verdict import RegressionError, compare_runs
 from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_prefill
@@ -41,6 +42,11 @@ PLANTED = (8192, 4)  # top of its row: no other cell ramps up through its batch 
 COMMITS = [f"{i:040x}" for i in range(9)]
 WINDOW_S = 3.0
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def log2_bound(n: int) -> int:
+    """ceil(log2(n)): the measurements a bisection of n candidates may take without skips."""
+    return math.ceil(math.log2(n)) if n > 1 else 0
 
 
 def measure_run(commit: int, seed: int, *, planted_at=5, planted=None, cells=CELLS):
@@ -159,4 +165,4 @@ def test_bisection_over_http_finds_the_planted_commit(warehouse):
 
     result = bisect(COMMITS[1:], measure)
     assert result.first_bad == COMMITS[5]
-    assert len(measured) <= max_measurements(8) == 3
+    assert len(measured) <= log2_bound(8) == 3

@@ -12,7 +12,6 @@ from speedmatrix.analysis.noise import (
     between_run_noise,
     bootstrap_interval,
     within_window,
-    within_window_table,
 )
 
 
@@ -84,31 +83,6 @@ def test_within_window_total_is_resampled_by_stream():
 def test_within_window_single_request_has_no_interval():
     assert within_window(_requests(1, 900, 30.0), measured_s=30.0) == {}
     assert within_window([], measured_s=30.0) == {}
-
-
-def test_within_window_table_matches_requests_to_cells():
-    cells = [
-        {
-            "run_id": "r1",
-            "phase": "decode",
-            "context_tokens": 8192,
-            "concurrency": 8,
-            "measured_s": 30.0,
-        },
-        {
-            "run_id": "r1",
-            "phase": "decode",
-            "context_tokens": 8192,
-            "concurrency": 1,
-            "measured_s": 30.0,
-        },
-    ]
-    reqs = [dict(r, run_id="r1") for r in _requests(8, 900, 30.0)]
-    table = within_window_table(cells, reqs, n_resamples=500)
-    assert set(table["concurrency"]) == {8}
-    assert set(table["metric"]) == {"total_tok_s", "tbt_ms", "per_request_tok_s", "ttft_ms"}
-    assert (table["ci_low"] <= table["estimate"]).all()
-    assert (table["estimate"] <= table["ci_high"]).all()
 
 
 def _run(run_id, commit, status="success", recipe="sim/x", host="local"):

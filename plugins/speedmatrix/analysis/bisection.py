@@ -13,7 +13,6 @@ is found in at most ceil(log2(N)) measurements, as long as no measurement says "
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,11 +50,6 @@ class BisectResult:
                 c for c in self.suspects if c != self.first_bad
             )
         return text
-
-
-def max_measurements(n: int) -> int:
-    """ceil(log2(n)): the bound this bisection keeps without skips."""
-    return math.ceil(math.log2(n)) if n > 1 else 0
 
 
 @dataclass

@@ -176,58 +176,6 @@ def within_window(
     return out
 
 
-WITHIN_COLUMNS = (
-    "run_id",
-    *CELL_KEY,
-    "metric",
-    "estimate",
-    "ci_low",
-    "ci_high",
-    "rel_halfwidth",
-    "samples",
-    "confidence",
-)
-
-
-def within_window_table(
-    cells: pd.DataFrame | Iterable[Mapping[str, Any]],
-    requests: pd.DataFrame | Iterable[Mapping[str, Any]],
-    *,
-    n_resamples: int = 2000,
-) -> pd.DataFrame:
-    """One row per (cell, metric) with its bootstrap interval, for every cell with requests."""
-    cdf, rdf = frame(cells), frame(requests)
-    rows: list[dict[str, Any]] = []
-    if cdf.empty or rdf.empty:
-        return pd.DataFrame(columns=list(WITHIN_COLUMNS))
-    groups = {_key(k): g for k, g in rdf.groupby(list(_req_key(rdf)), dropna=False)}
-    for cell in cdf.to_dict("records"):
-        req = groups.get(_key(tuple(cell.get(c) for c in _req_key(rdf))))
-        if req is None:
-            continue
-        for metric, ci in within_window(
-            req, cell.get("measured_s"), n_resamples=n_resamples
-        ).items():
-            rows.append(
-                {
-                    "run_id": cell.get("run_id"),
-                    **{c: cell.get(c) for c in CELL_KEY},
-                    "metric": metric,
-                    "estimate": ci.estimate,
-                    "ci_low": ci.low,
-                    "ci_high": ci.high,
-                    "rel_halfwidth": ci.rel_halfwidth,
-                    "samples": ci.samples,
-                    "confidence": ci.confidence,
-                }
-            )
-    return pd.DataFrame(rows, columns=list(WITHIN_COLUMNS))
-
-
-def _req_key(rdf: pd.DataFrame) -> tuple[str, ...]:
-    return ("run_id", *CELL_KEY) if "run_id" in rdf else CELL_KEY
-
-
 def _key(values: tuple[Any, ...]) -> tuple[Any, ...]:
     """Normalise a cell key so that numpy ints and Python ints hash alike."""
     return tuple(int(v) if isinstance(v, (int, np.integer)) else v for v in values)

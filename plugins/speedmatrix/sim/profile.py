@@ -55,12 +55,10 @@ Keys (all optional except where noted; defaults in ``Profile``):
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import random
-import statistics
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,11 +133,6 @@ class LogGrid:
                 x_ref, y_ref = (xa, ya) if lx < xs[0] else (xb, yb)
                 return 2 ** (math.log2(y_ref) + slope * (lx - x_ref))
         return _interp(xs, ys, lx)
-
-
-@functools.lru_cache(maxsize=4096)
-def _normal_quantile(p: float) -> float:
-    return statistics.NormalDist().inv_cdf(p)
 
 
 CELL_CONTEXT_TOLERANCE = 0.01
