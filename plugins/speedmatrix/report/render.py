@@ -26,6 +26,7 @@ from typing import Any
 from speedmatrix.published import formats as F
 from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
 from speedmatrix.report import palette
+from speedmatrix.report.cellchange import cell_changes
 
 OVER_CAPACITY_NOTE = (
     "Over capacity: not run because this many requests at this context would exceed the "
@@ -396,6 +397,13 @@ def acceptance_matrix(rows: list[dict], cols: list[int], grid: dict) -> list[dic
     return out
 
 
+def _with_change(entry: dict, change: Any) -> dict:
+    """A matrix entry with its cell's change against the baseline (report.cellchange), or
+    none (`change` None: not in the baseline, not compared)."""
+    entry["change"] = change
+    return entry
+
+
 def _matrix_cell(cell: dict | None, lo: float, hi: float) -> dict:
     """One decode matrix cell of the HTML page: text, sub-line, colours, class, tooltip.
 
@@ -498,10 +506,25 @@ def render_html(
         if c.get("status") == "valid" and not _absent(c.get("total_tok_s"))
     ]
     lo, hi = (min(valid_totals), max(valid_totals)) if valid_totals else (0.0, 1.0)
+    changes = cell_changes(
+        cells,
+        baseline[1] if baseline is not None else None,
+        list(comparison) if comparison is not None and baseline is not None else None,
+    )
+
+    def change_of(cell: dict | None) -> Any:
+        return changes.get(cell_key(cell)) if cell is not None else None
+
     matrix = [
         {
             "label": r["label"],
-            "cells": [_matrix_cell(grid.get((r["tokens"], c)), lo, hi) for c in cols],
+            "cells": [
+                _with_change(
+                    _matrix_cell(grid.get((r["tokens"], c)), lo, hi),
+                    change_of(grid.get((r["tokens"], c))),
+                )
+                for c in cols
+            ],
         }
         for r in rows
     ]
@@ -528,6 +551,7 @@ def render_html(
                 "colour": colour,
                 "fg": palette.text_colour(colour),
                 "cls": "valid" if ok else str(c.get("status")),
+                "change": change_of(c),
             }
         )
     comp = None
@@ -572,6 +596,7 @@ def render_html(
         matrix=matrix,
         cols=cols,
         matrix_note=MATRIX_NOTE,
+        has_changes=bool(changes),
         acceptance=acceptance,
         acceptance_note=ACCEPTANCE_NOTE,
         over_note=OVER_CAPACITY_NOTE,
