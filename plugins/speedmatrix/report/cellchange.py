@@ -64,7 +64,8 @@ def _key(row: Mapping[str, Any]) -> CellKey:
     )
 
 
-def _change(pct: float | None, verdict: str, title: str) -> CellChange | None:
+def make_change(pct: float | None, verdict: str, title: str) -> CellChange | None:
+    """A change of `pct` percent (better positive) in the change colours; None: no number."""
     if pct is None:
         return None
     colour = palette.change_colour(pct)
@@ -106,7 +107,7 @@ def from_comparison(rows: Iterable[Mapping[str, Any]]) -> dict[CellKey, CellChan
             [*(["baseline " + f"{base:,.1f} tok/s"] if base is not None else []), *moved]
         )
         pct = _num(main.get("change_pct")) if main is not None else None
-        change = _change(pct, verdict, title)
+        change = make_change(pct, verdict, title)
         if change is None and verdict in MARKS:  # a status change: no number, full colour
             colour = palette.change_colour(
                 palette.CHANGE_FULL_PCT * (1 if verdict == "improvement" else -1)
@@ -134,7 +135,7 @@ def from_cells(
         new, old = _num(c.get("total_tok_s")), _num(b.get("total_tok_s"))
         if new is None or not old:
             continue
-        change = _change((new - old) / old * 100, "", f"baseline {old:,.1f} tok/s")
+        change = make_change((new - old) / old * 100, "", f"baseline {old:,.1f} tok/s")
         if change is not None:
             out[cell_key(c)] = change
     return out
