@@ -208,12 +208,15 @@ def test_site_links_the_views_and_they_open_in_chromium(views, browser, monkeypa
     reached, broken, outside = walk_site(out / "index.html")
     assert broken == [] and outside == []
     assert (out / model_page(MODEL)).resolve() in reached and (out / pair).resolve() in reached
+    # the site's run page is priced too (the deployment's prices, as the pipeline's page)
+    assert '<table class="matrix cost">' in (out / "runs/rtx-2.html").read_text(encoding="utf-8")
     pareto = (out / model_page(MODEL)).read_text(encoding="utf-8")
     assert 'href="../runs/rtx-2.html">rtx-2</a>' in pareto and "$" in pareto
     shots = {
         "index": browser.open_page(out / "index.html", screenshot=tmp_path / "i.png", height=900),
         "pareto": browser.open_page(out / model_page(MODEL), screenshot=tmp_path / "p.png"),
         "versus": browser.open_page(out / pair, screenshot=tmp_path / "v.png", height=1000),
+        "run": browser.open_page(out / "runs/rtx-2.html", screenshot=tmp_path / "r.png"),
     }
     for name, load in shots.items():
         assert load.console == [], (name, load.console)
