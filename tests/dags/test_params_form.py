@@ -32,6 +32,19 @@ def test_every_param_has_a_title_and_a_section_in_the_forms_order(dagbag):  # no
     assert order == sorted(order, key=sections.index)
 
 
+def test_sections_titles_and_markdown_survive_serialization(dagbag):  # noqa: F811
+    """The UI reads the serialized DAG: what the form shows must be in it."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    dag = dagbag.dags["speed_matrix"]
+    again = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag)).params
+    for name in dag.params:
+        mine, theirs = dag.params.get_param(name).schema, again.get_param(name).schema
+        for key in ("section", "title", "description_md", "pattern"):
+            assert theirs.get(key) == mine.get(key), (name, key)
+    assert again.get_param("recipe").schema["description_md"].count("\n- `") >= 7
+
+
 def test_the_recipe_field_lists_every_recipe_with_its_values(dagbag):  # noqa: F811
     schema = dagbag.dags["speed_matrix"].params.get_param("recipe").schema
     listing = schema["description_md"]

@@ -155,6 +155,8 @@ def test_report_pareto_command(views, monkeypatch, tmp_path, capsys):
     assert page.count('<figure class="pareto"') == 2  # 8K and 64K
     assert page.count("<svg") == 2 and "Cost per 1M output tokens" in page
     assert "cccccccccccc" in page and "aaaaaaaaaaaa" in page  # one series per commit
+    assert main(["report", "--run-id", "rtx-1", "--by-commit", "--warehouse", wh.root]) == 2
+    assert "--by-commit goes with --pareto" in capsys.readouterr().err
     assert main(["report", "--pareto", "nobody/none", "--warehouse", wh.root]) == 2
     assert "no successful run of model 'nobody/none'" in capsys.readouterr().err
 

@@ -181,6 +181,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from speedmatrix.report.render import render_markdown
     from speedmatrix.store.warehouse import Warehouse
 
+    if args.by_commit and args.pareto is None:
+        raise _cli_error("--by-commit goes with --pareto")
     wh = Warehouse(args.warehouse)
     if args.run_id is None:
         if args.save or args.baseline:
