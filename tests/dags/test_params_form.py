@@ -42,16 +42,16 @@ def test_sections_titles_and_markdown_survive_serialization(dagbag):  # noqa: F8
         mine, theirs = dag.params.get_param(name).schema, again.get_param(name).schema
         for key in ("section", "title", "description_md", "pattern"):
             assert theirs.get(key) == mine.get(key), (name, key)
-    assert again.get_param("recipe").schema["description_md"].count("\n- `") >= 7
+    assert again.get_param("recipe").schema["description_md"].count("\n- **") >= 7
 
 
 def test_the_recipe_field_lists_every_recipe_with_its_values(dagbag):  # noqa: F811
     schema = dagbag.dags["speed_matrix"].params.get_param("recipe").schema
     listing = schema["description_md"]
     for rid in list_recipe_ids():
-        assert f"- `{rid}`: " in listing, rid
+        assert f"- **{rid}**: " in listing, rid
     kimi = load_recipe_id("sim/kimi-k2.7-nvfp4-rtxpro6k-x8")
-    line = next(x for x in listing.splitlines() if "`sim/kimi-k2.7-nvfp4-rtxpro6k-x8`" in x)
+    line = next(x for x in listing.splitlines() if "**sim/kimi-k2.7-nvfp4-rtxpro6k-x8**" in x)
     assert line.endswith(form.recipe_summary(kimi))
     assert "decode 8K–251K (6) × 1–128 (8) requests" in line
     assert "30 s window" in line and "max output 4,096 tokens" in line

@@ -91,7 +91,7 @@ def _contexts(title: str, what: str) -> dict[str, Any]:
         "uniqueItems": True,
         "pattern": CONTEXT_LIST_PATTERN,
         "title": title,
-        "description": f"{what} Context lengths as `8K, 16K` or a JSON list "
+        "description": f"{what} Context lengths as 8K, 16K or a JSON list "
         f'(["8K", 16384]); tokens or K = 1024 tokens. {FROM_RECIPE}',
         "section": MATRIX,
     }
@@ -102,14 +102,14 @@ def speed_matrix_params() -> dict[str, Any]:
     from airflow.sdk import Param
 
     recipes = recipe_summaries()
-    listing = "\n".join(f"- `{rid}`: {line}" for rid, line in recipes.items())
+    listing = "\n".join(f"- **{rid}**: {line}" for rid, line in recipes.items())
     return {
         "recipe": Param(
             type="string",
             minLength=1,
             title="Recipe",
-            description="Recipe id under include/recipes (e.g. sim/kimi-k2.7-nvfp4-rtxpro6k-x8); "
-            "never a file path. Required. Every field left empty takes this recipe's value.",
+            # Markdown only: Airflow's form shows description_md only when there is no plain
+            # description, and the recipe list is the point of this one.
             description_md="Recipe id under `include/recipes`; never a file path. **Required.** "
             "Every field left empty takes this recipe's value:\n\n" + listing,
             examples=list(recipes),
@@ -128,7 +128,7 @@ def speed_matrix_params() -> dict[str, Any]:
             None,
             type=["null", "string"],
             title="Host (SSH connection)",
-            description="Airflow SSH connection of the GPU host, or `local` (this worker). "
+            description="Airflow SSH connection of the GPU host, or local (this worker). "
             "Empty: the recipe's schedule.host (host above).",
             section=HOST,
         ),
@@ -159,7 +159,7 @@ def speed_matrix_params() -> dict[str, Any]:
             uniqueItems=True,
             pattern=INTEGER_LIST_PATTERN,
             title="Concurrencies",
-            description="Simultaneous requests per decode cell (columns), as `1, 2, 4` or a "
+            description="Simultaneous requests per decode cell (columns), as 1, 2, 4 or a "
             f"JSON list. {FROM_RECIPE}",
             section=MATRIX,
         ),
@@ -219,7 +219,7 @@ def speed_matrix_params() -> dict[str, Any]:
             minItems=1,
             uniqueItems=True,
             title="Cells to repeat",
-            description="Cells named as `speedmatrix trend --cell` names them: 64Kx16 "
+            description="Cells named as speedmatrix trend --cell names them: 64Kx16 "
             "(decode), 'prefill 64K'. Each must be in the matrix. Empty: every cell, i.e. "
             "whole runs repeated.",
             section=NOISE,
