@@ -230,3 +230,33 @@ def test_site_links_the_views_and_they_open_in_chromium(views, browser, monkeypa
     # incremental: nothing changed, nothing of the views written again
     again = build_site(wh, out)
     assert (again.model_pages_written, again.model_pages_kept) == (0, 2)
+
+
+def test_views_are_rewritten_only_where_a_run_changed(tmp_path):
+    """After a run lands, its model's Pareto view and the comparisons with its series are
+    written again; a comparison of two other configurations and other models are kept."""
+    from views_fixture import cells_for, run_row
+
+    wh = land_views(tmp_path / "wh")
+    out = tmp_path / "site"
+    wh.land_run(
+        run_row("h100-1", "sim/kimi-h100-x8", "H100", 8, 13, "a" * 40), cells_for(55.0, 0.8), []
+    )
+    build_site(wh, out)
+    h100, h200, rtx = "sim/kimi-h100-x8|local", f"{H200}|local", f"{RTX}|local"
+    pages = {
+        "pareto": model_page(MODEL),
+        "other": model_page("org/Other"),
+        "h100-h200": versus_page(h100, h200),
+        "h100-rtx": versus_page(h100, rtx),
+        "h200-rtx": versus_page(h200, rtx),
+    }
+    before = {k: (out / p).stat().st_ino for k, p in pages.items()}
+    wh.land_run(run_row("rtx-3", RTX, RTX_GPU, 8, 14, "d" * 40), cells_for(70.0, 0.85), [])
+    result = build_site(wh, out)
+    after = {k: (out / p).stat().st_ino for k, p in pages.items()}
+    rewritten = {k for k in pages if before[k] != after[k]}
+    assert rewritten == {"pareto", "h100-rtx", "h200-rtx"}
+    assert (result.model_pages_written, result.model_pages_kept) == (1, 1)
+    assert "rtx-3" in (out / pages["h200-rtx"]).read_text(encoding="utf-8")
+    wh.close()

@@ -12,7 +12,7 @@ a table after the charts.
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,13 +86,16 @@ def build_view(
     by_commit: bool = False,
     prices: Prices | None = None,
     runs: Sequence[Mapping[str, Any]] | None = None,
+    read: Callable[[str, str | None], tuple] | None = None,
 ) -> ParetoView:
-    """The view of `model` from the warehouse: its series, their points, the frontier."""
+    """The view of `model` from the warehouse: its series, their points, the frontier.
+    `read`: (run id, recipe id) -> (run, cells), when the caller keeps runs it read."""
     runs = warehouse_runs(wh) if runs is None else runs
+    read = read or (lambda rid, recipe: wh.read_run(rid, recipe)[:2])
     series = choose_series(runs, model, by_commit=by_commit)
     points: list[Point] = []
     for s in series:
-        _run, cells, _ = wh.read_run(str(s.run["run_id"]), s.run.get("recipe_id"))
+        _run, cells = read(str(s.run["run_id"]), s.run.get("recipe_id"))
         points += points_of(s, cells, prices)
     view = ParetoView(model, series, points, by_commit, prices)
     view.frontier = mark_frontier(points)

@@ -734,7 +734,7 @@ def _build(
         root,
         run_rows,
         prices=prices,
-        fingerprint=lambda *parts: _fingerprint(code, *parts),
+        fingerprint=lambda *parts: _fingerprint(code, *parts),  # page -> what it is made from
         run_fp=new_runs,
         old=old.get("models", {}),
         write=_write,

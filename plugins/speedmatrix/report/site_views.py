@@ -70,10 +70,21 @@ def write_views(
     write: Callable[[Path, str], None],
     run_pages: Mapping[str, str],
 ) -> ViewsResult:
-    """Write each model's Pareto view and comparison pages under `root` when what they are made
-    from changed (`old`: model -> fingerprint of the last build); `run_pages`: run id ->
-    its page, relative to the site root, for the runs that have one."""
+    """Write each model's Pareto view and comparison pages under `root`, each only when what it
+    is made from changed (`old`: page -> fingerprint of the last build; a Pareto view is made
+    from every series' run, a comparison page from its two): after one run, its model's view
+    and the comparisons with that run's series. `run_pages`: run id -> its page, relative to
+    the site root, for the runs that have one. `written` / `kept` count models."""
     out = ViewsResult()
+    cells: dict[str, tuple] = {}
+
+    def read(run_id: str, recipe_id: str | None) -> tuple:
+        if run_id not in cells:  # each run read once per build, for its view and its pairs
+            cells[run_id] = wh.read_run(run_id, recipe_id)[:2]
+        return cells[run_id]
+
+    up = "../"
+    hrefs = {rid: up + href for rid, href in run_pages.items()}
     for model in models(runs):
         series = choose_series(runs, model)
         pairs = list(itertools.combinations(series, 2))[:MAX_SERIES_PAIRS]
@@ -86,46 +97,52 @@ def write_views(
             for (a, b), (_t, href) in zip(pairs, comparisons, strict=True)
         ]
         page = model_page(model)
-        entry = ModelEntry(model, page, len(series), short)
-        out.entries.append(entry)
-        out.pages |= {page, *(href for _t, href in comparisons)}
-        fp = fingerprint(model, sorted(run_fp.get(str(s.run["run_id"]), "-") for s in series))
-        out.fingerprints[model] = fp
-        if old.get(model) == fp and all(
-            (root / p).exists() for p in (page, *dict(comparisons).values())
-        ):
+        out.entries.append(ModelEntry(model, page, len(series), short))
+
+        def made_from(*group: Any) -> list[str]:
+            return [s.key + "=" + run_fp.get(str(s.run["run_id"]), "-") for s in group]
+
+        todo = {page: fingerprint(page, made_from(*series), [h for _t, h in comparisons])}
+        for (a, b), (_t, href) in zip(pairs, comparisons, strict=True):
+            todo[href] = fingerprint(href, made_from(a, b))
+        out.pages |= set(todo)
+        stale = {p for p, fp in todo.items() if old.get(p) != fp or not (root / p).exists()}
+        if not stale:
+            out.fingerprints.update(todo)
             out.kept += 1
             continue
         try:
-            view = build_view(wh, model, prices=prices, runs=runs)
-            up = "../"
-            write(
-                root / page,
-                render_pareto_html(
-                    view,
-                    links=[("All recipes", up + "index.html")],
-                    run_href={rid: up + href for rid, href in run_pages.items()},
-                    comparisons=[(t, up + h) for t, h in comparisons],
-                ),
-            )
+            if page in stale:
+                view = build_view(wh, model, prices=prices, runs=runs, read=read)
+                write(
+                    root / page,
+                    render_pareto_html(
+                        view,
+                        links=[("All recipes", up + "index.html")],
+                        run_href=hrefs,
+                        comparisons=[(t, up + h) for t, h in comparisons],
+                    ),
+                )
+                out.fingerprints[page] = todo[page]
             for (a, b), (_text, href) in zip(pairs, comparisons, strict=True):
-                side_a = wh.read_run(str(a.run["run_id"]), a.run.get("recipe_id"))[:2]
-                side_b = wh.read_run(str(b.run["run_id"]), b.run.get("recipe_id"))[:2]
+                if href not in stale:
+                    out.fingerprints[href] = todo[href]
+                    continue
                 write(
                     root / href,
                     render_versus_html(
-                        side_a,
-                        side_b,
+                        read(str(a.run["run_id"]), a.run.get("recipe_id")),
+                        read(str(b.run["run_id"]), b.run.get("recipe_id")),
                         prices=prices,
                         links=[
                             ("All recipes", up + "index.html"),
                             (f"Pareto view of {model}", up + page),
                         ],
-                        run_href={rid: up + h for rid, h in run_pages.items()},
+                        run_href=hrefs,
                     ),
                 )
+                out.fingerprints[href] = todo[href]
             out.written += 1
-        except Exception as exc:  # one model's view must not cost the site
+        except Exception as exc:  # one model's views must not cost the site
             log.warning("site: no views for model %s: %s", model, exc)
-            out.fingerprints.pop(model, None)
     return out
