@@ -214,6 +214,11 @@ def test_site_links_the_views_and_they_open_in_chromium(views, browser, monkeypa
     assert '<table class="matrix cost">' in (out / "runs/rtx-2.html").read_text(encoding="utf-8")
     pareto = (out / model_page(MODEL)).read_text(encoding="utf-8")
     assert 'href="../runs/rtx-2.html">rtx-2</a>' in pareto and "$" in pareto
+    # the figures are there: one chart (inline SVG) per context, each with its frontier table
+    figures = re.findall(r'<figure class="pareto" id="pareto-(\w+)">\s*<svg', pareto)
+    assert figures == ["8K", "64K"] and pareto.count('<table class="frontier">') == 2
+    versus = (out / pair).read_text(encoding="utf-8")
+    assert '<table class="matrix versus">' in versus and versus.count('<div class="change"') == 8
     shots = {
         "index": browser.open_page(out / "index.html", screenshot=tmp_path / "i.png", height=900),
         "pareto": browser.open_page(out / model_page(MODEL), screenshot=tmp_path / "p.png"),
