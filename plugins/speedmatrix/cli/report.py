@@ -45,7 +45,9 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         p = sub.add_parser(
             "report",
             help="render a run from the warehouse",
-            description="Render a landed run as the published Speed test matrix page.",
+            description="Render a landed run as the published Speed test matrix page (md) or "
+            "its run page (html); or a model's Pareto view (--pareto), or two configurations "
+            "side by side (--versus). Costs come from $SPEEDMATRIX_GPU_PRICES when set.",
         )
         what = p.add_mutually_exclusive_group(required=True)
         what.add_argument("--run-id", help="the run to render")
