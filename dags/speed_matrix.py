@@ -33,10 +33,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import Asset, Param, PokeReturnValue, dag, get_current_context, task
+from airflow.sdk import Asset, PokeReturnValue, dag, get_current_context, task
 
 from speedmatrix.flows import matrix, resolution
 from speedmatrix.flows.notifier import RunNotifier
+from speedmatrix.flows.params import speed_matrix_params
 from speedmatrix.flows.site import SiteOperator
 from speedmatrix.flows.turn import cell_turn
 
@@ -56,125 +57,9 @@ HOST_STEP_TIMEOUT = timedelta(minutes=10)
 # infers True and pushes each key as an XCom of its own beside return_value, one execution-API
 # call per key that nothing reads (resolve: 21 calls, ~0.35 s; every cell 6) (issue #19).
 
-_CONTEXTS = {
-    "type": ["null", "array"],
-    "items": {"type": ["integer", "string"], "minimum": 2, "pattern": "^[0-9]+[kK]?$"},
-    "minItems": 1,
-    "uniqueItems": True,
-}
-
-
-def _recipe_examples() -> list[str]:
-    from speedmatrix.recipes import list_recipe_ids
-
-    try:
-        return list_recipe_ids()
-    except OSError:
-        return []
-
-
-PARAMS = {
-    "recipe": Param(
-        type="string",
-        minLength=1,
-        description="Recipe id under include/recipes (e.g. sim/kimi-k2.7-nvfp4-rtxpro6k-x8, "
-        "cpu/tiny/llama-tiny); never a file path. Required.",
-        examples=_recipe_examples(),
-    ),
-    "engine_ref": Param(
-        None,
-        type=["null", "string"],
-        pattern=r"^(main|v\d+\.\d+\.\d+\S*|[0-9a-f]{7,40}|pr/\d+)$",
-        description="vLLM ref: a release (v0.29.0), a 7-40 hex commit, pr/<N> or main. "
-        "Default: the recipe's.",
-    ),
-    "ssh_conn_id": Param(
-        None,
-        type=["null", "string"],
-        description="Airflow SSH connection of the host, or `local` (this worker). "
-        "Default: the recipe's schedule.host.",
-    ),
-    "contexts": Param(
-        None, **_CONTEXTS, description="Decode context lengths (tokens or 64K). Default: recipe."
-    ),
-    "concurrencies": Param(
-        None,
-        type=["null", "array"],
-        items={"type": "integer", "minimum": 1},
-        minItems=1,
-        uniqueItems=True,
-        description="Simultaneous requests per decode cell. Default: recipe.",
-    ),
-    "prefill_contexts": Param(
-        None, **_CONTEXTS, description="Prefill context lengths (tokens or 64K). Default: recipe."
-    ),
-    "duration_s": Param(
-        None,
-        type=["null", "number"],
-        exclusiveMinimum=0,
-        description="Seconds measured per decode cell (the window). Default: recipe (30).",
-    ),
-    "max_output_tokens": Param(
-        None,
-        type=["null", "integer"],
-        minimum=2,
-        description="Output tokens per request (ignore_eos). Default: recipe (4096).",
-    ),
-    "prompt_mode": Param(
-        None,
-        type=["null", "string"],
-        enum=[None, "distinct", "shared"],
-        description="distinct prompts per stream (true KV footprint) or one shared prompt.",
-    ),
-    "workload": Param(
-        None,
-        type=["null", "string"],
-        enum=[None, "article", "continuation"],
-        description="What the decode prompts say: article (a chat conversation asking for a "
-        "long new article, rendered by the server's chat template: the published pages' "
-        "workload) or continuation (raw repeated prose, for servers without a chat template). "
-        "Default: the recipe's (article).",
-    ),
-    "repeats": Param(
-        None,
-        type=["null", "integer"],
-        minimum=1,
-        maximum=10,
-        description="Noise passes: measure the chosen cells (repeat_cells) this many times in "
-        "the run, interleaved (pass 2 starts after the whole matrix). The first measurement "
-        "lands in cells, the others in cell_repeats; between-run noise counts them all. "
-        "Default: the recipe's (1: no repeats).",
-    ),
-    "repeat_cells": Param(
-        None,
-        type=["null", "array"],
-        items={"type": "string", "minLength": 1},
-        minItems=1,
-        uniqueItems=True,
-        description="Cells to repeat, named as `speedmatrix trend --cell` names them: 64Kx16 "
-        "(decode), 'prefill 64K'. Each must be in the matrix. Default (null): every cell, "
-        "i.e. whole runs repeated.",
-    ),
-    "warehouse": Param(
-        None,
-        type=["null", "string"],
-        description="Warehouse root (path or s3:// URI). Default: $SPEEDMATRIX_WAREHOUSE.",
-    ),
-    "host_home": Param(
-        None,
-        type=["null", "string"],
-        pattern="^/",
-        description="$HOME on the host for engine envs and server state (absolute path; "
-        "the host lease is the machine's, whatever the HOME). Default: the SSH user's home.",
-    ),
-    "port": Param(
-        None,
-        type=["null", "integer"],
-        minimum=1,
-        maximum=65535,
-        description="Server port on the host. Default: the recipe's.",
-    ),
-}
+# The trigger form and the first check of a conf: sections, titles, the recipes' values,
+# `8K, 16K` or JSON lists (speedmatrix.flows.params).
+PARAMS = speed_matrix_params()
 
 
 def _cell(resolved: dict, cell: dict, after: str | None = None) -> dict:

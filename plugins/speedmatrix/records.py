@@ -263,6 +263,25 @@ def parse_context(value: int | str) -> int:
     return int(match.group(1)) * (K if match.group(2) else 1)
 
 
+# A list written as text, where a form or a flag gives one field for many values:
+# `8K, 16K`, `8K 16K`, `1,2,4`. Items are separated by commas and/or spaces, so an item is a
+# whole count without separators (`4096`, `8K`; never `4,096`, which would read as 4 and 096).
+# The patterns are what a Param's JSON schema checks; split_list_text is what resolve reads.
+CONTEXT_LIST_PATTERN = r"^\s*[0-9]+[kK]?(\s*[,\s]\s*[0-9]+[kK]?)*\s*$"
+INTEGER_LIST_PATTERN = r"^\s*[0-9]+(\s*[,\s]\s*[0-9]+)*\s*$"
+_LIST_SEP = re.compile(r"\s*[,\s]\s*")
+
+
+def split_list_text(text: str) -> list[str]:
+    """`8K, 16K` -> ["8K", "16K"]; `1 2,4` -> ["1", "2", "4"]; a JSON list written as text
+    (`[8, 16]`, `["8K"]`) the same way, its brackets and quotes dropped. Each item is then read
+    by its own rule (parse_context for contexts, int for concurrencies): this only splits."""
+    body = text.strip()
+    if body.startswith("[") and body.endswith("]"):
+        body = body[1:-1].replace('"', " ").replace("'", " ")
+    return [item for item in _LIST_SEP.split(body.strip()) if item]
+
+
 def cell_name(phase: str | None, context: int | str, concurrency: object) -> str:
     """`64Kx16` for a decode cell, `prefill 64K` for a prefill cell, `run` for run-level rows.
 

@@ -78,7 +78,7 @@ def test_resolve_takes_recipe_ids_only(outside_recipe, how):
         ({"recipe": CPU, "ssh_conn_id": "gpu\n1"}, "ssh_conn_id"),
         ({"recipe": CPU, "ssh_conn_id": 7}, "ssh_conn_id"),
         ({"recipe": CPU, "warehouse": "/wh\nx"}, "warehouse"),
-        ({"recipe": CPU, "contexts": "1K"}, "contexts"),
+        ({"recipe": CPU, "contexts": "1K; 2K"}, "contexts"),
         ({"recipe": CPU, "contexts": [True]}, "contexts"),
         ({"recipe": CPU, "contexts": [256.5]}, "contexts"),
         ({"recipe": CPU, "prefill_contexts": [{"a": 1}]}, "prefill_contexts"),

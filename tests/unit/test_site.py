@@ -90,6 +90,9 @@ def test_run_pages_are_the_report_page_with_verdicts_and_a_way_back(site):
     # the pipeline's page, verdict first: the summary with the landed regression opens it
     assert 'id="summary"' in page and page.index('id="summary"') < page.index('class="matrix')
     assert "Slower than the baseline" in page
+    # each cell's change and verdict mark inside the matrix, where the eye already is (#34)
+    matrix = page[page.index('<table class="matrix">') :]
+    assert re.search(r'<div class="change regression"[^>]*>▼ -\d+\.\d%</div>', matrix)
 
 
 def test_every_link_resolves_and_nothing_comes_from_elsewhere(site):

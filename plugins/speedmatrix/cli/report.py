@@ -5,6 +5,9 @@ one-line reason naming the file and line, exit 2, nothing lands), then land each
 keep the page as the run's ``source.txt`` artifact. Prints the run ids on stdout, one per line,
 and nothing else there.
 
+``report --pareto MODEL [--by-commit]`` / ``report --versus A B``: the views across
+configurations (report.pareto, report.versus), in the same formats.
+
 ``report --run-id ID [--warehouse W] [--format md|html] [--out F] [--baseline B] [--save]``:
 render a landed run (stdout without ``--out``). ``--format html`` is the pipeline's run page
 (report.page.render_run_page): the summary of verdicts against ``--baseline`` (a run id or an
@@ -42,9 +45,30 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         p = sub.add_parser(
             "report",
             help="render a run from the warehouse",
-            description="Render a landed run as the published Speed test matrix page.",
+            description="Render a landed run as the published Speed test matrix page (md) or "
+            "its run page (html); or a model's Pareto view (--pareto), or two configurations "
+            "side by side (--versus). Costs come from $SPEEDMATRIX_GPU_PRICES when set.",
         )
-        p.add_argument("--run-id", required=True, help="the run to render")
+        what = p.add_mutually_exclusive_group(required=True)
+        what.add_argument("--run-id", help="the run to render")
+        what.add_argument(
+            "--pareto",
+            metavar="MODEL",
+            help="the Pareto view of a model: tok/s per GPU against tok/s per request, every "
+            "recipe and hardware that served it, the frontier per context",
+        )
+        what.add_argument(
+            "--versus",
+            nargs=2,
+            metavar=("A", "B"),
+            help="two configurations of one model cell by cell, B against A (each a run id, "
+            "or a recipe id: its latest successful run)",
+        )
+        p.add_argument(
+            "--by-commit",
+            action="store_true",
+            help="with --pareto: one series per engine commit of each recipe, not only its latest",
+        )
         p.add_argument(
             "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
         )
@@ -115,12 +139,62 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _views_page(args: argparse.Namespace, wh) -> str:
+    """The Pareto view (--pareto) or the comparison of two configurations (--versus), priced
+    by the deployment (SPEEDMATRIX_GPU_PRICES; none set: no cost)."""
+    from speedmatrix.report.page import deployment_prices
+    from speedmatrix.report.pareto import (
+        build_view,
+        models,
+        render_pareto_html,
+        render_pareto_markdown,
+        warehouse_runs,
+    )
+    from speedmatrix.report.versus import (
+        VersusError,
+        pick_run,
+        render_versus_html,
+        render_versus_markdown,
+    )
+
+    prices = deployment_prices()
+    runs = warehouse_runs(wh)
+    if args.pareto is not None:
+        known = models(runs)
+        if args.pareto not in known:
+            raise _cli_error(
+                f"no successful run of model {args.pareto!r} (models: {', '.join(known) or 'none'})"
+            )
+        view = build_view(wh, args.pareto, by_commit=args.by_commit, prices=prices, runs=runs)
+        render = render_pareto_html if args.format == "html" else render_pareto_markdown
+        return render(view)
+    try:
+        a, b = (pick_run(runs, ref) for ref in args.versus)
+        sides = [wh.read_run(str(r["run_id"]), r.get("recipe_id"))[:2] for r in (a, b)]
+        if args.format == "html":
+            return render_versus_html(sides[0], sides[1], prices=prices)
+        return render_versus_markdown(sides[0], sides[1], prices=prices)
+    except VersusError as exc:
+        raise _cli_error(str(exc)) from None
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from speedmatrix.report.page import render_run_page
     from speedmatrix.report.render import render_markdown
     from speedmatrix.store.warehouse import Warehouse
 
+    if args.by_commit and args.pareto is None:
+        raise _cli_error("--by-commit goes with --pareto")
     wh = Warehouse(args.warehouse)
+    if args.run_id is None:
+        if args.save or args.baseline:
+            raise _cli_error("--save and --baseline go with --run-id")
+        page = _views_page(args, wh)
+        if args.out:
+            _write_out(args.out, page)
+        else:
+            sys.stdout.write(page if page.endswith("\n") else page + "\n")
+        return 0
     try:
         if args.format == "html":
             # the pipeline's page: verdict first, against --baseline or the automatic one
@@ -137,10 +211,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.save:
         wh.write_artifact(args.run_id, f"report.{args.format}", page)
     if args.out:
-        tmp = f"{args.out}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(page)
-        os.replace(tmp, args.out)
+        _write_out(args.out, page)
     else:
         sys.stdout.write(page if page.endswith("\n") else page + "\n")
     return 0
+
+
+def _write_out(path: str, page: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(page)
+    os.replace(tmp, path)

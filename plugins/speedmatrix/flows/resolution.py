@@ -64,12 +64,13 @@ def resolve(
     server already running at `base_url`, which `setup` then neither provisions nor starts
     and `teardown` never stops; `source` names the run's origin in the runs row.
     """
-    from speedmatrix.flows.runconf import conf_problems
+    from speedmatrix.flows.runconf import conf_problems, normalise_conf
     from speedmatrix.recipes import RecipeError, classify_ref, load_recipe_id
 
     recipe_name = conf.get("recipe")
     if not recipe_name:
         raise ResolveError("conf must name a recipe, e.g. {'recipe': 'cpu/tiny/llama-tiny'}")
+    conf = normalise_conf(conf)  # `8K, 16K` as typed in the trigger form -> a list
     if problems := conf_problems(conf):
         raise ResolveError("bad conf: " + "; ".join(problems))
     given = recipe

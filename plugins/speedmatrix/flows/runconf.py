@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from speedmatrix.records import PROMPT_MODES, WORKLOADS
+from speedmatrix.records import PROMPT_MODES, WORKLOADS, parse_context, split_list_text
 
 # The conf keys of speed_matrix (docs/design.md, contract); anything else is refused.
 CONF_KEYS = (
@@ -65,6 +65,33 @@ def _list_problems(key: str, v: Any, item_ok, what: str) -> list[str]:
     return [f"{key}: {bad!r} not {what}"] if bad else []
 
 
+# The list keys a form may give as text (`8K, 16K`), and how each item is read.
+LIST_TEXT_KEYS = {
+    "contexts": parse_context,
+    "prefill_contexts": parse_context,
+    "concurrencies": int,
+}
+
+
+def normalise_conf(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """`conf` with the list keys written as text (`"8K, 16K"`, as the trigger form lets a
+    person type them; records.split_list_text) made lists, each item read by its one rule
+    (records.parse_context, int). A text that does not read stays as it is, for
+    conf_problems to name; a list stays a list (its items are plan's to check)."""
+    out = dict(conf)
+    for key, read in LIST_TEXT_KEYS.items():
+        value = out.get(key)
+        if not isinstance(value, str):
+            continue
+        try:
+            items = [read(x) for x in split_list_text(value)]
+        except ValueError:
+            continue
+        if items:
+            out[key] = items
+    return out
+
+
 def conf_problems(conf: Mapping[str, Any]) -> list[str]:
     """Every problem of `conf` (a key and its reason each); empty when every value is sane.
 
@@ -110,14 +137,14 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
                 key,
                 conf[key],
                 lambda x: _is_int(x) or (isinstance(x, str) and not _CONTROL.search(x)),
-                "token counts (256, 64K)",
+                "token counts (256, 64K), or a text like `8K, 16K`",
             )
     if given("concurrencies"):
         problems += _list_problems(
             "concurrencies",
             conf["concurrencies"],
             _is_int,
-            "integers",
+            "integers, or a text like `1, 2, 4`",
         )
     if given("duration_s") and not (
         _is_number(conf["duration_s"]) and conf["duration_s"] <= MAX_WINDOW_S

@@ -40,6 +40,7 @@ class RunPage:
     verdicts: list[dict[str, str]] = field(default_factory=list)
     figures: list[dict[str, str]] = field(default_factory=list)
     charts: list[dict[str, str]] | None = None
+    prices: Any = None  # analysis.cost.Prices: the deployment's (deployment_prices), or None
 
     @property
     def baseline_cells(self) -> list[dict[str, Any]] | None:
@@ -49,6 +50,19 @@ class RunPage:
         from speedmatrix.report.render import run_charts_key
 
         return run_charts_key(self.cells, self.baseline_cells)
+
+
+def deployment_prices() -> Any:
+    """The deployment's GPU prices (analysis.cost.load_prices), or None when it sets none or
+    its price file is broken: that is logged, and the page shows no cost rather than a
+    wrong one."""
+    from speedmatrix.analysis.cost import PriceError, load_prices
+
+    try:
+        return load_prices()
+    except PriceError as exc:
+        log.warning("no cost on the pages: %s", exc)
+        return None
 
 
 def keep_charts(warehouse: Any, page: RunPage) -> str:
@@ -96,7 +110,7 @@ def load_run_page(
     from speedmatrix.report.charts import comparison_figures
 
     run, cells, _ = warehouse.read_run(run_id)
-    page = RunPage(run=run, cells=cells)
+    page = RunPage(run=run, cells=cells, prices=deployment_prices())
     if result is None and not compare:
         return page
     try:
@@ -140,6 +154,7 @@ def render_page(page: RunPage, *, links: Sequence[tuple[str, str]] = ()) -> str:
         comparison=page.rows,
         links=links,
         charts=page.charts,
+        prices=page.prices,
     )
 
 

@@ -93,3 +93,28 @@ def text_colour(background: str) -> str:
     """Black or white text, whichever contrasts more with `background`."""
     dark, light = contrast(background, TEXT_DARK), contrast(background, TEXT_LIGHT)
     return TEXT_DARK if dark >= light else TEXT_LIGHT
+
+
+# Categorical series (the Pareto view's recipes / hardware / commits): Okabe-Ito's
+# colour-blind-safe set, each with its own marker too, so two series differ in shape as well as
+# colour; the frontier is black. Cycles after eight series.
+SERIES_COLOURS = (
+    "#0072b2",
+    "#e69f00",
+    "#009e73",
+    "#cc79a7",
+    "#56b4e9",
+    "#d55e00",
+    "#999999",
+    "#f0e442",
+)
+SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+FRONTIER = "#000000"
+
+
+def series_style(index: int) -> tuple[str, str]:
+    """(colour, matplotlib marker) of the index-th series."""
+    return (
+        SERIES_COLOURS[index % len(SERIES_COLOURS)],
+        SERIES_MARKERS[index % len(SERIES_MARKERS)],
+    )

@@ -26,6 +26,7 @@ from typing import Any
 from speedmatrix.published import formats as F
 from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
 from speedmatrix.report import palette
+from speedmatrix.report.cellchange import cell_changes
 
 OVER_CAPACITY_NOTE = (
     "Over capacity: not run because this many requests at this context would exceed the "
@@ -396,6 +397,47 @@ def acceptance_matrix(rows: list[dict], cols: list[int], grid: dict) -> list[dic
     return out
 
 
+def cost_matrix(run: dict, rows: list[dict], cols: list[int], grid: dict, prices: Any) -> Any:
+    """The decode matrix in cost per million output tokens (analysis.cost), with the price it
+    was computed from; None when the deployment prices no GPU of this run's kind (or the run
+    has no GPU count): no cost column, never a made-up price."""
+    from speedmatrix.analysis.cost import cost_per_million, fmt_cost
+
+    price = prices.for_run(run) if prices is not None else None
+    gpus = _v(run, "hardware_gpu_count")
+    if price is None or not gpus:
+        return None
+    lines = []
+    for r in rows:
+        line = []
+        for c in cols:
+            cell = grid.get((r["tokens"], c)) or {}
+            value = (
+                cost_per_million(cell.get("total_tok_s"), gpus, price)
+                if cell.get("status") == "valid"
+                else None
+            )
+            line.append(
+                fmt_cost(value, prices.currency)
+                if value is not None
+                else (F.fmt_status(cell["status"]) if cell.get("status") else F.DASH)
+            )
+        lines.append({"label": r["label"], "cells": line})
+    return {
+        "rows": lines,
+        "note": f"Cost of a million output tokens: {fmt_cost(price, prices.currency)} per "
+        f"GPU-hour (the deployment's price for {_v(run, 'hardware_gpu')}, "
+        f"{prices.source}) × {gpus} GPUs ÷ the cell's total output tok/s.",
+    }
+
+
+def _with_change(entry: dict, change: Any) -> dict:
+    """A matrix entry with its cell's change against the baseline (report.cellchange), or
+    none (`change` None: not in the baseline, not compared)."""
+    entry["change"] = change
+    return entry
+
+
 def _matrix_cell(cell: dict | None, lo: float, hi: float) -> dict:
     """One decode matrix cell of the HTML page: text, sub-line, colours, class, tooltip.
 
@@ -473,6 +515,7 @@ def render_html(
     comparison: Sequence[Mapping[str, Any]] | None = None,
     links: Sequence[tuple[str, str]] = (),
     charts: Sequence[Mapping[str, str]] | None = None,
+    prices: Any = None,
 ) -> str:
     """The run page as one self-contained HTML file (see the module docstring).
 
@@ -484,7 +527,9 @@ def render_html(
     same comparison; the page only lays them out, so that rendering never needs the
     warehouse (report.page.render_run_page gathers them). `links`: (text, href) shown above
     the title (a site's way back to its index). `charts`: the run's charts already drawn
-    (run_charts, for these cells and this baseline); None: drawn here."""
+    (run_charts, for these cells and this baseline); None: drawn here. `prices`: the
+    deployment's GPU prices (analysis.cost.Prices); with a price for the run's hardware the
+    page has a cost matrix, without one none (never a made-up price)."""
     import jinja2
 
     from speedmatrix.report.summary import build_summary
@@ -498,14 +543,30 @@ def render_html(
         if c.get("status") == "valid" and not _absent(c.get("total_tok_s"))
     ]
     lo, hi = (min(valid_totals), max(valid_totals)) if valid_totals else (0.0, 1.0)
+    changes = cell_changes(
+        cells,
+        baseline[1] if baseline is not None else None,
+        list(comparison) if comparison is not None and baseline is not None else None,
+    )
+
+    def change_of(cell: dict | None) -> Any:
+        return changes.get(cell_key(cell)) if cell is not None else None
+
     matrix = [
         {
             "label": r["label"],
-            "cells": [_matrix_cell(grid.get((r["tokens"], c)), lo, hi) for c in cols],
+            "cells": [
+                _with_change(
+                    _matrix_cell(grid.get((r["tokens"], c)), lo, hi),
+                    change_of(grid.get((r["tokens"], c))),
+                )
+                for c in cols
+            ],
         }
         for r in rows
     ]
     acceptance = acceptance_matrix(rows, cols, grid)
+    cost = cost_matrix(run, rows, cols, grid, prices)
     prefill_cells = [c for c in cells if c.get("phase") == "prefill"]
     pvals = [
         c["total_tok_s"]
@@ -528,6 +589,7 @@ def render_html(
                 "colour": colour,
                 "fg": palette.text_colour(colour),
                 "cls": "valid" if ok else str(c.get("status")),
+                "change": change_of(c),
             }
         )
     comp = None
@@ -572,7 +634,9 @@ def render_html(
         matrix=matrix,
         cols=cols,
         matrix_note=MATRIX_NOTE,
+        has_changes=bool(changes),
         acceptance=acceptance,
+        cost=cost,
         acceptance_note=ACCEPTANCE_NOTE,
         over_note=OVER_CAPACITY_NOTE,
         ttft_note=TTFT_NOTE,

@@ -46,6 +46,8 @@ from typing import Any
 
 import pandas as pd
 
+from speedmatrix.report.slugs import slug
+
 log = logging.getLogger("speedmatrix.site")
 
 MANIFEST = "_site.json"
@@ -53,7 +55,6 @@ LOCK = ".site.lock"
 SITE_FORMAT = 1  # bump when the site's own pages change shape: everything is rendered again
 MAX_POINTS = 120  # points per trend chart: the most recent runs (the run table has them all)
 LATEST_RUNS = 25  # runs listed on the index
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 RUN_COLUMNS = (
     "run_id",
@@ -68,6 +69,7 @@ RUN_COLUMNS = (
     "hardware_gpu",
     "hardware_gpu_count",
     "served_model",
+    "model",
     "landed_at",
 )
 CELL_COLUMNS = (
@@ -91,16 +93,6 @@ COMPARISON_COLUMNS = (
     "verdict",
     "compared_at",
 )
-
-
-def slug(name: str) -> str:
-    """A file name for a run or recipe id: readable, safe on every filesystem and in a URL
-    without escaping; a short hash keeps two ids that differ only in unsafe characters
-    (``sim/a`` and ``sim_a``) apart."""
-    clean = _SAFE.sub("_", name).strip("._") or "x"
-    if clean == name:
-        return name
-    return f"{clean[:80]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 def run_page(run_id: str) -> str:
@@ -140,6 +132,8 @@ class SiteResult:
     recipe_pages_written: int = 0
     recipe_pages_kept: int = 0
     run_pages_deferred: int = 0
+    model_pages_written: int = 0  # models whose Pareto view and comparisons were written
+    model_pages_kept: int = 0
     run_pages_seconds: float = 0.0  # of `seconds`, rendering run pages (the benchmark's split)
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -168,7 +162,9 @@ def _code_fingerprint() -> str:
     """The renderer's own code: a new page design renders every page again, once."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha1(str(SITE_FORMAT).encode())
-    for path in sorted([here / "render.py", here / "site.py", *here.glob("templates/*")]):
+    analysis = here.parent / "analysis"
+    pages = [*here.glob("*.py"), analysis / "cost.py", analysis / "pareto.py"]
+    for path in sorted([*pages, *here.glob("templates/*")]):
         if path.is_file():
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -395,13 +391,9 @@ def trend_svg(
 
 
 def _env():
-    import jinja2
+    from speedmatrix.report.jinja import environment
 
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader("speedmatrix.report", "templates"),
-        autoescape=jinja2.select_autoescape(["html", "j2"]),
-        undefined=jinja2.StrictUndefined,
-    )
+    return environment()
 
 
 def _write(path: Path, text: str) -> None:
@@ -442,10 +434,10 @@ def render_run_page(wh: Any, run_id: str, recipe_id: str | None, rows: pd.DataFr
     site build must stay cheap) and the diff heat map when the task drew one."""
     from speedmatrix.analysis.display import display_rows, notable
     from speedmatrix.report.charts import inline
-    from speedmatrix.report.page import RunPage, kept_charts, render_page
+    from speedmatrix.report.page import RunPage, deployment_prices, kept_charts, render_page
 
     run, cells, _ = wh.read_run(run_id, recipe_id)
-    page = RunPage(run=run, cells=cells)
+    page = RunPage(run=run, cells=cells, prices=deployment_prices())
     if rows is not None and not rows.empty:
         base_ids = rows["baseline_run_id"].dropna()
         if not base_ids.empty:
@@ -526,7 +518,11 @@ def _build(
         old = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
         old = {}
-    code = _code_fingerprint()
+    from speedmatrix.report.page import deployment_prices
+
+    prices = deployment_prices()
+    # the deployment's prices are part of what every page is made from (their cost column)
+    code = _code_fingerprint() + (prices.digest() if prices is not None else "")
     if force or old.get("code") != code:
         old = {}
     old_runs: dict[str, str] = old.get("runs", {})
@@ -729,6 +725,23 @@ def _build(
         new_recipes[recipe_key] = fp
         result.recipe_pages_written += 1
 
+    # per model: the Pareto view and the comparison pages of its configurations (#34)
+    from speedmatrix.report.site_views import write_views
+
+    run_rows = [{k: _clean(v) for k, v in r.items()} for r in runs.to_dict("records")]
+    views = write_views(
+        wh,
+        root,
+        run_rows,
+        prices=prices,
+        fingerprint=lambda *parts: _fingerprint(code, *parts),  # page -> what it is made from
+        run_fp=new_runs,
+        old=old.get("models", {}),
+        write=_write,
+        run_pages={rid: run_page(rid) for rid in new_runs},
+    )
+    result.model_pages_written, result.model_pages_kept = views.written, views.kept
+
     latest_runs = [
         {
             "run_id": str(r["run_id"]),
@@ -752,6 +765,7 @@ def _build(
         env.get_template("site_index.html.j2").render(
             rows=index_rows,
             latest=latest_runs,
+            models=views.entries,
             runs=len(runs),
             built=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         ),
@@ -762,9 +776,16 @@ def _build(
         (root / run_page(stale)).unlink(missing_ok=True)
     for stale in set(old_recipes) - set(new_recipes):
         (root / recipe_page(stale or None)).unlink(missing_ok=True)
+    for folder in ("models", "compare"):  # views of configurations no longer there
+        for path in (root / folder).glob("*.html") if (root / folder).is_dir() else ():
+            if f"{folder}/{path.name}" not in views.pages:
+                path.unlink(missing_ok=True)
     _write(
         manifest_path,
-        json.dumps({"code": code, "runs": new_runs, "recipes": new_recipes}, indent=0),
+        json.dumps(
+            {"code": code, "runs": new_runs, "recipes": new_recipes, "models": views.fingerprints},
+            indent=0,
+        ),
     )
     result.seconds = time.monotonic() - t0
     log.info("%s", result.summary())

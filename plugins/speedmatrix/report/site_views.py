@@ -1,0 +1,148 @@
+"""The site's views across configurations (issue #34 items 11-13): per model, the Pareto view
+(``models/<model>.html``) and a comparison page for every pair of its configurations
+(``compare/<a>--vs--<b>.html``), linked from the index and from each other.
+
+Why apart from site.py: site.py builds the per-run and per-recipe pages; these pages are per
+model, across recipes and hardware, and are written only when one of their runs changed (the
+same manifest fingerprints), so a nightly rewrite stays one model's pages at most.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speedmatrix.analysis.pareto import choose_series
+from speedmatrix.report.pareto import build_view, models, render_pareto_html
+from speedmatrix.report.slugs import slug
+from speedmatrix.report.versus import render_versus_html, side_label
+
+log = logging.getLogger("speedmatrix.site")
+
+MAX_SERIES_PAIRS = 28  # comparison pages per model: every pair of up to 8 configurations
+
+
+def model_page(model: str) -> str:
+    return f"models/{slug(model)}.html"
+
+
+def versus_page(a_key: str, b_key: str) -> str:
+    return f"compare/{slug(a_key)}--vs--{slug(b_key)}.html"
+
+
+def _short(series: Any) -> str:
+    recipe, host = series.run.get("recipe_id") or "no recipe", series.run.get("host")
+    return recipe if host in (None, "", "local") else f"{recipe} @ {host}"
+
+
+@dataclass
+class ModelEntry:
+    """A model as the index lists it."""
+
+    model: str
+    href: str
+    configurations: int
+    comparisons: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class ViewsResult:
+    entries: list[ModelEntry] = field(default_factory=list)
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    pages: set[str] = field(default_factory=set)  # every page of these views (relative paths)
+    written: int = 0
+    kept: int = 0
+
+
+def write_views(
+    wh: Any,
+    root: Path,
+    runs: Sequence[Mapping[str, Any]],
+    *,
+    prices: Any,
+    fingerprint: Callable[..., str],
+    run_fp: Mapping[str, str],
+    old: Mapping[str, str],
+    write: Callable[[Path, str], None],
+    run_pages: Mapping[str, str],
+) -> ViewsResult:
+    """Write each model's Pareto view and comparison pages under `root`, each only when what it
+    is made from changed (`old`: page -> fingerprint of the last build; a Pareto view is made
+    from every series' run, a comparison page from its two): after one run, its model's view
+    and the comparisons with that run's series. `run_pages`: run id -> its page, relative to
+    the site root, for the runs that have one. `written` / `kept` count models."""
+    out = ViewsResult()
+    cells: dict[str, tuple] = {}
+
+    def read(run_id: str, recipe_id: str | None) -> tuple:
+        if run_id not in cells:  # each run read once per build, for its view and its pairs
+            cells[run_id] = wh.read_run(run_id, recipe_id)[:2]
+        return cells[run_id]
+
+    up = "../"
+    hrefs = {rid: up + href for rid, href in run_pages.items()}
+    for model in models(runs):
+        series = choose_series(runs, model)
+        pairs = list(itertools.combinations(series, 2))[:MAX_SERIES_PAIRS]
+        comparisons = [
+            (f"{side_label(b.run)} against {side_label(a.run)}", versus_page(a.key, b.key))
+            for a, b in pairs
+        ]
+        short = [  # the index's words for the same pages: the recipes (and hosts)
+            (f"{_short(b)} against {_short(a)}", href)
+            for (a, b), (_t, href) in zip(pairs, comparisons, strict=True)
+        ]
+        page = model_page(model)
+        out.entries.append(ModelEntry(model, page, len(series), short))
+
+        def made_from(*group: Any) -> list[str]:
+            return [s.key + "=" + run_fp.get(str(s.run["run_id"]), "-") for s in group]
+
+        todo = {page: fingerprint(page, made_from(*series), [h for _t, h in comparisons])}
+        for (a, b), (_t, href) in zip(pairs, comparisons, strict=True):
+            todo[href] = fingerprint(href, made_from(a, b))
+        out.pages |= set(todo)
+        stale = {p for p, fp in todo.items() if old.get(p) != fp or not (root / p).exists()}
+        if not stale:
+            out.fingerprints.update(todo)
+            out.kept += 1
+            continue
+        try:
+            if page in stale:
+                view = build_view(wh, model, prices=prices, runs=runs, read=read)
+                write(
+                    root / page,
+                    render_pareto_html(
+                        view,
+                        links=[("All recipes", up + "index.html")],
+                        run_href=hrefs,
+                        comparisons=[(t, up + h) for t, h in comparisons],
+                    ),
+                )
+                out.fingerprints[page] = todo[page]
+            for (a, b), (_text, href) in zip(pairs, comparisons, strict=True):
+                if href not in stale:
+                    out.fingerprints[href] = todo[href]
+                    continue
+                write(
+                    root / href,
+                    render_versus_html(
+                        read(str(a.run["run_id"]), a.run.get("recipe_id")),
+                        read(str(b.run["run_id"]), b.run.get("recipe_id")),
+                        prices=prices,
+                        links=[
+                            ("All recipes", up + "index.html"),
+                            (f"Pareto view of {model}", up + page),
+                        ],
+                        run_href=hrefs,
+                    ),
+                )
+                out.fingerprints[href] = todo[href]
+            out.written += 1
+        except Exception as exc:  # one model's views must not cost the site
+            log.warning("site: no views for model %s: %s", model, exc)
+    return out
