@@ -9,6 +9,8 @@ the progress lines and the errors), not the figures.
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from speed_matrix_helpers import no_server_left
 
 from speedmatrix.cli import main
@@ -141,3 +144,50 @@ def test_a_model_the_server_does_not_serve_is_refused(sim_url, capsys) -> None:
     rc = main(["run", "--base-url", sim_url, "--model", "other"])
     err = capsys.readouterr().err
     assert rc == 2 and f"does not serve 'other' (it serves: {MODEL})" in err
+
+
+def test_a_regression_is_landed_shown_on_the_terminal_and_fails_the_job(tmp_path) -> None:
+    """Issue #34 items 1-2, on a real terminal: two runs of one server, the second slower
+    (the simulator at half speed). The second lands its comparisons and noise as the DAG
+    does, the site's copy says what its page says, the terminal shows the progress bar and
+    the verdict, and `--fail-on-regression` exits 3."""
+    from terminal import Terminal
+
+    from speedmatrix.report.site import build_site
+    from speedmatrix.sim.runner import run_in_thread
+    from speedmatrix.store.extra import read_extra
+
+    wh, port = tmp_path / "wh", _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    env.pop("SPEEDMATRIX_API_KEY", None)
+    run_ids = []
+    profile = yaml.safe_load(PROFILE.read_text())
+    for speed, version in ((1.0, "0.1.dev1+g9fedd24fa"), (0.5, "0.1.dev2+g1234abcde")):
+        # the second run: a later commit of the engine, at half the speed
+        with run_in_thread({**profile, "version": version}, port=port, time_scale=speed) as url:
+            term = Terminal(
+                [sys.executable, "-m", "speedmatrix", "run", "--base-url", url,
+                 "--model", MODEL, *TINY, "--concurrencies", "2", "--warehouse", str(wh),
+                 "--fail-on-regression"], env=env, cwd=str(ROOT),
+            )  # fmt: skip
+            try:
+                term.expect(r"ETA \d+:\d\d")  # the live bar, on a terminal
+                rc = term.wait()
+            finally:
+                term.close()
+        run_ids.append(term.expect(r"run (\S+): success").group(1))
+        if speed == 1.0:
+            assert rc == 0, term.text
+            assert "verdict: not compared (no earlier successful run of external/" in term.text
+    assert rc == 3, term.text
+    verdict = term.expect(r"verdict: (\d+) regressions?, \d+ improvements? beyond noise "
+                          r"against run (\S+)")  # fmt: skip
+    assert int(verdict.group(1)) >= 1 and verdict.group(2) == run_ids[0]
+    assert re.search(r"▼ 8Kx2 total_tok_s: [\d,.]+ -> [\d,.]+ \(-\d", term.text)
+    # landed as the DAG lands them: the site's copy of the run is compared, as its page is
+    rows = read_extra(Warehouse(str(wh)), "comparisons", run_id=run_ids[1])
+    assert set(rows["baseline_run_id"]) == {run_ids[0]} and "regression" in set(rows["verdict"])
+    assert not read_extra(Warehouse(str(wh)), "noise", run_id=run_ids[1]).empty
+    build_site(Warehouse(str(wh)), tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert "regressed" in index and "not compared (no baseline)" not in index.split("</table>")[0]

@@ -8,8 +8,9 @@ stopped). The matrix options are the speed_matrix conf keys (`--contexts 8K 16K`
 
 Why no code of its own for measuring, validating or landing: every step is the DAG's task body
 in :mod:`speedmatrix.flows.matrix`, called in the DAG's order (resolve, take_lease, setup,
-inspect, plan, the prefill then decode cells, teardown, validate, land, report, conclude), so a
-run from here lands exactly what the DAG would. What is here: the command line, the in-memory
+inspect, plan, the prefill then decode cells, teardown, validate, land, report, regressions,
+conclude), so a run from here lands exactly what the DAG would, verdicts included
+(tests/dags/test_dag_validation.py holds the two lists of steps to one another). What is here: the command line, the in-memory
 recipe of a server already running, and the live progress display.
 """
 
@@ -32,6 +33,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from speedmatrix.cli import CliError
+from speedmatrix.cli.verdict import EXIT_REGRESSION, run_verdict, verdict_text
 
 # The matrix of a server already running when the command line names none: the published
 # reports' smallest contexts (those that fit the model), a few concurrencies.
@@ -78,6 +80,12 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     )
     g.add_argument("--port", type=int, help="recipe: the port its server listens on")
     g.add_argument("--warehouse", metavar="W", help="default $SPEEDMATRIX_WAREHOUSE or ./warehouse")
+    p.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help=f"exit {EXIT_REGRESSION} when a figure regressed beyond noise against the baseline "
+        "(to gate a CI job)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log every step")
     p.set_defaults(func=_run)
 
@@ -125,17 +133,35 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         show.end()
         matrix.teardown(resolved, server)
-    show.note("validating, landing and rendering the page")
+    show.note("validating, landing, comparing with the baseline and rendering the page")
     validated = matrix.validate(resolved, info, server, planned, results)
     landed = matrix.land(resolved, validated)
     paths = matrix.report(resolved, landed)
+    regressed = judge(resolved, landed)
     print(_summary(landed, paths, len(planned["over_capacity"])))
+    print(verdict_text(run_verdict(matrix.warehouse_of(resolved), landed["run_id"])))
     try:
         matrix.conclude(landed)
     except RuntimeError as exc:
         print(f"speedmatrix run: {exc}", file=sys.stderr)
         return 1
+    if regressed and args.fail_on_regression:
+        return EXIT_REGRESSION
     return 0
+
+
+def judge(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> bool:
+    """The DAG's `regressions` task: the comparisons and noise rows land exactly as the DAG
+    lands them. True when a figure regressed beyond noise (the DAG's task fails then; here
+    the verdict is printed and `--fail-on-regression` decides the exit code)."""
+    from speedmatrix.analysis.verdict import RegressionError
+    from speedmatrix.flows import matrix
+
+    try:
+        matrix.regressions(resolved, landed)
+    except RegressionError:
+        return True
+    return False
 
 
 def _conf(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
