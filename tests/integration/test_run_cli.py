@@ -93,6 +93,7 @@ def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None
         run["recipe_id"] == f"external/127.0.0.1-{sim_url.rsplit(':', 1)[1]}/kimi-k2.7-code-nvfp4"
     )
     assert run["engine_version"] == "0.1.dev1+g9fedd24fa" and run["engine_ref"] == "9fedd24fa"
+    assert run["engine_commit"] == "9fedd24fa"  # what the DAG lands for it (issue #34 item 3)
     assert run["kv_num_blocks"] == 16640  # what inspect read from the server's /metrics
     got = {(c["phase"], c["context_label"], c["concurrency"]): c["status"] for c in cells}
     assert got[("decode", "8K", 64)] == "over_capacity"

@@ -180,6 +180,7 @@ def _numeric(text: str) -> bool:
 def run_trend(args: argparse.Namespace) -> int:
     from speedmatrix.analysis.baseline import read_history
     from speedmatrix.analysis.trend import trend
+    from speedmatrix.commits import commit_label
     from speedmatrix.report.charts import trend_chart_svg
 
     wh = _warehouse(args.warehouse)
@@ -208,7 +209,7 @@ def run_trend(args: argparse.Namespace) -> int:
         {
             "Started": str(r["started_at"])[:19],
             "Run": str(r["run_id"]),
-            "Commit": str(r["engine_commit"] or r["engine_version"] or "")[:12],
+            "Commit": commit_label(r),
             args.metric: "—"
             if r["value"] is None or r["value"] != r["value"]
             else f"{r['value']:,.1f}",

@@ -618,6 +618,7 @@ def run_row(
 ) -> dict[str, Any]:
     """The `runs` row: recipe facts, what the server reported, and the redacted launch line."""
     from speedmatrix.recipes import classify_ref
+    from speedmatrix.upstream.commits import engine_commit
 
     recipe = _recipe(resolved)
     info = info or {}
@@ -640,7 +641,13 @@ def run_row(
         hardware_os=recipe.hardware.os,
         engine=recipe.engine.name,
         engine_version=info.get("version") or server.get("engine_version"),
-        engine_commit=info.get("commit") or server.get("engine_commit"),
+        # one value per commit whichever path measured it (speedmatrix.commits)
+        engine_commit=engine_commit(
+            recorded=info.get("commit") or server.get("engine_commit"),
+            ref=ref,
+            version=info.get("version") or server.get("engine_version"),
+            repository=recipe.engine.repository,
+        ),
         engine_pr=int(value) if kind == "pr" else recipe.engine.pr,
         engine_ref=ref,
         engine_repository=recipe.engine.repository,

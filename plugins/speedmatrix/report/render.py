@@ -91,6 +91,7 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
     """Section -> [(label, value text)] in page order; optional fields without a value are
     left out, required ones show ``—``. `html` adds the Run section's Workload row (the
     Markdown keeps the published labels; see decode_test_text)."""
+    from speedmatrix.commits import commit_text
     from speedmatrix.published.parse import HEADER_LABELS, REQUIRED_LABELS
 
     out: dict[str, list[tuple[str, str]]] = {}
@@ -111,6 +112,8 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
                 text = f"#{value}" if value is not None else None
             elif key == "decode_test":
                 text = decode_test_text(run)
+            elif key == "engine_commit":
+                text = commit_text(run)
             else:
                 text = None if value is None else str(value)
             if text is None:

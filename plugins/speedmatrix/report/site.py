@@ -46,6 +46,8 @@ from typing import Any
 
 import pandas as pd
 
+from speedmatrix.commits import commit_label
+
 log = logging.getLogger("speedmatrix.site")
 
 MANIFEST = "_site.json"
@@ -201,7 +203,7 @@ def _engine(run: Mapping[str, Any]) -> str:
     commit = _text(run.get("engine_commit"))
     version = _text(run.get("engine_version"))
     if commit:
-        return commit[:10] + (f" ({version})" if version else "")
+        return commit_label(run) + (f" ({version})" if version else "")
     return version or _text(run.get("engine_ref")) or "—"
 
 
@@ -377,9 +379,9 @@ def trend_svg(
         out.append(f'<a href="{esc(href)}">{body}</a>' if href else f"<g>{body}</g>")
     first, last = pts.iloc[0], pts.iloc[-1]
     out.append(
-        f'<text x="{_L}" y="{_H - 6}" class="tick">{esc(_engine(first)[:10])}</text>'
+        f'<text x="{_L}" y="{_H - 6}" class="tick">{esc(commit_label(first))}</text>'
         f'<text x="{_W - _R}" y="{_H - 6}" class="tick" text-anchor="end">'
-        f"{esc(_engine(last)[:10])}</text>"
+        f"{esc(commit_label(last))}</text>"
     )
     if total > n:
         out.append(
