@@ -152,7 +152,9 @@ class FakeGitHub:
                     commit = fake.history[fake.head - 1] if ref == "main" else known.get(ref)
                     # as GitHub: a tag, or a prefix of one commit only (7+ hex digits)
                     ref = fake.tags.get(ref, ref)
-                    matches = [c for sha, c in known.items() if len(ref) >= 7 and sha.startswith(ref)]
+                    matches = [
+                        c for sha, c in known.items() if len(ref) >= 7 and sha.startswith(ref)
+                    ]
                     commit = commit or (matches[0] if len(matches) == 1 else None)
                     if commit is None:
                         body = json.dumps({"message": "No commit found for SHA: " + ref})

@@ -95,6 +95,9 @@ def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None
     assert run["engine_version"] == "0.1.dev1+g9fedd24fa" and run["engine_ref"] == "9fedd24fa"
     assert run["engine_commit"] == "9fedd24fa"  # what the DAG lands for it (issue #34 item 3)
     assert run["kv_num_blocks"] == 16640  # what inspect read from the server's /metrics
+    # a simulated engine says so, and where it ran is not known here (issue #34 item 4)
+    assert run["sim_profile"] == "kimi-k2.7-nvfp4-rtxpro6k-x8"
+    assert "simulated engine (profile kimi-k2.7-nvfp4-rtxpro6k-x8)" in page.read_text()
     got = {(c["phase"], c["context_label"], c["concurrency"]): c["status"] for c in cells}
     assert got[("decode", "8K", 64)] == "over_capacity"
     assert got[("prefill", "8K", 1)] in ("valid", "invalid")

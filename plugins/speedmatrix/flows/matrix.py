@@ -252,6 +252,7 @@ def inspect(resolved: Resolved, server: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_count": hardware.get("gpu_count"),
         "launch_command": _handle(server).command,
         "hardware": hardware,
+        "sim_profile": facts.get("sim_profile"),
     }
     log.info("server facts: %s", info)
     return info
@@ -665,6 +666,7 @@ def run_row(
         max_output_tokens=resolved["matrix"]["max_output_tokens"],
         prompt_mode=resolved["matrix"]["prompt_mode"],
         workload=resolved["matrix"].get("workload"),
+        sim_profile=info.get("sim_profile"),
         launch_command=info.get("launch_command") or launch,
         kv_cache_tokens=info.get("kv_cache_tokens"),
         kv_block_size=info.get("kv_block_size"),

@@ -71,6 +71,7 @@ RUN_COLUMNS = (
     "hardware_gpu_count",
     "served_model",
     "landed_at",
+    "sim_profile",
 )
 CELL_COLUMNS = (
     "run_id",
@@ -774,8 +775,16 @@ def _build(
 
 
 def _gpu(run: Mapping[str, Any]) -> str:
+    """The hardware column: what the run ran on, `simulated engine (profile …)` for a
+    simulated run, `hardware not known` for a server whose hardware was not read."""
+    from speedmatrix.report.render import measured_on
+
+    said = measured_on({k: _clean(v) for k, v in run.items()})
     gpu = _text(run.get("hardware_gpu"))
     count = _clean(run.get("hardware_gpu_count"))
+    if said and _clean(run.get("sim_profile")) is None:
+        return said
     if not gpu:
         return "—"
-    return f"{gpu} ×{int(count)}" if count else gpu
+    shown = f"{gpu} ×{int(count)}" if count else gpu
+    return f"{said}: {shown}" if said else shown
