@@ -10,7 +10,7 @@ Why no code of its own for measuring, validating or landing: every step is the D
 in :mod:`speedmatrix.flows.matrix`, called in the DAG's order (resolve, take_lease, setup,
 inspect, plan, the prefill then decode cells, teardown, validate, land, report, regressions,
 conclude), so a run from here lands exactly what the DAG would, verdicts included
-(tests/dags/test_dag_validation.py holds the two lists of steps to one another). What is here: the command line, the in-memory
+(tests/unit/test_run_steps.py holds the two lists of steps to one another). What is here: the command line, the in-memory
 recipe of a server already running, and the live progress display.
 """
 
@@ -42,6 +42,17 @@ EXISTING_DEFAULTS = {
     "contexts": ["8K", "16K", "32K"],
     "concurrencies": [1, 2, 4, 8],
 }
+USAGE = """Measure a whole matrix now, without Airflow: land it in the warehouse, render its page,
+and print its verdict against the previous run.
+
+  speedmatrix run RECIPE                       the recipe's server on this machine:
+                                               provision, start, measure, stop
+  speedmatrix run --base-url URL --model M     a server already running (vLLM or
+                                               `speedmatrix sim serve`): nothing started
+
+The matrix options override the recipe's. Exit codes: 0 landed, 1 landed as failed,
+2 bad input, 3 a figure regressed beyond noise (only with --fail-on-regression).
+"""
 PREFILL_GUESS_S = 5.0  # ETA of a prefill cell before one was measured
 DECODE_OVERHEAD_S = 5.0  # a decode cell's warm-up and drain beyond its window, before measured
 
@@ -50,7 +61,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     p = sub.add_parser(
         name,
         help="measure a matrix now, without Airflow, and land it",
-        description=__doc__,
+        description=USAGE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
