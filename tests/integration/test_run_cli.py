@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import group_running
 from speed_matrix_helpers import no_server_left
 
 from speedmatrix.cli import main
@@ -195,3 +197,39 @@ def test_a_regression_is_landed_shown_on_the_terminal_and_fails_the_job(tmp_path
     build_site(Warehouse(str(wh)), tmp_path / "site")
     index = (tmp_path / "site" / "index.html").read_text()
     assert "regressed" in index and "not compared (no baseline)" not in index.split("</table>")[0]
+
+
+def test_a_killed_run_is_taken_over_and_ctrl_c_stops_what_it_started(tmp_path) -> None:
+    """Issue #34 item 6, on a real terminal. A run killed outright (SIGKILL: no cleanup) leaves
+    its server and its lease; the next run takes the host over at once, saying so, and stops
+    that server. Ctrl-C on that run stops its own server and releases the lease."""
+    from speed_matrix_helpers import no_server_left
+    from terminal import Terminal
+
+    home, wh = tmp_path / "home", tmp_path / "wh"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    env.pop("SPEEDMATRIX_API_KEY", None)
+    argv = [sys.executable, "-m", "speedmatrix", "run", RECIPE, "--prefill-contexts", "8K",
+            "--contexts", "8K", "--concurrencies", "1", "--duration-s", "60",
+            "--port", str(_free_port()), "--warehouse", str(wh)]  # fmt: skip
+    first = Terminal(argv, env=env, cwd=str(ROOT))
+    try:
+        first.expect(r"8K x 1", timeout=180)  # measuring the decode cell
+        os.killpg(first.proc.pid, signal.SIGKILL)
+        assert first.wait() == -signal.SIGKILL
+    finally:
+        first.close()
+    left = [int(p.read_text().split()[0]) for p in (home / ".speedmatrix/servers").glob("*/pid")]
+    assert left and all(group_running(g) for g in left), "the killed run left its server"
+    second = Terminal(argv, env=env, cwd=str(ROOT))
+    try:
+        second.expect(r"whose process no longer runs: taken over", timeout=120)
+        assert not any(group_running(g) for g in left), "the gone run's server was stopped"
+        second.expect(r"8K x 1", timeout=180)
+        second.ctrl_c()
+        assert second.wait(timeout=120) == 130
+    finally:
+        second.close()
+    assert "interrupted: stopped the server, released the lease on local" in second.text
+    no_server_left(home)

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from speedmatrix.cli import CliError
+from speedmatrix.cli.interrupts import finishing, terminate_as_interrupt
 from speedmatrix.cli.verdict import EXIT_REGRESSION, run_verdict, verdict_text
 
 # The matrix of a server already running when the command line names none: the published
@@ -121,11 +122,24 @@ def _run(args: argparse.Namespace) -> int:
         )
     except resolution.ResolveError as exc:
         raise CliError(str(exc)) from None
-    if matrix.take_lease(resolved) is None:
-        raise CliError(f"host {resolved['host']} is busy: another run holds its lease")
+    terminate_as_interrupt()
     show = Display.make(resolved)
+    lease = matrix.take_lease(resolved, one_process=True)
+    if lease is None:
+        raise CliError(f"host {resolved['host']} is busy: another run holds its lease")
+    if lease.get("taken_over_from"):
+        show.note(
+            f"the lease on {resolved['host']} was held by {lease['taken_over_from']}, whose "
+            "process no longer runs: taken over"
+            + (
+                f" (its servers stopped: PID {lease['stopped_servers']})"
+                if lease.get("stopped_servers")
+                else ""
+            )
+        )
     server = info = planned = None
     results: list[dict[str, Any]] = []
+    interrupted = False
     try:
         try:
             show.note("starting the server" if not resolved["base_url"] else "inspecting")
@@ -141,9 +155,18 @@ def _run(args: argparse.Namespace) -> int:
             result = matrix.run_cell(resolved, server, cell)
             results.append(result)
             show.cell_done(cell, result["cell"])
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         show.end()
-        matrix.teardown(resolved, server)
+        with finishing(show.note):
+            matrix.teardown(resolved, server)
+        if interrupted:
+            what = "stopped the server" if not resolved["base_url"] else "left the server running"
+            show.note(
+                f"interrupted: {what}, released the lease on {resolved['host']}; nothing landed"
+            )
     show.note("validating, landing, comparing with the baseline and rendering the page")
     validated = matrix.validate(resolved, info, server, planned, results)
     landed = matrix.land(resolved, validated)
@@ -338,9 +361,12 @@ class Display:
     cell (a log, a CI job). The tok/s is read beside the load generator, never from it, so
     the measurement is the DAG's to the byte."""
 
-    def __init__(self, resolved: Mapping[str, Any], out: Any = None) -> None:
+    def __init__(
+        self, resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
+    ) -> None:
         self.window_s = float(resolved["matrix"]["window_s"])
         self.out = out or sys.stderr
+        self.prog = prog
         self.cells: list[Mapping[str, Any]] = []
         self.done = 0
         self.took: dict[str, list[float]] = {"prefill": [], "decode": []}
@@ -348,9 +374,13 @@ class Display:
         self.meter: RateMeter | None = None
 
     @staticmethod
-    def make(resolved: Mapping[str, Any]) -> Display:
-        tty = getattr(sys.stderr, "isatty", lambda: False)()
-        return RichDisplay(resolved) if tty else Display(resolved)
+    def make(
+        resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
+    ) -> Display:
+        """The live bar on a terminal (`out`, default stderr), one line per cell elsewhere."""
+        out = out or sys.stderr
+        tty = getattr(out, "isatty", lambda: False)()
+        return (RichDisplay if tty else Display)(resolved, out=out, prog=prog)
 
     def eta_s(self, now: float | None = None) -> float:
         """What is left: the cells not started at the mean time of their phase's measured
@@ -367,7 +397,10 @@ class Display:
         return left
 
     def note(self, text: str) -> None:
-        print(f"speedmatrix run: {text}", file=self.out, flush=True)
+        if getattr(self, "progress", None) is not None:  # above the live bar
+            self.progress.console.print(f"{self.prog}: {text}", markup=False, highlight=False)
+            return
+        print(f"{self.prog}: {text}", file=self.out, flush=True)
 
     def begin(self, cells: Sequence[Mapping[str, Any]], base_url: str) -> None:
         self.cells = list(cells)
@@ -405,8 +438,10 @@ class Display:
 class RichDisplay(Display):
     """The terminal's: one bar over the cells, the current cell and its live tok/s."""
 
-    def __init__(self, resolved: Mapping[str, Any]) -> None:
-        super().__init__(resolved)
+    def __init__(
+        self, resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
+    ) -> None:
+        super().__init__(resolved, out=out, prog=prog)
         self.progress: Any = None
         self.task: Any = None
 

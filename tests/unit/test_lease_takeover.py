@@ -1,0 +1,54 @@
+"""A lease whose holder is provably gone is taken over, saying so (issue #34 item 6).
+
+A run that one process runs whole (`speedmatrix run`, dag.test) records that process with the
+lease; once it no longer runs (killed, its terminal closed) the next run takes the host at
+once instead of waiting out the lease's 900 s."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+import pytest
+
+from speedmatrix.engine.hosts import get_host
+from speedmatrix.engine.lease import HostLease, LeaseLost
+
+
+@pytest.fixture
+def lease_dir(tmp_path) -> str:
+    d = tmp_path / "leases"
+    d.mkdir(mode=0o1777)
+    return str(d)
+
+
+def test_a_lease_of_a_gone_process_is_taken_over_with_a_message(lease_dir, caplog) -> None:
+    owner = subprocess.Popen(["sleep", "300"])
+    try:
+        a = HostLease(
+            get_host("local"), "run-a", ttl_s=900, lease_dir=lease_dir, owner_pid=owner.pid
+        )
+        b = HostLease(get_host("local"), "run-b", ttl_s=900, lease_dir=lease_dir, owner_pid=None)
+        assert a.try_acquire().status == "ACQUIRED"
+        assert b.try_acquire().status == "HELD"  # its process runs: a live lease is waited for
+    finally:
+        owner.kill()
+        owner.wait()
+    with caplog.at_level(logging.WARNING, logger="speedmatrix.lease"):
+        state = b.try_acquire()
+    assert state.status == "ACQUIRED" and state.gone == "run-a"
+    assert "its holder run-a is gone" in caplog.text and "taken over by run-b" in caplog.text
+    assert b.renew().status == "RENEWED"  # the gone holder's record no longer counts
+    with pytest.raises(LeaseLost):  # were it back, it is told
+        a.renew()
+
+
+def test_a_lease_without_a_recorded_process_is_waited_for(lease_dir) -> None:
+    """A DAG run's lease in a deployment (its tasks in many processes) records none."""
+    a = HostLease(get_host("local"), "run-a", ttl_s=900, lease_dir=lease_dir)
+    b = HostLease(get_host("local"), "run-b", ttl_s=900, lease_dir=lease_dir)
+    assert a.try_acquire().status == "ACQUIRED"
+    state = b.try_acquire()
+    assert state.status == "HELD" and state.holder == "run-a" and state.gone is None
+    assert a.release().status == "RELEASED"
+    assert b.try_acquire().status == "ACQUIRED"
