@@ -106,7 +106,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
 
 
 def _run(args: argparse.Namespace) -> int:
-    from speedmatrix.flows import matrix, resolution
+    from speedmatrix.flows import matrix, progress, resolution
 
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -124,19 +124,10 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     terminate_as_interrupt()
     show = Display.make(resolved)
-    lease = matrix.take_lease(resolved, one_process=True)
+    with progress.listening(show):  # the lease's word on a holder gone (flows/progress.py)
+        lease = matrix.take_lease(resolved, one_process=True)
     if lease is None:
         raise CliError(f"host {resolved['host']} is busy: another run holds its lease")
-    if lease.get("taken_over_from"):
-        show.note(
-            f"the lease on {resolved['host']} was held by {lease['taken_over_from']}, whose "
-            "process no longer runs: taken over"
-            + (
-                f" (its servers stopped: PID {lease['stopped_servers']})"
-                if lease.get("stopped_servers")
-                else ""
-            )
-        )
     server = info = planned = None
     results: list[dict[str, Any]] = []
     interrupted = False
@@ -396,6 +387,10 @@ class Display:
             left = max(0.0, left - ((now or time.monotonic()) - self.started))
         return left
 
+    def step(self, text: str) -> None:
+        """What a step says it is doing (flows/progress.py), said as a note."""
+        self.note(text)
+
     def note(self, text: str) -> None:
         if getattr(self, "progress", None) is not None:  # above the live bar
             self.progress.console.print(f"{self.prog}: {text}", markup=False, highlight=False)
@@ -458,6 +453,10 @@ class RichDisplay(Display):
             TextColumn("ETA {task.fields[eta]}"),
             console=Console(file=self.out),
             refresh_per_second=2,
+            # the process's own output (a log) stays where it goes: `make demo` sends Airflow's
+            # to a file, which the bar must not pull back onto the terminal
+            redirect_stdout=False,
+            redirect_stderr=False,
         )
         self.task = self.progress.add_task("cells", total=len(self.cells), rate="", eta="")
         self.progress.start()

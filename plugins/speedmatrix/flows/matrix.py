@@ -118,9 +118,15 @@ def take_lease(resolved: Resolved, *, one_process: bool = False) -> dict[str, An
     if state.status != "ACQUIRED":
         return None
     out = {"holder": state.holder, "expires_at": state.expires_at, "host": resolved["host"]}
+    progress.tell("leased", resolved)
     if state.gone:
         out["taken_over_from"] = state.gone
         out["stopped_servers"] = _stop_servers_of(resolved, state.gone)
+        progress.tell(
+            "step",
+            f"the lease on {resolved['host']} was held by {state.gone}, whose process no "
+            "longer runs: taken over",
+        )
     return out
 
 
@@ -183,6 +189,7 @@ def setup(resolved: Resolved) -> dict[str, Any]:
         "provision_s": round(provisioned_s, 3),
         "start_s": round(time.monotonic() - started - provisioned_s, 3),
     }
+    progress.tell("server", resolved, out)
     log.info(
         "server ready at %s on %s (provision %.1f s, start %.1f s)",
         out["base_url"],
