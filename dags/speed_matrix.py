@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, Param, PokeReturnValue, dag, get_current_context, task
 
-from speedmatrix.flows import matrix, resolution
+from speedmatrix.flows import dagtest, matrix, resolution
 from speedmatrix.flows.notifier import RunNotifier
 from speedmatrix.flows.site import SiteOperator
 from speedmatrix.flows.turn import cell_turn, in_process
@@ -233,6 +233,8 @@ def speed_matrix():
         """Take the host lease; between attempts the task gives its worker slot back. Under
         dag.test one process runs the whole run: its PID goes with the lease, so a lease
         left by a killed `make demo` is taken over, not waited out."""
+        if in_process():  # `airflow dags test`: cells in order, Ctrl-C cleans up (flows/dagtest)
+            dagtest.install_for_process()
         got = matrix.take_lease(resolved, one_process=in_process())
         return PokeReturnValue(is_done=got is not None, xcom_value=got)
 

@@ -14,7 +14,7 @@ What it shows: the run as `speedmatrix run` does (the cells done, the current ce
 tok/s, the time left; a live bar on a terminal), with Airflow's own log in a file the summary
 names (`--airflow-log`, default `.airflow/logs/demo-<time>.log`; `-` keeps it on the terminal).
 The cells run in the documented order (prefill then decode per context), and Ctrl-C stops the
-server and releases the host's lease before it exits (speedmatrix.cli.dagtest).
+server and releases the host's lease before it exits (speedmatrix.flows.dagtest).
 
 Also the entry point of the integration tests and the overhead benchmark (`--conf`,
 `--result-json`): one code path for all three.
@@ -195,8 +195,8 @@ def run_dag(conf: dict, progress: DemoProgress | None = None) -> dict:
     """Run speed_matrix once with dag.test(); return the run's outcome (JSON-able)."""
     from airflow.dag_processing.dagbag import DagBag
 
-    from speedmatrix.cli.dagtest import Interrupt, driving
     from speedmatrix.flows import progress as told
+    from speedmatrix.flows.dagtest import Interrupt, driving
 
     bag = DagBag(dag_folder=str(Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / "speed_matrix.py"))
     if bag.import_errors:

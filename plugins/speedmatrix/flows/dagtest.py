@@ -10,8 +10,12 @@ through :func:`_run_in_order`:
   it in the run order (prefill's map indexes, then decode's: plan.task_cells) is scheduled;
 - after Ctrl-C (or SIGTERM) no task runs but the teardown `stop_server`: every other one is
   marked upstream_failed, so the run ends, its server stopped and its lease released, and a
-  second Ctrl-C while that happens is put off (cli/interrupts.py). The caller then runs the
-  teardown once more (idempotent), in case the interrupt fell outside a task.
+  second Ctrl-C while that happens is put off. The demo then runs the teardown once more
+  (idempotent), in case the interrupt fell outside a task.
+
+`make demo` drives dag.test() within :func:`driving`; a bare `airflow dags test speed_matrix`
+gets the same rules from its `wait_for_host` task on (:func:`install_for_process`), and were the
+process killed outright, its lease names it as gone and the next run takes the host over.
 """
 
 from __future__ import annotations
@@ -65,6 +69,24 @@ def _earlier_cell_scheduled(ti: Any) -> bool:
     return any((CELL_TASKS.index(t), m) < mine for t, m in rows)
 
 
+_installed: list[Interrupt] = []
+_kept: list[Any] = []
+
+
+def install_for_process(say: Callable[[str], None] | None = None) -> bool:
+    """The rules above for the rest of this dag.test() process (`airflow dags test`), unless
+    the demo's :func:`driving` or an earlier call installed them. True when installed now."""
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return False
+    import logging
+
+    interrupt = Interrupt(say or logging.getLogger("speedmatrix.pipeline").warning)
+    rules = driving(interrupt)
+    rules.__enter__()  # never left: the process ends with the test
+    _kept.append(rules)  # (a context manager collected would leave, restoring Airflow's)
+    return True
+
+
 @contextlib.contextmanager
 def driving(interrupt: Interrupt) -> Iterator[None]:
     """dag.test() with the order and the interrupt rules above, for the block's length."""
@@ -72,6 +94,7 @@ def driving(interrupt: Interrupt) -> Iterator[None]:
     from airflow.utils.state import TaskInstanceState
 
     original = dag_module._run_task
+    _installed.append(interrupt)
 
     def _run_in_order(*, ti: Any, task: Any, run_triggerer: bool = False) -> Any:
         if interrupt.pressed and ti.task_id != TEARDOWN:
@@ -89,6 +112,7 @@ def driving(interrupt: Interrupt) -> Iterator[None]:
     try:
         yield
     finally:
+        _installed.remove(interrupt)
         dag_module._run_task = original
         for s, handler in before.items():
             signal.signal(s, handler)
