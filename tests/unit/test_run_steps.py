@@ -32,3 +32,17 @@ def test_the_command_calls_every_step_the_dag_calls() -> None:
     cli = _matrix_calls(ROOT / "plugins" / "speedmatrix" / "cli" / "run.py")
     assert {"land", "report", "regressions", "teardown"} <= dag  # the reading works
     assert dag - DAG_ONLY <= cli, f"steps of the DAG the command skips: {dag - DAG_ONLY - cli}"
+
+
+def test_the_command_measures_cells_in_the_dags_order() -> None:
+    """The DAG maps plan.task_cells(planned, "prefill") then (…, "decode"): a context's
+    prefill, then its decode cells. The command measures the same list, not all prefills first."""
+    tree = ast.parse((ROOT / "plugins" / "speedmatrix" / "cli" / "run.py").read_text())
+    calls = [
+        node.args[1].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "task_cells"
+        and isinstance(node.args[1], ast.Constant)
+    ]
+    assert calls == ["prefill", "decode"]

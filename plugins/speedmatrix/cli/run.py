@@ -107,6 +107,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
 
 def _run(args: argparse.Namespace) -> int:
     from speedmatrix.flows import matrix, progress, resolution
+    from speedmatrix.plan import task_cells
 
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -139,7 +140,8 @@ def _run(args: argparse.Namespace) -> int:
             planned = matrix.plan(resolved, info)
         except Exception as exc:
             raise CliError(f"{type(exc).__name__}: {exc}") from None
-        cells = [*planned["prefill"], *planned["decode"]]
+        # the DAG's order: its two mapped tasks' cells (a context's prefill, then its decode)
+        cells = [*task_cells(planned, "prefill"), *task_cells(planned, "decode")]
         show.begin(cells, server["base_url"])
         for cell in cells:
             show.cell_started(cell)
