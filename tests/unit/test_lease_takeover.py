@@ -52,3 +52,25 @@ def test_a_lease_without_a_recorded_process_is_waited_for(lease_dir) -> None:
     assert state.status == "HELD" and state.holder == "run-a" and state.gone is None
     assert a.release().status == "RELEASED"
     assert b.try_acquire().status == "ACQUIRED"
+
+
+def test_a_run_waiting_for_its_host_says_so_where_the_user_looks(tmp_path, monkeypatch) -> None:
+    """dag.test's wait_for_host pokes every 15 s; the demo's terminal hears why it waits."""
+    from speedmatrix.flows import matrix, progress
+
+    d = tmp_path / "machine"
+    d.mkdir(mode=0o1777)
+    monkeypatch.setenv("SPEEDMATRIX_LEASE_DIR", str(d))
+    other = HostLease(get_host("local"), "speed_matrix/other", ttl_s=900)
+    assert other.try_acquire().status == "ACQUIRED"
+
+    class Heard:
+        said: list[str] = []
+
+        def step(self, text: str) -> None:
+            self.said.append(text)
+
+    with progress.listening(Heard()) as heard:
+        assert matrix.take_lease({"host": "local", "holder": "speed_matrix/me"}) is None
+    assert len(heard.said) == 1
+    assert "waiting for host local: its lease is held by speed_matrix/other for" in heard.said[0]

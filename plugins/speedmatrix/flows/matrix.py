@@ -116,6 +116,11 @@ def take_lease(resolved: Resolved, *, one_process: bool = False) -> dict[str, An
     pid = os.getpid() if one_process and resolved["host"] == "local" else None
     state = host_lease(resolved, owner_pid=pid).try_acquire()
     if state.status != "ACQUIRED":
+        progress.tell(  # said where the user looks (the demo's terminal), never waited silently
+            "step",
+            f"waiting for host {resolved['host']}: its lease is held by {state.holder} for "
+            f"{state.seconds_left} s more (a holder whose process is gone is taken over)",
+        )
         return None
     out = {"holder": state.holder, "expires_at": state.expires_at, "host": resolved["host"]}
     progress.tell("leased", resolved)
