@@ -56,7 +56,11 @@ class Terminal:
         """Wait until the output matches `pattern` (a regex); AssertionError after `timeout`."""
         deadline = time.monotonic() + timeout
         while not (m := re.search(pattern, self.text)):
-            if time.monotonic() > deadline or (self.proc.poll() is not None and not self._more()):
+            if (
+                self.fd < 0
+                or time.monotonic() > deadline
+                or (self.proc.poll() is not None and not self._more())
+            ):
                 raise AssertionError(f"{pattern!r} not seen; output:\n{self.text[-4000:]}")
             self._read(0.2)
         return m
@@ -84,4 +88,6 @@ class Terminal:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1  # what was read stays readable (`text`, `expect`)

@@ -65,7 +65,8 @@ def test_a_run_waiting_for_its_host_says_so_where_the_user_looks(tmp_path, monke
     assert other.try_acquire().status == "ACQUIRED"
 
     class Heard:
-        said: list[str] = []
+        def __init__(self) -> None:
+            self.said: list[str] = []
 
         def step(self, text: str) -> None:
             self.said.append(text)
