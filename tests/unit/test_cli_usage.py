@@ -51,3 +51,11 @@ def test_help_texts_carry_no_developer_notes(argv, capsys):
 def test_the_site_directory_is_ignored_by_git():
     lines = (ROOT / ".gitignore").read_text().splitlines()
     assert "site/" in lines
+
+
+def test_a_value_that_starts_like_a_flag_is_not_taken_for_one(tmp_path, capsys):
+    """SQL may open with a comment: `-- 1. one recipe` is the query, not a mistyped flag."""
+    rc = main(["query", "-- a comment\nSELECT 1 AS one", "--warehouse", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert "unrecognized" not in err and "did you mean" not in err
+    assert rc == 0 and "one" in out, err

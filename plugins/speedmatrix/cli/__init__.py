@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
 
@@ -46,6 +47,10 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         else:
             sub.add_parser(name, help=help_text, add_help=False)
     return parser
+
+
+_FLAG = re.compile(r"--[A-Za-z][A-Za-z0-9_-]*")
+"""What a mistyped long option looks like (`-- 1. a SQL comment` is a value, not a flag)."""
 
 
 def _deepest(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -87,8 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mistyped = [
         a
         for a in argv
-        if a.startswith("--")
-        and a != "--"
+        if _FLAG.fullmatch(a.split("=", 1)[0])  # as argparse reads a flag: no space in it
         and not any(o.startswith(a.split("=", 1)[0]) for o in known)  # argparse's abbreviations
     ]
     if mistyped:  # before the parse: it would first complain of a required option missing
