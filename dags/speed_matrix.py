@@ -35,11 +35,11 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, PokeReturnValue, dag, get_current_context, task
 
-from speedmatrix.flows import matrix, resolution
+from speedmatrix.flows import dagtest, matrix, resolution
 from speedmatrix.flows.notifier import RunNotifier
 from speedmatrix.flows.params import speed_matrix_params
 from speedmatrix.flows.site import SiteOperator
-from speedmatrix.flows.turn import cell_turn
+from speedmatrix.flows.turn import cell_turn, in_process
 
 ASSETS = [
     Asset(name=f"speedmatrix_{t}", uri=f"speedmatrix://warehouse/{t}", group="speedmatrix")
@@ -115,8 +115,12 @@ def speed_matrix():
         execution_timeout=HOST_STEP_TIMEOUT,
     )
     def wait_for_host(resolved: dict) -> PokeReturnValue:
-        """Take the host lease; between attempts the task gives its worker slot back."""
-        got = matrix.take_lease(resolved)
+        """Take the host lease; between attempts the task gives its worker slot back. Under
+        dag.test one process runs the whole run: its PID goes with the lease, so a lease
+        left by a killed `make demo` is taken over, not waited out."""
+        if in_process():  # `airflow dags test`: cells in order, Ctrl-C cleans up (flows/dagtest)
+            dagtest.install_for_process()
+        got = matrix.take_lease(resolved, one_process=in_process())
         return PokeReturnValue(is_done=got is not None, xcom_value=got)
 
     @task(multiple_outputs=False, retries=0, execution_timeout=timedelta(hours=4))

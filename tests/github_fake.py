@@ -48,6 +48,7 @@ class FakeGitHub:
     barrier: threading.Barrier | None = None
     requests: list[Request] = field(default_factory=list)
     wheels: set[str] = field(default_factory=set)  # shas whose wheel index page exists
+    tags: dict[str, str] = field(default_factory=dict)  # tag -> sha (GET /commits/<tag>)
     base_url: str = ""
     _server: ThreadingHTTPServer | None = None
 
@@ -149,6 +150,12 @@ class FakeGitHub:
                     ref = url.path[len(prefix) + 1 :]
                     known = {c["sha"]: c for c in fake.history[: fake.head]}
                     commit = fake.history[fake.head - 1] if ref == "main" else known.get(ref)
+                    # as GitHub: a tag, or a prefix of one commit only (7+ hex digits)
+                    ref = fake.tags.get(ref, ref)
+                    matches = [
+                        c for sha, c in known.items() if len(ref) >= 7 and sha.startswith(ref)
+                    ]
+                    commit = commit or (matches[0] if len(matches) == 1 else None)
                     if commit is None:
                         body = json.dumps({"message": "No commit found for SHA: " + ref})
                         self._send(422, body.encode(), limits)

@@ -213,6 +213,12 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("host", "str", True, "Airflow connection id or local"),
     Field("source", "str", True, "where the run came from (report file name for ingest)"),
     Field("workload", "str", True, "article or continuation (decode prompts' content)"),
+    Field(
+        "sim_profile",
+        "str",
+        True,
+        "the simulator profile that served a simulated run (null: a real engine)",
+    ),
 )
 
 

@@ -47,6 +47,8 @@ def start_run(tmp: Path, home: Path, airflow_home: Path, conf: dict, name: str):
             json.dumps(conf),
             "--result-json",
             str(result),
+            "--airflow-log",
+            "-",  # Airflow's log on stdout, where wait_for_line reads it
         ],
         stdout=out.open("w"),
         stderr=subprocess.STDOUT,

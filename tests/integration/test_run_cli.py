@@ -9,6 +9,9 @@ the progress lines and the errors), not the figures.
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
+from processes import group_running
 from speed_matrix_helpers import no_server_left
 
 from speedmatrix.cli import main
@@ -90,7 +95,11 @@ def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None
         run["recipe_id"] == f"external/127.0.0.1-{sim_url.rsplit(':', 1)[1]}/kimi-k2.7-code-nvfp4"
     )
     assert run["engine_version"] == "0.1.dev1+g9fedd24fa" and run["engine_ref"] == "9fedd24fa"
+    assert run["engine_commit"] == "9fedd24fa"  # what the DAG lands for it (issue #34 item 3)
     assert run["kv_num_blocks"] == 16640  # what inspect read from the server's /metrics
+    # a simulated engine says so, and where it ran is not known here (issue #34 item 4)
+    assert run["sim_profile"] == "kimi-k2.7-nvfp4-rtxpro6k-x8"
+    assert "simulated engine (profile kimi-k2.7-nvfp4-rtxpro6k-x8)" in page.read_text()
     got = {(c["phase"], c["context_label"], c["concurrency"]): c["status"] for c in cells}
     assert got[("decode", "8K", 64)] == "over_capacity"
     assert got[("prefill", "8K", 1)] in ("valid", "invalid")
@@ -141,3 +150,91 @@ def test_a_model_the_server_does_not_serve_is_refused(sim_url, capsys) -> None:
     rc = main(["run", "--base-url", sim_url, "--model", "other"])
     err = capsys.readouterr().err
     assert rc == 2 and f"does not serve 'other' (it serves: {MODEL})" in err
+
+
+def test_a_regression_is_landed_shown_on_the_terminal_and_fails_the_job(tmp_path) -> None:
+    """Issue #34 items 1-2, on a real terminal: two runs of one server, the second slower
+    (the simulator at half speed). The second lands its comparisons and noise as the DAG
+    does, the site's copy says what its page says, the terminal shows the progress bar and
+    the verdict, and `--fail-on-regression` exits 3."""
+    from terminal import Terminal
+
+    from speedmatrix.report.site import build_site
+    from speedmatrix.sim.runner import run_in_thread
+    from speedmatrix.store.extra import read_extra
+
+    wh, port = tmp_path / "wh", _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    env.pop("SPEEDMATRIX_API_KEY", None)
+    run_ids = []
+    profile = yaml.safe_load(PROFILE.read_text())
+    for speed, version in ((1.0, "0.1.dev1+g9fedd24fa"), (0.5, "0.1.dev2+g1234abcde")):
+        # the second run: a later commit of the engine, at half the speed
+        with run_in_thread({**profile, "version": version}, port=port, time_scale=speed) as url:
+            term = Terminal(
+                [sys.executable, "-m", "speedmatrix", "run", "--base-url", url,
+                 "--model", MODEL, *TINY, "--concurrencies", "2", "--warehouse", str(wh),
+                 "--fail-on-regression"], env=env, cwd=str(ROOT),
+            )  # fmt: skip
+            try:
+                term.expect(r"ETA \d+:\d\d")  # the live bar, on a terminal
+                rc = term.wait()
+            finally:
+                term.close()
+        # (partial: a cell the loaded client marked invalid, which is not compared)
+        run_ids.append(term.expect(r"run (\S+): (?:success|partial)").group(1))
+        if speed == 1.0:
+            assert rc == 0, term.text
+            assert "verdict: not compared (no earlier successful run of external/" in term.text
+    assert rc == 3, term.text
+    verdict = term.expect(r"verdict: (\d+) regressions?, \d+ improvements? beyond noise "
+                          r"against run (\S+)")  # fmt: skip
+    assert int(verdict.group(1)) >= 1 and verdict.group(2) == run_ids[0]
+    # each regressed figure, baseline -> this run; half the speed: throughput halves (prefill
+    # tok/s, or decode total tok/s when the loaded client left that cell valid)
+    assert re.search(
+        r"▼ (?:prefill 8K prefill_tok_s|8Kx2 total_tok_s): [\d,.]+ -> [\d,.]+ \(-\d", term.text
+    ), term.text[-2000:]
+    # landed as the DAG lands them: the site's copy of the run is compared, as its page is
+    rows = read_extra(Warehouse(str(wh)), "comparisons", run_id=run_ids[1])
+    assert set(rows["baseline_run_id"]) == {run_ids[0]} and "regression" in set(rows["verdict"])
+    assert not read_extra(Warehouse(str(wh)), "noise", run_id=run_ids[1]).empty
+    build_site(Warehouse(str(wh)), tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert "regressed" in index and "not compared (no baseline)" not in index.split("</table>")[0]
+
+
+def test_a_killed_run_is_taken_over_and_ctrl_c_stops_what_it_started(tmp_path) -> None:
+    """Issue #34 item 6, on a real terminal. A run killed outright (SIGKILL: no cleanup) leaves
+    its server and its lease; the next run takes the host over at once, saying so, and stops
+    that server. Ctrl-C on that run stops its own server and releases the lease."""
+    from speed_matrix_helpers import no_server_left
+    from terminal import Terminal
+
+    home, wh = tmp_path / "home", tmp_path / "wh"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    env.pop("SPEEDMATRIX_API_KEY", None)
+    argv = [sys.executable, "-m", "speedmatrix", "run", RECIPE, "--prefill-contexts", "8K",
+            "--contexts", "8K", "--concurrencies", "1", "--duration-s", "60",
+            "--port", str(_free_port()), "--warehouse", str(wh)]  # fmt: skip
+    first = Terminal(argv, env=env, cwd=str(ROOT))
+    try:
+        first.expect(r"8K x 1", timeout=180)  # measuring the decode cell
+        os.killpg(first.proc.pid, signal.SIGKILL)
+        assert first.wait() == -signal.SIGKILL
+    finally:
+        first.close()
+    left = [int(p.read_text().split()[0]) for p in (home / ".speedmatrix/servers").glob("*/pid")]
+    assert left and all(group_running(g) for g in left), "the killed run left its server"
+    second = Terminal(argv, env=env, cwd=str(ROOT))
+    try:
+        second.expect(r"whose process no longer runs: taken over", timeout=120)
+        assert not any(group_running(g) for g in left), "the gone run's server was stopped"
+        second.expect(r"8K x 1", timeout=180)
+        second.ctrl_c()
+        assert second.wait(timeout=120) == 130
+    finally:
+        second.close()
+    assert "interrupted: stopped the server, released the lease on local" in second.text
+    no_server_left(home)

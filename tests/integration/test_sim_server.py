@@ -658,3 +658,63 @@ def test_io_lag_probe_times_stamped_datagrams_from_loopback():
         assert lag["samples"] == 6  # the malformed datagram is no sample
         assert lag["max_ms"] >= 2000.0  # the old stamp reads as (at least) two seconds late
         assert 0.0 <= lag["p50_ms"] < lag["max_ms"]
+
+
+# What GuideLLM 0.8 (its OpenAI HTTP backend, chat completions) and `vllm bench serve
+# --backend openai-chat` send, written out here (issue #34 item 10): the prompt as a list of
+# content parts, max_completion_tokens, streamed usage. vLLM accepts both; so must the sim.
+PROMPT = "Write a long article about lighthouses."
+GUIDELLM_CHAT = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}],
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "max_tokens": 12,
+    "max_completion_tokens": 12,
+    "stop": None,
+    "ignore_eos": True,
+}
+VLLM_BENCH_CHAT = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}],
+    "temperature": 0.0,
+    "max_completion_tokens": 12,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "ignore_eos": True,
+}
+
+
+@pytest.mark.parametrize("payload", [GUIDELLM_CHAT, VLLM_BENCH_CHAT], ids=["guidellm", "vllm"])
+def test_benchmark_tools_chat_requests_with_content_parts(sim, payload) -> None:
+    resp = requests.post(f"{sim}/v1/chat/completions", json=payload, headers=auth(), timeout=30)
+    assert resp.status_code == 200, resp.text
+    events = sse(resp)
+    assert events[-1] == "[DONE]"
+    text = "".join(
+        e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"]
+    )
+    usage = events[-2]["usage"]
+    assert text and usage["completion_tokens"] == 12
+    # the same prompt as a plain string: the same prompt tokens (parts are joined, not dropped)
+    plain = {**payload, "messages": [{"role": "user", "content": PROMPT}], "stream": False}
+    plain.pop("stream_options")
+    same = requests.post(f"{sim}/v1/chat/completions", json=plain, headers=auth(), timeout=30)
+    assert same.json()["usage"]["prompt_tokens"] == usage["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "says"),
+    [
+        ([{"type": "text", "text": "a"}, "b", {"type": "input_text", "input_text": "c"}], 200, ""),
+        ([{"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}], 400, "text-only"),
+        ([{"type": "text"}], 400, "without text"),
+        (7, 400, "string or a list of parts"),
+    ],
+)
+def test_content_parts_the_text_only_model_reads_or_refuses(sim, content, status, says) -> None:
+    payload = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    resp = requests.post(f"{sim}/v1/chat/completions", json=payload, headers=auth(), timeout=30)
+    assert resp.status_code == status, resp.text
+    if status != 200:
+        assert says in resp.json()["error"]["message"]

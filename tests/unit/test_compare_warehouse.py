@@ -280,3 +280,14 @@ def test_an_extra_table_lands_under_the_writers_lock(tmp_path):
     assert os.path.exists(landed[0])
     assert glob.glob(os.path.join(wh.base, "_staging", "*.parquet")) == []
     wh.close()
+
+
+def test_compare_takes_run_id_as_report_does(wh, capsys):
+    """Issue #34 item 8: `compare --run-id` is not refused (`report` takes `--run-id`)."""
+    root = wh.root
+    assert main(["compare", "--run-id", "r2", "--warehouse", root, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["baseline_run_id"] == "r1"
+    assert main(["compare", "r0", "--run-id", "r2", "--warehouse", root, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["baseline_run_id"] == "r0"
+    assert main(["compare", "--warehouse", root]) == 2
+    assert "name the run" in capsys.readouterr().err

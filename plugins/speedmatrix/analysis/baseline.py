@@ -16,6 +16,7 @@ import pandas as pd
 
 from speedmatrix.analysis.noise import NoiseModel, frame
 from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD
+from speedmatrix.commits import same_commit
 from speedmatrix.recipes import load_recipe
 from speedmatrix.store.extra import read_extra
 
@@ -66,6 +67,7 @@ def select_baseline(
             r
             for r in candidates
             if str(r.get("engine_commit") or "").startswith(ref)
+            or same_commit(r.get("engine_commit"), ref)  # a longer ref of a landed prefix
             or ref in (r.get("engine_ref"), r.get("engine_version"))
         ]
     else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
 
@@ -48,10 +49,57 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+_FLAG = re.compile(r"--[A-Za-z][A-Za-z0-9_-]*")
+"""What a mistyped long option looks like (`-- 1. a SQL comment` is a value, not a flag)."""
+
+
+def _deepest(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The (sub)command parser `argv` names, however deep (`sim serve`, `recipes validate`)."""
+    words = [a for a in argv if not a.startswith("-")]
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return parser
+        chosen = next((subs[0].choices[w] for w in words if w in subs[0].choices), None)
+        if chosen is None:
+            return parser
+        parser = chosen
+
+
+def unknown_arguments(parser: argparse.ArgumentParser, extra: Sequence[str]) -> str:
+    """argparse's "unrecognized arguments", with the closest option of that command for each
+    mistyped flag (`--contxts` -> did you mean --contexts?)."""
+    import difflib
+
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
+        if flag.startswith("-") and close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    message = "unrecognized arguments: " + " ".join(extra)
+    return message + ("; " + "; ".join(hints) if hints else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    # a mistyped flag is the subcommand's error, with its usage and a suggestion (argparse
+    # would print the top-level usage, which does not name the subcommand's flags)
+    command = _deepest(parser, argv)
+    known = [o for a in command._actions for o in a.option_strings]
+    mistyped = [
+        a
+        for a in argv
+        if _FLAG.fullmatch(a.split("=", 1)[0])  # as argparse reads a flag: no space in it
+        and not any(o.startswith(a.split("=", 1)[0]) for o in known)  # argparse's abbreviations
+    ]
+    if mistyped:  # before the parse: it would first complain of a required option missing
+        command.error(unknown_arguments(command, mistyped))
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command.error(unknown_arguments(command, extra))
     func = getattr(args, "func", None)
     if func is None:
         parser.parse_args([*argv, "--help"])

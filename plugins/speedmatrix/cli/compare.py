@@ -2,7 +2,7 @@
 
     speedmatrix compare RUN_A RUN_B [--warehouse W] [--format table|md|json] [--all]
         RUN_B compared with RUN_A (A is the baseline, as in `git diff A B`).
-    speedmatrix compare RUN [--baseline REF]
+    speedmatrix compare RUN [--baseline REF]      (or --run-id RUN, as `report` takes it)
         RUN compared with its baseline: the previous successful run of its recipe and host,
         or REF (a run id or an engine commit / ref).
     speedmatrix trend --recipe R --cell 64Kx16 [--metric total_tok_s] [--host H] [--chart F.svg]
@@ -32,8 +32,15 @@ def register(subparsers: argparse._SubParsersAction, name: str) -> None:
             help="compare a run with a baseline, cell by cell, with noise-aware verdicts",
             description="Compare RUN_B with RUN_A (the baseline), or RUN with its baseline.",
         )
-        p.add_argument("run_a", metavar="RUN_A", help="baseline run id (or the run, if alone)")
+        p.add_argument(
+            "run_a", metavar="RUN_A", nargs="?", help="baseline run id (or the run, if alone)"
+        )
         p.add_argument("run_b", metavar="RUN_B", nargs="?", help="run compared with RUN_A")
+        p.add_argument(
+            "--run-id",
+            metavar="ID",
+            help="the run to compare (as `report --run-id`); with RUN_A, RUN_A is its baseline",
+        )
         p.add_argument("--baseline", help="with one run: baseline run id or engine commit/ref")
         p.add_argument("--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE)")
         p.add_argument("--format", choices=FORMATS, default="table")
@@ -76,6 +83,14 @@ def _warehouse(root: str | None) -> Any:
 def run_compare(args: argparse.Namespace) -> int:
     from speedmatrix.analysis.compare import compare_in_warehouse
 
+    if args.run_id is not None:
+        if args.run_b is not None:
+            raise ValueError("give RUN_A RUN_B, or --run-id ID with at most one baseline")
+        if args.run_a is not None and args.baseline is not None:
+            raise ValueError("give the baseline once: RUN_A or --baseline")
+        args.run_a, args.run_b = (args.run_a, args.run_id) if args.run_a else (args.run_id, None)
+    if args.run_a is None:
+        raise ValueError("name the run: compare RUN, compare RUN_A RUN_B, or --run-id ID")
     wh = _warehouse(args.warehouse)
     if args.run_b is not None and args.baseline is not None:
         raise ValueError("give either RUN_A RUN_B or RUN --baseline REF, not both")
@@ -180,6 +195,7 @@ def _numeric(text: str) -> bool:
 def run_trend(args: argparse.Namespace) -> int:
     from speedmatrix.analysis.baseline import read_history
     from speedmatrix.analysis.trend import trend
+    from speedmatrix.commits import commit_label
     from speedmatrix.report.charts import trend_chart_svg
 
     wh = _warehouse(args.warehouse)
@@ -208,7 +224,7 @@ def run_trend(args: argparse.Namespace) -> int:
         {
             "Started": str(r["started_at"])[:19],
             "Run": str(r["run_id"]),
-            "Commit": str(r["engine_commit"] or r["engine_version"] or "")[:12],
+            "Commit": commit_label(r),
             args.metric: "—"
             if r["value"] is None or r["value"] != r["value"]
             else f"{r['value']:,.1f}",

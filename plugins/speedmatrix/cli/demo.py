@@ -10,6 +10,12 @@ warm-up take their real time: the whole reference matrix takes about ten minutes
 default demo measures contexts 8K-64K (every concurrency, so the over-capacity cells show) and
 takes a few minutes.
 
+What it shows: the run as `speedmatrix run` does (the cells done, the current cell and its
+tok/s, the time left; a live bar on a terminal), with Airflow's own log in a file the summary
+names (`--airflow-log`, default `.airflow/logs/demo-<time>.log`; `-` keeps it on the terminal).
+The cells run in the documented order (prefill then decode per context), and Ctrl-C stops the
+server and releases the host's lease before it exits (speedmatrix.flows.dagtest).
+
 Also the entry point of the integration tests and the overhead benchmark (`--conf`,
 `--result-json`): one code path for all three.
 """
@@ -17,6 +23,7 @@ Also the entry point of the integration tests and the overhead benchmark (`--con
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -24,9 +31,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # the checkout (plugins/speedmatrix/cli/demo.py)
 RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
 SHORT = {
     "prefill_contexts": ["8K", "16K", "32K", "64K"],
@@ -91,9 +100,103 @@ def _dag_callbacks_on_the_parsed_dag(parsed) -> None:
     DagRun.execute_dag_callbacks = execute
 
 
-def run_dag(conf: dict) -> dict:
+class DemoProgress:
+    """The run on the terminal, told by the steps themselves (flows/progress.py): the same
+    display as `speedmatrix run` (cli/run.py Display), and what the interrupt needs to clean
+    up (the run's description and its server)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.resolved: dict | None = None
+        self.handle: dict | None = None  # the server's (setup_server's XCom)
+        self.cells: list[dict] = []
+        self.show: Any = None
+        self.begun = False
+
+    def note(self, text: str) -> None:
+        if self.show is not None:
+            self.show.note(text)
+        else:
+            print(f"speedmatrix demo: {text}", file=self.out, flush=True)
+
+    step = note
+
+    def leased(self, resolved: dict) -> None:
+        from speedmatrix.cli.run import Display
+
+        self.resolved = resolved
+        self.show = Display.make(resolved, out=self.out, prog="speedmatrix demo")
+
+    def server(self, resolved: dict, server: dict) -> None:
+        self.handle = server
+
+    def planned(self, resolved: dict, planned: dict) -> None:
+        from speedmatrix.plan import task_cells
+
+        self.resolved = resolved
+        self.cells = [*task_cells(planned, "prefill"), *task_cells(planned, "decode")]
+
+    def cell_started(self, resolved: dict, server: dict, cell: dict) -> None:
+        self.handle = server
+        if self.show is None:
+            self.leased(resolved)
+        if not self.begun:
+            self.begun = True
+            self.show.begin(self.cells, server["base_url"])
+        self.show.cell_started(cell)
+
+    def cell_done(self, cell: dict, record: dict) -> None:
+        if self.show is not None:
+            self.show.cell_done(cell, record)
+
+    def end(self) -> None:
+        if self.show is not None:
+            self.show.end()
+
+
+def cleanup(progress: DemoProgress) -> None:
+    """After Ctrl-C: the run's teardown once more (idempotent: it stops this run's servers,
+    found by the host's records, and releases the lease), whatever the DAG's teardown did."""
+    from speedmatrix.cli.interrupts import finishing
+    from speedmatrix.flows import matrix
+
+    if progress.resolved is None:
+        return  # interrupted before the lease: nothing was started
+    with finishing(progress.note):
+        matrix.teardown(progress.resolved, progress.handle)
+
+
+@contextlib.contextmanager
+def airflow_log_to(path: str | None, terminal: Any) -> Iterator[None]:
+    """Airflow's log (every line dag.test writes to stdout and stderr) into `path`, the
+    terminal kept for the progress display (`terminal`); None: leave both alone."""
+    if path is None:
+        yield
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
+def run_dag(conf: dict, progress: DemoProgress | None = None) -> dict:
     """Run speed_matrix once with dag.test(); return the run's outcome (JSON-able)."""
     from airflow.dag_processing.dagbag import DagBag
+
+    from speedmatrix.flows import progress as told
+    from speedmatrix.flows.dagtest import Interrupt, driving
 
     bag = DagBag(dag_folder=str(Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / "speed_matrix.py"))
     if bag.import_errors:
@@ -101,7 +204,22 @@ def run_dag(conf: dict) -> dict:
     dag = bag.dags["speed_matrix"]
     _dag_callbacks_on_the_parsed_dag(dag)
     started = time.monotonic()
-    dr = dag.test(run_conf=conf)
+    progress = progress or DemoProgress(sys.stderr)
+    interrupt = Interrupt(progress.note)
+    try:
+        with told.listening(progress), driving(interrupt):
+            dr = dag.test(run_conf=conf)
+    except KeyboardInterrupt:
+        interrupt.pressed = True
+        dr = None
+    finally:
+        progress.end()
+    if interrupt.pressed:
+        cleanup(progress)
+        host = (progress.resolved or {}).get("host", "local")
+        raise Interrupted(
+            f"interrupted: stopped what the run started, released the lease on {host}"
+        )
     wall = time.monotonic() - started
     tis = {}
     xcoms = {}
@@ -173,7 +291,11 @@ def run_dag(conf: dict) -> dict:
     }
 
 
-def _summary(result: dict) -> str:
+class Interrupted(Exception):
+    """The demo was interrupted and cleaned up after itself; the message says what it did."""
+
+
+def _summary(result: dict, airflow_log: str | None = None) -> str:
     landed = _xcom(result, "land") or {}
     report = _xcom(result, "report") or {}
     resolved = _xcom(result, "resolve") or {}
@@ -188,6 +310,7 @@ def _summary(result: dict) -> str:
         f"  html:      {report.get('html', '(not written)')}",
         f"  site:      {(_xcom(result, 'site') or {}).get('index', '(not written)')}",
         f"  warehouse: {wh}   (Parquet tables runs / cells / requests)",
+        f"  Airflow's log: {airflow_log or '(on the terminal above)'}",
         "",
         "Query the tables:",
         f'  uv run speedmatrix query "SELECT context_label, concurrency, status, total_tok_s, '
@@ -196,10 +319,25 @@ def _summary(result: dict) -> str:
         f"  uv run speedmatrix report --run-id '{run_id}' --warehouse {wh} --format md",
         f"  duckdb: SELECT * FROM read_parquet('{wh}/cells/**/*.parquet', hive_partitioning=true)",
     ]
+    lines[8:8] = _verdict(landed)  # after where everything is: the answer
     failed = [k for k, v in result["tasks"].items() if v["state"] not in ("success", "skipped")]
     if failed:
         lines.insert(2, f"  tasks not successful: {', '.join(sorted(failed))}")
     return "\n".join(lines)
+
+
+def _verdict(landed: dict) -> list[str]:
+    """The verdict `speedmatrix run` prints, of the landed run (none when it did not land)."""
+    if not landed.get("run_id"):
+        return []
+    from speedmatrix.cli.verdict import run_verdict, verdict_text
+    from speedmatrix.store.warehouse import Warehouse
+
+    try:
+        text = verdict_text(run_verdict(Warehouse(landed.get("warehouse")), landed["run_id"]))
+    except Exception as exc:  # the summary must still say where everything is
+        return [f"  verdict:   (not read: {exc})"]
+    return ["  " + line for line in text.splitlines()]
 
 
 def _xcom(result: dict, task_id: str):
@@ -218,6 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=None, help="decode window, s")
     parser.add_argument("--conf", help="JSON conf for speed_matrix (overrides the demo's)")
     parser.add_argument("--result-json", help="write the run's outcome (tasks, XComs) here")
+    parser.add_argument(
+        "--airflow-log",
+        metavar="FILE",
+        help="where Airflow's log goes (default .airflow/logs/demo-<time>.log; - : the terminal)",
+    )
     args = parser.parse_args(argv)
     _airflow_env()
     conf: dict = {"recipe": RECIPE, "ssh_conn_id": "local", "port": free_port()}
@@ -228,11 +371,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.conf:
         conf.update(json.loads(args.conf))
     migrate_once()
+    log = args.airflow_log or str(
+        Path(os.environ["AIRFLOW_HOME"]) / "logs" / f"demo-{time.strftime('%Y%m%dT%H%M%S')}.log"
+    )
+    log = None if log == "-" else str(Path(log).resolve())
     print(f"speedmatrix demo: speed_matrix with conf {json.dumps(conf)}", flush=True)
-    result = run_dag(conf)
+    if log:
+        print(f"speedmatrix demo: Airflow's log: {log}", flush=True)
+    # the terminal, kept for the progress while Airflow's output goes to the log file
+    terminal = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8")
+    try:
+        with airflow_log_to(log, terminal):
+            result = run_dag(conf, DemoProgress(terminal))
+    except Interrupted as exc:
+        print(f"speedmatrix demo: {exc}" + (f" (Airflow's log: {log})" if log else ""), flush=True)
+        return 130
+    finally:
+        terminal.close()
     if args.result_json:
         Path(args.result_json).write_text(json.dumps(result, indent=1, default=str))
-    print(_summary(result), flush=True)
+    print(_summary(result, log), flush=True)
     return 0 if result["state"] == "success" else 1
 
 

@@ -92,6 +92,19 @@ def _cli_error(message: str) -> Exception:
     return CliError(message)
 
 
+def _one_commit_name(run: dict) -> None:
+    """The page's Commit line becomes the run's engine ref (as the tool was asked for it), and
+    engine_commit the value every path lands for that commit (speedmatrix.commits): a page of
+    9fedd24fa864 and a run measured at it group together."""
+    from speedmatrix.upstream.commits import engine_commit
+
+    page = run.get("engine_commit")
+    run["engine_ref"] = run.get("engine_ref") or page
+    run["engine_commit"] = engine_commit(
+        recorded=page, version=run.get("engine_version"), repository=run.get("engine_repository")
+    )
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     from speedmatrix.published.parse import parse_report
     from speedmatrix.quality import check_for_landing
@@ -113,6 +126,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             report.run_id = content_run_id(report.run, report.cells)
             report.run["run_id"] = report.run_id
         report.run["source"] = os.path.basename(path)
+        _one_commit_name(report.run)
         parsed.append((path, text, report))
     wh = Warehouse(args.warehouse)
     # The same Great Expectations suites as a measured run's, before anything lands: a page's

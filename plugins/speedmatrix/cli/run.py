@@ -8,8 +8,9 @@ stopped). The matrix options are the speed_matrix conf keys (`--contexts 8K 16K`
 
 Why no code of its own for measuring, validating or landing: every step is the DAG's task body
 in :mod:`speedmatrix.flows.matrix`, called in the DAG's order (resolve, take_lease, setup,
-inspect, plan, the prefill then decode cells, teardown, validate, land, report, conclude), so a
-run from here lands exactly what the DAG would. What is here: the command line, the in-memory
+inspect, plan, the prefill then decode cells, teardown, validate, land, report, regressions,
+conclude), so a run from here lands exactly what the DAG would, verdicts included
+(tests/unit/test_run_steps.py holds the two lists of steps to one another). What is here: the command line, the in-memory
 recipe of a server already running, and the live progress display.
 """
 
@@ -32,6 +33,8 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from speedmatrix.cli import CliError
+from speedmatrix.cli.interrupts import finishing, terminate_as_interrupt
+from speedmatrix.cli.verdict import EXIT_REGRESSION, run_verdict, verdict_text
 
 # The matrix of a server already running when the command line names none: the published
 # reports' smallest contexts (those that fit the model), a few concurrencies.
@@ -40,6 +43,17 @@ EXISTING_DEFAULTS = {
     "contexts": ["8K", "16K", "32K"],
     "concurrencies": [1, 2, 4, 8],
 }
+USAGE = """Measure a whole matrix now, without Airflow: land it in the warehouse, render its page,
+and print its verdict against the previous run.
+
+  speedmatrix run RECIPE                       the recipe's server on this machine:
+                                               provision, start, measure, stop
+  speedmatrix run --base-url URL --model M     a server already running (vLLM or
+                                               `speedmatrix sim serve`): nothing started
+
+The matrix options override the recipe's. Exit codes: 0 landed, 1 landed as failed,
+2 bad input, 3 a figure regressed beyond noise (only with --fail-on-regression).
+"""
 PREFILL_GUESS_S = 5.0  # ETA of a prefill cell before one was measured
 DECODE_OVERHEAD_S = 5.0  # a decode cell's warm-up and drain beyond its window, before measured
 
@@ -48,7 +62,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     p = sub.add_parser(
         name,
         help="measure a matrix now, without Airflow, and land it",
-        description=__doc__,
+        description=USAGE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -78,6 +92,12 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     )
     g.add_argument("--port", type=int, help="recipe: the port its server listens on")
     g.add_argument("--warehouse", metavar="W", help="default $SPEEDMATRIX_WAREHOUSE or ./warehouse")
+    p.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help=f"exit {EXIT_REGRESSION} when a figure regressed beyond noise against the baseline "
+        "(to gate a CI job)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log every step")
     p.set_defaults(func=_run)
 
@@ -86,7 +106,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
 
 
 def _run(args: argparse.Namespace) -> int:
-    from speedmatrix.flows import matrix, resolution
+    from speedmatrix.flows import matrix, progress, resolution
+    from speedmatrix.plan import task_cells
 
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -102,11 +123,15 @@ def _run(args: argparse.Namespace) -> int:
         )
     except resolution.ResolveError as exc:
         raise CliError(str(exc)) from None
-    if matrix.take_lease(resolved) is None:
-        raise CliError(f"host {resolved['host']} is busy: another run holds its lease")
+    terminate_as_interrupt()
     show = Display.make(resolved)
+    with progress.listening(show):  # the lease's word on a holder gone (flows/progress.py)
+        lease = matrix.take_lease(resolved, one_process=True)
+    if lease is None:
+        raise CliError(f"host {resolved['host']} is busy: another run holds its lease")
     server = info = planned = None
     results: list[dict[str, Any]] = []
+    interrupted = False
     try:
         try:
             show.note("starting the server" if not resolved["base_url"] else "inspecting")
@@ -115,27 +140,55 @@ def _run(args: argparse.Namespace) -> int:
             planned = matrix.plan(resolved, info)
         except Exception as exc:
             raise CliError(f"{type(exc).__name__}: {exc}") from None
-        cells = [*planned["prefill"], *planned["decode"]]
+        # the DAG's order: its two mapped tasks' cells (a context's prefill, then its decode)
+        cells = [*task_cells(planned, "prefill"), *task_cells(planned, "decode")]
         show.begin(cells, server["base_url"])
         for cell in cells:
             show.cell_started(cell)
             result = matrix.run_cell(resolved, server, cell)
             results.append(result)
             show.cell_done(cell, result["cell"])
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         show.end()
-        matrix.teardown(resolved, server)
-    show.note("validating, landing and rendering the page")
+        with finishing(show.note):
+            matrix.teardown(resolved, server)
+        if interrupted:
+            what = "stopped the server" if not resolved["base_url"] else "left the server running"
+            show.note(
+                f"interrupted: {what}, released the lease on {resolved['host']}; nothing landed"
+            )
+    show.note("validating, landing, comparing with the baseline and rendering the page")
     validated = matrix.validate(resolved, info, server, planned, results)
     landed = matrix.land(resolved, validated)
     paths = matrix.report(resolved, landed)
+    regressed = judge(resolved, landed)
     print(_summary(landed, paths, len(planned["over_capacity"])))
+    print(verdict_text(run_verdict(matrix.warehouse_of(resolved), landed["run_id"])))
     try:
         matrix.conclude(landed)
     except RuntimeError as exc:
         print(f"speedmatrix run: {exc}", file=sys.stderr)
         return 1
+    if regressed and args.fail_on_regression:
+        return EXIT_REGRESSION
     return 0
+
+
+def judge(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> bool:
+    """The DAG's `regressions` task: the comparisons and noise rows land exactly as the DAG
+    lands them. True when a figure regressed beyond noise (the DAG's task fails then; here
+    the verdict is printed and `--fail-on-regression` decides the exit code)."""
+    from speedmatrix.analysis.verdict import RegressionError
+    from speedmatrix.flows import matrix
+
+    try:
+        matrix.regressions(resolved, landed)
+    except RegressionError:
+        return True
+    return False
 
 
 def _conf(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -301,9 +354,12 @@ class Display:
     cell (a log, a CI job). The tok/s is read beside the load generator, never from it, so
     the measurement is the DAG's to the byte."""
 
-    def __init__(self, resolved: Mapping[str, Any], out: Any = None) -> None:
+    def __init__(
+        self, resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
+    ) -> None:
         self.window_s = float(resolved["matrix"]["window_s"])
         self.out = out or sys.stderr
+        self.prog = prog
         self.cells: list[Mapping[str, Any]] = []
         self.done = 0
         self.took: dict[str, list[float]] = {"prefill": [], "decode": []}
@@ -311,9 +367,13 @@ class Display:
         self.meter: RateMeter | None = None
 
     @staticmethod
-    def make(resolved: Mapping[str, Any]) -> Display:
-        tty = getattr(sys.stderr, "isatty", lambda: False)()
-        return RichDisplay(resolved) if tty else Display(resolved)
+    def make(
+        resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
+    ) -> Display:
+        """The live bar on a terminal (`out`, default stderr), one line per cell elsewhere."""
+        out = out or sys.stderr
+        tty = getattr(out, "isatty", lambda: False)()
+        return (RichDisplay if tty else Display)(resolved, out=out, prog=prog)
 
     def eta_s(self, now: float | None = None) -> float:
         """What is left: the cells not started at the mean time of their phase's measured
@@ -329,8 +389,15 @@ class Display:
             left = max(0.0, left - ((now or time.monotonic()) - self.started))
         return left
 
+    def step(self, text: str) -> None:
+        """What a step says it is doing (flows/progress.py), said as a note."""
+        self.note(text)
+
     def note(self, text: str) -> None:
-        print(f"speedmatrix run: {text}", file=self.out, flush=True)
+        if getattr(self, "progress", None) is not None:  # above the live bar
+            self.progress.console.print(f"{self.prog}: {text}", markup=False, highlight=False)
+            return
+        print(f"{self.prog}: {text}", file=self.out, flush=True)
 
     def begin(self, cells: Sequence[Mapping[str, Any]], base_url: str) -> None:
         self.cells = list(cells)
@@ -368,8 +435,10 @@ class Display:
 class RichDisplay(Display):
     """The terminal's: one bar over the cells, the current cell and its live tok/s."""
 
-    def __init__(self, resolved: Mapping[str, Any]) -> None:
-        super().__init__(resolved)
+    def __init__(
+        self, resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
+    ) -> None:
+        super().__init__(resolved, out=out, prog=prog)
         self.progress: Any = None
         self.task: Any = None
 
@@ -386,6 +455,10 @@ class RichDisplay(Display):
             TextColumn("ETA {task.fields[eta]}"),
             console=Console(file=self.out),
             refresh_per_second=2,
+            # the process's own output (a log) stays where it goes: `make demo` sends Airflow's
+            # to a file, which the bar must not pull back onto the terminal
+            redirect_stdout=False,
+            redirect_stderr=False,
         )
         self.task = self.progress.add_task("cells", total=len(self.cells), rate="", eta="")
         self.progress.start()

@@ -17,7 +17,12 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
-    parser = sub.add_parser(name, help="the simulated vLLM engine", description=__doc__)
+    parser = sub.add_parser(
+        name,
+        help="the simulated vLLM engine",
+        description="The simulated vLLM engine: serve vLLM's HTTP API over a performance "
+        "model, fit a profile to a published page, predict a page's matrix with a profile.",
+    )
     cmds = parser.add_subparsers(dest="sim_command", metavar="SIM_COMMAND")
     cmds.required = True
 

@@ -70,12 +70,13 @@ sm_machine_dir() {
 """
 
 # $1 op, $2 explicit dir ("" for the machine-wide one), $3 the deployment's default dir,
-# $4 holder, $5 ttl. Prints one status line: WORD holder expiry now.
+# $4 holder, $5 ttl, $6 (acquire) the PID on this host whose life is the holder's, or "-".
+# Prints one status line: WORD holder expiry now [previous-holder previous-expiry gone-holder].
 _SCRIPT = (
     MACHINE_DIR_SH
     + r"""
 set -u
-op=$1; me=$4; ttl=$5
+op=$1; me=$4; ttl=$5; owner=${6:--}
 sm_machine_dir "$2" "$3" || { echo "LOCKFAIL - 0 0"; exit 3; }
 # the lock file is read-only for all but its maker: flock needs no write access
 [ -e "$d/lock" ] || ( umask 022; : >> "$d/lock" ) 2>/dev/null
@@ -85,8 +86,19 @@ now=$(date +%s)
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || true)
 uid=$(id -u)
 mine="$d/holder.$uid"
+# A holder taken by one process of this host (`speedmatrix run`, dag.test) recorded that
+# process (owner.<holder>: PID, its start time, boot id); once it no longer runs, the holder is
+# provably gone and its record void, whatever its expiry.
+owner_file() { printf '%s/owner.%s' "$d" "$(printf %s "$1" | tr -c 'A-Za-z0-9._-' '_')"; }
+started() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
+owner_gone() {
+  o=$(owner_file "$1"); [ -s "$o" ] || return 1
+  op_=""; os_=""; ob_=""; read -r op_ os_ ob_ < "$o" || true
+  [ -n "$op_" ] && [ "$ob_" = "$boot" ] || return 1
+  [ "$(started "$op_")" != "$os_" ]
+}
 # The holder: the record with the latest expiry, among those of this boot.
-holder=""; exp=0; from=""
+holder=""; exp=0; from=""; gone=""
 for f in "$d"/holder.*; do
   [ -f "$f" ] && [ -s "$f" ] || continue
   h=""; e=0; b=""
@@ -94,6 +106,7 @@ for f in "$d"/holder.*; do
   case "$e" in ''|*[!0-9]*) e=0 ;; esac
   [ -n "$h" ] || continue
   if [ -n "$b" ] && [ -n "$boot" ] && [ "$b" != "$boot" ]; then continue; fi
+  if [ "$h" != "$me" ] && [ "$e" -gt "$now" ] && owner_gone "$h"; then gone=$h; continue; fi
   if [ "$e" -gt "$exp" ] || [ -z "$holder" ]; then holder=$h; exp=$e; from=$f; fi
 done
 live=0
@@ -105,14 +118,18 @@ write() {
 case "$op" in
   acquire)
     if [ $live -eq 0 ] || [ "$holder" = "$me" ]; then
-      write && echo "ACQUIRED $me $((now + ttl)) $now ${holder:--} $exp"
+      if [ "$owner" != "-" ] && [ -n "$(started "$owner")" ]; then
+        ( umask 022; printf '%s %s %s\n' "$owner" "$(started "$owner")" "$boot" > "$(owner_file "$me")" )
+      fi
+      write && echo "ACQUIRED $me $((now + ttl)) $now ${holder:--} $exp ${gone:--}"
     else echo "HELD $holder $exp $now"; fi ;;
   renew)
     if [ "$holder" = "$me" ] && [ $live -eq 1 ]; then write && echo "RENEWED $me $((now + ttl)) $now"
     elif [ $live -eq 0 ]; then write && echo "RETAKEN $me $((now + ttl)) $now"
     else echo "LOST $holder $exp $now"; fi ;;
   release)
-    if [ "$holder" = "$me" ] && [ "$from" = "$mine" ]; then rm -f "$mine" && echo "RELEASED $me 0 $now"
+    if [ "$holder" = "$me" ] && [ "$from" = "$mine" ]; then
+      rm -f "$mine" "$(owner_file "$me")" && echo "RELEASED $me 0 $now"
     elif [ "$holder" = "$me" ]; then
       echo "the lease of $me is recorded by another user ($from); not released by $(id -un)" >&2
       echo "NOTMINE $holder $exp $now"
@@ -161,6 +178,7 @@ class LeaseState:
     holder: str | None
     expires_at: int
     host_now: int
+    gone: str | None = None  # a holder whose process no longer runs, whose lease was taken over
 
     @property
     def seconds_left(self) -> int:
@@ -215,14 +233,18 @@ class HostLease:
         holder: str,
         ttl_s: float = DEFAULT_TTL_S,
         lease_dir: str | None = None,
+        owner_pid: int | None = None,
     ):
-        """``lease_dir`` None: the machine-wide directory (see the module docstring)."""
+        """``lease_dir`` None: the machine-wide directory (see the module docstring).
+        ``owner_pid``: the process on the host whose life is the holder's (one process runs the
+        whole run: `speedmatrix run`, dag.test); once it is gone, the lease is void."""
         if not holder or _SAFE.search(holder):
             raise ValueError(f"holder must match [A-Za-z0-9._:+@=/-]+, got {holder!r}")
         self.host = host
         self.holder = holder
         self.ttl_s = int(max(1, ttl_s))
         self.lease_dir = lease_dir
+        self.owner_pid = owner_pid
 
     def _call(self, op: str) -> LeaseState:
         cmd = " ".join(
@@ -234,6 +256,7 @@ class HostLease:
                 dir_args(self.lease_dir),
                 shlex.quote(self.holder),
                 str(self.ttl_s),
+                str(int(self.owner_pid)) if self.owner_pid else "-",
             ]
         )
         # Every op is safe to repeat after a dropped connection: acquire is re-entrant (the
@@ -242,13 +265,27 @@ class HostLease:
         lines = res.stdout.strip().splitlines()
         if res.rc != 0 or not lines:
             raise LeaseError(f"lease {op} on {self.host.name} failed (rc {res.rc}): {res.tail()}")
-        word, holder, expiry, now, *_ = [*lines[-1].split(), "0", "0", "0"]
-        return LeaseState(word, None if holder == "-" else holder, int(expiry), int(now))
+        word, holder, expiry, now, _, _, gone, *_ = [*lines[-1].split(), *["-"] * 7]
+        return LeaseState(
+            word,
+            None if holder == "-" else holder,
+            int(expiry if expiry != "-" else 0),
+            int(now if now != "-" else 0),
+            None if gone == "-" else gone,
+        )
 
     def try_acquire(self) -> LeaseState:
         """One attempt; `status` is ACQUIRED (ours now; also when ours already) or HELD."""
         state = self._call("acquire")
-        if state.status == "ACQUIRED":
+        if state.status == "ACQUIRED" and state.gone:
+            log.warning(
+                "lease on %s: its holder %s is gone (the process that held it no longer runs): "
+                "taken over by %s",
+                self.host.name,
+                state.gone,
+                self.holder,
+            )
+        elif state.status == "ACQUIRED":
             log.info("lease on %s taken by %s for %d s", self.host.name, self.holder, self.ttl_s)
         else:
             log.info(

@@ -37,6 +37,7 @@ from typing import Any
 
 from speedmatrix import __version__
 from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost
+from speedmatrix.flows import progress
 from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cell
 from speedmatrix.flows.fresh_stack import on_fresh_stack
 from speedmatrix.flows.handoff import compare_run, hand_on_comparison, handed_on_comparison
@@ -94,22 +95,57 @@ def host_of(resolved: Resolved):
     return get_host(resolved["host"], env={"HOME": home} if home else None)
 
 
-def host_lease(resolved: Resolved) -> HostLease:
+def host_lease(resolved: Resolved, owner_pid: int | None = None) -> HostLease:
     """The run's lease on its host, on a connection of its own (see lease.Renewer). It covers
     the machine, whatever the run's host_home (lease.py: the machine-wide directory)."""
     return HostLease(
         host_of(resolved),
         resolved["holder"],
         ttl_s=DEFAULT_TTL_S,  # the deployment's (SPEEDMATRIX_LEASE_TTL_S), never a conf's
+        owner_pid=owner_pid,
     )
 
 
-def take_lease(resolved: Resolved) -> dict[str, Any] | None:
-    """One attempt at the host lease: its state when taken, None when another run holds it."""
-    state = host_lease(resolved).try_acquire()
+def take_lease(resolved: Resolved, *, one_process: bool = False) -> dict[str, Any] | None:
+    """One attempt at the host lease: its state when taken, None when another run holds it.
+
+    `one_process`: this process runs the whole run (`speedmatrix run`, dag.test); on the local
+    host its PID is recorded with the lease, so that once it is gone (killed, its terminal
+    closed) the next run takes the host over at once, saying so, instead of waiting out the
+    lease. The servers the gone holder left are stopped first: the host is measured alone."""
+    pid = os.getpid() if one_process and resolved["host"] == "local" else None
+    state = host_lease(resolved, owner_pid=pid).try_acquire()
     if state.status != "ACQUIRED":
+        progress.tell(  # said where the user looks (the demo's terminal), never waited silently
+            "step",
+            f"waiting for host {resolved['host']}: its lease is held by {state.holder} for "
+            f"{state.seconds_left} s more (a holder whose process is gone is taken over)",
+        )
         return None
-    return {"holder": state.holder, "expires_at": state.expires_at, "host": resolved["host"]}
+    out = {"holder": state.holder, "expires_at": state.expires_at, "host": resolved["host"]}
+    progress.tell("leased", resolved)
+    if state.gone:
+        out["taken_over_from"] = state.gone
+        out["stopped_servers"] = _stop_servers_of(resolved, state.gone)
+        progress.tell(
+            "step",
+            f"the lease on {resolved['host']} was held by {state.gone}, whose process no "
+            "longer runs: taken over",
+        )
+    return out
+
+
+def _stop_servers_of(resolved: Resolved, holder: str) -> list[int]:
+    """Stop the servers a gone holder started on the host (its records); their PIDs."""
+    from speedmatrix.engine.vllm_server import run_servers, stop_server
+
+    host = host_of(resolved)
+    stopped = []
+    for rec in run_servers(host, holder):
+        log.warning("stopping server PID %d left by %s (gone)", rec.pid, holder)
+        stop_server(rec.handle(host), host=host)
+        stopped.append(rec.pid)
+    return stopped
 
 
 # ------------------------------------------------------------------------- server lifecycle
@@ -127,6 +163,7 @@ def setup(resolved: Resolved) -> dict[str, Any]:
 
     if resolved.get("base_url"):
         return _existing_server(resolved)
+    progress.tell("step", f"starting the server on {resolved['host']}")
     lease = host_lease(resolved)
     lease.renew()  # raises LeaseLost when another run holds the host
     recipe = _recipe(resolved)
@@ -157,6 +194,7 @@ def setup(resolved: Resolved) -> dict[str, Any]:
         "provision_s": round(provisioned_s, 3),
         "start_s": round(time.monotonic() - started - provisioned_s, 3),
     }
+    progress.tell("server", resolved, out)
     log.info(
         "server ready at %s on %s (provision %.1f s, start %.1f s)",
         out["base_url"],
@@ -252,6 +290,7 @@ def inspect(resolved: Resolved, server: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_count": hardware.get("gpu_count"),
         "launch_command": _handle(server).command,
         "hardware": hardware,
+        "sim_profile": facts.get("sim_profile"),
     }
     log.info("server facts: %s", info)
     return info
@@ -332,6 +371,7 @@ def plan(resolved: Resolved, info: Mapping[str, Any]) -> dict[str, list[dict]]:
         repeats=int(resolved.get("repeats") or 1),
         repeat_cells=resolved.get("repeat_cells"),
     ).as_dict()
+    progress.tell("planned", resolved, planned)
     repeated = sum(1 for c in [*planned["prefill"], *planned["decode"]] if c.get("repeat"))
     log.info(
         "plan: %d prefill cells, %d decode cells to run (%d of them repeats), %d over capacity "
@@ -406,8 +446,10 @@ def run_cell(
         record = failed_cell(cell, reason, started_at=dt.datetime.now(dt.UTC))
         return {"cell": to_wire(record), "requests": [], "repeat": repeat}
     held["began"] = stamp()
+    progress.tell("cell_started", resolved, server, cell)
     result = _run_cell(resolved, server, cell)
     held["ended"] = stamp()
+    progress.tell("cell_done", cell, result["cell"])
     if turn.release is not None:
         try:
             turn.release()
@@ -618,6 +660,7 @@ def run_row(
 ) -> dict[str, Any]:
     """The `runs` row: recipe facts, what the server reported, and the redacted launch line."""
     from speedmatrix.recipes import classify_ref
+    from speedmatrix.upstream.commits import engine_commit
 
     recipe = _recipe(resolved)
     info = info or {}
@@ -640,7 +683,13 @@ def run_row(
         hardware_os=recipe.hardware.os,
         engine=recipe.engine.name,
         engine_version=info.get("version") or server.get("engine_version"),
-        engine_commit=info.get("commit") or server.get("engine_commit"),
+        # one value per commit whichever path measured it (speedmatrix.commits)
+        engine_commit=engine_commit(
+            recorded=info.get("commit") or server.get("engine_commit"),
+            ref=ref,
+            version=info.get("version") or server.get("engine_version"),
+            repository=recipe.engine.repository,
+        ),
         engine_pr=int(value) if kind == "pr" else recipe.engine.pr,
         engine_ref=ref,
         engine_repository=recipe.engine.repository,
@@ -658,6 +707,7 @@ def run_row(
         max_output_tokens=resolved["matrix"]["max_output_tokens"],
         prompt_mode=resolved["matrix"]["prompt_mode"],
         workload=resolved["matrix"].get("workload"),
+        sim_profile=info.get("sim_profile"),
         launch_command=info.get("launch_command") or launch,
         kv_cache_tokens=info.get("kv_cache_tokens"),
         kv_block_size=info.get("kv_block_size"),
@@ -688,6 +738,7 @@ def validate(
     what `land` lands."""
     from speedmatrix.quality import check_for_landing
 
+    progress.tell("step", "validating, landing, comparing with the baseline, rendering the page")
     if planned is None:
         raise RuntimeError("nothing was planned (the server never became ready): nothing to land")
     cells, requests = collect_cells(planned, results)

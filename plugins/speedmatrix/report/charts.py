@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from speedmatrix.commits import commit_label
 from speedmatrix.records import cell_key, cell_name, cell_sort_key
 from speedmatrix.report import palette
 
@@ -231,8 +232,8 @@ def _trend_chart(plt, points: pd.DataFrame, *, title: str, ylabel: str) -> str:
                     label=verdict,
                     zorder=3,
                 )
-        ticks = [
-            str(c or v or r)[:9]
+        ticks = [  # whole enough to tell commits apart (speedmatrix.commits)
+            commit_label({"engine_commit": c, "engine_version": v, "run_id": r})
             for c, v, r in zip(
                 pts["engine_commit"], pts["engine_version"], pts["run_id"], strict=True
             )

@@ -92,6 +92,7 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
     """Section -> [(label, value text)] in page order; optional fields without a value are
     left out, required ones show ``—``. `html` adds the Run section's Workload row (the
     Markdown keeps the published labels; see decode_test_text)."""
+    from speedmatrix.commits import commit_text
     from speedmatrix.published.parse import HEADER_LABELS, REQUIRED_LABELS
 
     out: dict[str, list[tuple[str, str]]] = {}
@@ -99,7 +100,9 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
         rows = []
         for label, key in labels:
             value = _v(run, key)
-            if key == "hardware_vram_gb":
+            if key.startswith("hardware_") and not hardware_known(run):
+                text = HARDWARE_NOT_KNOWN
+            elif key == "hardware_vram_gb":
                 text = _vram_text(run)
             elif key == "measure_s":
                 text = F.fmt_seconds_header(value) if value is not None else None
@@ -112,6 +115,8 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
                 text = f"#{value}" if value is not None else None
             elif key == "decode_test":
                 text = decode_test_text(run)
+            elif key == "engine_commit":
+                text = commit_text(run)
             else:
                 text = None if value is None else str(value)
             if text is None:
@@ -119,22 +124,52 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
                     continue
                 text = F.DASH
             rows.append((label, text))
+            if section == "Run" and key == "served_model" and measured_on(run):
+                # said in the Run section too, where a reader of the figures looks (only for
+                # such runs: a real run's page keeps the published labels)
+                rows.append(("Measured on", str(measured_on(run))))
             if html and key == "decode_test":
                 rows.append(("Workload", str(_v(run, "workload") or F.DASH)))
         out[section] = rows
     return out
 
 
+SIMULATED = "simulated engine (profile {profile})"
+HARDWARE_NOT_KNOWN = "hardware not known"
+
+
+def hardware_known(run: dict) -> bool:
+    """Whether the run says what it ran on (a server already running elsewhere does not)."""
+    gpu = _v(run, "hardware_gpu")
+    return bool(gpu) and str(gpu).lower() != "unknown"
+
+
+def measured_on(run: dict) -> str | None:
+    """What a reader must be told before any figure: the run was simulated, or its hardware is
+    not known (None for a real engine on known hardware, whose page stays the published one)."""
+    if _v(run, "sim_profile"):
+        return SIMULATED.format(profile=_v(run, "sim_profile"))
+    if not hardware_known(run):
+        return HARDWARE_NOT_KNOWN
+    return None
+
+
 def title_lines(run: dict, cells: Sequence[dict]) -> tuple[str, str]:
-    """The two lines under "Speed test matrix": model on hardware; engine and matrix shape."""
+    """The two lines under "Speed test matrix": model on hardware; engine and matrix shape.
+    A simulated run says so first (its hardware is what the profile was calibrated from); a
+    run on hardware not known says that instead of `unknown 0GB`."""
     model = _v(run, "served_model") or _v(run, "model") or "model"
-    gpu = _v(run, "hardware_gpu") or "unknown hardware"
-    hw = f"{model} on {gpu}"
-    per, count = _v(run, "hardware_vram_gb"), _v(run, "hardware_gpu_count")
-    if per is not None:
-        hw += f" {per:g}GB"
-    if count:
-        hw += f" ×{count}"
+    if not hardware_known(run):
+        hw = f"{model} on {measured_on(run)}"
+    else:
+        hw = f"{model} on {_v(run, 'hardware_gpu')}"
+        per, count = _v(run, "hardware_vram_gb"), _v(run, "hardware_gpu_count")
+        if per is not None:
+            hw += f" {per:g}GB"
+        if count:
+            hw += f" ×{count}"
+        if _v(run, "sim_profile"):
+            hw = f"{model} on a {measured_on(run)}, modelled on {hw.split(' on ', 1)[1]}"
     parts = [
         p for p in (_v(run, "engine"), _v(run, "engine_version"), _v(run, "quantization")) if p
     ]

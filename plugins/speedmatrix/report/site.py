@@ -46,6 +46,7 @@ from typing import Any
 
 import pandas as pd
 
+from speedmatrix.commits import commit_label
 from speedmatrix.report.slugs import slug
 
 log = logging.getLogger("speedmatrix.site")
@@ -71,6 +72,7 @@ RUN_COLUMNS = (
     "served_model",
     "model",
     "landed_at",
+    "sim_profile",
 )
 CELL_COLUMNS = (
     "run_id",
@@ -197,7 +199,7 @@ def _engine(run: Mapping[str, Any]) -> str:
     commit = _text(run.get("engine_commit"))
     version = _text(run.get("engine_version"))
     if commit:
-        return commit[:10] + (f" ({version})" if version else "")
+        return commit_label(run) + (f" ({version})" if version else "")
     return version or _text(run.get("engine_ref")) or "—"
 
 
@@ -373,9 +375,9 @@ def trend_svg(
         out.append(f'<a href="{esc(href)}">{body}</a>' if href else f"<g>{body}</g>")
     first, last = pts.iloc[0], pts.iloc[-1]
     out.append(
-        f'<text x="{_L}" y="{_H - 6}" class="tick">{esc(_engine(first)[:10])}</text>'
+        f'<text x="{_L}" y="{_H - 6}" class="tick">{esc(commit_label(first))}</text>'
         f'<text x="{_W - _R}" y="{_H - 6}" class="tick" text-anchor="end">'
-        f"{esc(_engine(last)[:10])}</text>"
+        f"{esc(commit_label(last))}</text>"
     )
     if total > n:
         out.append(
@@ -793,8 +795,16 @@ def _build(
 
 
 def _gpu(run: Mapping[str, Any]) -> str:
+    """The hardware column: what the run ran on, `simulated engine (profile …)` for a
+    simulated run, `hardware not known` for a server whose hardware was not read."""
+    from speedmatrix.report.render import measured_on
+
+    said = measured_on({k: _clean(v) for k, v in run.items()})
     gpu = _text(run.get("hardware_gpu"))
     count = _clean(run.get("hardware_gpu_count"))
+    if said and _clean(run.get("sim_profile")) is None:
+        return said
     if not gpu:
         return "—"
-    return f"{gpu} ×{int(count)}" if count else gpu
+    shown = f"{gpu} ×{int(count)}" if count else gpu
+    return f"{said}: {shown}" if said else shown

@@ -60,6 +60,41 @@ def read_flag(data: dict[str, Any], name: str, *, nullable: bool) -> bool:
         raise ApiError(400, f"1 validation error:\n  {err} {[err]}", "Bad Request") from exc
 
 
+TEXT_PARTS = ("text", "input_text", "refusal")
+"""Content-part types vLLM reads as text (its chat_utils); any other (an image, audio) is a
+multimodal input the simulated text-only model refuses, as vLLM's text-only models do."""
+
+
+def content_text(content: Any) -> str:
+    """A message's content as the text the template sees, read as vLLM reads it.
+
+    The OpenAI format allows a string, null (an assistant turn with tool calls), or a list of
+    content parts: ``{"type": "text", "text": …}`` and the other text types, or a bare string.
+    vLLM joins the text parts with newlines (its "string" content format), so the prompt a
+    GuideLLM or `vllm bench serve` request makes (a one-part list) is the same prompt here."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, "message content must be a string or a list of parts", param="messages")
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        kind = part.get("type", "text") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS and isinstance(part.get(kind) or part.get("text"), str):
+            texts.append(part.get(kind) if isinstance(part.get(kind), str) else part["text"])
+        elif kind is None or not isinstance(kind, str) or kind in TEXT_PARTS:
+            raise ApiError(400, f"content part without text: {part!r}"[:200], param="messages")
+        else:
+            raise ApiError(
+                400, f"{kind!r} content is not supported: the model is text-only", "messages"
+            )
+    return "\n".join(texts)
+
+
 def chat_text(messages: Any, add_generation_prompt: bool = True) -> str:
     """The simulator's chat template: ``<|role|> content`` per message, one per line, then
     ``<|assistant|>`` when a generation prompt is asked for (vLLM's default)."""
@@ -67,9 +102,9 @@ def chat_text(messages: Any, add_generation_prompt: bool = True) -> str:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     parts = []
     for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
-            raise ApiError(400, "each message needs a role and string content", param="messages")
-        parts.append(f"<|{m.get('role', 'user')}|> {m.get('content', '')}")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, "each message needs a role and content", param="messages")
+        parts.append(f"<|{m['role']}|> {content_text(m.get('content'))}")
     return "\n".join(parts) + ("\n<|assistant|>" if add_generation_prompt else "")
 
 

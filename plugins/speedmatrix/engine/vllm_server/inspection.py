@@ -66,6 +66,7 @@ def inspect_server(handle: ServerHandle, *, host: Host | None = None) -> dict:
     facts: dict = {}
     probe = run_probe(host, handle)
     facts["version"] = probe.get("version")
+    facts["sim_profile"] = probe.get("sim_profile")  # a simulated engine, not vLLM
     res = host.run(
         f"set -a; . {shlex.quote(handle.run_dir + '/secrets.env')} 2>/dev/null; set +a; "
         f"{shlex.quote(handle.python)} -c {shlex.quote(_METRICS_PY)} {shlex.quote(handle.base_url)}",

@@ -49,6 +49,13 @@ if out["health"] == 200:
         out["version"] = data["version"]
     elif st is not None:
         out["version_error"] = "HTTP %s: %s" % (st, " ".join(txt.split())[:200] or "(empty body)")
+    st, txt = call("/sim/state")  # speedmatrix's simulated engine says so (vLLM: 404)
+    try:
+        sim = json.loads(txt) if st == 200 else None
+    except ValueError:
+        sim = None
+    if isinstance(sim, dict) and "sim_time" in sim:
+        out["sim_profile"] = str(sim.get("profile") or "unnamed")
     st, txt = call("/v1/models", auth=True)
     try:
         out["models"] = [m.get("id") for m in json.loads(txt).get("data", [])] if st == 200 else []

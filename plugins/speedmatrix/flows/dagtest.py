@@ -1,0 +1,118 @@
+"""dag.test() as `make demo` needs it: cells in the documented order, Ctrl-C that cleans up.
+
+Why: dag.test() (Airflow 3.3) runs the task instances it found ready in set order, so mapped
+cells ran in no fixed order (a later context's prefill found its prompt warm and was
+measured twice), and a Ctrl-C only failed the task it hit: the loop went on, or left it with
+the simulator running and the host leased. Within :func:`driving`, each task instance goes
+through :func:`_run_in_order`:
+
+- a `prefill` / `decode` cell waits (is put off to the loop's next pass) while a cell before
+  it in the run order (prefill's map indexes, then decode's: plan.task_cells) is scheduled;
+- after Ctrl-C (or SIGTERM) no task runs but the teardown `stop_server`: every other one is
+  marked upstream_failed, so the run ends, its server stopped and its lease released, and a
+  second Ctrl-C while that happens is put off. The demo then runs the teardown once more
+  (idempotent), in case the interrupt fell outside a task.
+
+`make demo` drives dag.test() within :func:`driving`; a bare `airflow dags test speed_matrix`
+gets the same rules from its `wait_for_host` task on (:func:`install_for_process`), and were the
+process killed outright, its lease names it as gone and the next run takes the host over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+CELL_TASKS = ("prefill", "decode")  # in run order (dags/speed_matrix.py, plan.task_cells)
+TEARDOWN = "stop_server"
+
+
+class Interrupt:
+    """Whether Ctrl-C was pressed during the run, and what to say when it is."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.pressed = False
+        self.say = say
+
+    def handler(self, signum: int, frame: object) -> None:
+        if self.pressed:
+            self.say("interrupt noted: the server is being stopped and the lease released")
+            return
+        self.pressed = True
+        self.say(
+            "interrupted: stopping the server and releasing the lease (Ctrl-C again: no effect)"
+        )
+        raise KeyboardInterrupt
+
+
+def _earlier_cell_scheduled(ti: Any) -> bool:
+    """Whether a cell before `ti` in the run order is scheduled in its DAG run."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+
+    mine = (CELL_TASKS.index(ti.task_id), ti.map_index)
+    with create_session() as session:
+        rows = (
+            session.query(TaskInstance.task_id, TaskInstance.map_index)
+            .filter(
+                TaskInstance.dag_id == ti.dag_id,
+                TaskInstance.run_id == ti.run_id,
+                TaskInstance.task_id.in_(CELL_TASKS),
+                TaskInstance.state == TaskInstanceState.SCHEDULED,
+            )
+            .all()
+        )
+    return any((CELL_TASKS.index(t), m) < mine for t, m in rows)
+
+
+_installed: list[Interrupt] = []
+_kept: list[Any] = []
+
+
+def install_for_process(say: Callable[[str], None] | None = None) -> bool:
+    """The rules above for the rest of this dag.test() process (`airflow dags test`), unless
+    the demo's :func:`driving` or an earlier call installed them. True when installed now."""
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return False
+    import logging
+
+    interrupt = Interrupt(say or logging.getLogger("speedmatrix.pipeline").warning)
+    rules = driving(interrupt)
+    rules.__enter__()  # never left: the process ends with the test
+    _kept.append(rules)  # (a context manager collected would leave, restoring Airflow's)
+    return True
+
+
+@contextlib.contextmanager
+def driving(interrupt: Interrupt) -> Iterator[None]:
+    """dag.test() with the order and the interrupt rules above, for the block's length."""
+    import airflow.sdk.definitions.dag as dag_module
+    from airflow.utils.state import TaskInstanceState
+
+    original = dag_module._run_task
+    _installed.append(interrupt)
+
+    def _run_in_order(*, ti: Any, task: Any, run_triggerer: bool = False) -> Any:
+        if interrupt.pressed and ti.task_id != TEARDOWN:
+            ti.set_state(TaskInstanceState.UPSTREAM_FAILED)
+            return None
+        if ti.task_id in CELL_TASKS and _earlier_cell_scheduled(ti):
+            return None  # stays scheduled: the loop's next pass runs it, after that cell
+        return original(ti=ti, task=task, run_triggerer=run_triggerer)
+
+    main = threading.current_thread() is threading.main_thread()
+    before = {}
+    if main:
+        before = {s: signal.signal(s, interrupt.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    dag_module._run_task = _run_in_order
+    try:
+        yield
+    finally:
+        _installed.remove(interrupt)
+        dag_module._run_task = original
+        for s, handler in before.items():
+            signal.signal(s, handler)

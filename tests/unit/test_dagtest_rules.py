@@ -1,0 +1,35 @@
+"""`airflow dags test speed_matrix` gets the demo's dag.test() rules from its wait_for_host
+task on (issue #34 items 6-7): installed once per process, never over the demo's own."""
+
+from __future__ import annotations
+
+import airflow.sdk.definitions.dag as dag_module
+
+from speedmatrix.flows import dagtest
+
+
+def test_the_rules_are_installed_once_and_never_over_the_demos(monkeypatch) -> None:
+    original = dag_module._run_task
+    said: list[str] = []
+    with dagtest.driving(dagtest.Interrupt(said.append)):
+        assert dag_module._run_task is not original
+        assert dagtest.install_for_process() is False  # the demo's rules stand
+    assert dag_module._run_task is original
+    monkeypatch.setattr(dagtest, "_installed", [])
+    monkeypatch.setattr(dag_module, "_run_task", original)
+    assert dagtest.install_for_process(said.append) is True
+    assert dag_module._run_task is not original
+    assert dagtest.install_for_process() is False
+    interrupt = dagtest._installed[0]
+    try:
+        interrupt.handler(2, None)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the first Ctrl-C interrupts the task it hits")
+    interrupt.handler(2, None)  # the second is put off: the teardown must finish
+    assert interrupt.pressed and len(said) == 2
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
