@@ -81,7 +81,7 @@ def assert_one_alert(alerts, *needles: str) -> str:
     body = html.unescape(alerts.mail_bodies()[0])  # the mail is HTML
     post = alerts.posts[0]
     assert post["content_type"].startswith("application/json")
-    text = post["json"]["text"]
+    text = html.unescape(post["json"]["text"])  # Slack's mrkdwn escapes & < > (issue #33)
     for needle in needles:
         assert needle in body and needle in text, (needle, text)
     assert mail["Subject"].startswith("[speedmatrix]")
