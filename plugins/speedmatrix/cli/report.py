@@ -116,11 +116,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from speedmatrix.cli.opening import open_existing_warehouse
     from speedmatrix.report.page import render_run_page
     from speedmatrix.report.render import render_markdown
-    from speedmatrix.store.warehouse import Warehouse
 
-    wh = Warehouse(args.warehouse)
+    wh = open_existing_warehouse(args.warehouse)
     try:
         if args.format == "html":
             # the pipeline's page: verdict first, against --baseline or the automatic one
