@@ -217,6 +217,26 @@ RUN_FIELDS: tuple[Field, ...] = (
 
 
 K = 1024
+
+MAX_QUANTITY = 10**15
+"""The largest number a page, a recipe or a record may hold (a token count, a rate, a time, a
+size): exact in a float (below 2**53) and inside Parquet's int64. A 400-digit number on a page
+was an OverflowError traceback, or landed as `inf` ("inf s" on the page: issue #33); every
+reading of a number checks this bound (`check_quantity`), so none of them can land."""
+
+
+def check_quantity(value: float, text: object) -> float:
+    """`value` (read from `text`) if it is finite and at most MAX_QUANTITY in size; else a
+    ValueError saying which, quoting the start of the text."""
+    shown = str(text).strip()
+    shown = repr(shown if len(shown) <= 40 else shown[:40] + "…")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"not finite: {shown}")
+    if abs(value) > MAX_QUANTITY:
+        raise ValueError(f"too large: {shown} (at most {MAX_QUANTITY:.0e})")
+    return value
+
+
 """Tokens per `K` in a context label: the published reports count in 1024s (8K = 8192)."""
 
 _CONTEXT_RE = re.compile(r"(\d+)\s*([kK]?)")
@@ -255,12 +275,15 @@ def parse_context(value: int | str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"not a token count: {value!r}")
     if isinstance(value, int):
+        check_quantity(value, value)
         return value
     text = str(value).strip().replace(",", "").replace("_", "")
     match = _CONTEXT_RE.fullmatch(text)
     if match is None:
         raise ValueError(f"not a token count: {value!r} (write 8192 or 8K)")
-    return int(match.group(1)) * (K if match.group(2) else 1)
+    tokens = int(match.group(1)) * (K if match.group(2) else 1)
+    check_quantity(tokens, value)
+    return tokens
 
 
 def cell_name(phase: str | None, context: int | str, concurrency: object) -> str:

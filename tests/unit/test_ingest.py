@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedmatrix.published.parse import parse_report
+from speedmatrix.published.parse import ReportParseError, parse_report
 from speedmatrix.store.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,3 +169,43 @@ def test_the_reference_page_ingests_clean(tmp_path):
     assert not (tmp_path / "_quarantine").exists()
     gx = wh.read_artifact(run_id, "validation/gx-results.json")
     assert b'"success": false' not in gx
+
+
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("- 4,096 tokens", f"- {HUGE} tokens"),  # Max output: was an OverflowError traceback
+        ("- 30 s", f"- {HUGE} s"),  # Time per measurement: landed as inf, "inf s" on the page
+        ("- 768 GB (8 × 96 GB)", f"- 768 GB (8 × {HUGE} GB)"),  # VRAM: landed as inf
+        ("- 768 GB (8 × 96 GB)", f"- 768 GB (8 × 1{'0' * 20} GB)"),  # finite, absurd
+        ("| 32K | 2 | Valid | 90.0 |", f"| 32K | 2 | Valid | {HUGE}.0 |"),
+        (
+            "| 32K | 2 | Valid | 90.0 | 44.6 | 589 ms |",
+            f"| 32K | 2 | Valid | 90.0 | 44.6 | {HUGE} ms |",
+        ),
+        ("| Sustained decode | 32K | 2 |", f"| Sustained decode | {HUGE}K | 2 |"),
+    ],
+)
+def test_infinite_or_absurd_numbers_are_refused_naming_the_line(old, new):
+    """Issue #33 item 2: a number on a page is finite and in range, or the page is refused
+    with the line that holds it (no traceback, nothing infinite landed)."""
+    text = REFERENCE.read_text(encoding="utf-8")
+    assert old in text
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if old in ln)
+    with pytest.raises(ReportParseError) as info:
+        parse_report(text.replace(old, new, 1), source="page.txt")
+    assert info.value.line == line, info.value
+    assert "too large" in str(info.value) or "not finite" in str(info.value)
+
+
+def test_ingest_of_an_overflowing_page_is_one_line(tmp_path):
+    page = tmp_path / "huge.txt"
+    text = REFERENCE.read_text(encoding="utf-8")
+    page.write_text(text.replace("- 4,096 tokens", f"- {HUGE} tokens"), encoding="utf-8")
+    result = speedmatrix("ingest", str(page), warehouse=tmp_path / "wh")
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{page}:44: " in result.stderr and "Traceback" not in result.stderr

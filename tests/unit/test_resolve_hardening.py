@@ -90,6 +90,11 @@ def test_resolve_takes_recipe_ids_only(outside_recipe, how):
         ({"recipe": CPU, "duration_s": float("nan")}, "duration_s"),
         ({"recipe": CPU, "max_output_tokens": 1}, "max_output_tokens"),
         ({"recipe": CPU, "max_output_tokens": 2.5}, "max_output_tokens"),
+        # absurd numbers (issue #33 item 2): refused here, not an overflow where they land
+        ({"recipe": CPU, "max_output_tokens": 10**400}, "max_output_tokens"),
+        ({"recipe": CPU, "contexts": [10**400]}, "contexts"),
+        ({"recipe": CPU, "prefill_contexts": ["9" * 400 + "K"]}, "prefill_contexts"),
+        ({"recipe": CPU, "concurrencies": [10**400]}, "concurrencies"),
         ({"recipe": CPU, "prompt_mode": "weird"}, "prompt_mode"),
         ({"recipe": CPU, "workload": "recite"}, "workload"),
         ({"recipe": CPU, "repeats": 11}, "repeats"),
