@@ -13,7 +13,7 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 METRIC_VERSION = 2
 """Bumped whenever the way a figure is measured changes, so trends never mix definitions.
@@ -339,6 +339,30 @@ def cell_sort_key(cell: Mapping[str, object] | Sequence[object]) -> tuple[int, i
     else:
         tokens = parse_context(context) if isinstance(context, str) else int(context)  # type: ignore[call-overload]
     return _PHASE_RANK.get(str(phase), 2), tokens, int(conc or 0)  # type: ignore[call-overload]
+
+
+COMPARABILITY_FIELDS: tuple[str, ...] = ("metric_version", "workload")
+"""What two cells must share for their figures to be compared at all: the metric's definition
+and the decode workload (an article and a continuation measure different things on a
+speculative decoder, docs/measurement.md rule 11). The one rule of what may be compared, for
+verdicts, trends, the site and bisection alike (issue #33); extend it here."""
+
+
+def _same_value(a: object, b: object) -> bool:
+    # a warehouse read gives NaN where a field is empty: two empties are the same
+    def empty(v: object) -> bool:
+        return v is None or (isinstance(v, float) and v != v)
+
+    return (empty(a) and empty(b)) or a == b
+
+
+def not_comparable_reason(cell: Mapping[str, Any], baseline: Mapping[str, Any]) -> str | None:
+    """Why `cell`'s figures may not be judged against `baseline`'s ("metric_version 1 -> 2"),
+    or None when they may (COMPARABILITY_FIELDS all equal)."""
+    for name in COMPARABILITY_FIELDS:
+        if not _same_value(cell.get(name), baseline.get(name)):
+            return f"{name} {baseline.get(name)} -> {cell.get(name)}"
+    return None
 
 
 def empty_cell(**values: object) -> CellRecord:

@@ -46,6 +46,8 @@ from typing import Any
 
 import pandas as pd
 
+from speedmatrix.records import COMPARABILITY_FIELDS
+
 log = logging.getLogger("speedmatrix.site")
 
 MANIFEST = "_site.json"
@@ -81,6 +83,7 @@ CELL_COLUMNS = (
     "concurrency",
     "status",
     "total_tok_s",
+    *COMPARABILITY_FIELDS,  # the trends apply the verdicts' rule of what may be compared
 )
 COMPARISON_COLUMNS = (
     "run_id",
