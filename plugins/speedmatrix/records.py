@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
@@ -339,6 +340,39 @@ def cell_sort_key(cell: Mapping[str, object] | Sequence[object]) -> tuple[int, i
     else:
         tokens = parse_context(context) if isinstance(context, str) else int(context)  # type: ignore[call-overload]
     return _PHASE_RANK.get(str(phase), 2), tokens, int(conc or 0)  # type: ignore[call-overload]
+
+
+PATH_FIELDS: tuple[str, ...] = ("run_id", "recipe_id", "engine_ref", "host", "served_model")
+"""The values that become part of a file or directory name: the warehouse's partitions
+(recipe_id=…), data files (<date>_<run_id>.parquet), a run's artifacts/<run_id>/, the env
+directory (the ref's slug) and the lease and server records on a host, an ingested page's
+recipe id (published/<gpu>/<served model>)."""
+
+MAX_PATH_VALUE = 150
+"""The longest a PATH_FIELDS value may be, counted as it is written into a name: UTF-8, with
+every byte but letters, digits and `-_.~` percent-encoded (three bytes each), the most any of
+our encodings takes. A name holds one value and at most ~45 bytes of its own (`recipe_id=`,
+a date, `.parquet`, a temporary suffix), so it stays inside NAME_MAX (255 bytes). A value past
+this filled the landing with ENAMETOOLONG after the whole matrix was measured (issue #33):
+every entry point (resolve, so the DAG and `speedmatrix run`; `speedmatrix ingest`) checks it
+first with :func:`path_field_problems`."""
+
+
+def path_field_problems(values: Mapping[str, Any]) -> list[str]:
+    """One line per PATH_FIELDS value in `values` that is too long for a file name, naming the
+    field, its length and the limit; [] when every one fits (absent / None ones are skipped)."""
+    out = []
+    for name in PATH_FIELDS:
+        value = values.get(name)
+        if value is None:
+            continue
+        written = len(urllib.parse.quote(str(value), safe="-_.~"))
+        if written > MAX_PATH_VALUE:
+            out.append(
+                f"{name} is too long to be part of a file name: {len(str(value))} characters "
+                f"({written} once written into a name; the limit is {MAX_PATH_VALUE})"
+            )
+    return out
 
 
 COMPARABILITY_FIELDS: tuple[str, ...] = ("metric_version", "workload")

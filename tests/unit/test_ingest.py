@@ -209,3 +209,27 @@ def test_ingest_of_an_overflowing_page_is_one_line(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert f"{page}:44: " in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_name_too_long_for_a_file_is_refused_before_anything_lands(tmp_path):
+    """Issue #33 item 1: a page whose served model is 300 characters long wrote the landing's
+    commit record, then failed with ENAMETOOLONG, and every later landing failed too. Now
+    the page is refused first (records.path_field_problems), naming the field and the limit;
+    nothing of it lands, and the warehouse takes the next page."""
+    from speedmatrix.records import MAX_PATH_VALUE
+
+    long_model = "M" * 300
+    page = tmp_path / "long.txt"
+    text = REFERENCE.read_text(encoding="utf-8").replace("Kimi-K2.7-Code-NVFP4", long_model)
+    page.write_text(text, encoding="utf-8")
+    wh_root = tmp_path / "wh"
+    for extra in ([], ["--recipe-id", "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"]):
+        result = speedmatrix("ingest", str(page), *extra, warehouse=wh_root)
+        assert result.returncode == 2 and result.stdout == "", result.stderr
+        err = result.stderr.strip()
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith(f"speedmatrix ingest: {page}: ")
+        assert "served_model is too long" in err and f"the limit is {MAX_PATH_VALUE}" in err
+        assert not wh_root.exists() or parquet_files(wh_root) == []
+    ok = speedmatrix("ingest", str(REFERENCE), warehouse=wh_root)
+    assert ok.returncode == 0, ok.stderr

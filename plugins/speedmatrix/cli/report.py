@@ -71,6 +71,7 @@ def _cli_error(message: str) -> Exception:
 def cmd_ingest(args: argparse.Namespace) -> int:
     from speedmatrix.published.parse import parse_report
     from speedmatrix.quality import check_for_landing
+    from speedmatrix.records import path_field_problems
     from speedmatrix.store.warehouse import Warehouse
 
     parsed = []
@@ -89,6 +90,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             report.run_id = content_run_id(report.run, report.cells)
             report.run["run_id"] = report.run_id
         report.run["source"] = os.path.basename(path)
+        # every value that becomes part of a file name fits one, before anything lands (a
+        # 300-character served model failed the landing and stopped every later one: #33)
+        if problems := path_field_problems(report.run):
+            raise _cli_error(f"{path}: {'; '.join(problems)}")
         parsed.append((path, text, report))
     wh = Warehouse(args.warehouse)
     # The same Great Expectations suites as a measured run's, before anything lands: a page's
