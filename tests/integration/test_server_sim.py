@@ -18,6 +18,7 @@ from pathlib import Path
 
 import processes
 import pytest
+import requests
 from processes import running
 
 from speedmatrix.engine.hosts import get_host
@@ -111,13 +112,23 @@ def test_recipe_value_with_shell_metacharacters_is_one_literal_argument(local, s
     shutil.copy(REPO_ROOT / "include/sim-profiles/kimi-k2.7-nvfp4-rtxpro6k-x8.yaml", profile)
     command = tuple(str(profile) if "sim-profiles" in t else t for t in recipe.serve.command)
     weird = _with_serve(recipe, command=command)
-    handle = start_server(weird, prov, local, port=_free_port(), api_key=KEY)
+    port = _free_port()
+    handle = start_server(weird, prov, local, port=port, api_key=KEY)
     try:
         assert handle.ready_s is not None  # the key and the path arrived intact
         with open(f"/proc/{handle.pid}/cmdline", "rb") as fh:
             argv = [a.decode() for a in fh.read().split(b"\0")[:-1]]
         assert argv[argv.index("--profile") + 1] == str(profile)  # one argument, literal
-        assert argv[argv.index("--api-key") + 1] == KEY
+        # the key reaches the simulator through its environment, as vLLM's does: in no
+        # process's command line (issue #33 item 13), and it is enforced
+        for pid in group_pids(local, handle.pid):
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                assert KEY.encode() not in fh.read(), pid
+        assert "--api-key" not in argv
+        url = f"http://127.0.0.1:{port}/v1/models"
+        assert requests.get(url, timeout=5).status_code == 401
+        auth = {"Authorization": f"Bearer {KEY}"}
+        assert requests.get(url, headers=auth, timeout=5).status_code == 200
     finally:
         stop_server(handle, host=local)
     assert not (tmp_path / "PWNED").exists()
