@@ -635,6 +635,8 @@ def load_recipe(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise RecipeError([f"{where}: (yaml): {str(exc).splitlines()[0]}"]) from None
+    except RecursionError:  # a 100,000-deep nested list: one problem, not a traceback (#33)
+        raise RecipeError([f"{where}: (yaml): nested too deeply to be a recipe"]) from None
     if not isinstance(data, dict):
         raise RecipeError([f"{where}: (top level): expected a mapping, got {type(data).__name__}"])
     for reserved in ("id", "path"):
@@ -643,6 +645,8 @@ def load_recipe(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -
     data = {**data, "id": recipe_id_for(path), "path": where}
     try:
         recipe = Recipe.model_validate(data)
+    except RecursionError:
+        raise RecipeError([f"{where}: (top level): nested too deeply to be a recipe"]) from None
     except ValidationError as exc:
         problems = []
         for err in exc.errors():

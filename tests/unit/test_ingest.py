@@ -233,3 +233,33 @@ def test_a_name_too_long_for_a_file_is_refused_before_anything_lands(tmp_path):
         assert not wh_root.exists() or parquet_files(wh_root) == []
     ok = speedmatrix("ingest", str(REFERENCE), warehouse=wh_root)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_a_disk_that_fills_during_validation_is_one_line_and_leaves_nothing(tmp_path):
+    """Issue #33 item 14: a write that fails in validation (ENOSPC) gave a raw traceback and
+    left 0-byte `gx-results.json.tmp-*` files. Here the write fails as on a full disk, through
+    the process's file-size limit (RLIMIT_FSIZE: EFBIG from the same write, no root needed)."""
+    import resource
+    import signal
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    wh_root = tmp_path / "wh"
+    env = dict(os.environ, SPEEDMATRIX_WAREHOUSE=str(wh_root))
+    result = subprocess.run(
+        [sys.executable, "-m", "speedmatrix", "ingest", str(REFERENCE)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        preexec_fn=small_files,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("speedmatrix ingest: ") and "too large" in err.lower()
+    left = [p for p in wh_root.rglob("*") if p.is_file()]
+    assert not [p for p in left if ".tmp-" in p.name], left
+    assert parquet_files(wh_root) == []

@@ -301,3 +301,20 @@ def test_endless_responses_end_the_request_with_a_bounded_buffer(
     assert "not read further" in req.error or "malformed" in req.error or "longer" in req.error
     assert largest <= stream_mod.MAX_BUFFERED
     assert fed <= stream_mod.MAX_BUFFERED // 65536 + 2
+
+
+def test_a_deeply_nested_stream_chunk_fails_the_request_not_the_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #33 item 14, the load generator's side: a server's chunk nested 100,000 deep is
+    a RecursionError for the stdlib's json (the zipapp's parser where orjson is absent)."""
+    monkeypatch.setattr(stream_mod, "_loads", json.loads)
+    deep = b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n"
+    req = run_feed([(0.1, HEAD + chunked(deep))], 10, monkeypatch=monkeypatch)
+    assert req.error is not None and req.error.startswith("unparseable stream chunk"), req.error
+    body = b"[" * 50_000
+    bad = b"HTTP/1.1 500 Oops\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    req = run_feed([(0.1, bad)], 10, monkeypatch=monkeypatch)
+    assert req.error is not None and req.error.startswith("HTTP 500: [[["), req.error
+    req = run_feed([(0.1, HEAD + chunked(b"data: [1]\n\n"))], 10, monkeypatch=monkeypatch)
+    assert req.error is not None and req.error.startswith("unparseable stream chunk"), req.error

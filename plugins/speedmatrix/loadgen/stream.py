@@ -421,7 +421,9 @@ class StreamConnection(asyncio.Protocol):
             return
         try:
             obj = _loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+            obj = None
+        if not isinstance(obj, dict):
             self._fail(f"unparseable stream chunk {payload[:80]!r}")
             return
         usage = obj.get("usage")
@@ -518,7 +520,7 @@ def _error_message(body: bytes) -> str:
     text = body.decode("utf-8", "replace").strip()
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return " ".join(text.split())[:200] or "(empty body)"
     if isinstance(obj, dict):
         err = obj.get("error", obj)
