@@ -562,6 +562,25 @@ def test_an_undefined_symbol_in_a_dead_process_is_its_diagnosis(local, tmp_path)
     assert err.diagnosis.code == "undefined_symbol"
 
 
+def _path_without(tmp_path: Path, program: str) -> str:
+    """$PATH with `program` hidden: a directory that holds it is replaced by a directory of
+    links to everything else in it."""
+    dirs = []
+    for i, d in enumerate(os.environ["PATH"].split(os.pathsep)):
+        if not os.path.exists(os.path.join(d, program)):
+            dirs.append(d)
+            continue
+        mirror = tmp_path / f"path-without-{i}"
+        mirror.mkdir()
+        for entry in os.scandir(d):
+            if entry.name != program:
+                (mirror / entry.name).symlink_to(entry.path)
+        dirs.append(str(mirror))
+    hidden = os.pathsep.join(dirs)
+    assert shutil.which(program, path=hidden) is None
+    return hidden
+
+
 def test_a_busy_gpu_refuses_the_start(tmp_path, log_messages):
     """Before a server starts, nvidia-smi is asked for the GPUs' compute processes: any (none
     of this run can exist yet) refuses the start, naming them, and nothing is launched. A host
@@ -578,9 +597,11 @@ def test_a_busy_gpu_refuses_the_start(tmp_path, log_messages):
     assert "PID 31337 (/opt/other-team/bin/python3, 80211 MiB)" in str(exc.value)
     assert not list(tmp_path.glob(".speedmatrix/servers/*/pid"))  # nothing launched
 
-    if shutil.which("nvidia-smi"):
-        return  # a real GPU host: the absent case cannot be shown here
-    bare = get_host("local", env={"HOME": str(tmp_path)})
+    # the absent case, on any host: a PATH without nvidia-smi (a GPU host's own is hidden, not
+    # skipped: a bare `return` here dropped this half on a host with nvidia-smi, issue #33)
+    bare = get_host(
+        "local", env={"HOME": str(tmp_path), "PATH": _path_without(tmp_path, "nvidia-smi")}
+    )
     with log_messages("speedmatrix.server") as msgs:
         handle = start_server(
             recipe, _standin_prov(), bare, port=_free_port(), api_key="k", wait=False
