@@ -342,6 +342,12 @@ def cell_sort_key(cell: Mapping[str, object] | Sequence[object]) -> tuple[int, i
     return _PHASE_RANK.get(str(phase), 2), tokens, int(conc or 0)  # type: ignore[call-overload]
 
 
+WARM_PREFILL = "prompt was not cold"
+"""The reason code of a prefill cell measured on a prompt the prefix cache already held: the
+start of its reason in the cell's error (loadgen.prefill writes it), which flows.matrix reads to
+measure the cell again with a fresh prompt. One constant for both sides, so a rewording
+changes both (it was English text matched by hand: issue #33)."""
+
 PATH_FIELDS: tuple[str, ...] = ("run_id", "recipe_id", "engine_ref", "host", "served_model")
 """The values that become part of a file or directory name: the warehouse's partitions
 (recipe_id=…), data files (<date>_<run_id>.parquet), a run's artifacts/<run_id>/, the env
