@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from speedmatrix.plan import MatrixSpec, PlanError, fits_model, repeat_keys
-from speedmatrix.records import parse_context
+from speedmatrix.records import check_quantity, parse_context
 from speedmatrix.redact import REDACTED, SECRET_FLAGS, is_secret_name, looks_like_secret
 
 # vLLM's per-commit wheel index, and the variable a deployment sets to redirect every recipe
@@ -99,7 +99,17 @@ def ref_slug(ref: str) -> str:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no inf/nan, and no number past records.MAX_QUANTITY (a 400-digit count overflowed
+    # int64 where it landed): the same bound as a page's numbers (issue #33)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _bounded_numbers(cls, v: Any) -> Any:
+        for x in v if isinstance(v, tuple | list) else (v,):
+            if isinstance(x, int | float) and not isinstance(x, bool):
+                check_quantity(x, x)
+        return v
 
 
 class Hardware(_Strict):
@@ -625,6 +635,8 @@ def load_recipe(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise RecipeError([f"{where}: (yaml): {str(exc).splitlines()[0]}"]) from None
+    except RecursionError:  # a 100,000-deep nested list: one problem, not a traceback (#33)
+        raise RecipeError([f"{where}: (yaml): nested too deeply to be a recipe"]) from None
     if not isinstance(data, dict):
         raise RecipeError([f"{where}: (top level): expected a mapping, got {type(data).__name__}"])
     for reserved in ("id", "path"):
@@ -633,6 +645,8 @@ def load_recipe(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -
     data = {**data, "id": recipe_id_for(path), "path": where}
     try:
         recipe = Recipe.model_validate(data)
+    except RecursionError:
+        raise RecipeError([f"{where}: (top level): nested too deeply to be a recipe"]) from None
     except ValidationError as exc:
         problems = []
         for err in exc.errors():

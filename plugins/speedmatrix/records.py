@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 METRIC_VERSION = 2
 """Bumped whenever the way a figure is measured changes, so trends never mix definitions.
@@ -223,6 +224,26 @@ RUN_FIELDS: tuple[Field, ...] = (
 
 
 K = 1024
+
+MAX_QUANTITY = 10**15
+"""The largest number a page, a recipe or a record may hold (a token count, a rate, a time, a
+size): exact in a float (below 2**53) and inside Parquet's int64. A 400-digit number on a page
+was an OverflowError traceback, or landed as `inf` ("inf s" on the page: issue #33); every
+reading of a number checks this bound (`check_quantity`), so none of them can land."""
+
+
+def check_quantity(value: float, text: object) -> float:
+    """`value` (read from `text`) if it is finite and at most MAX_QUANTITY in size; else a
+    ValueError saying which, quoting the start of the text."""
+    shown = str(text).strip()
+    shown = repr(shown if len(shown) <= 40 else shown[:40] + "…")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"not finite: {shown}")
+    if abs(value) > MAX_QUANTITY:
+        raise ValueError(f"too large: {shown} (at most {MAX_QUANTITY:.0e})")
+    return value
+
+
 """Tokens per `K` in a context label: the published reports count in 1024s (8K = 8192)."""
 
 _CONTEXT_RE = re.compile(r"(\d+)\s*([kK]?)")
@@ -261,12 +282,15 @@ def parse_context(value: int | str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"not a token count: {value!r}")
     if isinstance(value, int):
+        check_quantity(value, value)
         return value
     text = str(value).strip().replace(",", "").replace("_", "")
     match = _CONTEXT_RE.fullmatch(text)
     if match is None:
         raise ValueError(f"not a token count: {value!r} (write 8192 or 8K)")
-    return int(match.group(1)) * (K if match.group(2) else 1)
+    tokens = int(match.group(1)) * (K if match.group(2) else 1)
+    check_quantity(tokens, value)
+    return tokens
 
 
 # A list written as text, where a form or a flag gives one field for many values:
@@ -341,6 +365,69 @@ def cell_sort_key(cell: Mapping[str, object] | Sequence[object]) -> tuple[int, i
     else:
         tokens = parse_context(context) if isinstance(context, str) else int(context)  # type: ignore[call-overload]
     return _PHASE_RANK.get(str(phase), 2), tokens, int(conc or 0)  # type: ignore[call-overload]
+
+
+WARM_PREFILL = "prompt was not cold"
+"""The reason code of a prefill cell measured on a prompt the prefix cache already held: the
+start of its reason in the cell's error (loadgen.prefill writes it), which flows.matrix reads to
+measure the cell again with a fresh prompt. One constant for both sides, so a rewording
+changes both (it was English text matched by hand: issue #33)."""
+
+PATH_FIELDS: tuple[str, ...] = ("run_id", "recipe_id", "engine_ref", "host", "served_model")
+"""The values that become part of a file or directory name: the warehouse's partitions
+(recipe_id=…), data files (<date>_<run_id>.parquet), a run's artifacts/<run_id>/, the env
+directory (the ref's slug) and the lease and server records on a host, an ingested page's
+recipe id (published/<gpu>/<served model>)."""
+
+MAX_PATH_VALUE = 150
+"""The longest a PATH_FIELDS value may be, counted as it is written into a name: UTF-8, with
+every byte but letters, digits and `-_.~` percent-encoded (three bytes each), the most any of
+our encodings takes. A name holds one value and at most ~45 bytes of its own (`recipe_id=`,
+a date, `.parquet`, a temporary suffix), so it stays inside NAME_MAX (255 bytes). A value past
+this filled the landing with ENAMETOOLONG after the whole matrix was measured (issue #33):
+every entry point (resolve, so the DAG and `speedmatrix run`; `speedmatrix ingest`) checks it
+first with :func:`path_field_problems`."""
+
+
+def path_field_problems(values: Mapping[str, Any]) -> list[str]:
+    """One line per PATH_FIELDS value in `values` that is too long for a file name, naming the
+    field, its length and the limit; [] when every one fits (absent / None ones are skipped)."""
+    out = []
+    for name in PATH_FIELDS:
+        value = values.get(name)
+        if value is None:
+            continue
+        written = len(urllib.parse.quote(str(value), safe="-_.~"))
+        if written > MAX_PATH_VALUE:
+            out.append(
+                f"{name} is too long to be part of a file name: {len(str(value))} characters "
+                f"({written} once written into a name; the limit is {MAX_PATH_VALUE})"
+            )
+    return out
+
+
+COMPARABILITY_FIELDS: tuple[str, ...] = ("metric_version", "workload")
+"""What two cells must share for their figures to be compared at all: the metric's definition
+and the decode workload (an article and a continuation measure different things on a
+speculative decoder, docs/measurement.md rule 11). The one rule of what may be compared, for
+verdicts, trends, the site and bisection alike (issue #33); extend it here."""
+
+
+def _same_value(a: object, b: object) -> bool:
+    # a warehouse read gives NaN where a field is empty: two empties are the same
+    def empty(v: object) -> bool:
+        return v is None or (isinstance(v, float) and v != v)
+
+    return (empty(a) and empty(b)) or a == b
+
+
+def not_comparable_reason(cell: Mapping[str, Any], baseline: Mapping[str, Any]) -> str | None:
+    """Why `cell`'s figures may not be judged against `baseline`'s ("metric_version 1 -> 2"),
+    or None when they may (COMPARABILITY_FIELDS all equal)."""
+    for name in COMPARABILITY_FIELDS:
+        if not _same_value(cell.get(name), baseline.get(name)):
+            return f"{name} {baseline.get(name)} -> {cell.get(name)}"
+    return None
 
 
 def empty_cell(**values: object) -> CellRecord:

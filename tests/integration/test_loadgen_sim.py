@@ -356,6 +356,28 @@ def test_a_repeated_prefill_cell_is_cold(wide_profile: Path) -> None:
         assert cell["prefix_cache_hit_rate"] == 0.0, cell
 
 
+def test_a_prefill_measured_on_a_cached_prompt_is_the_warm_prefill_the_pipeline_retries(
+    wide_profile: Path,
+) -> None:
+    """A prefill cell measured twice with one run tag finds its prompt cached the second time:
+    the load generator marks it with records.WARM_PREFILL, and that real record is what the
+    pipeline measures again cold (matrix._warm_prefill); the first is not (issue #33)."""
+    from speedmatrix.flows import matrix
+    from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
+    from speedmatrix.records import WARM_PREFILL
+
+    spec = MatrixSpec.build(
+        prefill_contexts=[8192], contexts=[], concurrencies=[], max_output_tokens=64, window_s=1
+    )
+    cell = plan_matrix(spec, KvCapacity(80_000, 16)).prefill[0]
+    resolved = {"host": "local", "served_model": "sim-specdec", "run_tag": "warm1test"}
+    with sim(wide_profile) as url:
+        cold, warm = (matrix.measure(resolved, {"base_url": url}, cell)[0] for _ in range(2))
+    assert cold["status"] == "valid" and not matrix._warm_prefill(cold), cold["error"]
+    assert warm["status"] == "invalid" and warm["error"].startswith(WARM_PREFILL), warm["error"]
+    assert matrix._warm_prefill(warm)
+
+
 def test_decode_cells_of_a_context_reuse_its_prompts_so_warm_up_is_small(
     wide_profile: Path,
 ) -> None:

@@ -218,6 +218,32 @@ def _provision_scripts(host, recipe: Recipe, kind: str, ref: str) -> list[str]:
     return [plan.script]
 
 
+def _host_processes(tmp: Path) -> list[int]:
+    """The live processes started by this test's host commands, whatever their group or
+    session: the ones whose environment holds the `stubbed` host's STUB_LOG (unique per test).
+    A zombie's environment reads empty: it runs nothing more."""
+    marker = b"\0STUB_LOG=" + str(tmp / "argv.log").encode() + b"\0"
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                env = b"\0" + Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            if marker in env:
+                found.append(int(entry))
+    return found
+
+
+def _wait_for_no_host_processes(tmp: Path, timeout_s: float) -> list[int]:
+    """Wait (polling /proc) until no process of this test's host commands is left; returns
+    those still there at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _host_processes(tmp)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 @pytest.mark.parametrize("payload", list(PAYLOADS))
 def test_no_recipe_value_runs_on_the_host(stubbed, payload, monkeypatch):
     host, tmp = stubbed
@@ -266,7 +292,11 @@ def test_no_recipe_value_runs_on_the_host(stubbed, payload, monkeypatch):
         wait_ready(handle, 5, host=host, poll_s=0.2)
     inspect_server(handle, host=host)
     stop_server(handle, host=host, grace_s=1, gpu_wait_s=0)
-    time.sleep(0.5)  # background deletes of the provisioning have ended
+    # every process the host commands started (setsid'ed attempts, background deletes, the
+    # server) has ended before the canary is looked for: a late one could still run a value
+    # (a fixed 0.5 s sleep let one through, issue #33)
+    left = _wait_for_no_host_processes(tmp, 60)
+    assert left == [], f"host processes still running after 60 s: {left}"
     assert not canary.exists(), f"the server's scripts ran a recipe value: {payload}"
     assert not (tmp / "CANARY_HOME").exists(), "a script ran the host_home"
 

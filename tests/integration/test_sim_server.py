@@ -511,12 +511,27 @@ def test_faults_500_short_output_disconnect_queue_and_dead_engine():
         assert dead.status_code == 500 and dead.json()["error"]["type"] == "EngineDeadError"
         # A whole (non-streamed) response still waiting when the engine dies gets a 500 too.
         url.call(lambda s: s.set_faults({}))
+        # The engine dies once the server says the request is running (not after a fixed
+        # sleep, which did not prove the request was there yet: issue #33).
         with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(post, url, "/v1/completions", body(max_tokens=1000))
-            time.sleep(0.3)
+            late_id = {"X-Request-Id": "late"}
+            waiting = pool.submit(
+                post, url, "/v1/completions", body(max_tokens=1000), headers=late_id
+            )
+            deadline = time.time() + 10
+            seen = None
+            while time.time() < deadline and not waiting.done():
+                got = requests.get(url + "/sim/requests/cmpl-late", timeout=5)
+                seen = got.json().get("state") if got.status_code == 200 else None
+                if seen == "running":
+                    break
+                time.sleep(0.02)
+            assert seen == "running", seen
             url.call(lambda s: s.set_faults({"engine_dead": True}))
             late = waiting.result(timeout=20)
         assert late.status_code == 500 and late.json()["error"]["type"] == "EngineDeadError"
+        gt = requests.get(url + "/sim/requests/cmpl-late", timeout=5).json()
+        assert gt["output_tokens"] < 1000, gt  # it was cut by the engine's death
 
 
 def test_spec_decode_chunks_carry_several_tokens():

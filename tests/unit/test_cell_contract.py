@@ -27,6 +27,7 @@ from speedmatrix.records import (
     CELL_FIELDS,
     REQUEST_FIELDS,
     RUN_FIELDS,
+    WARM_PREFILL,
     CellRecord,
     empty_cell,
     from_wire,
@@ -275,9 +276,9 @@ def test_a_prefill_found_warm_is_measured_again_cold(tmp_path, monkeypatch):
     again with a prompt of its own (another run tag) and records that cold measurement."""
     r = resolve(tmp_path, contexts=["8K"], concurrencies=[1])
     planned = matrix.plan(r, INFO)["prefill"][0]
-    warm = prefill(
-        status="invalid", error="prompt was not cold: 896 tokens came from the prefix cache"
-    )
+    # the reason code loadgen writes (records.WARM_PREFILL), not English written here: the
+    # simulator's own warm prefill is tests/integration/test_loadgen_sim.py's
+    warm = prefill(status="invalid", error=f"{WARM_PREFILL}: 896 tokens came from the prefix cache")
     cold = prefill(started_at=WHEN)
     tags = []
 
@@ -360,8 +361,19 @@ def wh(tmp_path):
 
 
 def _hand_on(wh, run_id):
-    """What `land` does once the run has landed (matrix.land's last step)."""
-    handoff.hand_on_comparison(wh, run_id, handoff.compare_run(wh, run_id))
+    """`land` itself (matrix.land, not a copy of its last step: issue #33) on the run as
+    `validate` hands it over: it lands the run again (replacing it) and hands its comparison
+    on."""
+    run, cells, requests = wh.read_run(run_id)
+    validated = {
+        "run": to_wire(run, RUN_FIELDS),
+        "cells": [to_wire(c) for c in cells],
+        "requests": [to_wire(r, REQUEST_FIELDS) for r in requests],
+        "repeats": [],
+        "quarantined": [],
+    }
+    out = matrix.land({"run_id": run_id, "warehouse": wh.root}, validated)
+    assert out["run_id"] == run_id and out["cells"] == len(cells)
 
 
 def test_the_comparison_is_made_once_by_land_and_shown_and_judged_after(wh, monkeypatch):

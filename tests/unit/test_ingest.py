@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedmatrix.published.parse import parse_report
+from speedmatrix.published.parse import ReportParseError, parse_report
 from speedmatrix.store.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,3 +169,97 @@ def test_the_reference_page_ingests_clean(tmp_path):
     assert not (tmp_path / "_quarantine").exists()
     gx = wh.read_artifact(run_id, "validation/gx-results.json")
     assert b'"success": false' not in gx
+
+
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("- 4,096 tokens", f"- {HUGE} tokens"),  # Max output: was an OverflowError traceback
+        ("- 30 s", f"- {HUGE} s"),  # Time per measurement: landed as inf, "inf s" on the page
+        ("- 768 GB (8 × 96 GB)", f"- 768 GB (8 × {HUGE} GB)"),  # VRAM: landed as inf
+        ("- 768 GB (8 × 96 GB)", f"- 768 GB (8 × 1{'0' * 20} GB)"),  # finite, absurd
+        ("| 32K | 2 | Valid | 90.0 |", f"| 32K | 2 | Valid | {HUGE}.0 |"),
+        (
+            "| 32K | 2 | Valid | 90.0 | 44.6 | 589 ms |",
+            f"| 32K | 2 | Valid | 90.0 | 44.6 | {HUGE} ms |",
+        ),
+        ("| Sustained decode | 32K | 2 |", f"| Sustained decode | {HUGE}K | 2 |"),
+    ],
+)
+def test_infinite_or_absurd_numbers_are_refused_naming_the_line(old, new):
+    """Issue #33 item 2: a number on a page is finite and in range, or the page is refused
+    with the line that holds it (no traceback, nothing infinite landed)."""
+    text = REFERENCE.read_text(encoding="utf-8")
+    assert old in text
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if old in ln)
+    with pytest.raises(ReportParseError) as info:
+        parse_report(text.replace(old, new, 1), source="page.txt")
+    assert info.value.line == line, info.value
+    assert "too large" in str(info.value) or "not finite" in str(info.value)
+
+
+def test_ingest_of_an_overflowing_page_is_one_line(tmp_path):
+    page = tmp_path / "huge.txt"
+    text = REFERENCE.read_text(encoding="utf-8")
+    page.write_text(text.replace("- 4,096 tokens", f"- {HUGE} tokens"), encoding="utf-8")
+    result = speedmatrix("ingest", str(page), warehouse=tmp_path / "wh")
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{page}:44: " in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_name_too_long_for_a_file_is_refused_before_anything_lands(tmp_path):
+    """Issue #33 item 1: a page whose served model is 300 characters long wrote the landing's
+    commit record, then failed with ENAMETOOLONG, and every later landing failed too. Now
+    the page is refused first (records.path_field_problems), naming the field and the limit;
+    nothing of it lands, and the warehouse takes the next page."""
+    from speedmatrix.records import MAX_PATH_VALUE
+
+    long_model = "M" * 300
+    page = tmp_path / "long.txt"
+    text = REFERENCE.read_text(encoding="utf-8").replace("Kimi-K2.7-Code-NVFP4", long_model)
+    page.write_text(text, encoding="utf-8")
+    wh_root = tmp_path / "wh"
+    for extra in ([], ["--recipe-id", "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"]):
+        result = speedmatrix("ingest", str(page), *extra, warehouse=wh_root)
+        assert result.returncode == 2 and result.stdout == "", result.stderr
+        err = result.stderr.strip()
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith(f"speedmatrix ingest: {page}: ")
+        assert "served_model is too long" in err and f"the limit is {MAX_PATH_VALUE}" in err
+        assert not wh_root.exists() or parquet_files(wh_root) == []
+    ok = speedmatrix("ingest", str(REFERENCE), warehouse=wh_root)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_disk_that_fills_during_validation_is_one_line_and_leaves_nothing(tmp_path):
+    """Issue #33 item 14: a write that fails in validation (ENOSPC) gave a raw traceback and
+    left 0-byte `gx-results.json.tmp-*` files. Here the write fails as on a full disk, through
+    the process's file-size limit (RLIMIT_FSIZE: EFBIG from the same write, no root needed)."""
+    import resource
+    import signal
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    wh_root = tmp_path / "wh"
+    env = dict(os.environ, SPEEDMATRIX_WAREHOUSE=str(wh_root))
+    result = subprocess.run(
+        [sys.executable, "-m", "speedmatrix", "ingest", str(REFERENCE)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        preexec_fn=small_files,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("speedmatrix ingest: ") and "too large" in err.lower()
+    left = [p for p in wh_root.rglob("*") if p.is_file()]
+    assert not [p for p in left if ".tmp-" in p.name], left
+    assert parquet_files(wh_root) == []

@@ -19,8 +19,124 @@ def lease_dir(tmp_path: Path) -> str:
     return str(tmp_path / "lease")
 
 
-def lease(holder: str, lease_dir: str, ttl: float = 60) -> HostLease:
-    return HostLease(get_host("local"), holder, ttl_s=ttl, lease_dir=lease_dir)
+def lease(holder: str, lease_dir: str, ttl: float = 60, host=None) -> HostLease:
+    return HostLease(host or get_host("local"), holder, ttl_s=ttl, lease_dir=lease_dir)
+
+
+_FAKE_DATE = """#!/bin/sh
+# the host's clock, as the lease script reads it: seconds in $SM_TEST_CLOCK (the test moves it)
+c=$(cat "$SM_TEST_CLOCK")
+case "$1" in
+  +%s) awk -v c="$c" 'BEGIN { printf "%d\\n", c }' ;;
+  +%s%N) awk -v c="$c" 'BEGIN { printf "%.0f\\n", c * 1e9 }' ;;
+  *) exec {real} "$@" ;;
+esac
+"""
+
+
+class HostClock:
+    """The local host's clock, injected: a `date` first on the host's PATH that reads the time
+    from a file, so expiry is decided by the test's clock, not by real seconds (issue #33: the
+    parallel phase slept with 0.2-0.3 s margins)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        import os
+        import shutil
+
+        bin_dir = tmp_path / "clock-bin"
+        bin_dir.mkdir()
+        (bin_dir / "date").write_text(_FAKE_DATE.replace("{real}", shutil.which("date")))
+        (bin_dir / "date").chmod(0o755)
+        self.file = tmp_path / "clock"
+        self.now = 1_000_000.0
+        self.set(self.now)
+        self.env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SM_TEST_CLOCK": str(self.file)}
+
+    def set(self, now: float) -> None:
+        self.now = now
+        tmp = self.file.with_suffix(".tmp")
+        tmp.write_text(f"{now}\n")
+        tmp.replace(self.file)
+
+    def advance(self, seconds: float) -> None:
+        self.set(self.now + seconds)
+
+    def host(self):
+        return get_host("local", env=self.env)
+
+    def processes(self) -> list[int]:
+        """Live processes running with this clock (the keeper loop on the host)."""
+        import os
+
+        marker = f"\0SM_TEST_CLOCK={self.file}\0".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    env = b"\0" + Path(f"/proc/{entry}/environ").read_bytes()
+                except OSError:
+                    continue
+                if marker in env:
+                    found.append(int(entry))
+        return found
+
+
+def wait_until(predicate, timeout_s: float = 30.0, what: str = "") -> None:
+    """Poll until `predicate()` holds (the event waited for), failing after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.02)
+
+
+class Ticks:
+    """The renewer's clock (Renewer.wait): it renews once per tick(), never on its own."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._pending = 0
+        self._arrivals = 0  # times the renewer came to wait
+        self._consumed = 0  # ticks it took
+        self._done = False
+
+    def wait(self, _interval_s: float) -> bool:
+        with self._cv:
+            self._arrivals += 1
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._pending or self._done)
+            if self._done:
+                return True
+            self._pending -= 1
+            self._consumed += 1
+            return False
+
+    def _fire(self) -> int:
+        """Let one renewal go once the renewer waits; returns the arrival that follows it."""
+        assert self._cv.wait_for(lambda: self._arrivals > self._consumed, timeout=30)
+        self._pending += 1
+        self._cv.notify_all()
+        return self._arrivals + 1
+
+    def tick(self) -> None:
+        """One renewal; returns once the renewer waits again (so the renewal is done)."""
+        with self._cv:
+            back = self._fire()
+            assert self._cv.wait_for(lambda: self._arrivals >= back, timeout=30)
+
+    def release(self) -> None:
+        """One renewal, not waited for (the renewer may stop: a lost lease)."""
+        with self._cv:
+            self._fire()
+
+    def finish(self) -> None:
+        with self._cv:
+            self._done = True
+            self._cv.notify_all()
+
+
+@pytest.fixture
+def clock(tmp_path: Path) -> HostClock:
+    return HostClock(tmp_path)
 
 
 def test_one_holder_at_a_time_and_reentrant(lease_dir):
@@ -37,10 +153,12 @@ def test_one_holder_at_a_time_and_reentrant(lease_dir):
     assert a.show().holder == "run-b"
 
 
-def test_expired_lease_is_taken_over_and_old_holder_told(lease_dir):
-    a, b = lease("run-a", lease_dir, ttl=1), lease("run-b", lease_dir)
+def test_expired_lease_is_taken_over_and_old_holder_told(lease_dir, clock):
+    host = clock.host()
+    a, b = lease("run-a", lease_dir, ttl=1, host=host), lease("run-b", lease_dir, host=host)
     a.try_acquire()
-    time.sleep(2.1)
+    assert b.try_acquire().status == "HELD"
+    clock.advance(1)  # expiry is exclusive: at the expiry second the lease is free
     assert b.try_acquire().status == "ACQUIRED"
     with pytest.raises(LeaseLost, match="held by run-b"):
         a.renew()
@@ -65,14 +183,24 @@ def test_racing_acquirers_get_exactly_one_winner(lease_dir):
     assert sorted(results) == ["ACQUIRED"] + ["HELD"] * 5
 
 
-def test_renewer_keeps_lease_alive_past_ttl_then_it_expires(lease_dir):
-    a, b = lease("run-a", lease_dir, ttl=2), lease("run-b", lease_dir)
+def test_renewer_keeps_lease_alive_past_ttl_then_it_expires(lease_dir, clock):
+    host = clock.host()
+    a, b = lease("run-a", lease_dir, ttl=2, host=host), lease("run-b", lease_dir, host=host)
     a.try_acquire()
-    with a.renewing(interval_s=0.4) as renewer:
-        time.sleep(3.0)
+    ticks = Ticks()
+    renewer = a.renewing(interval_s=1)
+    renewer.wait = ticks.wait
+    with renewer:
+        for _ in range(3):  # 3 s on the host's clock, past the 2 s ttl: renewed each second
+            clock.advance(1)
+            ticks.tick()
+            assert a.show().expires_at == clock.now + 2
         assert b.try_acquire().status == "HELD"
+        ticks.finish()
     assert renewer.lost is None
-    time.sleep(2.2)  # no one renews: the holder is "dead"
+    clock.advance(1)
+    assert b.try_acquire().status == "HELD"  # 1 s left
+    clock.advance(1)  # no one renews: the holder is "dead"
     assert b.try_acquire().status == "ACQUIRED"
 
 
@@ -92,25 +220,51 @@ def test_a_renewer_entered_just_after_a_renewal_does_not_renew_again(lease_dir, 
     assert calls == [1]
 
 
-def test_renewer_reports_a_lost_lease(lease_dir):
+def test_renewer_reports_a_lost_lease(lease_dir, clock):
     # The renewer renews more slowly than the ttl: the lease lapses, run-b takes it, and the
     # renewer's next renewal finds out and says so instead of stealing it back.
-    a, b = lease("run-a", lease_dir, ttl=1), lease("run-b", lease_dir, ttl=60)
+    host = clock.host()
+    a = lease("run-a", lease_dir, ttl=1, host=host)
+    b = lease("run-b", lease_dir, ttl=60, host=host)
     a.try_acquire()
-    with a.renewing(interval_s=2.0) as renewer:
-        time.sleep(1.3)
+    ticks = Ticks()
+    renewer = a.renewing(interval_s=2.0)
+    renewer.wait = ticks.wait
+    with renewer:
+        clock.advance(1.3)
         assert b.try_acquire().status == "ACQUIRED"
-        time.sleep(1.5)
+        clock.advance(0.7)
+        ticks.release()  # the renewer's next renewal: it finds run-b's lease and stops
+        renewer._thread.join(timeout=30)
+        assert not renewer._thread.is_alive()
     assert isinstance(renewer.lost, LeaseLost)
     assert b.show().holder == "run-b"
 
 
-def test_acquire_waits_then_times_out(lease_dir):
-    a, b = lease("run-a", lease_dir, ttl=1), lease("run-b", lease_dir)
+def test_acquire_waits_then_times_out(lease_dir, clock, monkeypatch):
+    """acquire polls until the lease is free, or its wait is over: both on injected clocks
+    (the host's, and acquire's own monotonic clock and sleep, moved together)."""
+
+    class Waiting:
+        @staticmethod
+        def monotonic() -> float:
+            return clock.now
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            clock.advance(seconds)
+
+    monkeypatch.setattr(lease_mod, "time", Waiting)
+    host = clock.host()
+    a, b = lease("run-a", lease_dir, ttl=1, host=host), lease("run-b", lease_dir, host=host)
     a.try_acquire()
+    start = clock.now
     assert b.acquire(wait_s=5, poll_s=0.3).status == "ACQUIRED"
+    assert 1 <= clock.now - start < 1.3  # taken at the first poll after a's expiry
+    start = clock.now
     with pytest.raises(LeaseError, match="still leased by run-b"):
         a.acquire(wait_s=0.5, poll_s=0.2)
+    assert 0.5 <= clock.now - start < 0.7
 
 
 def test_two_homes_on_one_machine_share_one_lease(tmp_path, monkeypatch):
@@ -174,7 +328,7 @@ def test_holder_names_are_checked_and_sanitised():
         HostLease(get_host("local"), "bad holder")
 
 
-def test_the_host_keeps_the_lease_while_the_server_group_lives(lease_dir, tmp_path):
+def test_the_host_keeps_the_lease_while_the_server_group_lives(lease_dir, clock):
     """Between tasks nothing of the run renews; the host-side keeper extends the lease while
     the server's group lives, stops when it dies (the lease then expires), and never retakes a
     released lease."""
@@ -182,17 +336,24 @@ def test_the_host_keeps_the_lease_while_the_server_group_lives(lease_dir, tmp_pa
     import signal
     import subprocess
 
-    a, b = lease("run-a", lease_dir, ttl=2), lease("run-b", lease_dir)
+    host = clock.host()
+    a, b = lease("run-a", lease_dir, ttl=2, host=host), lease("run-b", lease_dir, host=host)
     server = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a server's group
     try:
         a.try_acquire()
         a.keep_while_group(server.pid, interval_s=0.4)
-        time.sleep(3.0)  # past the ttl, with no renewal from this process
+        wait_until(lambda: clock.processes(), what="the keeper started")
+        for _ in range(3):  # 3 s on the host's clock, past the ttl, no renewal from here
+            clock.advance(1)
+            wait_until(lambda: a.show().expires_at == clock.now + 2, what="the keeper extended")
         assert b.try_acquire().status == "HELD"
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
-    time.sleep(2.8)  # the keeper saw the group gone: the lease lapses
+    wait_until(lambda: not clock.processes(), what="the keeper saw the group gone")
+    clock.advance(1)
+    assert b.try_acquire().status == "HELD"  # not extended any more: 1 s left
+    clock.advance(1)  # the lease lapses
     assert b.try_acquire().status == "ACQUIRED"
     assert b.release().status == "RELEASED"
 
@@ -201,8 +362,10 @@ def test_the_host_keeps_the_lease_while_the_server_group_lives(lease_dir, tmp_pa
     try:
         a.try_acquire()
         a.keep_while_group(server.pid, interval_s=0.3)
+        wait_until(lambda: clock.processes(), what="the keeper started")
         assert a.release().status == "RELEASED"
-        time.sleep(1.0)
+        clock.advance(1)  # the keeper's next extension finds the lease gone, and ends
+        wait_until(lambda: not clock.processes(), what="the keeper ended")
         assert a.show().holder is None
         assert b.try_acquire().status == "ACQUIRED"
     finally:

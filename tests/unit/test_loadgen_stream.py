@@ -258,3 +258,63 @@ def test_keep_alive_connection_serves_two_requests(monkeypatch: pytest.MonkeyPat
     reqs = asyncio.run(go())
     assert [r.error for r in reqs] == [None, None]
     assert [r.tokens for r in reqs] == [3, 3]
+
+
+HEAD_500 = b"HTTP/1.1 500 Internal Server Error\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("first", "more", "expected"),
+    [
+        # a 500 whose body never ends: the client grew to 226 MB before (issue #33 item 12)
+        (HEAD_500 + chunked(b'{"error": {"message": "boom"'), chunked(b" " * 65536), "HTTP 500: "),
+        (HEAD, chunked(b"data: " + b"x" * 65536), "stream event longer than"),  # no event end
+        (b"HTTP/1.1 200 OK\r\n", b"x-pad: " + b"p" * 65536 + b"\r\n", "response head longer"),
+        (HEAD, b"f" * 65536, "malformed chunk size"),  # a chunk-size line that never ends
+        (b"HTTP/1.1 500 Oops\r\n\r\n", b"e" * 65536, "HTTP 500: "),  # read until close
+    ],
+)
+def test_endless_responses_end_the_request_with_a_bounded_buffer(
+    monkeypatch: pytest.MonkeyPatch, first: bytes, more: bytes, expected: str
+) -> None:
+    """Every buffer of the connection is capped (loadgen.stream.MAX_BUFFERED): a response that
+    never ends what it started ends the request with a reason, not the client's memory."""
+    clock = Clock()
+    monkeypatch.setattr(stream_mod, "perf_counter", clock)
+
+    async def go() -> tuple[Request, int, int]:
+        conn = StreamConnection(Window(), lambda r, t: None)
+        transport = FakeTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        fut = conn.send(Request(0, 0, 10, keep_text=True), [b"POST / HTTP/1.1\r\n\r\n"])
+        conn.data_received(first)
+        fed = 0
+        while not fut.done() and fed < 200:  # 13 MB at most
+            conn.data_received(more)
+            fed += 1
+        largest = max(len(conn._raw), len(conn._sse), len(conn._error_body))
+        assert fut.done(), "still reading after 13 MB"
+        return fut.result(), fed, largest
+
+    req, fed, largest = asyncio.run(go())
+    assert req.error is not None and req.error.startswith(expected), req.error
+    assert "not read further" in req.error or "malformed" in req.error or "longer" in req.error
+    assert largest <= stream_mod.MAX_BUFFERED
+    assert fed <= stream_mod.MAX_BUFFERED // 65536 + 2
+
+
+def test_a_deeply_nested_stream_chunk_fails_the_request_not_the_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #33 item 14, the load generator's side: a server's chunk nested 100,000 deep is
+    a RecursionError for the stdlib's json (the zipapp's parser where orjson is absent)."""
+    monkeypatch.setattr(stream_mod, "_loads", json.loads)
+    deep = b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n"
+    req = run_feed([(0.1, HEAD + chunked(deep))], 10, monkeypatch=monkeypatch)
+    assert req.error is not None and req.error.startswith("unparseable stream chunk"), req.error
+    body = b"[" * 50_000
+    bad = b"HTTP/1.1 500 Oops\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    req = run_feed([(0.1, bad)], 10, monkeypatch=monkeypatch)
+    assert req.error is not None and req.error.startswith("HTTP 500: [[["), req.error
+    req = run_feed([(0.1, HEAD + chunked(b"data: [1]\n\n"))], 10, monkeypatch=monkeypatch)
+    assert req.error is not None and req.error.startswith("unparseable stream chunk"), req.error

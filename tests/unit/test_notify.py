@@ -10,7 +10,13 @@ from test_compare_warehouse import _land
 
 from speedmatrix.analysis.compare import regressions_check
 from speedmatrix.analysis.verdict import RegressionError
-from speedmatrix.flows.notify import NotifySettings, deliver, message_text, summarize_run
+from speedmatrix.flows.notify import (
+    NotifySettings,
+    RunSummary,
+    deliver,
+    message_text,
+    summarize_run,
+)
 from speedmatrix.store.warehouse import Warehouse
 
 
@@ -79,3 +85,95 @@ def test_a_failing_channel_is_logged_and_never_raises(wh, caplog):
     assert out["webhook"].startswith("error: ")
     assert "very-secret" not in caplog.text
     assert "mail to a@example.test failed" in caplog.text
+
+
+HOSTILE = "kimi\r\nBcc: evil@example.test\r\n\r\n<!channel> <https://evil.example|Open report> & \x1b[2J\x00"
+
+
+def _hostile_summary() -> RunSummary:
+    """Every value an alert carries, from a conf, a host or a server's error body, hostile."""
+    return RunSummary(
+        run_id=f"run-{HOSTILE}",
+        recipe_id=HOSTILE,
+        engine_ref=HOSTILE,
+        host=HOSTILE,
+        status="failed",
+        bad_cells=[
+            {
+                "phase": "decode",
+                "context_label": "8K",
+                "concurrency": 1,
+                "status": "failed",
+                "error": f"HTTP 500: {HOSTILE}",
+            }
+        ],
+        reason=HOSTILE,
+        failed_task=HOSTILE,
+        dag_run_id=HOSTILE,
+    )
+
+
+def test_a_hostile_value_never_splits_the_mail_headers_and_the_mail_is_delivered(monkeypatch):
+    """Issue #33 item 6: a conf `recipe` with `\\r\\nBcc: …` broke the Subject (and the
+    stdlib then refused the message: no alert). Through the real SMTP provider into a real
+    SMTP server on loopback: one mail, to the deployment's recipient only, one Subject line."""
+    import email
+    import email.policy
+    import json
+    import socket
+
+    from aiosmtpd.controller import Controller
+
+    from speedmatrix.flows import notifier
+
+    got = []
+
+    class Inbox:
+        async def handle_DATA(self, server, session, envelope):
+            got.append((envelope.rcpt_tos, envelope.content))
+            return "250 OK"
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    smtp = Controller(Inbox(), hostname="127.0.0.1", port=port)
+    smtp.start()
+    try:
+        conn = {
+            "conn_type": "smtp",
+            "host": "127.0.0.1",
+            "port": port,
+            "extra": {"from_email": "sm@example.test", "disable_tls": True, "disable_ssl": True},
+        }
+        monkeypatch.setenv("AIRFLOW_CONN_SMTP_I33", json.dumps(conn))
+        settings = NotifySettings(email_to=("team@example.test",), smtp_conn_id="smtp_i33")
+        out = deliver(_hostile_summary(), settings, send_mail=notifier._smtp_send)
+    finally:
+        smtp.stop()
+    assert out == {"mail": "sent"}
+    assert len(got) == 1
+    rcpt, raw = got[0]
+    assert rcpt == ["team@example.test"]
+    msg = email.message_from_bytes(raw, policy=email.policy.default)
+    assert msg["Bcc"] is None
+    subject = str(msg["Subject"])
+    assert "kimi" in subject and "Bcc: evil@example.test" in subject  # kept, on one line
+    assert not any(ch in subject for ch in "\r\n\x00\x1b")
+
+
+def test_webhook_text_escapes_every_value_and_builds_the_only_links(monkeypatch):
+    """Issue #33 item 7: `<!channel>`, `<https://…|…>` and `&` from a conf or a server's
+    error body reach the chat as text: escaped as Slack's mrkdwn asks (&amp; &lt; &gt;)."""
+    from speedmatrix.flows import notify
+
+    posted = []
+    monkeypatch.setattr(notify, "post_webhook", lambda url, text: posted.append(text))
+    s = _hostile_summary()
+    s.report = "https://perf.example.test/a?x=1&y=2"
+    out = deliver(s, NotifySettings(webhook_url="http://127.0.0.1:9/hook"))
+    assert out == {"webhook": "sent"} and len(posted) == 1
+    text = posted[0]
+    assert "<" not in text.replace("<redacted>", "") and ">" not in text
+    assert "&lt;!channel&gt;" in text and "&lt;https://evil.example|Open report&gt;" in text
+    assert "&amp; " in text and "&amp;&amp;" not in text
+    assert "https://perf.example.test/a?x=1&amp;y=2" in text

@@ -338,3 +338,30 @@ def test_the_workload_is_declared_article_by_default(tmp_path: Path) -> None:
     data["matrix"]["workload"] = "poetry"
     with pytest.raises(RecipeError, match=r"matrix\.workload"):
         load_recipe(_write(tmp_path, data, "p.yaml"))
+
+
+def test_infinite_or_absurd_numbers_in_a_recipe_are_problems(tmp_path: Path) -> None:
+    """Issue #33 item 2, the recipe's side: numbers are finite and in range (records'
+    MAX_QUANTITY, the bound a page's numbers have), each problem naming its field."""
+    data = _cpu_data()
+    data["hardware"]["vram_gb"] = float("inf")
+    data["hardware"]["gpu_count"] = 10**400
+    data["model"]["max_model_len"] = 10**30
+    path = _write(tmp_path, data)
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(path)
+    joined = "\n".join(exc.value.problems)
+    for field in ("hardware.vram_gb", "hardware.gpu_count", "model.max_model_len"):
+        assert f"{path}: {field}:" in joined, joined
+
+
+def test_a_deeply_nested_recipe_is_one_problem_not_a_traceback(tmp_path: Path) -> None:
+    """Issue #33 item 14: a 100,000-deep nested list gave a RecursionError traceback."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("matrix:\n  contexts: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(path)
+    assert exc.value.problems == [f"{path}: (yaml): nested too deeply to be a recipe"]
+    out = run_cli("recipes", "validate", str(path))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "nested too deeply" in out.stdout + out.stderr

@@ -4,6 +4,7 @@ and the recipe checks. The cases of the three sets that used to exist, and where
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -89,3 +90,33 @@ def test_secret_names_and_values():
     for value in ("hf_short", "$HF_TOKEN", "{api_key}", "moonshotai/Kimi-K2.7-Code"):
         assert not looks_like_secret(value), value
     assert "--api-key" in SECRET_FLAGS and "--hf-token" in SECRET_FLAGS
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "KEY_" * 250_000,  # 1 MB: the name pattern backtracked over every part (issue #33 item 11)
+        "KEY_" * 250_000 + "X=v",
+        "a" * 1_000_000,
+        "--api-key" + " " * 1_000_000,
+        "Bearer" + "\t" * 1_000_000,
+        "TOKEN" * 200_000 + "=",
+    ],
+)
+def test_redaction_is_linear_in_its_input(hostile):
+    """A launch line is page or recipe input: 1 MB of it is redacted and checked in well under a
+    second (a quadratic pattern took 137 s on a 72 KB line)."""
+    start = time.perf_counter()
+    out = redact(hostile)
+    assert time.perf_counter() - start < 1.0  # linear: ~0.1-0.3 s per MB on a loaded 2-core box
+    start = time.perf_counter()
+    _leaks(out)
+    is_secret_name(hostile)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_a_long_secret_name_is_still_redacted():
+    name = "KEY_" * 10_000 + "X"
+    assert redact(f"{name}=v rest") == f"{name}=<redacted> rest"
+    assert is_secret_name(name)
+    assert not is_secret_name("X_" * 10_000 + "TOKENIZERS")

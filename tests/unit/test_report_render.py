@@ -298,3 +298,18 @@ def test_warm_up_stays_out_of_the_published_table():
     assert "warmup_s" in cell
     assert F.table_row({**cell, "warmup_s": 12.5}) == F.table_row(cell)
     assert "warm" not in F.table_header().lower()
+
+
+def test_markup_from_an_ingested_page_is_text_in_html_and_the_markdown_says_it_is_verbatim():
+    """Issue #33 item 8: an ingested page's fields may hold raw HTML. The HTML page escapes
+    it; the Markdown is the published format, byte for byte (it parses back to the same run),
+    so it keeps it, and the warehouse README says why it is not for untrusted pages."""
+    parsed = parse_report(REFERENCE.read_text(encoding="utf-8"))
+    hostile = "<script>alert(1)</script>"
+    run = dict(parsed.run, served_model=hostile, engine_version=f"<img src=x onerror=a()>{hostile}")
+    page = render_html(run, parsed.cells)
+    assert "<script" not in page and "<img" not in page and "&lt;script&gt;" in page
+    assert hostile in render_markdown(run, parsed.cells)
+    readme = (ROOT / "warehouse" / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## The Markdown page copies fields verbatim", 1)[1].split("\n## ")[0]
+    assert "untrusted" in section and "--format html" in section and "round" in section

@@ -90,6 +90,11 @@ def test_resolve_takes_recipe_ids_only(outside_recipe, how):
         ({"recipe": CPU, "duration_s": float("nan")}, "duration_s"),
         ({"recipe": CPU, "max_output_tokens": 1}, "max_output_tokens"),
         ({"recipe": CPU, "max_output_tokens": 2.5}, "max_output_tokens"),
+        # absurd numbers (issue #33 item 2): refused here, not an overflow where they land
+        ({"recipe": CPU, "max_output_tokens": 10**400}, "max_output_tokens"),
+        ({"recipe": CPU, "contexts": [10**400]}, "contexts"),
+        ({"recipe": CPU, "prefill_contexts": ["9" * 400 + "K"]}, "prefill_contexts"),
+        ({"recipe": CPU, "concurrencies": [10**400]}, "concurrencies"),
         ({"recipe": CPU, "prompt_mode": "weird"}, "prompt_mode"),
         ({"recipe": CPU, "workload": "recite"}, "workload"),
         ({"recipe": CPU, "repeats": 11}, "repeats"),
@@ -138,3 +143,32 @@ def test_the_declared_params_are_the_conf_keys_resolve_takes():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert set(module.PARAMS) == set(CONF_KEYS)
+
+
+LONG_REF = "v1.2.3-" + "a" * 178  # 185 characters: a valid release ref, too long for a name
+
+
+@pytest.mark.parametrize(
+    ("conf", "field"),
+    [
+        ({"recipe": SIM, "engine_ref": LONG_REF}, "engine_ref"),
+        ({"recipe": SIM, "engine_ref": "v1.2.3-" + "a" * 233}, "engine_ref"),
+        ({"recipe": SIM, "engine_ref": "pr/" + "9" * 200}, "engine_ref"),
+        ({"recipe": SIM, "ssh_conn_id": "h" * 200}, "host"),
+    ],
+)
+def test_every_value_that_becomes_a_name_is_bounded_before_anything_runs(conf, field):
+    """Issue #33 item 1: a 185-character ref was measured, then poisoned the landing
+    (ENAMETOOLONG); 240 lost the run in validate. resolve refuses it first, naming the field
+    and the limit (records.path_field_problems, the one rule)."""
+    from speedmatrix.records import MAX_PATH_VALUE
+
+    with pytest.raises(ResolveError) as info:
+        resolve(conf)
+    assert f"{field} is too long" in str(info.value)
+    assert f"the limit is {MAX_PATH_VALUE}" in str(info.value)
+
+
+def test_a_long_but_fitting_ref_still_resolves():
+    r = resolve({"recipe": SIM, "engine_ref": "v1.2.3-" + "a" * 60})
+    assert r["engine_ref"].endswith("a" * 60)

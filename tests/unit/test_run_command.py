@@ -35,3 +35,27 @@ def test_the_eta_uses_measured_cells_and_guesses_the_rest() -> None:
     assert show.eta_s() == 30.0
     show.started = 100.0  # 12 s into the last cell
     assert show.eta_s(now=112.0) == 18.0
+
+
+@pytest.mark.parametrize("length", [185, 240])
+def test_a_ref_too_long_for_a_file_name_stops_the_run_before_it_measures(
+    tmp_path, capsys, monkeypatch, length
+) -> None:
+    """Issue #33 item 1: `speedmatrix run … --engine-ref <185 characters>` measured the whole
+    matrix, then poisoned the landing; with 240 the run was lost in validate. The command
+    refuses it in resolve, naming the field and the limit: no lease, no server, no warehouse."""
+    from speedmatrix.cli import main
+    from speedmatrix.records import MAX_PATH_VALUE
+
+    monkeypatch.setenv("SPEEDMATRIX_LEASE_DIR", str(tmp_path / "lease"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    ref = "v1.2.3-" + "a" * (length - 7)
+    wh = tmp_path / "wh"
+    rc = main(
+        ["run", "sim/kimi-k2.7-nvfp4-rtxpro6k-x8", "--engine-ref", ref, "--warehouse", str(wh)]
+    )
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "engine_ref is too long" in err and f"the limit is {MAX_PATH_VALUE}" in err
+    assert not wh.exists() and not (tmp_path / "lease").exists()
+    assert not (tmp_path / "home").exists()

@@ -241,3 +241,43 @@ def test_trend_charts_show_the_recent_window_judged_by_the_point_before(
     assert "last 1 of 3 runs" in charts["cell-64Kx2"]
     assert 'class="reg"' in charts["cell-64Kx2"]  # r2 against r1, outside the shown window
     assert 'class="reg"' not in charts["cell-8Kx1"]
+
+
+def test_the_site_never_writes_into_a_folder_that_is_not_its_own(tmp_path, capsys):
+    """Issue #33 item 9: `site --out DIR` overwrote a user's index.html and site.css. It writes
+    only into a new or empty folder, or one that holds its marker; otherwise it refuses,
+    naming the path, and leaves every file as it was."""
+    wh = Warehouse(str(tmp_path / "wh"))
+    _land(wh, "r0", "a" * 40, 0, seed=0)
+    wh.close()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("index.html", "site.css"):
+        (mine / name).write_text("the user's own")
+    args = ["site", "--warehouse", str(tmp_path / "wh"), "--out", str(mine)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert str(mine) in err and "not a speedmatrix site" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["index.html", "site.css"]
+    assert (mine / "index.html").read_text() == "the user's own"
+    # an empty folder is claimed; a second build refreshes its own site
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for _ in range(2):
+        assert main(["site", "--warehouse", str(tmp_path / "wh"), "--out", str(empty)]) == 0
+    assert (empty / "index.html").exists() and (empty / ".speedmatrix-site").exists()
+
+
+def test_the_site_of_a_missing_warehouse_is_an_error(tmp_path, capsys):
+    """Issue #33 item 10: `--warehouse /nonexistent` wrote an empty site and exited 0."""
+    missing = tmp_path / "no-such-warehouse"
+    out = tmp_path / "site"
+    assert main(["site", "--warehouse", str(missing), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "no warehouse" in err
+    assert not out.exists() and not missing.exists()
+    assert main(["trend", "--warehouse", str(missing), "--recipe", "x", "--cell", "8Kx1"]) == 2
+    assert "no warehouse" in capsys.readouterr().err
+    assert main(["report", "--warehouse", str(missing), "--run-id", "x"]) == 2
+    assert "no warehouse" in capsys.readouterr().err
+    assert not missing.exists()

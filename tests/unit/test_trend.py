@@ -176,3 +176,25 @@ def test_diff_heatmap_labels_the_regressed_cell():
     assert "-10.0% ▼" in svg and "+6.0% ▲" in svg  # matplotlib keeps each text as a comment
     assert diff_heatmap_svg([]) is None
     assert diff_heatmap_svg(rows, metric="tbt_ms") is None
+
+
+@pytest.mark.parametrize(("field", "value"), [("metric_version", 0), ("workload", "continuation")])
+def test_a_trend_never_judges_across_the_comparability_rule(field, value):
+    """Issue #33 item 3: an ingested page (another metric_version) showed as a +6.2%
+    improvement over the measured run before it. The trend applies the verdicts' rule
+    (records.not_comparable_reason): such a point is `not_comparable`, with no change, and the
+    points after it are judged against it, not across it."""
+    runs, cells = _history([400, 401, 426, 427, 380])
+    for c in cells:
+        if c["run_id"] in ("r2", "r3", "r4") and c["phase"] == "decode":
+            c[field] = value
+    pts = trend(runs, cells, recipe="sim/x", cell="64Kx16", threshold=0.03)
+    assert pts["verdict"].tolist() == ["first", "noise", "not_comparable", "noise", "regression"]
+    assert pts.loc[2, "change_pct"] is None or pts["change_pct"].isna()[2]
+
+
+def test_the_site_reads_the_fields_of_the_comparability_rule():
+    from speedmatrix.records import COMPARABILITY_FIELDS
+    from speedmatrix.report.site import CELL_COLUMNS
+
+    assert set(COMPARABILITY_FIELDS) <= set(CELL_COLUMNS)

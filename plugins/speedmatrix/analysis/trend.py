@@ -17,7 +17,7 @@ import pandas as pd
 
 from speedmatrix.analysis.noise import Z_95, NoiseModel, frame
 from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD, METRIC_BY_NAME, verdict_for
-from speedmatrix.records import parse_cell
+from speedmatrix.records import COMPARABILITY_FIELDS, not_comparable_reason, parse_cell
 
 TREND_COLUMNS = (
     "run_id",
@@ -103,7 +103,8 @@ def trends(
         if c not in rdf:
             rdf[c] = None
     columns = sorted({w[4] for w in wanted.values()})
-    sel = cdf[["run_id", "phase", "context_label", "concurrency", "status", *columns]]
+    rule = [c for c in COMPARABILITY_FIELDS if c in cdf]  # what may be compared (records)
+    sel = cdf[["run_id", "phase", "context_label", "concurrency", "status", *columns, *rule]]
     sel = sel.assign(context_tokens=cdf["context_tokens"])
     merged = rdf.merge(sel, on="run_id")
     # sorted as a whole, then grouped: a stable sort keeps each cell's rows in the order its
@@ -153,6 +154,7 @@ def _points(
     phase, label, conc = cell
     out: list[dict[str, Any]] = []
     prev: float | None = None
+    prev_row: Mapping[str, Any] | None = None
     for row in rows:
         value = row[column] if row["status"] == "valid" else None
         value = None if value is None or pd.isna(value) else float(value)
@@ -160,6 +162,13 @@ def _points(
         key = (row["run_id"], phase, label, conc)
         if key in known:
             verdict, change = known[key]
+        elif (
+            value is not None
+            and prev_row is not None
+            and not_comparable_reason(row, prev_row) is not None
+        ):
+            # the verdicts' rule (records): a point measured otherwise starts a new series
+            verdict = "not_comparable"
         elif value is not None and prev is not None:
             rel_sd, _ = noise.lookup(
                 recipe, row["host"], phase, row["context_tokens"], conc, column
@@ -181,7 +190,7 @@ def _points(
             }
         )
         if value is not None:
-            prev = value
+            prev, prev_row = value, row
     return pd.DataFrame(out, columns=list(TREND_COLUMNS))
 
 

@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 
 from speedmatrix.analysis.noise import CELL_KEY, Z_95, Interval, NoiseModel, frame, within_window
-from speedmatrix.records import cell_key, cell_name, cell_sort_key
+from speedmatrix.records import cell_key, cell_name, cell_sort_key, not_comparable_reason
 from speedmatrix.store.schemas import COMPARISON_FIELDS, COMPARISONS_SCHEMA
 from speedmatrix.upstream.github import github_repo
 
@@ -224,16 +224,15 @@ def compare_runs(
             emit(**cell_common, metric=STATUS_METRIC, threshold_pct=None, **status_row)
             continue
         assert a is not None and b is not None
-        # A changed metric definition, or a changed workload (an article and a continuation
-        # measure different things on a speculative decoder, docs/measurement.md rule 11):
-        # never a regression or an improvement.
-        differs = next((f for f in ("metric_version", "workload") if a.get(f) != b.get(f)), None)
+        # A changed metric definition or workload (records.not_comparable_reason, the one
+        # rule of what may be compared): never a regression or an improvement.
+        differs = not_comparable_reason(a, b)
         if differs is not None:
             emit(
                 **cell_common,
                 metric=STATUS_METRIC,
                 verdict="not_comparable",
-                reason=f"{differs} {b.get(differs)} -> {a.get(differs)}",
+                reason=differs,
             )
             continue
         for metric in METRICS:

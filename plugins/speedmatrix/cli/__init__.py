@@ -109,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("speedmatrix: interrupted", file=sys.stderr)
         return 130
-    except (CliError, ValueError, FileNotFoundError, PermissionError) as exc:
+    # OSError: a missing file, a refused permission, a full disk (ENOSPC): one line each
+    except (CliError, ValueError, OSError) as exc:
         message = str(exc).strip() or exc.__class__.__name__
         print(f"speedmatrix {args.command}: {message}", file=sys.stderr)
         return 2

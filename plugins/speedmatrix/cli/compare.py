@@ -75,9 +75,9 @@ def register(subparsers: argparse._SubParsersAction, name: str) -> None:
 
 
 def _warehouse(root: str | None) -> Any:
-    from speedmatrix.store.warehouse import Warehouse
+    from speedmatrix.cli.opening import open_existing_warehouse
 
-    return Warehouse(root)
+    return open_existing_warehouse(root)
 
 
 def run_compare(args: argparse.Namespace) -> int:

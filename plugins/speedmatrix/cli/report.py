@@ -108,6 +108,7 @@ def _one_commit_name(run: dict) -> None:
 def cmd_ingest(args: argparse.Namespace) -> int:
     from speedmatrix.published.parse import parse_report
     from speedmatrix.quality import check_for_landing
+    from speedmatrix.records import path_field_problems
     from speedmatrix.store.warehouse import Warehouse
 
     parsed = []
@@ -127,6 +128,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             report.run["run_id"] = report.run_id
         report.run["source"] = os.path.basename(path)
         _one_commit_name(report.run)
+        # every value that becomes part of a file name fits one, before anything lands (a
+        # 300-character served model failed the landing and stopped every later one: #33)
+        if problems := path_field_problems(report.run):
+            raise _cli_error(f"{path}: {'; '.join(problems)}")
         parsed.append((path, text, report))
     wh = Warehouse(args.warehouse)
     # The same Great Expectations suites as a measured run's, before anything lands: a page's
@@ -193,13 +198,13 @@ def _views_page(args: argparse.Namespace, wh) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from speedmatrix.cli.opening import open_existing_warehouse
     from speedmatrix.report.page import render_run_page
     from speedmatrix.report.render import render_markdown
-    from speedmatrix.store.warehouse import Warehouse
 
     if args.by_commit and args.pareto is None:
         raise _cli_error("--by-commit goes with --pareto")
-    wh = Warehouse(args.warehouse)
+    wh = open_existing_warehouse(args.warehouse)
     if args.run_id is None:
         if args.save or args.baseline:
             raise _cli_error("--save and --baseline go with --run-id")

@@ -39,10 +39,10 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def cmd_site(args: argparse.Namespace) -> int:
+    from speedmatrix.cli.opening import open_existing_warehouse
     from speedmatrix.report.site import build_site, default_site_dir
-    from speedmatrix.store.warehouse import Warehouse
 
-    wh = Warehouse(args.warehouse)
+    wh = open_existing_warehouse(args.warehouse)
     try:
         out = args.out or default_site_dir(wh.root)
         result = build_site(wh, out, force=args.force, max_run_pages=args.max_run_pages)

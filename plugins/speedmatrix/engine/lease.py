@@ -39,6 +39,7 @@ import re
 import shlex
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from speedmatrix.engine.hosts import Host
@@ -398,10 +399,13 @@ class Renewer:
         self.renewed = renewed
         self.lost: LeaseLost | None = None
         self._stop = threading.Event()
+        # how the thread waits for its next renewal (True: stop): the stop event's timed wait;
+        # a test drives it tick by tick instead of racing real seconds (tests/unit/test_lease.py)
+        self.wait: Callable[[float], bool] = self._stop.wait
         self._thread = threading.Thread(target=self._loop, name="lease-renewer", daemon=True)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self.wait(self.interval_s):
             try:
                 self.lease.renew()
             except LeaseLost as exc:

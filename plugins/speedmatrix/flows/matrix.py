@@ -49,6 +49,7 @@ from speedmatrix.quality import run_status
 from speedmatrix.records import (
     REQUEST_FIELDS,
     RUN_FIELDS,
+    WARM_PREFILL,
     CellRecord,
     context_label,
     from_wire,
@@ -522,11 +523,13 @@ COLD_TAG = "c"
 
 def _warm_prefill(record: Mapping[str, Any]) -> bool:
     """A prefill cell measured on a prompt the prefix cache already held (loadgen.prefill's
-    "prompt was not cold" verdict), which a fresh prompt would measure truly."""
+    reason code records.WARM_PREFILL), which a fresh prompt would measure truly."""
     return (
         record.get("phase") == "prefill"
         and record.get("status") == "invalid"
-        and "prompt was not cold" in str(record.get("error") or "")
+        and any(
+            reason.startswith(WARM_PREFILL) for reason in str(record.get("error") or "").split("; ")
+        )
     )
 
 

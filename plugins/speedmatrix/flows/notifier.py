@@ -27,9 +27,10 @@ def _smtp_send(s: notify.RunSummary, settings: notify.NotifySettings) -> None:
 
     # notify() directly, not __call__: our texts are not Jinja templates (a run id or an error
     # with "{{" in it must not be rendered)
+    # every header value one line (notify.header_value), the deployment's as well as the run's
     SmtpNotifier(
-        to=list(settings.email_to),
-        from_email=settings.email_from,
+        to=[notify.header_value(a) for a in settings.email_to],
+        from_email=notify.header_value(settings.email_from) if settings.email_from else None,
         subject=notify.subject(s),
         html_content=notify.message_html(s),
         smtp_conn_id=settings.smtp_conn_id,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import html
 import logging
 import os
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -176,14 +177,35 @@ def _listed(lines: list[str]) -> list[str]:
     return out
 
 
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def header_value(text: str) -> str:
+    """`text` fit for a mail header: every run of control characters (CR, LF, NUL, ESC… and
+    Unicode's line separators) becomes one space. A conf's `recipe` holding `\r\nBcc: …`
+    otherwise split the Subject, and the stdlib then refused the whole message: no alert."""
+    return _CONTROL_RE.sub(" ", text)
+
+
+def chat_text(text: str) -> str:
+    """`text` as literal text in Slack's mrkdwn (and the compatible webhooks): `&`, `<`, `>`
+    escaped, as Slack asks, so a value from a conf or a server's error body can neither ping
+    (`<!channel>`) nor add a link (`<https://…|…>`). The message builds no markup of its own,
+    so the whole text is escaped: the only links are the URLs it writes, auto-linked."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def subject(s: RunSummary) -> str:
+    """The mail's Subject: one line, whatever the run's values hold (header_value)."""
     parts = []
     if s.status == "failed" or (s.reason and not s.regressions):
         parts.append("run failed")
     if s.regressions:
         parts.append(f"{len(s.regressions)} regression(s)")
     what = ", ".join(parts) or "run finished"
-    return f"[speedmatrix] {what}: {s.recipe_id or '?'} on {s.host or '?'} ({s.run_id or '?'})"
+    return header_value(
+        f"[speedmatrix] {what}: {s.recipe_id or '?'} on {s.host or '?'} ({s.run_id or '?'})"
+    )
 
 
 def message_text(s: RunSummary) -> str:
@@ -277,7 +299,7 @@ def deliver(
                 url = webhook_url(settings)
             if not url:
                 raise RuntimeError(f"no webhook URL in connection {settings.webhook_conn_id!r}")
-            post_webhook(url, text)
+            post_webhook(url, chat_text(text))
             out["webhook"] = "sent"
         except Exception as exc:
             # the URL is a secret: never logged

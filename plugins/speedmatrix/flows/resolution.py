@@ -16,7 +16,7 @@ from typing import Any
 from speedmatrix.engine.lease import holder_id
 from speedmatrix.flows.resolved import Resolved
 from speedmatrix.plan import MatrixSpec, check_matrix
-from speedmatrix.records import cell_name
+from speedmatrix.records import cell_name, path_field_problems
 
 DAG_ID = "speed_matrix"
 
@@ -101,6 +101,17 @@ def resolve(
     trigger = trigger_of(dag_run_id)
     run_id = make_run_id(recipe.id, ref, trigger, run_after)
     host = str(_override(conf, "ssh_conn_id", recipe.schedule.host or "local"))
+    # every value that becomes part of a file name fits one, checked before anything runs
+    # (a 185-character ref was measured, then failed the landing: issue #33)
+    named = {
+        "run_id": run_id,
+        "recipe_id": recipe.id,
+        "engine_ref": ref,
+        "host": host,
+        "served_model": recipe.model.served_name,
+    }
+    if problems := path_field_problems(named):
+        raise ResolveError("; ".join(problems))
     return {
         "run_id": run_id,
         "dag_run_id": dag_run_id,

@@ -13,7 +13,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from speedmatrix.records import PROMPT_MODES, WORKLOADS, parse_context, split_list_text
+from speedmatrix.records import (
+    MAX_QUANTITY,
+    PROMPT_MODES,
+    WORKLOADS,
+    parse_context,
+    split_list_text,
+)
 
 # The conf keys of speed_matrix (docs/design.md, contract); anything else is refused.
 CONF_KEYS = (
@@ -43,7 +49,24 @@ MAX_WINDOW_S = 24 * 3600.0
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer (not a bool) within records.MAX_QUANTITY: a 400-digit count is refused here,
+    naming its key, not an overflow where it lands (issue #33)."""
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) <= MAX_QUANTITY
+
+
+def _is_token_count(v: Any) -> bool:
+    """256 or a label like 64K, readable by records.parse_context (which bounds it)."""
+    if isinstance(v, str) and _CONTROL.search(v):
+        return False
+    if not (_is_int(v) or isinstance(v, str)):
+        return False
+    try:
+        parse_context(v)
+    except ValueError:
+        # not a count ("1.5K"): the matrix's check names it with its reason; a 400-digit
+        # number is too long to be one and is refused here
+        return len(str(v)) <= 40
+    return True
 
 
 def _is_number(v: Any) -> bool:
@@ -136,7 +159,7 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
             problems += _list_problems(
                 key,
                 conf[key],
-                lambda x: _is_int(x) or (isinstance(x, str) and not _CONTROL.search(x)),
+                _is_token_count,
                 "token counts (256, 64K), or a text like `8K, 16K`",
             )
     if given("concurrencies"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from time import perf_counter
 
-from speedmatrix.records import CellRecord, context_label, empty_cell
+from speedmatrix.records import WARM_PREFILL, CellRecord, context_label, empty_cell
 
 from .common import Progress, Watchdog, check_model, progress_enabled, request_row
 from .config import PrefillConfig
@@ -110,7 +110,7 @@ async def run_prefill(cfg: PrefillConfig) -> tuple[CellRecord, list[dict[str, ob
     elif req.prompt_tokens != cfg.context:
         problems.append(f"server counted {req.prompt_tokens} prompt tokens, not {cfg.context}")
     if hits:
-        problems.append(f"prompt was not cold: {hits:g} tokens came from the prefix cache")
+        problems.append(f"{WARM_PREFILL}: {hits:g} tokens came from the prefix cache")
     if has_metrics and missing:
         # the server has prefix-cache counters, but not around this request: cold unproven
         problems.append(f"{missing}: the cold check cannot be made")

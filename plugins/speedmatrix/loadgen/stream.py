@@ -32,6 +32,18 @@ except ImportError:  # pragma: no cover - exercised only without orjson
 
 INF = float("inf")
 
+# Every byte the client holds for a response is bounded: a server answering 500 with an
+# endless body grew the client from 42 to 226 MB before the first-token timeout (issue #33).
+# A response that passes a bound ends its request, with the reason, and is not read further.
+MAX_HEAD = 64 * 1024
+"""The response's status line and headers (vLLM's are a few hundred bytes)."""
+MAX_ERROR_BODY = 64 * 1024
+"""An error response's body: the message is its first 200 characters anyway."""
+MAX_BUFFERED = 1024 * 1024
+"""One stream event not yet ended (vLLM's are under a few KB, a long text chunk included)."""
+MAX_CHUNK_LINE = 1024
+"""A chunk-size line of the chunked encoding (hex digits and extensions)."""
+
 
 class Window:
     """The measurement window, shared by every stream: tokens count when ws < t <= we."""
@@ -210,6 +222,11 @@ class StreamConnection(asyncio.Protocol):
             data = self._raw + data
             end = data.find(b"\r\n\r\n")
             if end < 0:
+                if len(data) > MAX_HEAD:
+                    self._fail(
+                        f"response head longer than {MAX_HEAD // 1024} KiB: not read further"
+                    )
+                    return
                 self._raw = data
                 return
             self._raw = b""
@@ -350,6 +367,10 @@ class StreamConnection(asyncio.Protocol):
                 self._finish(t)
                 return
         self._raw = buf[pos:] if pos < n else b""
+        if len(self._raw) > (MAX_CHUNK_LINE if self._state == _CHUNK_SIZE else MAX_HEAD):
+            what = "chunk size" if self._state == _CHUNK_SIZE else "trailer"
+            self._fail(f"malformed {what}: no line end in {len(self._raw)} bytes, not read further")
+            return
         if payload:
             self._feed_body(payload[0] if len(payload) == 1 else b"".join(payload), t)
 
@@ -357,13 +378,25 @@ class StreamConnection(asyncio.Protocol):
         req = self.req
         assert req is not None
         if req.status != 200:
-            self._error_body += data
+            self._error_body += data[: MAX_ERROR_BODY + 1 - len(self._error_body)]
+            if len(self._error_body) > MAX_ERROR_BODY:
+                self._fail(
+                    f"HTTP {req.status}: {_error_message(self._error_body[:MAX_ERROR_BODY])} "
+                    f"(error body longer than {MAX_ERROR_BODY // 1024} KiB: not read further)"
+                )
             return
         sse = self._sse + data if self._sse else data
         if b"\r" in sse:
             sse = sse.replace(b"\r\n", b"\n")
         events = sse.split(b"\n\n")
         self._sse = events.pop()
+        if len(self._sse) > MAX_BUFFERED:
+            self._sse = b""
+            self._fail(
+                f"stream event longer than {MAX_BUFFERED // 1024} KiB without an end: "
+                "not read further"
+            )
+            return
         for event in events:
             if event:
                 self._on_event(event, t)
@@ -388,7 +421,9 @@ class StreamConnection(asyncio.Protocol):
             return
         try:
             obj = _loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+            obj = None
+        if not isinstance(obj, dict):
             self._fail(f"unparseable stream chunk {payload[:80]!r}")
             return
         usage = obj.get("usage")
@@ -485,7 +520,7 @@ def _error_message(body: bytes) -> str:
     text = body.decode("utf-8", "replace").strip()
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return " ".join(text.split())[:200] or "(empty body)"
     if isinstance(obj, dict):
         err = obj.get("error", obj)

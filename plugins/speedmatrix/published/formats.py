@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import re
 
+from speedmatrix.records import check_quantity
+
 DASH = "—"  # an absent value, as the pages write it
 
 PHASE_LABELS = {"prefill": "Prefill", "decode": "Sustained decode"}
@@ -63,7 +65,10 @@ def parse_number(text: str) -> float | None:
         scale, s = 1_000_000.0, s[:-1]
     if not s or not _NUMBER.match(s) or s in ("+", "-", "."):
         raise QuantityError(f"not a number: {text.strip()!r}")
-    return float(s.replace(",", "")) * scale
+    try:  # finite and in range (records.MAX_QUANTITY), or the page is refused on this line
+        return check_quantity(float(s.replace(",", "")) * scale, text)
+    except ValueError as exc:
+        raise QuantityError(str(exc)) from None
 
 
 def parse_int(text: str) -> int | None:
@@ -86,7 +91,10 @@ def parse_with_unit(text: str, units: dict[str, float]) -> float | None:
             value = parse_number(number)
             if value is None:
                 break
-            return value * factor
+            try:
+                return check_quantity(value * factor, text)
+            except ValueError as exc:
+                raise QuantityError(str(exc)) from None
     raise QuantityError(f"not a quantity in {'/'.join(units)}: {s!r}")
 
 

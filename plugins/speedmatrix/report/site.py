@@ -47,12 +47,16 @@ from typing import Any
 import pandas as pd
 
 from speedmatrix.commits import commit_label
+from speedmatrix.records import COMPARABILITY_FIELDS
 from speedmatrix.report.slugs import slug
 
 log = logging.getLogger("speedmatrix.site")
 
 MANIFEST = "_site.json"
 LOCK = ".site.lock"
+MARKER = ".speedmatrix-site"
+"""Says a folder is a site of ours: the build writes only into one that holds it (or
+`MANIFEST`, which sites built before the marker hold) or is new or empty (issue #33)."""
 SITE_FORMAT = 1  # bump when the site's own pages change shape: everything is rendered again
 MAX_POINTS = 120  # points per trend chart: the most recent runs (the run table has them all)
 LATEST_RUNS = 25  # runs listed on the index
@@ -82,6 +86,7 @@ CELL_COLUMNS = (
     "concurrency",
     "status",
     "total_tok_s",
+    *COMPARABILITY_FIELDS,  # the trends apply the verdicts' rule of what may be compared
 )
 COMPARISON_COLUMNS = (
     "run_id",
@@ -481,6 +486,22 @@ def _recipe_rows(wh: Any, table: str, recipe: str | None) -> pd.DataFrame:
     return wh.query(f"SELECT {cols} FROM {table} WHERE recipe_id IS NOT DISTINCT FROM ?", [recipe])
 
 
+def claim_site_dir(root: Path) -> None:
+    """Make `root` ours, or refuse: a site rewrites `index.html`, `site.css`, `runs/`… and must
+    never overwrite a user's files of those names (`--out` pointed at the wrong folder). A new
+    or empty folder gets the marker; one that holds it (or a manifest) is ours; anything else
+    is a ValueError naming the path, and nothing in it is touched."""
+    root.mkdir(parents=True, exist_ok=True)
+    if (root / MARKER).exists() or (root / MANIFEST).exists():
+        return
+    if any(root.iterdir()):
+        raise ValueError(
+            f"{root} is not a speedmatrix site (no {MARKER} in it) and is not empty: "
+            "the site is written only into an empty folder or its own"
+        )
+    (root / MARKER).write_text("speedmatrix site: the site command writes here\n")
+
+
 def build_site(
     warehouse: Any,
     out: str | os.PathLike[str],
@@ -498,7 +519,7 @@ def build_site(
     index and the trends are still written: one bad run must not hide every other)."""
     t0 = time.monotonic()
     root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
+    claim_site_dir(root)
     # runs on several workers finish side by side: one build at a time per site directory
     # (each page is replaced atomically anyway; the lock keeps the manifest whole)
     with open(root / LOCK, "a+b") as lock:

@@ -217,9 +217,15 @@ class Warehouse(WarehouseQueries):
         """Write aside, then rename into place."""
         self.fs.create_dir(posixpath.dirname(path), recursive=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with self.fs.open_output_stream(tmp) as out:
-            out.write(data)
-        self.fs.move(tmp, path)
+        try:
+            with self.fs.open_output_stream(tmp) as out:
+                out.write(data)
+            self.fs.move(tmp, path)
+        except BaseException:
+            # a full disk (ENOSPC) must not leave a half-written file aside (issue #33)
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(tmp)
+            raise
 
     def _read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(path) as fh:

@@ -140,7 +140,6 @@ def start_server(
             f"{sorted(NO_TELEMETRY_ENV)} stay on for every server speedmatrix starts"
         )
     key = _api_key_value(recipe, api_key)
-    is_sim = recipe.engine.install.kind == "sim"
     key_var = s.api_key_secret or DEFAULT_API_KEY_ENV
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_var):
         # it is written unquoted after `export` (a name cannot be quoted): the loader refuses
@@ -148,15 +147,9 @@ def start_server(
         raise ServerError(f"serve.api_key_secret {key_var!r} is not a variable name")
     python = prov.python
     include = prov.include_dir or "include"
-    if key is None:
-        line = recipe.render_launch_command(ref, api_key="omit", python=python, include=include)
-    elif is_sim:
-        line = recipe.render_launch_command(
-            ref, api_key=f'"${key_var}"', python=python, include=include
-        )
-    else:
-        # vLLM reads VLLM_API_KEY: the key stays out of the process list.
-        line = recipe.render_launch_command(ref, api_key="omit", python=python, include=include)
+    # vLLM and the simulator both read VLLM_API_KEY (exported from secrets.env below): the
+    # `--api-key` pair is left out of the command, so no server we start has its key in argv
+    line = recipe.render_launch_command(ref, api_key="omit", python=python, include=include)
     shown = recipe.render_launch_command(ref, api_key="redact", python=python, include=include)
 
     run_dir = f"{host.resolve(servers_dir)}/{s.port}"
@@ -170,7 +163,7 @@ def start_server(
     if key is not None:
         secrets = (
             f"export {key_var}={shlex.quote(key)}\nexport {PROBE_KEY_VAR}={shlex.quote(key)}\n"
-            + ("" if is_sim else f"export VLLM_API_KEY={shlex.quote(key)}\n")
+            + f"export VLLM_API_KEY={shlex.quote(key)}\n"
         )
     host.put_text(secrets, f"{run_dir}/secrets.env", mode=0o600)
     host.put_text(shown + "\n", f"{run_dir}/command.txt", mode=0o644)
