@@ -20,6 +20,11 @@ METRIC_VERSION = 2
 2: decode prompts are the declared `workload` (default `article`, a chat conversation asking
 for a new article) instead of a raw continuation of repeated prose (issue 15)."""
 
+INGEST_METRIC_VERSION = 0
+"""metric_version of cells ingested from a published page: measured by another tool, by its
+own definitions, never mixed into our trends (and held to the published tool's accounting by
+the cells suite)."""
+
 PHASES = ("prefill", "decode")
 STATUSES = ("valid", "over_capacity", "failed", "invalid")
 PROMPT_MODES = ("distinct", "shared")

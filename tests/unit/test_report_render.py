@@ -163,8 +163,8 @@ def test_html_is_one_self_contained_file():
 def test_baseline_comparison():
     parsed = parse_report(REFERENCE.read_text(encoding="utf-8"))
     faster = copy.deepcopy(parsed.cells)
-    for c in faster:
-        if c["total_tok_s"] is not None:
+    for c in faster:  # decode only: a prefill rate 10% up at the same TTFT is no possible page
+        if c["total_tok_s"] is not None and c["phase"] == "decode":
             c["total_tok_s"] = round(c["total_tok_s"] * 1.10, 1)
     run = dict(parsed.run, run_id="faster")
     md = render_markdown(run, faster, baseline=(parsed.run, parsed.cells))

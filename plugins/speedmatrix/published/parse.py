@@ -30,9 +30,11 @@ import shlex
 from dataclasses import dataclass, field
 
 from speedmatrix.published import formats as F
+from speedmatrix.published.implied import apply_implied_contexts
 from speedmatrix.records import (
     CELL_FIELDS,
     DEFAULT_WORKLOAD,
+    INGEST_METRIC_VERSION,
     RUN_FIELDS,
     WORKLOADS,
     cell_sort_key,
@@ -89,8 +91,7 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     "Run": ("Served model", "Time per measurement", "Max output"),
 }
 
-INGEST_METRIC_VERSION = 0
-"""metric_version of ingested cells: measured by another tool, never mixed into our trends."""
+# metric_version of ingested cells (records.INGEST_METRIC_VERSION, re-exported for callers)
 
 
 class ReportParseError(ValueError):
@@ -567,7 +568,10 @@ def _check_matrix(lines: list[_Line], cells: list[dict], source: str | None) -> 
 
 def _check_subtitle(head: list[_Line], cells: list[dict], source: str | None) -> None:
     """``6 contexts (8K–251K) × 8 concurrency levels (1–128) · prefill at 8K, 16K, …``"""
-    decode_ctx = sorted({c["context_tokens"] for c in cells if c["phase"] == "decode"})
+    # by label: a label's cells carry the prompt length the page implies (published.implied)
+    decode_ctx = sorted(
+        {parse_context(c["context_label"]) for c in cells if c["phase"] == "decode"}
+    )
     concs = sorted({c["concurrency"] for c in cells if c["phase"] == "decode"})
     prefill = [c["context_label"] for c in cells if c["phase"] == "prefill"]
     for ln in head:
@@ -702,9 +706,11 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
     :func:`published_recipe_id`, ``started_at`` None: the pages carry no date); ``.cells`` one full
     cell record (every CELL_FIELDS key) per "All measurements" row, in table order.
 
-    The page gives contexts only as labels (``8K``, ``251K`` = tokens // 1024), so an ingested
-    cell's ``context_tokens`` is label * 1024 (8K -> 8192, 251K -> 257024), not the exact prompt
-    length the original tool sent. Ingested cells carry ``metric_version`` 0 (measured by
+    The page gives contexts as labels (``8K``, ``251K``); the prompt the tool really sent is
+    what the label's prefill row implies (tok/s x TTFT: ``published.implied``; the tool sizes
+    prompts by characters and its long ones come out 1-2.5% short), so an ingested cell's
+    ``context_tokens`` is that implied count for every cell of a label with a consistent prefill
+    row, else label * 1024; ``context_label`` keeps the label. Ingested cells carry ``metric_version`` 0 (measured by
     another tool), ``max_output_tokens`` from the Run section (1 for prefill) and
     ``window_s`` = the time per measurement (decode).
 
@@ -753,6 +759,7 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
     cells, before, after = _parse_measurements(sections["All measurements"], run, source)
     for c in cells:
         c["workload"] = run["workload"]
+    apply_implied_contexts(cells)
     # anything under a further heading (a baseline comparison, a footer) is not the page's
     k = next((i for i, ln in enumerate(after) if re.match(r"^#{1,6}\s", ln.text)), len(after))
     after = after[:k]
