@@ -135,6 +135,15 @@ PARAMS = {
         "workload) or continuation (raw repeated prose, for servers without a chat template). "
         "Default: the recipe's (article).",
     ),
+    "measurement_profile": Param(
+        None,
+        type=["null", "string"],
+        enum=[None, "default", "published"],
+        description="Whose definitions measure the run: default (ours: exact token contexts, "
+        "distinct prompts, TTFT from the last byte sent) or published (the published tool's, "
+        "to compare with its pages; never compared or trended with default runs). "
+        "Default: the recipe's matrix.profile (default).",
+    ),
     "repeats": Param(
         None,
         type=["null", "integer"],

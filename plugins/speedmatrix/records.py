@@ -33,6 +33,13 @@ PROMPT_MODES = ("distinct", "shared")
 # template). The first is the default (docs/measurement.md rule 11).
 WORKLOADS = ("article", "continuation")
 DEFAULT_WORKLOAD = "article"
+# How a run measured (issue #35): `default`, our definitions (docs/measurement.md: exact token
+# contexts, distinct prompts, TTFT from the last byte sent, min_tokens = max_tokens); or
+# `published`, the published tool's (llm-inference-bench: one shared chat-text prompt sized by
+# characters, TTFT from before the body is built, the window opening once running == C is
+# stable, per-request tok/s = total / C). Never compared, trended or pooled across.
+MEASUREMENT_PROFILES = ("default", "published")
+DEFAULT_MEASUREMENT_PROFILE = "default"
 TRIGGERS = ("nightly", "commit", "manual", "ingest")
 RUN_STATUSES = ("success", "failed", "partial")
 # A valid decode cell's average running requests lie within this share of C: the load
@@ -149,6 +156,13 @@ CELL_FIELDS: tuple[Field, ...] = (
         "(measurement time, not overhead); null for prefill (its one cold request is the "
         "measurement) and for cells that never warmed",
     ),
+    Field(
+        "measurement_profile",
+        "str",
+        True,
+        "default or published (MEASUREMENT_PROFILES: whose definitions measured the cell); "
+        "null: landed before it was recorded (default)",
+    ),
 )
 
 # One row per request of a measured cell (distributions); keyed by run_id + cell keys.
@@ -218,6 +232,12 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("host", "str", True, "Airflow connection id or local"),
     Field("source", "str", True, "where the run came from (report file name for ingest)"),
     Field("workload", "str", True, "article or continuation (decode prompts' content)"),
+    Field(
+        "measurement_profile",
+        "str",
+        True,
+        "default or published: whose definitions measured the run (null: default)",
+    ),
 )
 
 
@@ -379,6 +399,7 @@ class CellRecord(TypedDict):
     workload: str | None
     copy_share: float | None
     warmup_s: float | None
+    measurement_profile: str | None
 
 
 # ------------------------------------------------------------------- the one validity rule set
@@ -386,9 +407,18 @@ class CellRecord(TypedDict):
 # table builder (store/schemas.build_table): one definition, so the two cannot disagree.
 # Looked up at call time (`allowed_values`, `unique_key`), never copied at import.
 ALLOWED_VALUES: dict[str, dict[str, tuple[str, ...]]] = {
-    "cells": {"status": STATUSES, "phase": PHASES, "workload": WORKLOADS},
+    "cells": {
+        "status": STATUSES,
+        "phase": PHASES,
+        "workload": WORKLOADS,
+        "measurement_profile": MEASUREMENT_PROFILES,
+    },
     "requests": {"phase": PHASES},
-    "runs": {"trigger": TRIGGERS, "status": RUN_STATUSES},
+    "runs": {
+        "trigger": TRIGGERS,
+        "status": RUN_STATUSES,
+        "measurement_profile": MEASUREMENT_PROFILES,
+    },
 }
 """table -> column -> the values it may hold (null is allowed where the field is nullable)."""
 

@@ -298,3 +298,22 @@ def test_warm_up_stays_out_of_the_published_table():
     assert "warmup_s" in cell
     assert F.table_row({**cell, "warmup_s": 12.5}) == F.table_row(cell)
     assert "warm" not in F.table_header().lower()
+
+
+def test_a_published_profile_run_says_so_and_reads_back():
+    """Issue #35: our run measured by the published tool's definitions names its profile on
+    the page (Markdown: a note on the decode test; HTML: a row), and ingests back to it; a
+    page the published tool made is that profile by its nature, its text unchanged."""
+    parsed = parse_report(REFERENCE.read_text(encoding="utf-8"))
+    assert parsed.run["measurement_profile"] == "published"
+    assert {c["measurement_profile"] for c in parsed.cells} == {"published"}
+    ours = dict(parsed.run, bench_tool="speedmatrix", bench_tool_version="0.1.0")
+    for profile in ("default", "published"):
+        run = dict(ours, measurement_profile=profile)
+        md = render_markdown(run, parsed.cells)
+        assert ("Fixed duration (published profile)" in md) is (profile == "published")
+        back = parse_report(md)
+        assert back.run["measurement_profile"] == profile
+        assert back.run["decode_test"] == "Fixed duration"
+        assert f"<dt>Measurement profile</dt><dd>{profile}</dd>" in render_html(run, parsed.cells)
+    assert "(published profile)" not in render_markdown(parsed.run, parsed.cells)

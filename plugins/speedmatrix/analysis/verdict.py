@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 
 from speedmatrix.analysis.noise import CELL_KEY, Z_95, Interval, NoiseModel, frame, within_window
-from speedmatrix.records import cell_key, cell_name, cell_sort_key
+from speedmatrix.records import DEFAULT_MEASUREMENT_PROFILE, cell_key, cell_name, cell_sort_key
 from speedmatrix.store.schemas import COMPARISON_FIELDS, COMPARISONS_SCHEMA
 from speedmatrix.upstream.github import github_repo
 
@@ -65,6 +65,18 @@ METRICS: tuple[Metric, ...] = (
 METRIC_BY_NAME = {m.name: m for m in METRICS}
 KV_METRIC = Metric("kv_cache_tokens", "kv_cache_tokens", ("run",), True, "KV cache tokens")
 STATUS_METRIC = "status"
+
+
+COMPARABLE_ON = ("metric_version", "workload", "measurement_profile")
+"""What two cells must share to be compared, trended or pooled (the one comparison rule)."""
+
+
+def comparable_on(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """A cell's COMPARABLE_ON fields, a missing measurement profile read as ``default`` (cells
+    landed before it was recorded were measured by our definitions)."""
+    out = {f: cell.get(f) for f in COMPARABLE_ON}
+    out["measurement_profile"] = out["measurement_profile"] or DEFAULT_MEASUREMENT_PROFILE
+    return out
 
 
 def number(value: Any) -> float | None:
@@ -224,16 +236,18 @@ def compare_runs(
             emit(**cell_common, metric=STATUS_METRIC, threshold_pct=None, **status_row)
             continue
         assert a is not None and b is not None
-        # A changed metric definition, or a changed workload (an article and a continuation
-        # measure different things on a speculative decoder, docs/measurement.md rule 11):
+        # A changed metric definition, a changed workload (an article and a continuation
+        # measure different things on a speculative decoder, docs/measurement.md rule 11) or a
+        # changed measurement profile (ours vs the published tool's definitions, issue #35):
         # never a regression or an improvement.
-        differs = next((f for f in ("metric_version", "workload") if a.get(f) != b.get(f)), None)
+        fa, fb = comparable_on(a), comparable_on(b)
+        differs = next((f for f in COMPARABLE_ON if fa[f] != fb[f]), None)
         if differs is not None:
             emit(
                 **cell_common,
                 metric=STATUS_METRIC,
                 verdict="not_comparable",
-                reason=f"{differs} {b.get(differs)} -> {a.get(differs)}",
+                reason=f"{differs} {fb[differs]} -> {fa[differs]}",
             )
             continue
         for metric in METRICS:

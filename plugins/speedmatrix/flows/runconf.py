@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from speedmatrix.records import PROMPT_MODES, WORKLOADS
+from speedmatrix.records import MEASUREMENT_PROFILES, PROMPT_MODES, WORKLOADS
 
 # The conf keys of speed_matrix (docs/design.md, contract); anything else is refused.
 CONF_KEYS = (
@@ -27,6 +27,7 @@ CONF_KEYS = (
     "max_output_tokens",
     "prompt_mode",
     "workload",
+    "measurement_profile",
     "warehouse",
     "host_home",
     "port",
@@ -138,6 +139,11 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
         )
     if given("workload") and conf["workload"] not in WORKLOADS:
         problems.append(f"workload must be one of {list(WORKLOADS)}, got {conf['workload']!r}")
+    if given("measurement_profile") and conf["measurement_profile"] not in MEASUREMENT_PROFILES:
+        problems.append(
+            f"measurement_profile must be one of {list(MEASUREMENT_PROFILES)}, "
+            f"got {conf['measurement_profile']!r}"
+        )
     if given("repeats") and not _is_int(conf["repeats"]):
         problems.append(f"repeats must be an integer, got {conf['repeats']!r}")
     if given("repeat_cells"):

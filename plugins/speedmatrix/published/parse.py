@@ -649,6 +649,19 @@ def _from_launch(command: str | None) -> dict:
 _WORKLOAD_NOTE = re.compile(r"^(?P<test>.*?)\s*\((?P<workload>[a-z]+) workload\)$")
 
 
+PUBLISHED_PROFILE_NOTE = " (published profile)"
+"""render.decode_test_text's note on our runs measured by the `published` profile."""
+
+
+def _profile_of(decode_test: object, bench_tool: object) -> tuple[object, str]:
+    """(decode test without the profile note, measurement profile): a page the published tool
+    made is the `published` profile by its nature; ours says so in a note, else default."""
+    if isinstance(decode_test, str) and decode_test.endswith(PUBLISHED_PROFILE_NOTE):
+        return decode_test[: -len(PUBLISHED_PROFILE_NOTE)], "published"
+    ours = bench_tool in (None, "speedmatrix")
+    return decode_test, "default" if ours else "published"
+
+
 def _workload_of(decode_test: object) -> tuple[object, str]:
     """("Fixed duration (continuation workload)") -> ("Fixed duration", "continuation"): the
     note render.decode_test_text adds for a workload other than the published one. A page
@@ -750,7 +763,10 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
     run["launch_command"] = command
     for k, v in _from_launch(command).items():
         run[k] = v
-    run["decode_test"], run["workload"] = _workload_of(run.get("decode_test"))
+    decode_test, run["measurement_profile"] = _profile_of(
+        run.get("decode_test"), run.get("bench_tool")
+    )
+    run["decode_test"], run["workload"] = _workload_of(decode_test)
     run["trigger"] = "ingest"
     run["status"] = "success"
     run["recipe_id"] = published_recipe_id(run)
@@ -759,6 +775,7 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
     cells, before, after = _parse_measurements(sections["All measurements"], run, source)
     for c in cells:
         c["workload"] = run["workload"]
+        c["measurement_profile"] = run["measurement_profile"]
     apply_implied_contexts(cells)
     # anything under a further heading (a baseline comparison, a footer) is not the page's
     k = next((i for i, ln in enumerate(after) if re.match(r"^#{1,6}\s", ln.text)), len(after))
