@@ -1,6 +1,6 @@
 """The `published` measurement profile against the simulator over HTTP (issue #35 part 3).
 
-The calibrated reference profile served by `speedmatrix sim serve` at 5x time, measured by
+The calibrated reference profile served by `speedmatrix sim serve` at 2x time, measured by
 both profiles: the published one must do what the published tool does (one shared chat-text
 prompt sized by characters, the window opening only after 2 s plus 3 s of stable running == C,
 per-request tok/s = total / C, the prompt's server count recorded beside its label) and agree
@@ -18,7 +18,7 @@ from speedmatrix.loadgen.runner import run_loop
 pytestmark = [pytest.mark.integration]
 
 MODEL = "Kimi-K2.7-Code-NVFP4"
-SCALE = 5.0
+SCALE = 2.0
 
 
 def test_published_profile_cells_on_the_simulator() -> None:
@@ -50,10 +50,12 @@ def test_published_profile_cells_on_the_simulator() -> None:
         default, _ = run_loop(
             run_decode(
                 DecodeConfig(
-                    **common, context=16384, concurrency=2, duration_s=10.0, run_tag="defp"
+                    **common, context=16384, concurrency=2, duration_s=10.0, run_tag="defp",
+                    # a CPU shared with other tests: the saturation guards would measure the box
+                    max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
                 )
             )
-        )
+        )  # fmt: skip
     assert prefill["status"] == "valid", prefill["error"]
     assert prefill["measurement_profile"] == "published" and prefill["context_label"] == "16K"
     # sized by characters: the server's count, close to the label but not the label
@@ -69,6 +71,7 @@ def test_published_profile_cells_on_the_simulator() -> None:
     # the window opened after 2 s + 3 s of running == C (simulated seconds), not at the
     # first token as ours does
     assert min(r["start_offset_s"] for r in rows) <= -5.0
-    assert default["measurement_profile"] == "default" and default["status"] == "valid"
+    assert default["measurement_profile"] == "default"
+    assert default["status"] == "valid", default["error"]
     for figure in ("total_tok_s", "tbt_ms"):
         assert published[figure] == pytest.approx(default[figure], rel=0.05), figure

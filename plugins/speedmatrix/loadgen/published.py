@@ -72,6 +72,7 @@ class _Client:
         self.window = window
         self.on_first = on_first or (lambda r, t: None)
         self.conns: list[StreamConnection] = []
+        self.closing = False  # the cell is ending: no request may start (none would be cut)
 
     async def request(
         self, req: Request, msgs: list[dict[str, str]], conn: StreamConnection | None
@@ -87,6 +88,9 @@ class _Client:
                 req.error = f"could not connect: {exc!r}"
                 return req, None
             self.conns.append(conn)
+        if self.closing:
+            conn.close()
+            return req, None
         data = pp.body(self.cfg.model, msgs, req.max_tokens, self.cfg.extra_body)
         await conn.send(req, [self.endpoint.head(len(data)), data], t0=t0)
         if not conn.keep_alive:
@@ -94,6 +98,7 @@ class _Client:
         return req, conn
 
     def close(self) -> None:
+        self.closing = True
         for conn in self.conns:
             conn.close()
 
@@ -214,10 +219,16 @@ class _PublishedDecode:
         cfg = self.cfg
         warm_from = perf_counter()
         scout = Request(-1, 0, 1, False)
-        await self.client.request(scout, self.msgs, None)  # the tool's scout: the prefill
+        try:  # the tool's scout: the prefill into the prefix cache
+            await asyncio.wait_for(
+                self.client.request(scout, self.msgs, None), cfg.first_token_timeout(1)
+            )
+        except TimeoutError:
+            scout.error = scout.error or "no answer within the first-token timeout"
         self.cell["warmup_s"] = perf_counter() - warm_from
         if scout.error:
             self.failure = f"scout request failed: {scout.error}"
+            self.client.close()
             return self._finish()
         streams = [asyncio.ensure_future(self._stream(i)) for i in range(self.C)]
         try:
@@ -227,6 +238,7 @@ class _PublishedDecode:
                 self.snap_end = await self._read()
         finally:
             self.stopping = True
+            self.client.closing = True
             t = perf_counter()
             for conn in self.client.conns:
                 conn.cut(t)
