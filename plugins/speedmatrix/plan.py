@@ -16,7 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from speedmatrix.records import (
+    DEFAULT_MEASUREMENT_PROFILE,
     DEFAULT_WORKLOAD,
+    MEASUREMENT_PROFILES,
     PROMPT_MODES,
     WORKLOADS,
     cell_name,
@@ -88,6 +90,8 @@ class MatrixSpec:
     window_s: float
     prompt_mode: str = "distinct"
     workload: str = DEFAULT_WORKLOAD
+    # whose definitions measure the run (records.MEASUREMENT_PROFILES, issue #35)
+    measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE
 
     @classmethod
     def build(
@@ -100,6 +104,7 @@ class MatrixSpec:
         window_s: float,
         prompt_mode: str = "distinct",
         workload: str = DEFAULT_WORKLOAD,
+        measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE,
     ) -> MatrixSpec:
         return cls(
             prefill_contexts=tuple(_tokens(c) for c in prefill_contexts),
@@ -109,6 +114,7 @@ class MatrixSpec:
             window_s=float(window_s),
             prompt_mode=prompt_mode,
             workload=workload,
+            measurement_profile=measurement_profile,
         )
 
 
@@ -140,6 +146,11 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
         )
     if spec.workload not in WORKLOADS:
         problems.append(f"workload must be one of {list(WORKLOADS)}, got {spec.workload!r}")
+    if spec.measurement_profile not in MEASUREMENT_PROFILES:
+        problems.append(
+            f"measurement profile must be one of {list(MEASUREMENT_PROFILES)}, "
+            f"got {spec.measurement_profile!r}"
+        )
     if max_model_len:
         out = spec.max_output_tokens
         too_long = [c for c in spec.contexts if not fits_model(c, out, max_model_len)]
@@ -231,6 +242,7 @@ def _planned(spec: MatrixSpec, phase: str, context: int, concurrency: int) -> di
         "window_s": None if phase == "prefill" else spec.window_s,
         "prompt_mode": None if phase == "prefill" else spec.prompt_mode,
         "workload": spec.workload,
+        "measurement_profile": spec.measurement_profile,
         "repeat": 0,
     }
 
@@ -352,6 +364,12 @@ def plan_matrix(
             if (ctx, conc) not in runnable:
                 plan.over_capacity.append(_over_capacity(spec, "decode", ctx, conc, capacity))
     plan.order = run_order(plan.prefill, plan.decode)
+    if spec.measurement_profile == "published" and plan.order:
+        # the published tool's global warm-up (a short request, a hidden 8K prefill, a short
+        # C=1 decode at the largest runnable context) goes before the run's first cell
+        c1 = [int(c["context_tokens"]) for c in plan.decode if int(c["concurrency"]) == 1]
+        largest = max(c1 or [int(c["context_tokens"]) for c in plan.order])
+        plan.order[0]["global_warmup_context"] = largest
     plan.prefill = [c for c in plan.order if c["phase"] == "prefill"]
     plan.decode = [c for c in plan.order if c["phase"] == "decode"]
     if repeats > 1:
@@ -441,6 +459,7 @@ def _over_capacity(
         ),
         prompt_mode=None if phase == "prefill" else spec.prompt_mode,
         workload=spec.workload,
+        measurement_profile=spec.measurement_profile,
         max_output_tokens=out,
         window_s=None if phase == "prefill" else spec.window_s,
     )

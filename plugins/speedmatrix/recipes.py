@@ -219,6 +219,9 @@ class Matrix(_Strict):
     # chat conversation rendered by the server's template, the published pages' workload) or
     # continuation (raw continuation of repeated prose, for servers without a chat template).
     workload: Literal["article", "continuation"] = "article"
+    # Whose definitions measure the run (records.MEASUREMENT_PROFILES, issue #35): default (ours)
+    # or published (the published tool's: loadgen/published.py); never compared across.
+    profile: Literal["default", "published"] = "default"
     # Noise passes (speed_matrix `repeats` / `repeat_cells`, which override these): measure
     # the chosen cells (null: all) `repeats` times in one run, interleaved (plan.plan_matrix).
     repeats: int = Field(default=1, ge=1, le=10)

@@ -21,6 +21,11 @@ METRIC_VERSION = 2
 2: decode prompts are the declared `workload` (default `article`, a chat conversation asking
 for a new article) instead of a raw continuation of repeated prose (issue 15)."""
 
+INGEST_METRIC_VERSION = 0
+"""metric_version of cells ingested from a published page: measured by another tool, by its
+own definitions, never mixed into our trends (and held to the published tool's accounting by
+the cells suite)."""
+
 PHASES = ("prefill", "decode")
 STATUSES = ("valid", "over_capacity", "failed", "invalid")
 PROMPT_MODES = ("distinct", "shared")
@@ -29,6 +34,13 @@ PROMPT_MODES = ("distinct", "shared")
 # template). The first is the default (docs/measurement.md rule 11).
 WORKLOADS = ("article", "continuation")
 DEFAULT_WORKLOAD = "article"
+# How a run measured (issue #35): `default`, our definitions (docs/measurement.md: exact token
+# contexts, distinct prompts, TTFT from the last byte sent, min_tokens = max_tokens); or
+# `published`, the published tool's (llm-inference-bench: one shared chat-text prompt sized by
+# characters, TTFT from before the body is built, the window opening once running == C is
+# stable, per-request tok/s = total / C). Never compared, trended or pooled across.
+MEASUREMENT_PROFILES = ("default", "published")
+DEFAULT_MEASUREMENT_PROFILE = "default"
 TRIGGERS = ("nightly", "commit", "manual", "ingest")
 RUN_STATUSES = ("success", "failed", "partial")
 # A valid decode cell's average running requests lie within this share of C: the load
@@ -145,6 +157,13 @@ CELL_FIELDS: tuple[Field, ...] = (
         "(measurement time, not overhead); null for prefill (its one cold request is the "
         "measurement) and for cells that never warmed",
     ),
+    Field(
+        "measurement_profile",
+        "str",
+        True,
+        "default or published (MEASUREMENT_PROFILES: whose definitions measured the cell); "
+        "null: landed before it was recorded (default)",
+    ),
 )
 
 # One row per request of a measured cell (distributions); keyed by run_id + cell keys.
@@ -219,6 +238,12 @@ RUN_FIELDS: tuple[Field, ...] = (
         "str",
         True,
         "the simulator profile that served a simulated run (null: a real engine)",
+    ),
+    Field(
+        "measurement_profile",
+        "str",
+        True,
+        "default or published: whose definitions measured the run (null: default)",
     ),
 )
 
@@ -406,11 +431,16 @@ def path_field_problems(values: Mapping[str, Any]) -> list[str]:
     return out
 
 
-COMPARABILITY_FIELDS: tuple[str, ...] = ("metric_version", "workload")
-"""What two cells must share for their figures to be compared at all: the metric's definition
-and the decode workload (an article and a continuation measure different things on a
-speculative decoder, docs/measurement.md rule 11). The one rule of what may be compared, for
-verdicts, trends, the site and bisection alike (issue #33); extend it here."""
+COMPARABILITY_FIELDS: tuple[str, ...] = ("metric_version", "workload", "measurement_profile")
+"""What two cells must share for their figures to be compared, trended or pooled at all: the
+metric's definition, the decode workload (an article and a continuation measure different
+things on a speculative decoder, docs/measurement.md rule 11) and the measurement profile (our
+definitions or the published tool's). The one rule of what may be compared, for verdicts,
+trends, the site and bisection alike; extend it here."""
+
+_READ_MISSING_AS = {"measurement_profile": DEFAULT_MEASUREMENT_PROFILE}
+"""A field recorded only since some point: a cell landed before it was measured by what is
+now its default (a cell without a measurement profile was measured by our definitions)."""
 
 
 def _same_value(a: object, b: object) -> bool:
@@ -425,9 +455,19 @@ def not_comparable_reason(cell: Mapping[str, Any], baseline: Mapping[str, Any]) 
     """Why `cell`'s figures may not be judged against `baseline`'s ("metric_version 1 -> 2"),
     or None when they may (COMPARABILITY_FIELDS all equal)."""
     for name in COMPARABILITY_FIELDS:
-        if not _same_value(cell.get(name), baseline.get(name)):
-            return f"{name} {baseline.get(name)} -> {cell.get(name)}"
+        a, b = _comparable_value(cell, name), _comparable_value(baseline, name)
+        if not _same_value(a, b):
+            return f"{name} {b} -> {a}"
     return None
+
+
+def _comparable_value(record: Mapping[str, Any], name: str) -> object:
+    value = record.get(name)
+    if name in _READ_MISSING_AS and (
+        value is None or (isinstance(value, float) and value != value)
+    ):
+        return _READ_MISSING_AS[name]
+    return value
 
 
 def empty_cell(**values: object) -> CellRecord:
@@ -486,6 +526,7 @@ class CellRecord(TypedDict):
     workload: str | None
     copy_share: float | None
     warmup_s: float | None
+    measurement_profile: str | None
 
 
 # ------------------------------------------------------------------- the one validity rule set
@@ -493,9 +534,18 @@ class CellRecord(TypedDict):
 # table builder (store/schemas.build_table): one definition, so the two cannot disagree.
 # Looked up at call time (`allowed_values`, `unique_key`), never copied at import.
 ALLOWED_VALUES: dict[str, dict[str, tuple[str, ...]]] = {
-    "cells": {"status": STATUSES, "phase": PHASES, "workload": WORKLOADS},
+    "cells": {
+        "status": STATUSES,
+        "phase": PHASES,
+        "workload": WORKLOADS,
+        "measurement_profile": MEASUREMENT_PROFILES,
+    },
     "requests": {"phase": PHASES},
-    "runs": {"trigger": TRIGGERS, "status": RUN_STATUSES},
+    "runs": {
+        "trigger": TRIGGERS,
+        "status": RUN_STATUSES,
+        "measurement_profile": MEASUREMENT_PROFILES,
+    },
 }
 """table -> column -> the values it may hold (null is allowed where the field is nullable)."""
 

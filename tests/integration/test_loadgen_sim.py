@@ -501,14 +501,15 @@ def test_replay_of_a_speculative_decoding_page_within_5_percent(tmp_path: Path) 
     from specdec_page import WINDOW_S, calibrated, spec_page
 
     from speedmatrix.published.parse import parse_report
+    from speedmatrix.records import parse_context
     from speedmatrix.sim.predict import predict_decode
     from speedmatrix.sim.profile import save_profile
 
     page = spec_page()
     profile, _ = calibrated()  # the session's one calibration of this page (shared, cached)
     path = save_profile(profile, tmp_path / "spec.yaml")
-    published = {
-        (c["context_tokens"], c["concurrency"]): c
+    published = {  # by label: a cell's own tokens are what the page implies (issue #35)
+        (parse_context(c["context_label"]), c["concurrency"]): c
         for c in parse_report(page).cells
         if c["phase"] == "decode"
     }

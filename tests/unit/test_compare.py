@@ -385,3 +385,20 @@ def test_cells_of_another_workload_are_not_comparable():
     assert status[key]["reason"] == "workload article -> continuation"
     assert not [r for r in rows if r.get("context_tokens") == key[0]
                 and r.get("concurrency") == key[1] and r["verdict"] == "regression"]  # fmt: skip
+
+
+def test_cells_of_another_measurement_profile_are_not_comparable():
+    """Issue #35: a cell measured by the published tool's definitions against one measured by
+    ours is never a regression or an improvement; a cell landed before the profile was
+    recorded (null) is ours (default) and stays comparable with a default one."""
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    old = [dict(c, measurement_profile=None) for c in _matrix()]
+    cells = [dict(c, measurement_profile="default") for c in _matrix(scale={(65536, 2): 0.5})]
+    cells[3] = dict(cells[3], measurement_profile="published")
+    rows = compare_runs(new, cells, base, old)
+    status = {(r["context_tokens"], r["concurrency"]): r for r in _by(rows, "status")}
+    key = (cells[3]["context_tokens"], cells[3]["concurrency"])
+    assert status[key]["verdict"] == "not_comparable"
+    assert status[key]["reason"] == "measurement_profile default -> published"
+    others = [r for r in _by(rows, "total_tok_s") if r["verdict"] == "regression"]
+    assert [(r["context_tokens"], r["concurrency"]) for r in others] == [(65536, 2)]

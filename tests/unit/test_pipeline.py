@@ -60,11 +60,15 @@ def test_resolve_applies_overrides_and_trigger_from_run_id():
         "window_s": 2.0,
         "prompt_mode": "shared",
         "workload": "continuation",
+        "measurement_profile": "default",
     }
     assert (r["host"], r["warehouse"]) == ("gpu7", "/tmp/wh")
     # the recipe's workload (article) unless the conf says otherwise
     assert resolve({"recipe": CPU}, run_id="manual__x")["matrix"]["workload"] == "article"
     assert resolution.trigger_of("commit__x__abc") == "commit"
+    # the measurement profile (issue #35): the recipe's matrix.profile unless the conf says
+    published = resolve({"recipe": CPU, "measurement_profile": "published"}, run_id="manual__y")
+    assert published["matrix"]["measurement_profile"] == "published"
 
 
 @pytest.mark.parametrize(

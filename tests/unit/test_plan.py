@@ -245,3 +245,18 @@ def test_repeat_cells_name_a_fitted_context_by_its_label():
     )
     repeats = [c for c in plan.prefill if c["repeat"]]
     assert [(c["label"], c["context_tokens"]) for c in repeats] == [("256K #2", 262143)]
+
+
+def test_a_published_profile_run_warms_up_globally_before_its_first_cell():
+    """Issue #35: the published tool warms the server once, before its first cell, ending
+    with a short C=1 decode at the largest context that runs at C=1; the plan puts that on
+    the run's first cell only, and every cell carries the run's measurement profile."""
+    plan = plan_matrix(ref_spec(measurement_profile="published"), KvCapacity(4150, 64))
+    first, *rest = plan.order
+    c1 = [c["context_tokens"] for c in plan.decode if c["concurrency"] == 1]
+    assert first["global_warmup_context"] == max(c1) == 251 * 1024
+    assert not any("global_warmup_context" in c for c in rest)
+    assert {c["measurement_profile"] for c in plan.order} == {"published"}
+    default = plan_matrix(ref_spec(), KvCapacity(4150, 64))
+    assert not any("global_warmup_context" in c for c in default.order)
+    assert {c["measurement_profile"] for c in default.order} == {"default"}

@@ -86,6 +86,13 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     g.add_argument("--prompt-mode", choices=("distinct", "shared"))
     g.add_argument("--workload", choices=("article", "continuation"))
     g.add_argument(
+        "--profile",
+        dest="measurement_profile",
+        choices=("default", "published"),
+        help="whose definitions measure the run: default (ours) or published (the published "
+        "tool's: docs/measurement.md, 'The published profile'); recorded per run and cell",
+    )
+    g.add_argument(
         "--engine-ref",
         help="recipe: the engine ref to install (default the recipe's); a server already "
         "running: the ref it was built from (default: read from its /version, else main)",

@@ -29,6 +29,7 @@ def failed_cell(cell: Mapping[str, Any], reason: str, **values: Any) -> CellReco
         window_s=cell.get("window_s"),
         prompt_mode=cell.get("prompt_mode"),
         workload=cell.get("workload"),
+        measurement_profile=cell.get("measurement_profile"),
         **values,
     )
 

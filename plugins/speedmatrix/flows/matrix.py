@@ -558,6 +558,13 @@ def _loadgen_config(resolved: Resolved, server: Mapping[str, Any], cell: Mapping
     }
     if cell.get("workload"):  # planned before workloads were declared: the loader's default
         common["workload"] = str(cell["workload"])
+    profile = str(cell.get("measurement_profile") or "default")
+    common["measurement_profile"] = profile
+    if cell.get("global_warmup_context"):  # the run's first cell (plan.plan_matrix)
+        common["global_warmup_context"] = int(cell["global_warmup_context"])
+    if profile == "published":  # its chars-per-token probe is min(8K, the run's largest)
+        m = resolved["matrix"]
+        common["largest_context"] = max([*m["contexts"], *m["prefill_contexts"]])
     if cell["phase"] == "prefill":
         return PrefillConfig(**common)
     return DecodeConfig(
@@ -606,7 +613,13 @@ def _measure_remote(resolved, server, cell, cfg) -> tuple[CellRecord, list[dict[
         cfg.run_tag,
         "--workload",
         cfg.workload,
+        "--profile",
+        cfg.measurement_profile,
     ]
+    if cfg.global_warmup_context is not None:
+        args += ["--global-warmup", str(cfg.global_warmup_context)]
+    if cfg.largest_context is not None:
+        args += ["--largest-context", str(cfg.largest_context)]
     if cell["phase"] == "decode":
         args += [
             "--concurrency",
@@ -711,6 +724,7 @@ def run_row(
         prompt_mode=resolved["matrix"]["prompt_mode"],
         workload=resolved["matrix"].get("workload"),
         sim_profile=info.get("sim_profile"),
+        measurement_profile=resolved["matrix"].get("measurement_profile") or "default",
         launch_command=info.get("launch_command") or launch,
         kv_cache_tokens=info.get("kv_cache_tokens"),
         kv_block_size=info.get("kv_block_size"),

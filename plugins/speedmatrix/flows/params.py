@@ -200,6 +200,17 @@ def speed_matrix_params() -> dict[str, Any]:
             f"template). {FROM_RECIPE}",
             section=PROMPTS,
         ),
+        "measurement_profile": Param(
+            None,
+            type=["null", "string"],
+            enum=[None, "default", "published"],
+            title="Measurement profile",
+            description="Whose definitions measure the run: default (ours: exact token contexts, "
+            "distinct prompts, TTFT from the last byte sent) or published (the published tool's, "
+            "to compare with its pages; never compared or trended with default runs). "
+            f"{FROM_RECIPE}",
+            section=PROMPTS,
+        ),
         "repeats": Param(
             None,
             type=["null", "integer"],

@@ -93,6 +93,7 @@ def resolve(
             window_s=_override(conf, "duration_s", m.window_s),
             prompt_mode=_override(conf, "prompt_mode", m.prompt_mode),
             workload=_override(conf, "workload", m.workload),
+            measurement_profile=_override(conf, "measurement_profile", m.profile),
         )
         check_matrix(spec, recipe.model.max_model_len)
     except ValueError as exc:
@@ -135,6 +136,7 @@ def resolve(
             "window_s": spec.window_s,
             "prompt_mode": spec.prompt_mode,
             "workload": spec.workload,
+            "measurement_profile": spec.measurement_profile,
         },
         "repeats": repeats,
         "repeat_cells": repeat_cells,

@@ -22,6 +22,7 @@ class MatrixConf(TypedDict):
     window_s: float
     prompt_mode: str
     workload: str
+    measurement_profile: str  # default or published (records.MEASUREMENT_PROFILES)
 
 
 class Resolved(TypedDict):

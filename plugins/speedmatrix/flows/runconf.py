@@ -15,6 +15,7 @@ from typing import Any
 
 from speedmatrix.records import (
     MAX_QUANTITY,
+    MEASUREMENT_PROFILES,
     PROMPT_MODES,
     WORKLOADS,
     parse_context,
@@ -33,6 +34,7 @@ CONF_KEYS = (
     "max_output_tokens",
     "prompt_mode",
     "workload",
+    "measurement_profile",
     "warehouse",
     "host_home",
     "port",
@@ -188,6 +190,11 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
         )
     if given("workload") and conf["workload"] not in WORKLOADS:
         problems.append(f"workload must be one of {list(WORKLOADS)}, got {conf['workload']!r}")
+    if given("measurement_profile") and conf["measurement_profile"] not in MEASUREMENT_PROFILES:
+        problems.append(
+            f"measurement_profile must be one of {list(MEASUREMENT_PROFILES)}, "
+            f"got {conf['measurement_profile']!r}"
+        )
     if given("repeats") and not _is_int(conf["repeats"]):
         problems.append(f"repeats must be an integer, got {conf['repeats']!r}")
     if given("repeat_cells"):

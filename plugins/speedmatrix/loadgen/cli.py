@@ -17,7 +17,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from speedmatrix.records import ACTIVE_TOLERANCE, DEFAULT_WORKLOAD, WORKLOADS, parse_context
+from speedmatrix.records import (
+    ACTIVE_TOLERANCE,
+    DEFAULT_MEASUREMENT_PROFILE,
+    DEFAULT_WORKLOAD,
+    MEASUREMENT_PROFILES,
+    WORKLOADS,
+    parse_context,
+)
 
 from .config import CellConfig, DecodeConfig, PrefillConfig, new_run_tag
 from .control import CellNotAttempted
@@ -104,6 +111,33 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="article: a chat conversation (a reference document, then a request for a long "
         "new article) rendered by the server's chat template, as the published pages measure; "
         "continuation: raw continuation of repeated prose, for servers without a chat template",
+    )
+    g.add_argument(
+        "--profile",
+        dest="measurement_profile",
+        choices=MEASUREMENT_PROFILES,
+        default=DEFAULT_MEASUREMENT_PROFILE,
+        help="whose definitions measure the cell: default (ours: exact token contexts, "
+        "distinct prompts, TTFT from the last byte sent, min_tokens = max_tokens) or published "
+        "(llm-inference-bench's: one shared chat-text prompt sized by characters, TTFT from "
+        "before the body is built, ignore_eos without min_tokens, the window opening once "
+        "running == C is stable, per-request tok/s = total / C); recorded in every row",
+    )
+    g.add_argument(
+        "--global-warmup",
+        type=parse_tokens,
+        default=None,
+        metavar="N",
+        help="published profile: the tool's warm-up before this cell (a short request, a "
+        "hidden 8K prefill, a short C=1 decode at N, the run's largest context)",
+    )
+    g.add_argument(
+        "--largest-context",
+        type=parse_tokens,
+        default=None,
+        metavar="N",
+        help="published profile: the run's largest context (the chars-per-token probe is "
+        "min(8K, N)); default this cell's",
     )
     g.add_argument(
         "--run-tag",
@@ -322,6 +356,9 @@ def build_config(args: argparse.Namespace) -> CellConfig:
         "run_tag": args.run_tag or new_run_tag(),
         "cache_salt": args.cache_salt,
         "workload": args.workload,
+        "measurement_profile": args.measurement_profile,
+        "global_warmup_context": args.global_warmup,
+        "largest_context": args.largest_context,
         "extra_body": args.extra_body,
         "connect_timeout_s": args.connect_timeout,
         "first_token_timeout_s": args.first_token_timeout,

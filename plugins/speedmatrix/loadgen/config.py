@@ -11,7 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedmatrix.records import ACTIVE_TOLERANCE, DEFAULT_WORKLOAD, PROMPT_MODES, WORKLOADS
+from speedmatrix.records import (
+    ACTIVE_TOLERANCE,
+    DEFAULT_MEASUREMENT_PROFILE,
+    DEFAULT_WORKLOAD,
+    MEASUREMENT_PROFILES,
+    PROMPT_MODES,
+    WORKLOADS,
+)
 
 
 def new_run_tag() -> str:
@@ -30,6 +37,15 @@ class CellConfig:
     # what the prompts say (docs/measurement.md rule 11): article (a chat conversation asking for a
     # new article, the published pages' workload) or continuation (raw repeated prose)
     workload: str = DEFAULT_WORKLOAD
+    # whose definitions measure the cell (records.MEASUREMENT_PROFILES): ours, or the
+    # published tool's (loadgen/published.py, issue #35)
+    measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE
+    # `published` only: before this cell, the tool's global warm-up (a short request, a hidden
+    # 8K prefill, a short C=1 decode at this context: the run's largest); None: none
+    global_warmup_context: int | None = None
+    # `published` only: the run's largest context; the chars-per-token probe is min(8K, it)
+    # as the tool's is (None: this cell's context, or the global warm-up's when larger)
+    largest_context: int | None = None
     extra_body: dict[str, Any] | None = None
     # per-phase timeouts (docs/measurement.md rule 9)
     connect_timeout_s: float = 10.0
@@ -56,6 +72,13 @@ class CellConfig:
         for name in ("connect_timeout_s", "first_token_timeout_s", "stall_timeout_s", "time_scale"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.measurement_profile not in MEASUREMENT_PROFILES:
+            raise ValueError(
+                f"measurement_profile must be one of {MEASUREMENT_PROFILES}, "
+                f"got {self.measurement_profile!r}"
+            )
+        if self.global_warmup_context is not None and self.measurement_profile != "published":
+            raise ValueError("the global warm-up is the published profile's")
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
         if not self.run_tag or any(c in self.run_tag for c in "@/\\\0") or len(self.run_tag) > 64:

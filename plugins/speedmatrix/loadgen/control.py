@@ -128,6 +128,27 @@ class ControlClient:
                 "--workload continuation)"
             ) from exc
 
+    async def chat_prompt_tokens(self, model: str, messages: list[dict[str, str]]) -> int:
+        """usage.prompt_tokens of a one-token chat completion: how the `published` profile
+        measures characters per token (as the published tool does, on the chat endpoint)."""
+        payload = {"model": model, "messages": messages, "stream": False, "max_tokens": 1}
+        try:
+            async with self._session.post(
+                f"{self.base_url}/v1/chat/completions", json=payload
+            ) as resp:
+                if resp.status != 200:
+                    detail = _one_line((await resp.text())[:200])
+                    raise CellNotAttempted(
+                        f"POST /v1/chat/completions answered HTTP {resp.status} ({detail})"
+                    )
+                body = await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise CellNotAttempted(f"POST /v1/chat/completions failed: {_one_line(exc)}") from exc
+        tokens = (body.get("usage") or {}).get("prompt_tokens")
+        if not isinstance(tokens, int) or tokens <= 0:
+            raise CellNotAttempted("the chat completion reported no usage.prompt_tokens")
+        return tokens
+
     async def _tokenize(self, payload: dict[str, Any]) -> list[int]:
         try:
             async with self._session.post(f"{self.base_url}/tokenize", json=payload) as resp:

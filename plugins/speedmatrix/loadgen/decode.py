@@ -47,6 +47,10 @@ async def run_decode(cfg: DecodeConfig) -> tuple[CellRecord, list[dict[str, obje
     every other problem ends up in the record's status and error.
     """
     cfg.validate()
+    if cfg.measurement_profile == "published":  # the published tool's definitions (#35)
+        from .published import run_published_decode
+
+        return await run_published_decode(cfg)
     endpoint = Endpoint(cfg.base_url, cfg.api_key)
     async with ControlClient(cfg.base_url, cfg.api_key) as ctl:
         await check_model(ctl, cfg.model)
@@ -98,6 +102,7 @@ class _DecodeCell:
             max_output_tokens=cfg.max_output_tokens,
             window_s=cfg.duration_s,
             started_at=datetime.now(UTC),
+            measurement_profile="default",
         )
 
     # -- the cell -----------------------------------------------------------------------------

@@ -25,6 +25,10 @@ from .stream import Endpoint, Request, Window, connect
 async def run_prefill(cfg: PrefillConfig) -> tuple[CellRecord, list[dict[str, object]]]:
     """Measure one prefill cell; returns (cell record, [the request's row])."""
     cfg.validate()
+    if cfg.measurement_profile == "published":  # the published tool's definitions (#35)
+        from .published import run_published_prefill
+
+        return await run_published_prefill(cfg)
     endpoint = Endpoint(cfg.base_url, cfg.api_key)
     cell = empty_cell(
         phase="prefill",
@@ -37,6 +41,7 @@ async def run_prefill(cfg: PrefillConfig) -> tuple[CellRecord, list[dict[str, ob
         requests_started=0,
         requests_failed=0,
         started_at=datetime.now(UTC),
+        measurement_profile="default",
     )
     async with ControlClient(cfg.base_url, cfg.api_key) as ctl:
         await check_model(ctl, cfg.model)

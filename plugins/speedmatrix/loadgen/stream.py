@@ -130,7 +130,7 @@ class Request:
 class Endpoint:
     """Where the streams connect and what every request's head looks like."""
 
-    def __init__(self, base_url: str, api_key: str | None) -> None:
+    def __init__(self, base_url: str, api_key: str | None, path: str = "/v1/completions") -> None:
         parts = urlsplit(normalize_base_url(base_url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--base-url must be http(s)://host[:port], got {base_url!r}")
@@ -141,7 +141,7 @@ class Endpoint:
         host_header = self.host if parts.port is None else f"{self.host}:{self.port}"
         auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
         self._head = (
-            f"POST {self.prefix}/v1/completions HTTP/1.1\r\nHost: {host_header}\r\n"
+            f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {host_header}\r\n"
             "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
             f"{auth}Content-Length: "
         ).encode()
@@ -247,8 +247,13 @@ class StreamConnection(asyncio.Protocol):
             self._feed_body(data, t)
 
     # -- sending ------------------------------------------------------------------------------
-    def send(self, req: Request, parts: list[bytes]) -> asyncio.Future[Request]:
-        """Write one request; the future resolves with it when it ends (done, failed, cut)."""
+    def send(
+        self, req: Request, parts: list[bytes], t0: float | None = None
+    ) -> asyncio.Future[Request]:
+        """Write one request; the future resolves with it when it ends (done, failed, cut).
+
+        `t0`: the request's start as the caller defines it (the `published` profile's TTFT
+        runs from before its body is built); by default the last byte's hand-over."""
         assert self.transport is not None
         loop = asyncio.get_running_loop()
         self.req = req
@@ -264,7 +269,9 @@ class StreamConnection(asyncio.Protocol):
         # last byte was handed over.
         stamp = perf_counter()
         self.transport.writelines(parts)
-        if self.transport.get_write_buffer_size() == 0:
+        if t0 is not None:
+            req.sent_at = t0
+        elif self.transport.get_write_buffer_size() == 0:
             req.sent_at = stamp
         else:
             self._sent_pending = True
@@ -438,15 +445,12 @@ class StreamConnection(asyncio.Protocol):
             n = 0
         if choices:
             choice = choices[0]
-            if not usage:
-                text = choice.get("text")
-                if text:
-                    n = 1
-                    req.usage_missing = True
-            if req.text_parts is not None:
-                text = choice.get("text")
-                if text:
-                    req.text_parts.append(text)
+            text = _choice_text(choice)
+            if not usage and text:
+                n = 1
+                req.usage_missing = True
+            if req.text_parts is not None and text:
+                req.text_parts.append(text)
             reason = choice.get("finish_reason")
             if reason:
                 req.finish_reason = reason
@@ -513,6 +517,17 @@ class StreamConnection(asyncio.Protocol):
         if not self.fut.done():
             self.fut.set_result(req)
         self.close()
+
+
+def _choice_text(choice: dict) -> str | None:
+    """A chunk's text: `text` on /v1/completions, the delta's content (or reasoning) on
+    /v1/chat/completions (the `published` profile's endpoint)."""
+    text = choice.get("text")
+    if text is None:
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+    return text or None
 
 
 def _error_message(body: bytes) -> str:

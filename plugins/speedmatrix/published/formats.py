@@ -228,3 +228,25 @@ def table_header() -> str:
 
 def table_rule(n: int | None = None) -> str:
     return "|" + "---|" * (n or len(TABLE_COLUMNS))
+
+
+# ---------------------------------------------------------------------------------------------
+# display rounding (what a figure written by fmt_rate / fmt_ms can hide)
+
+
+def rate_half_unit(value: float) -> float:
+    """Half a unit of the last digit a page shows for a prefill rate: the true figure lies
+    within this of the shown one. Below 10K the Prefill summary's whole ``6,206`` (0.5; the
+    table's ``6,206.0`` always ends in .0 on published pages, so its decimal carries nothing);
+    ``17.7K``: 50; ``180K``: 500 (fmt_rate's steps)."""
+    v = abs(float(value))
+    if v >= 100_000:
+        return 500.0
+    if v >= 10_000:
+        return 50.0
+    return 0.5
+
+
+def ms_half_unit(value: float, decimals: int = 0) -> float:
+    """Half a unit of the last digit of a ``fmt_ms`` figure (TTFT: 0 decimals, 0.5 ms)."""
+    return 0.5 * 10.0 ** (-decimals)

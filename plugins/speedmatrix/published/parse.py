@@ -30,9 +30,11 @@ import shlex
 from dataclasses import dataclass, field
 
 from speedmatrix.published import formats as F
+from speedmatrix.published.implied import apply_implied_contexts
 from speedmatrix.records import (
     CELL_FIELDS,
     DEFAULT_WORKLOAD,
+    INGEST_METRIC_VERSION,
     RUN_FIELDS,
     WORKLOADS,
     cell_sort_key,
@@ -89,8 +91,7 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     "Run": ("Served model", "Time per measurement", "Max output"),
 }
 
-INGEST_METRIC_VERSION = 0
-"""metric_version of ingested cells: measured by another tool, never mixed into our trends."""
+# metric_version of ingested cells (records.INGEST_METRIC_VERSION, re-exported for callers)
 
 
 class ReportParseError(ValueError):
@@ -567,7 +568,10 @@ def _check_matrix(lines: list[_Line], cells: list[dict], source: str | None) -> 
 
 def _check_subtitle(head: list[_Line], cells: list[dict], source: str | None) -> None:
     """``6 contexts (8K–251K) × 8 concurrency levels (1–128) · prefill at 8K, 16K, …``"""
-    decode_ctx = sorted({c["context_tokens"] for c in cells if c["phase"] == "decode"})
+    # by label: a label's cells carry the prompt length the page implies (published.implied)
+    decode_ctx = sorted(
+        {parse_context(c["context_label"]) for c in cells if c["phase"] == "decode"}
+    )
     concs = sorted({c["concurrency"] for c in cells if c["phase"] == "decode"})
     prefill = [c["context_label"] for c in cells if c["phase"] == "prefill"]
     for ln in head:
@@ -645,6 +649,19 @@ def _from_launch(command: str | None) -> dict:
 _WORKLOAD_NOTE = re.compile(r"^(?P<test>.*?)\s*\((?P<workload>[a-z]+) workload\)$")
 
 
+PUBLISHED_PROFILE_NOTE = " (published profile)"
+"""render.decode_test_text's note on our runs measured by the `published` profile."""
+
+
+def _profile_of(decode_test: object, bench_tool: object) -> tuple[object, str]:
+    """(decode test without the profile note, measurement profile): a page the published tool
+    made is the `published` profile by its nature; ours says so in a note, else default."""
+    if isinstance(decode_test, str) and decode_test.endswith(PUBLISHED_PROFILE_NOTE):
+        return decode_test[: -len(PUBLISHED_PROFILE_NOTE)], "published"
+    ours = bench_tool in (None, "speedmatrix")
+    return decode_test, "default" if ours else "published"
+
+
 def _workload_of(decode_test: object) -> tuple[object, str]:
     """("Fixed duration (continuation workload)") -> ("Fixed duration", "continuation"): the
     note render.decode_test_text adds for a workload other than the published one. A page
@@ -702,9 +719,11 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
     :func:`published_recipe_id`, ``started_at`` None: the pages carry no date); ``.cells`` one full
     cell record (every CELL_FIELDS key) per "All measurements" row, in table order.
 
-    The page gives contexts only as labels (``8K``, ``251K`` = tokens // 1024), so an ingested
-    cell's ``context_tokens`` is label * 1024 (8K -> 8192, 251K -> 257024), not the exact prompt
-    length the original tool sent. Ingested cells carry ``metric_version`` 0 (measured by
+    The page gives contexts as labels (``8K``, ``251K``); the prompt the tool really sent is
+    what the label's prefill row implies (tok/s x TTFT: ``published.implied``; the tool sizes
+    prompts by characters and its long ones come out 1-2.5% short), so an ingested cell's
+    ``context_tokens`` is that implied count for every cell of a label with a consistent prefill
+    row, else label * 1024; ``context_label`` keeps the label. Ingested cells carry ``metric_version`` 0 (measured by
     another tool), ``max_output_tokens`` from the Run section (1 for prefill) and
     ``window_s`` = the time per measurement (decode).
 
@@ -744,7 +763,10 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
     run["launch_command"] = command
     for k, v in _from_launch(command).items():
         run[k] = v
-    run["decode_test"], run["workload"] = _workload_of(run.get("decode_test"))
+    decode_test, run["measurement_profile"] = _profile_of(
+        run.get("decode_test"), run.get("bench_tool")
+    )
+    run["decode_test"], run["workload"] = _workload_of(decode_test)
     run["trigger"] = "ingest"
     run["status"] = "success"
     run["recipe_id"] = published_recipe_id(run)
@@ -753,6 +775,8 @@ def parse_report(text: str, source: str | None = None) -> ParsedReport:
     cells, before, after = _parse_measurements(sections["All measurements"], run, source)
     for c in cells:
         c["workload"] = run["workload"]
+        c["measurement_profile"] = run["measurement_profile"]
+    apply_implied_contexts(cells)
     # anything under a further heading (a baseline comparison, a footer) is not the page's
     k = next((i for i, ln in enumerate(after) if re.match(r"^#{1,6}\s", ln.text)), len(after))
     after = after[:k]

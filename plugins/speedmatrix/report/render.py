@@ -83,9 +83,21 @@ def decode_test_text(run: dict) -> str | None:
     """
     value = _v(run, "decode_test")
     workload = _v(run, "workload")
-    if value is None or workload in (None, DEFAULT_WORKLOAD):
-        return value
-    return f"{value} ({workload} workload)"
+    if value is not None and workload not in (None, DEFAULT_WORKLOAD):
+        value = f"{value} ({workload} workload)"
+    # our run measured by the published tool's definitions says so (issue #35); a page the
+    # published tool made is that profile by its nature and keeps its own text
+    if value is not None and _v(run, "measurement_profile") == "published" and _ours(run):
+        value = f"{value} {PUBLISHED_PROFILE_NOTE}"
+    return value
+
+
+PUBLISHED_PROFILE_NOTE = "(published profile)"
+"""The Markdown's note of a run measured by the `published` profile (parse reads it back)."""
+
+
+def _ours(run: dict) -> bool:
+    return _v(run, "bench_tool") in (None, "speedmatrix")
 
 
 def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, str]]]:
@@ -130,6 +142,8 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
                 rows.append(("Measured on", str(measured_on(run))))
             if html and key == "decode_test":
                 rows.append(("Workload", str(_v(run, "workload") or F.DASH)))
+                profile = _v(run, "measurement_profile") or "default"
+                rows.append(("Measurement profile", str(profile)))
         out[section] = rows
     return out
 

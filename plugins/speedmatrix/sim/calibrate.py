@@ -36,6 +36,15 @@ length as a line in log2(context) (fitted to the cells weighted by C, since a ce
 averages C draws) and the spread of a request's acceptance around it (sqrt of the C-weighted
 mean squared residual: a C-stream cell's residual has variance spread^2 / C). ``fit_summary``
 prints both fits.
+
+Per-request tok/s is formed as the page's tool formed it (``page_accounting``, issue #35): the
+published tool's current code writes total / C ("derive per-request from aggregate"), its
+older versions (the reference page) a per-stream median. The two part when streams are not
+busy the whole window (a request restarting inside it waits for its first token: total tok/s
+drops, the streams' time between tokens does not) and when speculating streams accept
+differently: a twin reporting per stream put a C=2 cell of such a page 11-19% faster than its
+total / 2. The accounting is read off the page (every C > 1 cell's per-request = total / C to
+display rounding), so no cell is fudged.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from speedmatrix.sim.predict import predict_decode, predict_prefill
+from speedmatrix.sim.predict import AGGREGATE, PER_STREAM, predict_decode, predict_prefill
 from speedmatrix.sim.profile import Profile, SpecDecode
 
 SPEC_SHAPE = 0.8
@@ -202,6 +211,7 @@ def calibrate(
 
     parsed = parse_report(text, source)
     run, cells = parsed.run, parsed.cells
+    accounting = page_accounting(cells)
     max_out = int(run.get("max_output_tokens") or 4096)
     window = float(run.get("measure_s") or 30.0)
     prefill = [c for c in cells if c["phase"] == "prefill" and c["status"] == "valid"]
@@ -316,7 +326,9 @@ def calibrate(
         worst = 0.0
         measured = profile
         for (ctx, b), c in decode_by_key.items():
-            pred = predict_decode(profile, ctx, b, window_s=window, max_output=max_out)
+            pred = predict_decode(
+                profile, ctx, b, window_s=window, max_output=max_out, accounting=accounting
+            )
             ratio = c["tbt_ms"] / pred["tbt_ms"]
             if k:  # the acceptance takes the residual; the step time only beyond [1, k + 1]
                 mean, sd = acc[(ctx, b)]
@@ -399,6 +411,15 @@ def fit_summary(profile: Profile, text: str, *, source: str | None = None) -> li
     return out
 
 
+def page_accounting(cells: list[dict[str, Any]]) -> str:
+    """How the page formed per-request tok/s (predict.ACCOUNTINGS), read from the page itself
+    (published.implied): the twin reports a cell as the page's tool did."""
+    # the published layer, below sim/ (as parse_report above)
+    from speedmatrix.published.implied import per_request_is_aggregate
+
+    return AGGREGATE if per_request_is_aggregate(cells) else PER_STREAM
+
+
 def _rel(pub: Any, pred: Any) -> float | None:
     if pub is None or pred is None or pub == 0:
         return None
@@ -416,13 +437,16 @@ def compare(
     parsed = parse_report(text, source)
     max_out = int(parsed.run.get("max_output_tokens") or 4096)
     window = float(parsed.run.get("measure_s") or 30.0)
+    accounting = page_accounting(parsed.cells)
     rows: list[dict[str, Any]] = []
     for cell in parsed.cells:
         ctx, b = cell["context_tokens"], cell["concurrency"]
         if cell["phase"] == "prefill":
             pred = predict_prefill(profile, ctx)
         else:
-            pred = predict_decode(profile, ctx, b, window_s=window, max_output=max_out)
+            pred = predict_decode(
+                profile, ctx, b, window_s=window, max_output=max_out, accounting=accounting
+            )
         for metric in ("status", *METRICS):
             pub, got = cell.get(metric), pred.get(metric)
             err = None if metric == "status" else _rel(pub, got)

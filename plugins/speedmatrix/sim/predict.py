@@ -20,6 +20,16 @@ from speedmatrix.records import context_label, empty_cell
 from speedmatrix.sim.engine import Engine, Request, block_hashes
 from speedmatrix.sim.profile import Profile
 
+PER_STREAM = "per_stream"
+AGGREGATE = "aggregate"
+ACCOUNTINGS = (PER_STREAM, AGGREGATE)
+"""How a cell's per-request tok/s is formed: ``per_stream`` (ours, and the reference page's
+tool version: 1 / the median per-request time between tokens) or ``aggregate`` (the published
+tool's current code, llm_decode_bench.py: "derive per-request from aggregate", total / C).
+They part when the streams are not busy the whole window: a request that ends restarts with
+a first-token wait that lowers total tok/s and no time between tokens, and with speculation
+the streams' acceptances differ (issue #35)."""
+
 ARRIVAL_GAP_S = 0.002
 """Simulated seconds between the C first requests of a decode cell (a client's write spacing)."""
 
@@ -111,14 +121,17 @@ def predict_decode(
     max_output: int = 4096,
     prompt_mode: str | None = None,
     arrival_gap_s: float = ARRIVAL_GAP_S,
+    accounting: str = PER_STREAM,
 ) -> dict[str, Any]:
     """One sustained-decode cell; over_capacity (not run) by the KV-block rule.
 
     The C streams' first requests arrive `arrival_gap_s` apart (a client writes them one after
     the other): they then join the engine's steps the way they do over HTTP, rather than all
     landing in one idle step, which no real client achieves. `prompt_mode` defaults to
-    ``default_prompt_mode(profile)``.
+    ``default_prompt_mode(profile)``; `accounting` how per-request tok/s is formed (ACCOUNTINGS).
     """
+    if accounting not in ACCOUNTINGS:
+        raise ValueError(f"accounting must be one of {ACCOUNTINGS}, got {accounting!r}")
     prompt_mode = prompt_mode or default_prompt_mode(profile)
     cell = empty_cell(
         phase="decode",
@@ -198,9 +211,10 @@ def predict_decode(
     drafts = engine.counters.spec_drafts - drafts0
     if drafts:  # as the load generator reads vLLM's counters: 1 + accepted / drafts
         cell["spec_acceptance_length"] = 1.0 + (engine.counters.spec_accepted - accepted0) / drafts
+    total = window_tokens / window_s
     cell.update(
-        total_tok_s=window_tokens / window_s,
-        per_request_tok_s=rate_median(tbts),
+        total_tok_s=total,
+        per_request_tok_s=total / concurrency if accounting == AGGREGATE else rate_median(tbts),
         ttft_ms=statistics.median(ttfts) * 1000.0 if ttfts else None,
         tbt_ms=tbt * 1000.0 if tbt is not None else None,
         avg_active_requests=active_area / window_s,
@@ -225,6 +239,7 @@ def predict_matrix(
     window_s: float = 30.0,
     max_output: int = 4096,
     prompt_mode: str | None = None,
+    accounting: str = PER_STREAM,
 ) -> list[dict[str, Any]]:
     """Every cell of a matrix, prefill first, then decode row by row (the report's order)."""
     cells = [predict_prefill(profile, ctx, tag=i + 1) for i, ctx in enumerate(prefill_contexts)]
@@ -238,6 +253,7 @@ def predict_matrix(
                     window_s=window_s,
                     max_output=max_output,
                     prompt_mode=prompt_mode,
+                    accounting=accounting,
                 )
             )
     return cells

@@ -25,9 +25,11 @@ from speedmatrix.records import (
     Field,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped when a table's columns change; stored in every row (``schema_version``).
-1: the first tables; 2: cells gained ``warmup_s`` (issue #19; older files read it as null)."""
+1: the first tables; 2: cells gained ``warmup_s`` (issue #19; older files read it as null);
+3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES, issue #35:
+``default`` or ``published``; older files read it as null, which means ``default``)."""
 
 
 TABLES = ("runs", "cells", "requests")

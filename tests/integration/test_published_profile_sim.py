@@ -1,0 +1,77 @@
+"""The `published` measurement profile against the simulator over HTTP (issue #35 part 3).
+
+The calibrated reference profile served by `speedmatrix sim serve` at 2x time, measured by
+both profiles: the published one must do what the published tool does (one shared chat-text
+prompt sized by characters, the window opening only after 2 s plus 3 s of stable running == C,
+per-request tok/s = total / C, the prompt's server count recorded beside its label) and agree
+with the default profile on the decode rates it shares the definition of.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_loadgen_sim import REFERENCE_PROFILE, sim
+
+from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_prefill
+from speedmatrix.loadgen.runner import run_loop
+
+pytestmark = [pytest.mark.integration]
+
+MODEL = "Kimi-K2.7-Code-NVFP4"
+SCALE = 2.0
+
+
+def test_published_profile_cells_on_the_simulator() -> None:
+    with sim(REFERENCE_PROFILE, time_scale=SCALE) as url:
+        common = {"base_url": url, "model": MODEL, "time_scale": SCALE, "progress": False}
+        prefill, _ = run_loop(
+            run_prefill(
+                PrefillConfig(
+                    **common,
+                    context=16384,
+                    run_tag="pubp",
+                    measurement_profile="published",
+                    global_warmup_context=16384,
+                )
+            )
+        )
+        published, rows = run_loop(
+            run_decode(
+                DecodeConfig(
+                    **common,
+                    context=16384,
+                    concurrency=2,
+                    duration_s=10.0,
+                    run_tag="pubp",
+                    measurement_profile="published",
+                )
+            )
+        )
+        default, _ = run_loop(
+            run_decode(
+                DecodeConfig(
+                    **common, context=16384, concurrency=2, duration_s=10.0, run_tag="defp",
+                    # a CPU shared with other tests: the saturation guards would measure the box
+                    max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
+                )
+            )
+        )  # fmt: skip
+    assert prefill["status"] == "valid", prefill["error"]
+    assert prefill["measurement_profile"] == "published" and prefill["context_label"] == "16K"
+    # sized by characters: the server's count, close to the label but not the label
+    assert 0.95 * 16384 < prefill["context_tokens"] < 1.02 * 16384
+    assert prefill["context_tokens"] != 16384
+    assert prefill["total_tok_s"] == pytest.approx(
+        prefill["context_tokens"] / (prefill["ttft_ms"] / 1000.0)
+    )
+    assert published["status"] == "valid", published["error"]
+    assert (published["measurement_profile"], published["prompt_mode"]) == ("published", "shared")
+    assert published["context_tokens"] == prefill["context_tokens"]  # one prompt per label
+    assert published["per_request_tok_s"] == pytest.approx(published["total_tok_s"] / 2)
+    # the window opened after 2 s + 3 s of running == C (simulated seconds), not at the
+    # first token as ours does
+    assert min(r["start_offset_s"] for r in rows) <= -5.0
+    assert default["measurement_profile"] == "default"
+    assert default["status"] == "valid", default["error"]
+    for figure in ("total_tok_s", "tbt_ms"):
+        assert published[figure] == pytest.approx(default[figure], rel=0.05), figure
