@@ -19,7 +19,7 @@ at the head of that order, `decode` the rest, later contexts' prefill cells incl
 run at once: the next one starts (process, DAG file, imports) while the previous cell measures,
 then waits until that cell has left the host (it says so as its turn ends) before it touches the
 host (flows/turn.py), so the host measures one cell at a time and a hand-off costs it a fraction
-of a second, not a task start-up (issue #19). The same holds where the two tasks meet: `decode`
+of a second, not a task start-up. The same holds where the two tasks meet: `decode`
 is prefill's sibling, not its downstream, and its first instance starts beside the prefill
 cells and waits for the last of them.
 
@@ -55,7 +55,7 @@ CELL_TASK_TIMEOUT = 2 * CELL_TIMEOUT
 HOST_STEP_TIMEOUT = timedelta(minutes=10)
 # Every task returning a dict says multiple_outputs=False: from a `-> dict` annotation Airflow
 # infers True and pushes each key as an XCom of its own beside return_value, one execution-API
-# call per key that nothing reads (resolve: 21 calls, ~0.35 s; every cell 6) (issue #19).
+# call per key that nothing reads (resolve: 21 calls, ~0.35 s; every cell 6).
 
 # The trigger form and the first check of a conf: sections, titles, the recipes' values,
 # `8K, 16K` or JSON lists (speedmatrix.flows.params).
@@ -139,7 +139,7 @@ def speed_matrix():
     @task(multiple_outputs=False)
     def runnable(planned: dict, phase: str) -> list[dict]:
         """The cells of one mapped task, in the plan's run order (plan.task_cells): prefill
-        then decode per context, so every prompt is prefilled once (issue #19)."""
+        then decode per context, so every prompt is prefilled once."""
         from speedmatrix.plan import task_cells
 
         return task_cells(planned, phase)
@@ -166,7 +166,7 @@ def speed_matrix():
     )
     def decode(resolved: dict, cell: dict) -> dict:
         # Beside prefill, not after it: its first cell starts while the last prefill cell
-        # measures and waits for it (flows/turn.py), whatever became of it (issue #19).
+        # measures and waits for it (flows/turn.py), whatever became of it.
         return _cell(resolved, cell, after="prefill")
 
     @task(multiple_outputs=False, retries=2, execution_timeout=HOST_STEP_TIMEOUT)
@@ -255,16 +255,16 @@ def speed_matrix():
     pre = prefill.partial(resolved=resolved).expand(cell=pre_cells)
     dec = decode.partial(resolved=resolved).expand(cell=dec_cells)
     stop = stop_server(resolved).as_teardown(setups=[lease, server], on_failure_fail_dagrun=True)
-    # prefill and decode side by side, no Airflow edge between them (issue #19): the first
+    # prefill and decode side by side, no Airflow edge between them: the first
     # decode cell starts while the last prefill cell measures and takes the host from it as
     # one cell takes it from the previous one (flows/turn.py). With `prefill >> decode` the host
-    # sat idle for a whole task start-up there (0.71-1.52 s, the run's largest hand-off).
+    # would sit idle for a whole task start-up there (0.71-1.52 s, the run's largest hand-off).
     [pre, dec] >> stop
     checked = validate(resolved)
-    # Validation needs the cells, not the host: it runs beside the stop, not after it (#19).
+    # Validation needs the cells, not the host: it runs beside the stop, not after it.
     [pre, dec] >> checked
     landed = land(resolved, checked)
-    # report and regressions side by side: both take the comparison `land` made (#19)
+    # report and regressions side by side: both take the comparison `land` made
     paths = report(resolved, landed)
     conclude(landed, paths)
     judged = regressions(resolved, landed)

@@ -1,4 +1,4 @@
-"""Which vLLM commit a run measured, under one name, and how it is shown (issue #34 item 3).
+"""Which vLLM commit a run measured, under one name, and how it is shown.
 
 Why one rule: analysts group runs by `engine_commit`, so every run of one commit must carry
 the same value whichever path landed it (the DAG, `speedmatrix run` against a server already

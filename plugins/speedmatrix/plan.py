@@ -90,7 +90,7 @@ class MatrixSpec:
     window_s: float
     prompt_mode: str = "distinct"
     workload: str = DEFAULT_WORKLOAD
-    # whose definitions measure the run (records.MEASUREMENT_PROFILES, issue #35)
+    # whose definitions measure the run (records.MEASUREMENT_PROFILES)
     measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE
 
     @classmethod
@@ -316,7 +316,7 @@ def plan_matrix(
     runs them (map index order under the scheduler, see `task_cells`; the report sorts for
     itself, see `ordered_cells`).
 
-    The order puts warm-up at its floor (issue #19): every distinct prompt prefilled once per
+    The order puts warm-up at its floor: every distinct prompt prefilled once per
     pass. A decode cell pays, before its window, the prefill of each of its C prompts that is
     not already in the prefix cache (at 251K one prompt is 76 s on the reference host). Stream
     i's prompt is the same bytes in every cell of a context (prompts.header_text: run tag,

@@ -37,12 +37,12 @@ from speedmatrix.redact import SECRET_PATTERNS, redact
 log = logging.getLogger(__name__)
 
 
-# Tolerances (issue 7): active requests within 10% of C; measured seconds within 2% of the
+# Tolerances: active requests within 10% of C; measured seconds within 2% of the
 # window; output tokens = total tok/s x window up to rounding; per-request tok/s vs 1/TBT within
 # 10% (a median of reciprocals is not the reciprocal of a median for even counts); prefill
 # tok/s x TTFT = prompt tokens within 2% (a cell measured here); a published page's prefill
 # row (metric_version 0) is held to its label by what the published tool's own accounting and
-# the page's display rounding allow instead (published.implied: up to 2.5% short, issue #35).
+# the page's display rounding allow instead (published.implied: up to 2.5% short).
 ACTIVE_TOL = ACTIVE_TOLERANCE
 WINDOW_TOL = 0.02
 TOKENS_TOL = 0.01
@@ -167,9 +167,9 @@ CELL_SCOPES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 """The rows each group of the cells suite's expectations applies to: column -> the values a
 row must hold (every column's). Why scopes and not GX row conditions: GX applies a row
-condition again for every metric of every expectation, which tripled an expectation's cost
-(27 conditioned expectations: 0.78 s of a 55-cell run's 0.85 s; measured 2026-12-04, issue
-#19: validation runs after the host's server stopped). Each scope's rows are selected once,
+condition again for every metric of every expectation, which triples an expectation's cost
+(27 conditioned expectations: 0.78 s of a 55-cell run's 0.85 s; validation runs after the
+host's server has stopped, while the run's result waits). Each scope's rows are selected once,
 here, and validated as a batch of their own; every result names its scope (its
 expectation's ``meta.rows``) and its rows keep their ``row`` position in the whole run."""
 
@@ -219,7 +219,7 @@ def _cells_expectations(key: Sequence[str] | None = None) -> dict[str, list]:
         "all cells": [
             *_in_set("cells"),
             gxe.ExpectColumnValuesToBeBetween(column="copy_share", min_value=0, max_value=1),
-            # warm-up is measurement time of a decode cell (issue #19): never negative, and a
+            # warm-up is measurement time of a decode cell: never negative, and a
             # prefill cell has none (its one cold request is what it measures); null on
             # decode: landed before it was recorded, or ingested from a published page
             gxe.ExpectColumnValuesToBeBetween(column="warmup_s", min_value=0),
@@ -320,15 +320,15 @@ def _run_suite(context: Any, name: str, df: Any, expectations: list) -> SuiteOut
     source = context.data_sources.add_pandas(f"{name}_source")
     batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
     # The expectations given with the suite, not added one by one: each add_expectation goes
-    # through the context's store (a quarter of a run's validation time, measured 2026-12-02).
+    # through the context's store (a quarter of a run's validation time).
     suite = context.suites.add(gx.ExpectationSuite(name=name, expectations=list(expectations)))
     batch = batch_def.get_batch(batch_parameters={"dataframe": df})
     # Two passes: BASIC for every expectation, COMPLETE (the failing rows' indexes) for the
     # ones that failed. COMPLETE computes index lists and queries for every expectation, met or
     # not, and GX's time is per expectation and per metric: a 55-cell run's cells suite took
-    # 1.58 s in COMPLETE, 0.90 s in BASIC (measured 2026-12-04, issue #19: this runs after
-    # the host is freed). A met expectation's COMPLETE lists are empty anyway, and BASIC keeps
-    # its counts, so the stored result loses nothing.
+    # 1.58 s in COMPLETE, 0.90 s in BASIC (this runs after the host is freed, while the run's
+    # result waits). A met expectation's COMPLETE lists are empty anyway, and BASIC keeps its
+    # counts, so the stored result loses nothing.
     result = batch.validate(suite, result_format={"result_format": "BASIC"})
     _detail_failed(context, name, batch, result)
     failed_rows: dict[int, list[str]] = {}

@@ -99,8 +99,8 @@ def ref_slug(ref: str) -> str:
 
 
 class _Strict(BaseModel):
-    # no inf/nan, and no number past records.MAX_QUANTITY (a 400-digit count overflowed
-    # int64 where it landed): the same bound as a page's numbers (issue #33)
+    # no inf/nan, and no number past records.MAX_QUANTITY (a 400-digit count overflows
+    # int64 where it lands): the same bound as a page's numbers
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @field_validator("*", mode="after")
@@ -219,7 +219,7 @@ class Matrix(_Strict):
     # chat conversation rendered by the server's template, the published pages' workload) or
     # continuation (raw continuation of repeated prose, for servers without a chat template).
     workload: Literal["article", "continuation"] = "article"
-    # Whose definitions measure the run (records.MEASUREMENT_PROFILES, issue #35): default (ours)
+    # Whose definitions measure the run (records.MEASUREMENT_PROFILES): default (ours)
     # or published (the published tool's: loadgen/published.py); never compared across.
     profile: Literal["default", "published"] = "default"
     # Noise passes (speed_matrix `repeats` / `repeat_cells`, which override these): measure
@@ -638,7 +638,7 @@ def load_recipe(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise RecipeError([f"{where}: (yaml): {str(exc).splitlines()[0]}"]) from None
-    except RecursionError:  # a 100,000-deep nested list: one problem, not a traceback (#33)
+    except RecursionError:  # a 100,000-deep nested list: one problem, not a traceback
         raise RecipeError([f"{where}: (yaml): nested too deeply to be a recipe"]) from None
     if not isinstance(data, dict):
         raise RecipeError([f"{where}: (top level): expected a mapping, got {type(data).__name__}"])

@@ -19,7 +19,7 @@ from typing import Any, TypedDict
 METRIC_VERSION = 2
 """Bumped whenever the way a figure is measured changes, so trends never mix definitions.
 2: decode prompts are the declared `workload` (default `article`, a chat conversation asking
-for a new article) instead of a raw continuation of repeated prose (issue 15)."""
+for a new article) instead of a raw continuation of repeated prose."""
 
 INGEST_METRIC_VERSION = 0
 """metric_version of cells ingested from a published page: measured by another tool, by its
@@ -34,7 +34,7 @@ PROMPT_MODES = ("distinct", "shared")
 # template). The first is the default (docs/measurement.md rule 11).
 WORKLOADS = ("article", "continuation")
 DEFAULT_WORKLOAD = "article"
-# How a run measured (issue #35): `default`, our definitions (docs/measurement.md: exact token
+# How a run measured: `default`, our definitions (docs/measurement.md: exact token
 # contexts, distinct prompts, TTFT from the last byte sent, min_tokens = max_tokens); or
 # `published`, the published tool's (llm-inference-bench: one shared chat-text prompt sized by
 # characters, TTFT from before the body is built, the window opening once running == C is
@@ -252,8 +252,8 @@ K = 1024
 
 MAX_QUANTITY = 10**15
 """The largest number a page, a recipe or a record may hold (a token count, a rate, a time, a
-size): exact in a float (below 2**53) and inside Parquet's int64. A 400-digit number on a page
-was an OverflowError traceback, or landed as `inf` ("inf s" on the page: issue #33); every
+size): exact in a float (below 2**53) and inside Parquet's int64. Unbounded, a 400-digit number on a
+page is an OverflowError traceback, or lands as `inf` ("inf s" on the page); every
 reading of a number checks this bound (`check_quantity`), so none of them can land."""
 
 
@@ -396,7 +396,7 @@ WARM_PREFILL = "prompt was not cold"
 """The reason code of a prefill cell measured on a prompt the prefix cache already held: the
 start of its reason in the cell's error (loadgen.prefill writes it), which flows.matrix reads to
 measure the cell again with a fresh prompt. One constant for both sides, so a rewording
-changes both (it was English text matched by hand: issue #33)."""
+changes both."""
 
 PATH_FIELDS: tuple[str, ...] = ("run_id", "recipe_id", "engine_ref", "host", "served_model")
 """The values that become part of a file or directory name: the warehouse's partitions
@@ -409,7 +409,7 @@ MAX_PATH_VALUE = 150
 every byte but letters, digits and `-_.~` percent-encoded (three bytes each), the most any of
 our encodings takes. A name holds one value and at most ~45 bytes of its own (`recipe_id=`,
 a date, `.parquet`, a temporary suffix), so it stays inside NAME_MAX (255 bytes). A value past
-this filled the landing with ENAMETOOLONG after the whole matrix was measured (issue #33):
+this fills the landing with ENAMETOOLONG after the whole matrix is measured, so
 every entry point (resolve, so the DAG and `speedmatrix run`; `speedmatrix ingest`) checks it
 first with :func:`path_field_problems`."""
 

@@ -1,10 +1,10 @@
 """Secret redaction: the one rule for what a secret looks like and how it is hidden.
 
-Three places used to carry their own patterns (the quality suite, the report parser, the recipe
-checks) and they disagreed: a quoted `--api-key "k"` was scrubbed on ingest but not by the
-quality suite, `HF_TOKEN=…` only by the quality suite, `--hf-token` only by the recipe check.
-Everything now asks this module: what is redacted is exactly what the runs suite refuses to
-land (`SECRET_PATTERNS`), so a launch line that passed through `redact` always validates.
+Why one: patterns kept in several places (the quality suite, the report parser, the recipe
+checks) drift apart, e.g. a quoted `--api-key "k"` scrubbed on ingest but passed by the quality
+suite, `HF_TOKEN=…` caught by one, `--hf-token` by another. So everything asks this module:
+what is redacted is exactly what the runs suite refuses to land (`SECRET_PATTERNS`), so a
+launch line that passed through `redact` always validates.
 
 Standard library only (like records.py), so any layer may import it.
 """
@@ -21,9 +21,9 @@ SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
 
 _WORDS = r"(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)"
 # An environment variable name with a secret word at the end of one of its parts: API_KEY,
-# HF_TOKEN, HF_TOKEN_PATH, APIKEY; not TOKENIZERS_PARALLELISM. Linear on any input (issue #33:
-# `[A-Za-z0-9_]*WORD(?:_[A-Za-z0-9_]*)?=` backtracked over every part of a long name, 1 MB of
-# `KEY_` took hours): a lookahead finds a secret word ending a part inside the name, then the
+# HF_TOKEN, HF_TOKEN_PATH, APIKEY; not TOKENIZERS_PARALLELISM. Linear on any input (a plain
+# `[A-Za-z0-9_]*WORD(?:_[A-Za-z0-9_]*)?=` backtracks over every part of a long name, 1 MB of
+# `KEY_` takes hours): a lookahead finds a secret word ending a part inside the name, then the
 # whole name is taken at once (an atomic group gives nothing back), so each name is read twice.
 _NAME = rf"(?=[A-Za-z0-9_]*?{_WORDS}(?![A-Za-z0-9]))(?>[A-Za-z0-9_]+)"
 # A pattern that starts with a character class lets `re` skip to candidates instead of trying

@@ -1,4 +1,4 @@
-"""Cost per million output tokens, from the deployment's price per GPU-hour (issue #34 item 12).
+"""Cost per million output tokens, from the deployment's price per GPU-hour.
 
 Why the deployment's: a price is a fact of where the hardware runs (a cloud list price, an
 internal rate), not of a run; a run's conf never sets one (the same rule as secrets and

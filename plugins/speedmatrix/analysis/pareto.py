@@ -1,4 +1,4 @@
-"""The Pareto view of a model (issue #34 item 11): which configuration serves N users at M
+"""The Pareto view of a model: which configuration serves N users at M
 tok/s each with the most throughput per GPU.
 
 Every decode cell of a series (a recipe on its hardware and host, or one engine commit of it)

@@ -85,8 +85,8 @@ def trends(
     """:func:`trend` of each named cell, from one pass over the tables.
 
     Why one pass: the site's recipe page draws every cell of a recipe, and filtering and
-    merging the tables again for each cell was most of its time (55 cells: 0.78 of 1.28 s,
-    measured 2026-12-04; the page is rewritten after every run, issue #19)."""
+    merging the tables again for each cell takes most of its time (55 cells: 0.78 of 1.28 s;
+    the page is rewritten after every run)."""
     wanted: dict[str, tuple[str, str, int, str, str]] = {}
     for name in names:
         phase, label, conc = parse_cell(name)

@@ -2,7 +2,7 @@
 
 Why: Ctrl-C on a terminal is SIGINT to the whole foreground process group, and an impatient
 user presses it twice. The first interrupts the measuring; a second one during the teardown
-would leave the server running and the host leased (issue #34 item 6). Inside
+would leave the server running and the host leased. Inside
 :func:`finishing`, SIGINT and SIGTERM are noted, not raised; when the block ends, a noted
 signal is raised as KeyboardInterrupt.
 """

@@ -1,8 +1,8 @@
 """The warehouse a reading command reads (`report`, `compare`, `trend`, `site`): it must exist.
 
 Why a check of its own: a Warehouse object is lazy (nothing is touched until a table is read),
-and an absent table reads as no rows, so `speedmatrix site --warehouse /nonexistent` used to
-write an empty site and exit 0 (issue #33). A typo in a path is an error, named as such.
+and an absent table reads as no rows, so without it `speedmatrix site --warehouse /nonexistent`
+would write an empty site and exit 0. A typo in a path is an error, named as such.
 Writing commands (`ingest`, `run`) create the warehouse and do not come here.
 """
 

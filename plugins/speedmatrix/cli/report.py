@@ -129,7 +129,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         report.run["source"] = os.path.basename(path)
         _one_commit_name(report.run)
         # every value that becomes part of a file name fits one, before anything lands (a
-        # 300-character served model failed the landing and stopped every later one: #33)
+        # 300-character served model fails the landing and stops every later one)
         if problems := path_field_problems(report.run):
             raise _cli_error(f"{path}: {'; '.join(problems)}")
         parsed.append((path, text, report))

@@ -379,8 +379,8 @@ class HostLease:
         """`with lease.renewing(): long_work()` keeps the lease fresh while the work runs.
 
         It renews on entry, unless the caller says it has just `renewed` (each cell renews before
-        its health check, to fail before touching the server: renewing again at once cost a host
-        command per cell, an SSH round trip on a remote host, while the host waited; issue #19)."""
+        its health check, to fail before touching the server: renewing again at once would cost a
+        host command per cell, an SSH round trip on a remote host, while the host waits)."""
         return Renewer(self, interval_s or max(1.0, self.ttl_s / 4), renewed=renewed)
 
 

@@ -1,12 +1,12 @@
 """Run a task body's work on a thread of its own, whose Python frame stack starts empty.
 
-Why (issue #19, measured 2026-12-04): CPython 3.11 keeps a thread's frames in 16 KiB chunks,
+Why: CPython 3.11 keeps a thread's frames in 16 KiB chunks,
 maps a new chunk when a call does not fit the current one and unmaps it as soon as the first
 frame in it returns. A hot loop whose calls cross a chunk's edge maps and unmaps a chunk on
 every call. Where the edges fall depends on how deep the task body starts, and under the Celery
 worker it starts deeper than under the LocalExecutor (Celery's pool loop, Airflow's workload
 runner and the task supervisor sit below it in the forked task process). There, `validate`
-crossed an edge on almost every call of a hot loop: 80,134 mmap/munmap pairs of 16 KiB in one
+crosses an edge on almost every call of a hot loop: 80,134 mmap/munmap pairs of 16 KiB in one
 validation of the 55-cell published run (strace -c), 86-92 thousand page faults and 0.6-0.7 s
 of system time, 1.5-2.0 s to validate against 0.65-0.9 s under the LocalExecutor. The same call
 on a fresh thread in the same Celery task: one mmap, 7 thousand faults, 0.94 s. On a thread of

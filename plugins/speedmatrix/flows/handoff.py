@@ -4,9 +4,9 @@ Why a hand-off: comparing a run with its baseline reads history and computes noi
 and the verdict must be of one comparison. `land` makes it once the run has landed and writes
 it next to the run's artifacts (typed Parquet, not XCom: it can be large); `report` and
 `regressions` read it back when it is of the same landing of the run, else make it again.
-Why `land` and not `report` (which made it until 2026-12-04): so that `report` and
+Why `land` and not `report`: so that `report` and
 `regressions` need nothing of each other and run side by side, one task after the host's
-server stopped instead of two in a row (issue #19).
+server has stopped instead of two in a row.
 """
 
 from __future__ import annotations

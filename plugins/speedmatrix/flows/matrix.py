@@ -822,7 +822,7 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
     }
     log.info("landed %s: %s", resolved["run_id"], out)
     # The run's comparison with its baseline, made once, of this landing: `report` shows it
-    # and `regressions` judges it, side by side after this task (flows/handoff.py, issue #19).
+    # and `regressions` judges it, side by side after this task (flows/handoff.py).
     hand_on_comparison(wh, resolved["run_id"], compare_run(wh, resolved["run_id"]))
     return out
 

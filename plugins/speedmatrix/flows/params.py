@@ -1,5 +1,5 @@
 """The speed_matrix DAG's Params: the trigger form a person fills in, and the first check of a
-conf (issue #34 item 9).
+conf.
 
 Why here and not in the DAG file: the DAG file stays orchestration only, and the rules a form
 checks are the library's (records: how a context or a list is written; runconf: the keys).

@@ -1,17 +1,17 @@
 """The heavy libraries of the speed_matrix task path, imported once by the process that forks
-the task processes, so that a task finds them already loaded (issue #19).
+the task processes, so that a task finds them already loaded.
 
 Why: on Linux every Airflow task process is a bare fork of its supervisor, and the supervisor
 runs in a long-lived process: a LocalExecutor worker (itself started by the scheduler's
 multiprocessing) or a Celery pool process (forked from the Celery worker). Whatever those
 processes imported, every task has for free. Measured on the 2-core benchmark VM, a task of
-the run imported these on its own each time: Great Expectations 3.9-5.5 s (`validate`), scipy.stats
-~1.7 s and matplotlib ~0.9 s (`report`), pandas 0.6-1.3 s (most tasks after the stop); all of
-it while the run's result waited, most of it after the host's server had stopped, where the
-issue's host idle share counts it. Airflow does the same for its own modules in a Celery worker
-(`on_celery_import_modules`: "0.3-0.5 s per task"), but not the module every task process
-parses its DAG file with (Airflow's DagBag: 0.17-0.20 s per task, measured in a process forked
-after the rest of this preload, 2026-12-04), which comes first here.
+the run that imports these on its own pays each time: Great Expectations 3.9-5.5 s
+(`validate`), scipy.stats ~1.7 s and matplotlib ~0.9 s (`report`), pandas 0.6-1.3 s (most
+tasks after the stop); all of it while the run's result waits, most of it after the host's
+server has stopped, where it counts as host idle time. Airflow does the same for its own
+modules in a Celery worker (`on_celery_import_modules`: "0.3-0.5 s per task"), but not the
+module every task process parses its DAG file with (Airflow's DagBag: 0.17-0.20 s per task,
+measured in a process forked after the rest of this preload), which comes first here.
 
 How a deployment uses it (deploy/airflow.env.example):
 - LocalExecutor: ``[scheduler] mp_start_method = forkserver`` and ``[scheduler]

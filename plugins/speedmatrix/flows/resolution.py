@@ -103,7 +103,7 @@ def resolve(
     run_id = make_run_id(recipe.id, ref, trigger, run_after)
     host = str(_override(conf, "ssh_conn_id", recipe.schedule.host or "local"))
     # every value that becomes part of a file name fits one, checked before anything runs
-    # (a 185-character ref was measured, then failed the landing: issue #33)
+    # (a 185-character ref would be measured, then fail the landing)
     named = {
         "run_id": run_id,
         "recipe_id": recipe.id,

@@ -1,4 +1,4 @@
-"""Every value of a speed_matrix conf, checked by `resolve` itself (issue #16).
+"""Every value of a speed_matrix conf, checked by `resolve` itself.
 
 Why not trust the DAG's Params: a conf also arrives through the REST API, `airflow dags
 trigger --conf` and the trigger DAGs, and Airflow passes keys that are not declared Params
@@ -52,7 +52,7 @@ MAX_WINDOW_S = 24 * 3600.0
 
 def _is_int(v: Any) -> bool:
     """An integer (not a bool) within records.MAX_QUANTITY: a 400-digit count is refused here,
-    naming its key, not an overflow where it lands (issue #33)."""
+    naming its key, not an overflow where it lands."""
     return isinstance(v, int) and not isinstance(v, bool) and abs(v) <= MAX_QUANTITY
 
 

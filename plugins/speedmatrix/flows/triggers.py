@@ -344,7 +344,7 @@ def github_token(conn_id: str | None) -> str | None:
 
 
 def refuse_conf_api_url(params: dict[str, Any]) -> None:
-    """Fail a run whose conf names a GitHub API (a key the DAGs used to take): whoever may
+    """Fail a run whose conf names a GitHub API (a key a conf must not set): whoever may
     trigger a DAG must not receive the token or pick the commits."""
     if params.get("api_url") is not None:
         from airflow.sdk.exceptions import AirflowFailException

@@ -1,9 +1,9 @@
-"""A cell's turn on its host: the cell task starts while the previous cell measures (issue #19).
+"""A cell's turn on its host: the cell task starts while the previous cell measures.
 
 Why: a cell task's start is Airflow's cost (the scheduler's hand-off, a new process, the DAG
-file, the task runner, our imports), and with one cell task at a time the GPU host sat idle for
+file, the task runner, our imports), and with one cell task at a time the GPU host sits idle for
 all of it at every hand-off: 27.9 s over the 23 cells of the reference matrix (benchmarks/
-README.md, issue #19). The DAG lets two instances of a mapped cell task run at once
+README.md). The DAG lets two instances of a mapped cell task run at once
 (`max_active_tis_per_dagrun=2`); the second one starts, imports, and then waits here until the
 cell before it in map index order (the plan's run order) has left the host. So the host still
 measures one cell at a time, in the plan's order, and a hand-off costs it 0.09-0.15 s
@@ -25,10 +25,10 @@ The rule, from the previous instance's state (Airflow's, read through the execut
   a time in no set order, and there waiting would never end. Cells one at a time hold there
   anyway (one process runs them in turn).
 
-Across the two cell tasks (issue #19): `prefill` maps the cells at the head of the run order and
-`decode` the rest, so the first decode cell's predecessor is the last prefill cell. Until
-2026-12-04 `decode` waited for `prefill` in Airflow (an edge), so at that one boundary the host
-sat idle for a whole task start-up (0.71-1.52 s measured, the largest hand-off of a run). Now
+Across the two cell tasks: `prefill` maps the cells at the head of the run order and
+`decode` the rest, so the first decode cell's predecessor is the last prefill cell. With an
+Airflow edge (`decode` waiting for `prefill`) the host would sit idle at that one boundary
+for a whole task start-up (0.71-1.52 s measured, the largest hand-off of a run). So
 the two tasks are siblings and the first decode instance starts with the prefill cells and
 waits here for the last one, as a cell waits for the one before it in its own task. Its
 predecessor is then of another task, and a not-started one (None: not yet expanded, or
@@ -39,7 +39,7 @@ there a predecessor not started starts only after this task, and waiting would n
 
 The previous cell also says "released" as soon as it has left the host (an XCom it pushes when
 its turn ends, :func:`cell_turn`), so the next one need not wait for its task's end to reach
-the API server (its result's XCom push, then its state: ~0.15 s per hand-off, issue #19). That
+the API server (its result's XCom push, then its state: ~0.15 s per hand-off). That
 word is trusted only from a predecessor whose state is `running` and whose DAG run has not been
 cleared since (the XCom carries the run's clear_number): a "released" left by an earlier try of
 a cleared cell, which its next try erases only once it starts, is never taken for this try's.
@@ -69,7 +69,7 @@ prefill cell): one not started yet is waited for."""
 POLL_S = 0.1
 """How often the waiting cell reads its predecessor's state, one read of the execution API each
 time (a GET the supervisor makes; ~300 over a 30 s window), two while the predecessor runs (its
-"released" XCom too). Measured (issue #19's benchmark): median hand-off 0.25 s at a 0.25 s poll,
+"released" XCom too). Measured: median hand-off 0.25 s at a 0.25 s poll,
 0.22-0.26 s at 0.1 s waiting for the previous task's end to reach the API server, 0.09-0.15 s
 with the "released" word."""
 PROGRESS_EVERY_S = 30.0

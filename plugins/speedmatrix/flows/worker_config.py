@@ -1,5 +1,5 @@
 """The Celery workers' configuration: Airflow's, plus the task path's libraries loaded once per
-worker before it forks its pool (speedmatrix.flows.preload explains why; issue #19).
+worker before it forks its pool (speedmatrix.flows.preload explains why).
 
 A deployment names it in ``[celery] celery_config_options``
 (``AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS=speedmatrix.flows.worker_config.CELERY_CONFIG``).

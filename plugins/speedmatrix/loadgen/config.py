@@ -38,7 +38,7 @@ class CellConfig:
     # new article, the published pages' workload) or continuation (raw repeated prose)
     workload: str = DEFAULT_WORKLOAD
     # whose definitions measure the cell (records.MEASUREMENT_PROFILES): ours, or the
-    # published tool's (loadgen/published.py, issue #35)
+    # published tool's (loadgen/published.py)
     measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE
     # `published` only: before this cell, the tool's global warm-up (a short request, a hidden
     # 8K prefill, a short C=1 decode at this context: the run's largest); None: none

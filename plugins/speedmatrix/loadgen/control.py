@@ -21,8 +21,8 @@ from .stream import normalize_base_url
 IDLE_POLL_S = 0.05
 """Between /metrics reads while waiting for the server to be idle. After a window the first
 read usually still shows the cut streams (the server has not yet seen their aborts), and the
-host sits idle until the next read: 0.2 s cost every cell one full sleep (measured on the
-simulator, issue #19); a read is a few ms on the simulator, ~20 ms on vLLM."""
+host sits idle until the next read: 0.2 s would cost every cell one full sleep (measured on the
+simulator); a read is a few ms on the simulator, ~20 ms on vLLM."""
 
 
 class CellNotAttempted(Exception):

@@ -47,7 +47,7 @@ async def run_decode(cfg: DecodeConfig) -> tuple[CellRecord, list[dict[str, obje
     every other problem ends up in the record's status and error.
     """
     cfg.validate()
-    if cfg.measurement_profile == "published":  # the published tool's definitions (#35)
+    if cfg.measurement_profile == "published":  # the published tool's definitions
         from .published import run_published_decode
 
         return await run_published_decode(cfg)
@@ -132,7 +132,7 @@ class _DecodeCell:
                 return self._finish_cell()
             warm_from = perf_counter()
             warmed = not cfg.warm_cache or await self._warm(cfg.first_token_timeout(self.C))
-            # measurement time, recorded (issue #19): the prefill this cell's prompts needed
+            # measurement time, recorded: the prefill this cell's prompts needed
             # beyond what the cache already held; scaled with the other times in _finish_cell
             self.cell["warmup_s"] = perf_counter() - warm_from
             if not warmed:
@@ -317,7 +317,7 @@ class _DecodeCell:
         not made up by a burst of reads (on a slow server those would all read one moment).
 
         A failed read is skipped, never the end of sampling: the next tick reads again (one
-        timeout during warm-up used to stop the sampler for good). Only a server without
+        timeout during warm-up must not end the readings of the whole window). Only a server without
         /metrics stops it."""
         for due in reading_times(perf_counter(), self._sample_interval(), random.Random()):
             wait = due - perf_counter()

@@ -25,7 +25,7 @@ from .stream import Endpoint, Request, Window, connect
 async def run_prefill(cfg: PrefillConfig) -> tuple[CellRecord, list[dict[str, object]]]:
     """Measure one prefill cell; returns (cell record, [the request's row])."""
     cfg.validate()
-    if cfg.measurement_profile == "published":  # the published tool's definitions (#35)
+    if cfg.measurement_profile == "published":  # the published tool's definitions
         from .published import run_published_prefill
 
         return await run_published_prefill(cfg)

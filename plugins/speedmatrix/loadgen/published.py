@@ -1,4 +1,4 @@
-"""The `published` measurement profile's cells: the published tool's definitions (issue #35).
+"""The `published` measurement profile's cells: the published tool's definitions.
 
 What llm-inference-bench (``llm_decode_bench.py``) does, read line by line, and done here:
 

@@ -1,4 +1,4 @@
-"""The `published` profile's prompts and request bodies: the published tool's way (issue #35).
+"""The `published` profile's prompts and request bodies: the published tool's way.
 
 llm-inference-bench (``llm_decode_bench.py``) does not send exact contexts. It measures
 characters per token once, on an 8K chat prompt (starting from 4 chars/token, up to three

@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - exercised only without orjson
 INF = float("inf")
 
 # Every byte the client holds for a response is bounded: a server answering 500 with an
-# endless body grew the client from 42 to 226 MB before the first-token timeout (issue #33).
+# endless body would grow the client from 42 to 226 MB before the first-token timeout.
 # A response that passes a bound ends its request, with the reason, and is not read further.
 MAX_HEAD = 64 * 1024
 """The response's status line and headers (vLLM's are a few hundred bytes)."""

@@ -1,4 +1,4 @@
-"""What a published page implies about the prompts its tool really sent (issue #35 part 1).
+"""What a published page implies about the prompts its tool really sent.
 
 The published tool (llm-inference-bench, ``llm_decode_bench.py``) does not send exact contexts:
 it measures characters per token once on an 8K sample and sends ``context x chars_per_token``

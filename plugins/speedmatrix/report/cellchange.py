@@ -1,4 +1,4 @@
-"""Each cell's change against the baseline, worded for the cell of a matrix (issue #34 item 5).
+"""Each cell's change against the baseline, worded for the cell of a matrix.
 
 Why in the matrix: a reader looks at the decode matrix and the prefill table first; a change
 shown only in a heat map further down is a change not seen. So every cell that the baseline

@@ -182,8 +182,8 @@ def charts_fingerprint(cells: Sequence[dict], baseline: Sequence[dict] | None = 
     cells (as render_all gets them) and the code that draws them (this module, the palette,
     matplotlib's version). The drawing is deterministic (svg.hashsalt, no date), so an equal
     key means the same SVG: a page may show charts kept under the key instead of drawing them
-    again (the `site` task drew the run's charts the `report` task had just drawn: 1.3-1.6 s
-    of its ~3 s, measured 2026-12-04, issue #19)."""
+    again (else the `site` task draws the run's charts again, just after the `report` task
+    drew them: 1.3-1.6 s of its ~3 s)."""
     h = hashlib.sha256(version("matplotlib").encode())
     for module in (Path(__file__), Path(palette.__file__)):
         h.update(module.read_bytes())

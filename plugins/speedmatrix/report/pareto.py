@@ -1,4 +1,4 @@
-"""The Pareto view of a model, drawn and laid out (issue #34 item 11): in the site
+"""The Pareto view of a model, drawn and laid out: in the site
 (``models/<model>.html``) and from ``speedmatrix report --pareto MODEL``.
 
 One chart per context length (analysis.pareto: contexts are never mixed), x = per-request

@@ -85,7 +85,7 @@ def decode_test_text(run: dict) -> str | None:
     workload = _v(run, "workload")
     if value is not None and workload not in (None, DEFAULT_WORKLOAD):
         value = f"{value} ({workload} workload)"
-    # our run measured by the published tool's definitions says so (issue #35); a page the
+    # our run measured by the published tool's definitions says so; a page the
     # published tool made is that profile by its nature and keeps its own text
     if value is not None and _v(run, "measurement_profile") == "published" and _ours(run):
         value = f"{value} {PUBLISHED_PROFILE_NOTE}"

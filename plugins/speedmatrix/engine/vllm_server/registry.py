@@ -237,7 +237,7 @@ def group_pids(host: Host, pgid: int) -> list[int]:
     """Processes still running in process group ``pgid`` on the host (zombies excluded: an
     exited process holds no memory, port or GPU; it only waits for its parent, or the host's
     init once orphaned, to reap it. Measured here: this machine's init reaps ~2 s after the
-    exit, so a stop that counted zombies held the host that long (issue #19); on a host whose
+    exit, so a stop that counted zombies would hold the host that long; on a host whose
     init never reaps, as in a container without one, the stop would fail as "survived
     SIGKILL")."""
     res = host.run(

@@ -21,8 +21,8 @@ log = logging.getLogger("speedmatrix.server")
 
 STOP_POLL_S = 0.1
 """Between checks that the group is gone. The host's lease is held until the stop is verified,
-so each sleep past the exit is host time lost (issue #19): the simulator exits 12 ms after
-SIGTERM and a 0.5 s poll kept the host 0.5 s more; a check is one `ps`-like command (a few ms
+so each sleep past the exit is host time lost: the simulator exits 12 ms after SIGTERM, and a
+0.5 s poll would keep the host up to 0.5 s more; a check is one `ps`-like command (a few ms
 locally, one SSH command on a remote host, over its open connection)."""
 
 
