@@ -26,7 +26,9 @@ cells and waits for the last of them.
 With `repeats` > 1, decode also maps the repeated cells after the matrix, one pass after
 another (map index `8K x 1 #2`); they land in cell_repeats (plan.plan_matrix).
 
-Orchestration only: every task body is a function in `speedmatrix.flows.matrix`.
+Orchestration only: the task bodies are functions of `speedmatrix.flows.matrix`, but for
+`resolve` (flows.resolution), the cell lists (plan.task_cells), the cells' turn on the host
+(flows.turn, around matrix.run_cell) and `site` (flows.site's operator).
 """
 
 from __future__ import annotations

@@ -400,9 +400,10 @@ def run_order(prefill: Sequence[dict], decode: Sequence[dict]) -> list[dict]:
 def task_cells(planned: Mapping[str, Sequence[dict]], task: str) -> list[dict]:
     """The cells the DAG's mapped `prefill` or `decode` task runs, in map index order.
 
-    The scheduler starts a mapped task's instances in map index order, and the DAG runs
-    `decode` after `prefill`, one instance at a time (a host holds one run), so the two lists
-    together must be `order`: `prefill` takes the prefill cells at its head, `decode` all the
+    The scheduler starts a mapped task's instances in map index order, the host measures one
+    cell at a time (a host holds one run), and `decode` runs beside `prefill`, its first
+    instance waiting for prefill's last cell (flows/turn.py), so the two lists together must
+    be `order`: `prefill` takes the prefill cells at its head, `decode` all the
     rest, including the prefill cells of later contexts, labelled `prefill 16K` so that their
     map index says what they are. Both task ids stay (the DAG's contract); a plan without
     `order` (made before it existed) maps each phase's list as before."""

@@ -126,9 +126,9 @@ def test_speed_matrix_shape(dagbag):
 
 def test_speed_matrix_maps_cells_in_the_plans_run_order(dagbag):
     """Issue #19: the scheduler starts a mapped task's instances in map index order, and
-    decode runs after prefill, so the lists the two cell tasks map over, one after the other,
-    must be the plan's run order (prefill then decode per context: each prompt prefilled
-    once)."""
+    decode's first cell waits for prefill's last (flows/turn.py), so the lists the two cell
+    tasks map over, one after the other, must be the plan's run order (prefill then decode
+    per context: each prompt prefilled once)."""
     from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 
     t = dagbag.dags["speed_matrix"].task_dict

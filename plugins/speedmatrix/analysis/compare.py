@@ -100,7 +100,7 @@ def regressions_check(
     `fetch_commits`: when regressions were found and `commits` is not given, list the commits
     between the two engine commits from GitHub's compare API (best effort: on any error the
     summary keeps the compare URL only). `result`: the run's comparison already made (by the
-    `report` task, handed on), so that a run's comparison is computed once.
+    `land` task, handed on), so that a run's comparison is computed once.
 
     `charts(warehouse, result)` draws the comparison's charts next to the run (the caller
     passes speedmatrix.report.charts.write_comparison_charts: analysis does not draw); it

@@ -1,1 +1,1 @@
-"""Airflow task bodies: the only code that knows XCom shapes (matrix, bisect, triggers, notifications)."""
+"""Airflow task bodies: the only code that knows XCom shapes (docs/layout.md maps the modules)."""

@@ -2,8 +2,9 @@
 
 One job, the steps of a run in order (hence its length: one short function per task, the host
 and server steps included). What a step needs beyond that lives beside it: `resolve` in
-flows/resolution.py, pairing cell results with the plan in flows/collect.py, the comparison
-handed from `report` to `regressions` in flows/handoff.py.
+flows/resolution.py, a cell's turn on its host in flows/turn.py, pairing cell results with the
+plan in flows/collect.py, the comparison `land` makes and hands on to `report` and
+`regressions` in flows/handoff.py.
 
 Why plain functions: the DAG file stays orchestration only, and every step is tested without
 Airflow (tests/unit/test_pipeline*.py) and reused by scripts and the overhead benchmark.
@@ -12,8 +13,9 @@ is), `server` (where the engine listens and how to stop it), `info` (what the se
 `planned` (the cells), and one `{"cell": record, "requests": rows}` per measured cell.
 
 The flow (docs/design.md): resolve -> take the host lease -> setup (provision + start) -> inspect ->
-plan -> prefill cells -> decode cells -> teardown (stop + release) ; validate -> land -> report
--> conclude. Rules kept here:
+plan -> the cells, one at a time on the host (prefill and decode tasks side by side) -> teardown
+(stop + release), and beside it validate -> land -> report and regressions side by side ->
+conclude after report, verdicts after regressions. Rules kept here:
 
 - a bad conf fails in `resolve`, before anything touches a host;
 - a cell never raises for a measurement problem: it returns a `failed` record with the reason,
