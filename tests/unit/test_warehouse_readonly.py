@@ -37,7 +37,9 @@ def snapshot(root: Path) -> dict[str, str]:
 def landed(tmp_path):
     root = tmp_path / "wh"
     Warehouse(root).land_run(make_run(), make_cells(), make_requests())
-    runs_file = next((root / "runs").rglob("*.parquet"))
+    from deltalake import DeltaTable
+
+    runs_file = Path(DeltaTable(root / "runs").file_uris()[0].removeprefix("file://"))
     return root, runs_file
 
 
