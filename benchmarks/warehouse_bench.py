@@ -431,6 +431,47 @@ def measure(root: str, landings: int = 5) -> dict:
     return results
 
 
+def measure_s3(days: int, per_day: int, landings: int = 5) -> dict:
+    """Landing one run on the S3-compatible server (moto's, on loopback, started here as the
+    tests start it) on top of ``days`` x ``per_day`` runs of 20 recipes."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from s3server import running_s3_server
+
+    global DAYS
+    with running_s3_server() as server:
+        os.environ.update(server.env())
+        root = f"s3://{server.new_bucket()}/wh"
+        DAYS = days
+        t = time.perf_counter()
+        for i in range(len(RECIPES)):
+            _generate_recipe((root, i, per_day))
+        results: dict = {
+            "runs": days * per_day * len(RECIPES),
+            "generate_s": round(time.perf_counter() - t, 1),
+        }
+        wh = W.Warehouse(root)
+        run, cells, requests = template(3)
+        timings = []
+        for i in range(landings):
+            r = dict(
+                run, run_id=f"bench-s3-{i}", started_at=dt.datetime(2026, 1, 2, 3, tzinfo=dt.UTC)
+            )
+            t = time.perf_counter()
+            wh.land_run(r, cells, requests)
+            timings.append(time.perf_counter() - t)
+        results["land_new_run_s"] = {
+            "median": round(statistics.median(timings), 3),
+            "max": round(max(timings), 3),
+        }
+        t = time.perf_counter()
+        wh.query(LATEST_DECODE)
+        results["latest_decode_first_s"] = round(time.perf_counter() - t, 3)
+        t = time.perf_counter()
+        wh.query(LATEST_DECODE)
+        results["latest_decode_warm_s"] = round(time.perf_counter() - t, 3)
+    return results
+
+
 def measure_old(commit: str, days: int, root: str) -> dict:
     """The older layout with the code of ``commit`` (before issue #32): its own generator
     (``days`` days of 20 recipes, one run each) and measure, in a subprocess over an
@@ -556,6 +597,10 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--days", type=int, default=274)
     o.add_argument("--root", required=True, help="where to build the older warehouse")
     o.add_argument("--json", help="also write the figures here")
+    s3 = sub.add_parser("s3", help="landing on moto's S3-compatible server (loopback)")
+    s3.add_argument("--days", type=int, default=30)
+    s3.add_argument("--runs-per-day", type=int, default=1)
+    s3.add_argument("--json", help="also write the figures here")
     s = sub.add_parser("site", help="time and size of `speedmatrix site` over the warehouse")
     s.add_argument("--root", required=True)
     s.add_argument("--out", required=True, help="site directory (emptied first)")
@@ -567,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "site":
         results = measure_site(args.root, args.out, args.run_pages)
+    elif args.cmd == "s3":
+        results = measure_s3(args.days, args.runs_per_day)
     elif args.cmd == "old":
         results = measure_old(args.commit, args.days, args.root)
     else:

@@ -47,8 +47,9 @@ def landed_run_date(warehouse: Any, run: Mapping[str, Any]) -> date:
             pass
     import pyarrow.dataset as ds
 
+    run_id = str(run["run_id"])
     landed = warehouse.read_table(
-        "runs", ds.field("run_id") == str(run["run_id"]), ["run_date"]
+        "runs", ds.field("run_id") == run_id, ["run_date"], f"run_id = {sql_literal(run_id)}"
     ).column("run_date")
     if len(landed):
         return landed[0].as_py()
@@ -92,13 +93,16 @@ def read_extra(
     table's own columns (extra_schema)."""
     import pyarrow.dataset as ds
 
-    where = None
+    where, prune = None, []
     if run_id is not None:
         where = ds.field("run_id") == run_id
+        prune.append(f"run_id = {sql_literal(run_id)}")
     if recipe_id is not None:
         mine = ds.field("recipe_id") == recipe_id
         where = mine if where is None else where & mine
-    data = warehouse.read_table(table, where, list(extra_schema(table).names))
+        prune.append(f"recipe_id = {sql_literal(recipe_id)}")
+    columns = list(extra_schema(table).names)
+    data = warehouse.read_table(table, where, columns, " AND ".join(prune) or None)
     return data.to_pandas(types_mapper=None)
 
 
