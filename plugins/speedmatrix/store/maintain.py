@@ -24,6 +24,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from deltalake import DeltaTable
+
 from speedmatrix.store.delta import with_retries
 from speedmatrix.store.schemas import view_tables
 
@@ -40,9 +42,11 @@ def maintain(warehouse: Any, retention_hours: float = RETENTION_HOURS) -> dict[s
     before / after compaction, files vacuumed, the version, and seconds taken."""
     report: dict[str, dict] = {}
     for table in view_tables():
-        delta = warehouse.delta_table(table)
-        if delta is None:
+        if warehouse.delta_table(table) is None:
             continue
+        # a DeltaTable of its own: one that ran optimize reads its new files' statistics as
+        # string_view afterwards, and a later filter on it fails (delta-rs 1.6.6)
+        delta = DeltaTable(warehouse.table_uri(table), storage_options=warehouse.storage_options)
         t0 = time.monotonic()
         before = _count_files(delta)
 
@@ -60,6 +64,7 @@ def maintain(warehouse: Any, retention_hours: float = RETENTION_HOURS) -> dict[s
             enforce_retention_duration=False,
         )
         delta.update_incremental()
+        warehouse.forget(table)
         report[table] = {
             "files_before": before,
             "files_after": _count_files(delta),

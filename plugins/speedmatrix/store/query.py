@@ -102,7 +102,9 @@ class WarehouseQueries:
                 con.register(f"_{table}_src", schema.empty_table())
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_src")
             else:
-                data = delta.to_pyarrow_dataset()
+                from speedmatrix.store.warehouse import arrow_dataset
+
+                data = arrow_dataset(delta, views=True)
                 con.register(f"_{table}_src", data)
                 have = set(data.schema.names)
                 cols = ", ".join(

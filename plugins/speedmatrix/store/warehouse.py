@@ -91,6 +91,32 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=schema)
 
 
+def arrow_dataset(delta: Any, prune: str | None = None, views: bool = False):
+    """The Arrow dataset of ``delta``'s current version (``prune``: a SQL predicate choosing
+    the files from the log's statistics first), its string columns all ``string`` or, with
+    ``views``, all ``string_view``.
+
+    Why: delta-rs 1.6.6 writes the files it rewrites itself (compaction, and the rest of a
+    file a delete or a re-landing took rows out of) with ``string_view`` columns, ours with
+    ``string``; once a table mixes the two, a pyarrow filter of either type fails on the
+    other's files ("no kernel matching input types (string, string_view)"). DuckDB filters a
+    ``string_view`` dataset over both kinds of file fine (the query views); pyarrow readers
+    fall back to filtering after the read (:meth:`Warehouse.read_table`)."""
+    base = delta.to_pyarrow_dataset(file_pruning_predicate=prune)
+    want = pa.string_view() if views else pa.string()
+    schema = pa.schema(
+        [
+            f.with_type(want)
+            if pa.types.is_string(f.type) or pa.types.is_string_view(f.type)
+            else f
+            for f in base.schema
+        ]
+    )
+    if schema.equals(base.schema):
+        return base
+    return delta.to_pyarrow_dataset(file_pruning_predicate=prune, schema=schema)
+
+
 class Warehouse(WarehouseQueries):
     """The warehouse at ``root`` (None -> :func:`default_root`): a local path or
     ``s3://bucket/prefix`` (the AWS environment says where and as whom: store/delta.py)."""
@@ -182,6 +208,12 @@ class Warehouse(WarehouseQueries):
             self._tables[table] = found
             return found
 
+    def forget(self, table: str) -> None:
+        """Drop the opened ``table``: the next use opens it afresh (after maintenance)."""
+        with self._lock:
+            self._tables.pop(table, None)
+            self._view_versions.pop(table, None)
+
     def read_table(
         self,
         table: str,
@@ -199,8 +231,14 @@ class Warehouse(WarehouseQueries):
         if delta is None:
             data = schema.empty_table()
         else:
-            dataset = delta.to_pyarrow_dataset(file_pruning_predicate=prune)
-            data = conform(dataset.to_table(filter=filter_expr), schema)
+            dataset = arrow_dataset(delta, prune)
+            try:
+                data = conform(dataset.to_table(filter=filter_expr), schema)
+            except pa.ArrowNotImplementedError:
+                # string and string_view files mixed (see arrow_dataset): read, then filter
+                data = conform(dataset.to_table(), schema)
+                if filter_expr is not None:
+                    data = data.filter(filter_expr)
         return data.select(columns) if columns else data
 
     # -- landing ----------------------------------------------------------------------------
