@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from speedmatrix.store.delta import arrow_dataset
 from speedmatrix.store.schemas import WarehouseError, view_schema, view_tables
 
 _DUCK_TYPES = {
@@ -102,8 +103,6 @@ class WarehouseQueries:
                 con.register(f"_{table}_src", schema.empty_table())
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_src")
             else:
-                from speedmatrix.store.warehouse import arrow_dataset
-
                 data = arrow_dataset(delta, views=True)
                 con.register(f"_{table}_src", data)
                 have = set(data.schema.names)

@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from speedmatrix.store.delta import (
+    arrow_dataset,
     check_partition_values,
     delete_rows,
     replace_rows,
@@ -89,32 +90,6 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         else:
             cols.append(pa.nulls(n, type=f.type))
     return pa.Table.from_arrays(cols, schema=schema)
-
-
-def arrow_dataset(delta: Any, prune: str | None = None, views: bool = False):
-    """The Arrow dataset of ``delta``'s current version (``prune``: a SQL predicate choosing
-    the files from the log's statistics first), its string columns all ``string`` or, with
-    ``views``, all ``string_view``.
-
-    Why: delta-rs 1.6.6 writes the files it rewrites itself (compaction, and the rest of a
-    file a delete or a re-landing took rows out of) with ``string_view`` columns, ours with
-    ``string``; once a table mixes the two, a pyarrow filter of either type fails on the
-    other's files ("no kernel matching input types (string, string_view)"). DuckDB filters a
-    ``string_view`` dataset over both kinds of file fine (the query views); pyarrow readers
-    fall back to filtering after the read (:meth:`Warehouse.read_table`)."""
-    base = delta.to_pyarrow_dataset(file_pruning_predicate=prune)
-    want = pa.string_view() if views else pa.string()
-    schema = pa.schema(
-        [
-            f.with_type(want)
-            if pa.types.is_string(f.type) or pa.types.is_string_view(f.type)
-            else f
-            for f in base.schema
-        ]
-    )
-    if schema.equals(base.schema):
-        return base
-    return delta.to_pyarrow_dataset(file_pruning_predicate=prune, schema=schema)
 
 
 class Warehouse(WarehouseQueries):
