@@ -53,6 +53,9 @@ class WarehouseQueries:
     _view_versions: dict[str, int | None]
     _lock: threading.RLock
     memory_limit: str | None = None
+    _string_view_tables: frozenset[str] = frozenset()
+    """Tables read as string_view (delta.arrow_dataset): those whose plain-string view failed
+    on files delta-rs rewrote; the plain one is faster where it works (filters prune files)."""
     """DuckDB's ``memory_limit`` for this Warehouse's queries (e.g. ``"2GB"``); None: DuckDB's
     default (80% of RAM). Set before the first query: the connection's settings are locked."""
 
@@ -103,7 +106,7 @@ class WarehouseQueries:
                 con.register(f"_{table}_src", schema.empty_table())
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_src")
             else:
-                data = arrow_dataset(delta, views=True)
+                data = arrow_dataset(delta, views=table in self._string_view_tables)
                 con.register(f"_{table}_src", data)
                 have = set(data.schema.names)
                 cols = ", ".join(
@@ -135,7 +138,17 @@ class WarehouseQueries:
                 timer.daemon = True
                 timer.start()
             try:
-                result = con.execute(sql, list(params) if params is not None else None)
+                try:
+                    result = con.execute(sql, list(params) if params is not None else None)
+                except duckdb.InvalidInputException as exc:
+                    failed = re.search(r"registered as '_(\w+)_src' failed.*string_view", str(exc))
+                    if not failed or failed.group(1) in self._string_view_tables:
+                        raise
+                    # that table mixes string and string_view files: read it as string_view
+                    self._string_view_tables = self._string_view_tables | {failed.group(1)}
+                    self._view_versions.pop(failed.group(1), None)
+                    self._define_views(con)
+                    return self.query(sql, params, timeout_s)
                 return result.df()
             except duckdb.InterruptException:
                 raise QueryLimitError(
