@@ -42,12 +42,14 @@ def stack_probe():
         from speedmatrix.flows.fresh_stack import run_on_fresh_stack
 
         wh = os.environ["PROBE_WAREHOUSE"]
-        cells = pd.read_parquet(f"{wh}/cells").to_dict("records")
+        from deltalake import DeltaTable
+
+        cells = DeltaTable(f"{wh}/cells").to_pandas().to_dict("records")
         cells = [
             {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in c.items()}
             for c in cells
         ]
-        run = pd.read_parquet(f"{wh}/runs").to_dict("records")[0]
+        run = DeltaTable(f"{wh}/runs").to_pandas().to_dict("records")[0]
         counts = f"{wh}/strace-{int(fresh)}.txt"
         tracer = subprocess.Popen(["strace", "-f", "-c", "-p", str(os.getpid()), "-o", counts])
         time.sleep(1.0)  # attached

@@ -1,17 +1,21 @@
-"""Warehouse benchmark: a synthetic warehouse of three years of nightly runs for 20 recipes
-(~22,000 runs, ~1.2 million cells), then: landing one run with ``Warehouse.land_run`` on top
-of it, and the three analyst queries of ``warehouse/README.md``, cold and warm, with DuckDB.
+"""Warehouse benchmark (issue #32): a synthetic warehouse of Delta tables, built in minutes by
+writing many runs per commit (``--runs-per-day`` runs of each of 20 recipes for three years;
+10 gives the issue's 220,000 runs), then what a fleet does to it: landing one run on top, the
+analysts' questions through ``speedmatrix query``'s views warm and cold, pandas / Polars /
+DuckDB reading one recipe's cells for a year, ``speedmatrix query "select 1"`` as a process,
+the file count, and maintenance. ``old`` measures the older hand-written layout beside it, with
+the code of the commit before issue #32 (extracted from git into a temporary directory).
 
-    uv run python benchmarks/warehouse_bench.py generate --root /tmp/wh-bench   # once (minutes)
-    uv run python benchmarks/warehouse_bench.py measure  --root /tmp/wh-bench   # the figures
-    uv run python benchmarks/warehouse_bench.py site --root /tmp/wh-bench --out /tmp/site-bench
+    uv run python benchmarks/warehouse_bench.py generate --root /tmp/whd --runs-per-day 10
+    uv run python benchmarks/warehouse_bench.py measure  --root /tmp/whd --json new.json
+    uv run python benchmarks/warehouse_bench.py old --commit cc02ac6 --days 274 --json old.json
+    uv run python benchmarks/warehouse_bench.py site --root /tmp/whd --out /tmp/site-bench
 
-Not a test: the figures go to benchmarks/README.md. The generator writes the Parquet files
-directly (same schemas, same paths, same writer as land_run) with pyarrow, in bulk and in
-parallel, instead of calling land_run 22,000 times; land_run itself is timed on top of the big
-warehouse. "Cold" is a fresh process and a fresh DuckDB connection (the OS page cache is not
-dropped: that needs privileges a CI runner does not have); "warm" is the median of repeats on
-the same connection.
+Not a test: the figures go to benchmarks/README.md. The generator writes what landings and a
+daily maintenance would leave: one file per table per recipe and month (each commit holds a
+recipe's three years); "measure" then lands runs one by one on top, as the fleet does
+between two maintenances. "Cold" is a fresh process (imports excluded, said where not);
+"warm" is the median of repeats in the same process.
 """
 
 from __future__ import annotations
@@ -44,8 +48,7 @@ CONTEXTS = [8, 16, 32, 64, 128, 251]
 CONCURRENCIES = [1, 2, 4, 8, 16, 32, 64, 128]
 REQUESTS_PER_RUN = 16  # a few request rows per run (the queries do not read them)
 
-# The three questions of warehouse/README.md, through the views (speedmatrix query, or plain
-# DuckDB with the README's CREATE VIEWs) ...
+# The three questions of warehouse/README.md, through the views (speedmatrix query)
 QUERIES = {
     "q1_cell_trend": """
         -- one cell of one recipe across a year of nightly runs
@@ -76,36 +79,6 @@ QUERIES = {
         WHERE c.run_month = '2025-03' AND r.run_month = '2025-03'
           AND c.run_date = DATE '2025-03-14' AND r.run_date = DATE '2025-03-14'
           AND c.phase = 'decode' AND c.status = 'valid'
-        ORDER BY r.recipe_id, c.context_tokens, c.concurrency
-    """,
-}
-# ... and as narrow globs (plain DuckDB, the README's second form).
-NARROW = {
-    "q1_cell_trend": """
-        SELECT r.started_at, r.engine_version, r.engine_commit,
-               c.total_tok_s, c.per_request_tok_s, c.ttft_ms, c.tbt_ms
-        FROM read_parquet('{root}/cells/recipe_id=bench%2Fhw1%2Fmodel-07/run_month=2025-*/*.parquet',
-                          hive_partitioning = true) c
-        JOIN read_parquet('{root}/runs/recipe_id=bench%2Fhw1%2Fmodel-07/run_month=2025-*/*.parquet',
-                          hive_partitioning = true) r USING (run_id)
-        WHERE r.trigger = 'nightly'
-          AND c.phase = 'decode' AND c.context_label = '32K' AND c.concurrency = 4
-        ORDER BY r.started_at
-    """,
-    "q2_run_matrix": """
-        SELECT phase, context_label, concurrency, status, total_tok_s, per_request_tok_s,
-               ttft_ms, tbt_ms
-        FROM read_parquet('{root}/cells/*/*/*_nightly-bench-hw2-model-12-2024-06-15.parquet',
-                          hive_partitioning = true)
-        ORDER BY phase DESC, context_tokens, concurrency
-    """,
-    "q3_one_date": """
-        SELECT r.recipe_id, r.engine_version, c.context_label, c.concurrency, c.total_tok_s
-        FROM read_parquet('{root}/cells/*/run_month=2025-03/2025-03-14_*.parquet',
-                          hive_partitioning = true) c
-        JOIN read_parquet('{root}/runs/*/run_month=2025-03/2025-03-14_*.parquet',
-                          hive_partitioning = true) r USING (run_id)
-        WHERE c.phase = 'decode' AND c.status = 'valid'
         ORDER BY r.recipe_id, c.context_tokens, c.concurrency
     """,
 }
@@ -198,8 +171,53 @@ def template(recipe_index: int) -> tuple[dict, list[dict], list[dict]]:
     return run, cells, requests
 
 
-def _generate_recipe(args: tuple[str, int]) -> int:
-    root, recipe_index = args
+def _day_tables(base: dict, recipe: str, days: list[dt.date], per_day: int, rng) -> dict:
+    """``per_day`` runs of ``recipe`` on each of ``days``, as the three tables (columns set
+    vectorised: 220,000 runs are built in minutes, not by 220,000 build_tables calls)."""
+    import pyarrow.compute as pc
+
+    run_ids, run_days = [], []
+    for day in days:
+        for k in range(per_day):
+            run_ids.append(run_id_of(recipe, day) + (f"-{k}" if k else ""))
+            run_days.append(day)
+    n_runs = len(run_ids)
+    out = {}
+    for table in ("runs", "cells", "requests"):
+        t = base[table]
+        per = t.num_rows
+        t = t.take(pa.array(np.tile(np.arange(per), n_runs)))
+
+        def put(t, name, arr):
+            return t.set_column(t.schema.get_field_index(name), t.schema.field(name), arr)
+
+        t = put(t, "run_id", pa.array(np.repeat(np.array(run_ids, dtype=object), per), pa.string()))
+        dates = np.repeat(np.array(run_days, dtype="datetime64[D]"), per)
+        t = put(t, "run_date", pa.array(dates, pa.date32()))
+        months = np.repeat(np.array([f"{d:%Y-%m}" for d in run_days], dtype=object), per)
+        t = put(t, "run_month", pa.array(months, pa.string()))
+        if table == "runs":
+            starts = dates.astype("datetime64[us]") + np.timedelta64(2, "h")
+            starts = starts + (np.arange(n_runs) % 1440).astype("timedelta64[m]")
+            ts = t.schema.field("started_at").type
+            t = put(t, "started_at", pa.array(starts, pa.timestamp("us")).cast(ts))
+            t = put(
+                t,
+                "finished_at",
+                pa.array(starts + np.timedelta64(1, "h"), pa.timestamp("us")).cast(ts),
+            )
+            t = put(t, "engine_commit", pa.array([f"{i:012x}" for i in range(n_runs)]))
+        if table == "cells":
+            jitter = pa.array(np.repeat(1 + 0.02 * rng.standard_normal(n_runs), per))
+            for col in ("total_tok_s", "per_request_tok_s"):
+                t = put(t, col, pc.multiply(t.column(col), jitter))
+        out[table] = t
+    return out
+
+
+def _generate_recipe(args: tuple[str, int, int]) -> int:
+    """One recipe's three years, one commit per table (a file per month: partitioned)."""
+    root, recipe_index, per_day = args
     wh = W.Warehouse(root)
     run, cells, requests = template(recipe_index)
     recipe = RECIPES[recipe_index]
@@ -207,118 +225,163 @@ def _generate_recipe(args: tuple[str, int]) -> int:
         dict(run, started_at=dt.datetime(2023, 1, 1, 2, tzinfo=dt.UTC)), cells, requests
     )
     rng = np.random.default_rng(1000 + recipe_index)
-    n_files = 0
-    for d in range(DAYS):
-        day = START + dt.timedelta(days=d)
-        rid = run_id_of(recipe, day)
-        started = dt.datetime(day.year, day.month, day.day, 2, 0, tzinfo=dt.UTC)
-        jitter = 1 + 0.02 * rng.standard_normal()
-        for table in W.TABLES:
-            t = base[table]
-            n = t.num_rows
-
-            def put(t, name, arr):
-                return t.set_column(t.schema.get_field_index(name), t.schema.field(name), arr)
-
-            if table == "runs":
-                t = put(t, "run_id", pa.array([rid]))
-                t = put(t, "started_at", pa.array([started], t.schema.field("started_at").type))
-                t = put(
-                    t,
-                    "finished_at",
-                    pa.array([started + dt.timedelta(hours=1)], t.schema.field("finished_at").type),
-                )
-                t = put(t, "engine_commit", pa.array([f"{d:012x}"]))
-            else:
-                t = put(t, "run_id", pa.array([rid] * n))
-            if table == "cells":
-                for col in ("total_tok_s", "per_request_tok_s"):
-                    t = put(t, col, pa.compute.multiply(t.column(col), jitter))
-            t = put(t, "run_date", pa.array([day] * n, pa.date32()))
-            t = put(t, "run_month", pa.array([W.run_month_of(day)] * n))
-            path = wh.file_path(table, rid, recipe, day)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            W.write_parquet(W.without_partition_columns(t), path, wh.fs)
-            n_files += 1
-    return n_files
+    days = [START + dt.timedelta(days=d) for d in range(DAYS)]
+    tables = _day_tables(base, recipe, days, per_day, rng)
+    for table in ("cells", "requests", "runs"):  # runs last, as a landing
+        W.replace_rows(
+            wh.table_uri(table), tables[table], f"recipe_id = {W.sql_literal(recipe)}", wh.root
+        )
+    return len(days) * per_day
 
 
-def generate(root: str, workers: int) -> None:
+def generate(root: str, workers: int, per_day: int) -> None:
     t0 = time.perf_counter()
+    # one recipe at a time per worker: the commits of two workers race (retried), which is fine
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        files = sum(pool.map(_generate_recipe, [(root, i) for i in range(len(RECIPES))]))
+        runs = sum(pool.map(_generate_recipe, [(root, i, per_day) for i in range(len(RECIPES))]))
     elapsed = time.perf_counter() - t0
-    print(f"generated {files} files ({len(RECIPES) * DAYS} runs) in {elapsed:.0f} s")
+    print(f"generated {runs} runs in {elapsed:.0f} s", file=sys.stderr)
 
 
 def count_files(root: str) -> dict[str, int]:
+    """Data files of each table's current version (what readers open) and on disk."""
+    from deltalake import DeltaTable
+
     out = {}
-    for table in W.TABLES:
-        n = 0
-        for _dirpath, _dirs, files in os.walk(os.path.join(root, table)):
-            n += sum(f.endswith(".parquet") for f in files)
-        out[table] = n
+    for table in W.view_tables():
+        path = os.path.join(root, table)
+        if not os.path.isdir(path):
+            continue
+        disk = sum(
+            f.endswith(".parquet")
+            for dirpath, _dirs, files in os.walk(path)
+            if "_delta_log" not in dirpath
+            for f in files
+        )
+        out[table] = {"current": len(DeltaTable(path).file_uris()), "on_disk": disk}
     return out
 
 
-PLAIN_VIEWS = """
-CREATE VIEW runs AS SELECT * FROM read_parquet('{root}/runs/*/*/*.parquet',
-    hive_partitioning = true, hive_types = {{'recipe_id': VARCHAR, 'run_month': VARCHAR}});
-CREATE VIEW cells AS SELECT * FROM read_parquet('{root}/cells/*/*/*.parquet',
-    hive_partitioning = true, hive_types = {{'recipe_id': VARCHAR, 'run_month': VARCHAR}});
+# The issue's questions (through `speedmatrix query`'s views)
+LATEST_DECODE = """
+    -- latest decode per context (and concurrency) for one recipe
+    SELECT c.context_label, c.concurrency, c.total_tok_s, c.per_request_tok_s
+    FROM cells c
+    WHERE c.recipe_id = 'bench/hw1/model-07' AND c.phase = 'decode'
+      AND c.run_id = (SELECT run_id FROM runs WHERE recipe_id = 'bench/hw1/model-07'
+                      ORDER BY started_at DESC LIMIT 1)
+    ORDER BY c.context_tokens, c.concurrency
 """
-
-
-def _cold_query(root: str, name: str, mode: str) -> dict:
-    """In a fresh process: time the first run of the query (cold: includes opening the
-    connection and defining the views), then the median of 5 more on the same connection (warm).
-
-    mode ``plain``: plain DuckDB with the README's view definitions (no speedmatrix);
-    ``narrow``: plain DuckDB, the README's narrow globs (no views);
-    ``dataset`` / ``glob``: ``Warehouse(root, views=mode).query``."""
-    code = f"""
-import json, statistics, sys, time
-sys.path.insert(0, {str(HERE)!r})
-from warehouse_bench import NARROW, QUERIES, PLAIN_VIEWS
-sql = (NARROW if {mode!r} == "narrow" else QUERIES)[{name!r}].replace("{{root}}", {root!r})
-mode = {mode!r}
-import duckdb, pandas, pyarrow.dataset  # imports are not the query's time
-from speedmatrix.store.warehouse import Warehouse
-t = time.perf_counter()
-if mode in ("plain", "narrow"):
-    con = duckdb.connect()
-    con.execute("SET enable_progress_bar = false")  # it writes to stdout
-    con.execute(PLAIN_VIEWS.format(root={root!r}))
-    run = lambda: con.execute(sql).df()
-else:
-    wh = Warehouse({root!r}, views=mode)
-    run = lambda: wh.query(sql)
-df = run()
-cold = time.perf_counter() - t
-warm = []
-for _ in range(5):
-    t = time.perf_counter(); run(); warm.append(time.perf_counter() - t)
-print("RESULT " + json.dumps({{"rows": len(df), "cold_s": round(cold, 3), "warm_s": round(statistics.median(warm), 3),
-                   "warm_max_s": round(max(warm), 3)}}), flush=True)
+FLEET = """
+    -- fleet-wide history: every recipe's monthly mean decode throughput, all runs
+    SELECT r.recipe_id, r.run_month, count(DISTINCT r.run_id) AS runs, avg(c.total_tok_s) AS tok_s
+    FROM runs r JOIN cells c USING (run_id)
+    WHERE c.phase = 'decode' AND c.status = 'valid'
+    GROUP BY ALL ORDER BY 1, 2
 """
+QUERIES["latest_decode"] = LATEST_DECODE
+QUERIES["fleet_history"] = FLEET
+
+READERS = {
+    "pandas": """
+from deltalake import DeltaTable
+df = DeltaTable(f"{root}/cells").to_pandas(filters=[("recipe_id", "=", "bench/hw1/model-07"),
+    ("run_month", ">=", "2025-01"), ("run_month", "<=", "2025-12")])
+""",
+    "polars": """
+import polars as pl
+df = pl.scan_delta(f"{root}/cells").filter((pl.col("recipe_id") == "bench/hw1/model-07")
+    & pl.col("run_month").is_between(pl.lit("2025-01"), pl.lit("2025-12"))).collect()
+""",
+    "duckdb": """
+import duckdb
+from deltalake import DeltaTable
+con = duckdb.connect()
+con.register("cells", DeltaTable(f"{root}/cells").to_pyarrow_dataset())
+df = con.execute("SELECT * FROM cells WHERE recipe_id = 'bench/hw1/model-07' AND run_month BETWEEN '2025-01' AND '2025-12'").df()
+""",
+}
+
+
+def _in_fresh_process(code: str) -> dict:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1]}
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
-    result = json.loads(line[len("RESULT ") :])
-    print(f"{mode:8} {name:20} {result}", file=sys.stderr, flush=True)
+    return json.loads(line[len("RESULT ") :])
+
+
+def _cold_query(root: str, name: str) -> dict:
+    """In a fresh process (imports done first, not timed): the first query (cold: opening the
+    tables and defining the views included), then the median of 5 more (warm)."""
+    code = f"""
+import json, statistics, sys, time
+sys.path.insert(0, {str(HERE)!r})
+from warehouse_bench import QUERIES
+sql = QUERIES[{name!r}]
+import duckdb, pandas, pyarrow.dataset, deltalake
+from speedmatrix.store.warehouse import Warehouse
+t = time.perf_counter()
+wh = Warehouse({root!r})
+df = wh.query(sql)
+cold = time.perf_counter() - t
+warm = []
+for _ in range(5):
+    t = time.perf_counter(); wh.query(sql); warm.append(time.perf_counter() - t)
+print("RESULT " + json.dumps({{"rows": len(df), "cold_s": round(cold, 3),
+    "warm_s": round(statistics.median(warm), 3), "warm_max_s": round(max(warm), 3)}}), flush=True)
+"""
+    result = _in_fresh_process(code)
+    print(f"query {name:20} {result}", file=sys.stderr, flush=True)
     return result
 
 
-def measure(root: str) -> dict:
-    results: dict = {"files_before": count_files(root)}
+def _reader(root: str, name: str) -> dict:
+    code = f"""
+import json, statistics, time
+root = {root!r}
+import pandas, polars, duckdb, deltalake, pyarrow.dataset
+times = []
+for _ in range(4):
+    t = time.perf_counter()
+    exec({READERS[name]!r})
+    times.append(time.perf_counter() - t)
+print("RESULT " + json.dumps({{"rows": len(df), "first_s": round(times[0], 3),
+    "warm_s": round(statistics.median(times[1:]), 3)}}), flush=True)
+"""
+    result = _in_fresh_process(code)
+    print(f"reader {name:8} {result}", file=sys.stderr, flush=True)
+    return result
+
+
+def _process_start() -> dict:
+    """`speedmatrix query "select 1"` as a process, wall clock (imports included)."""
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "speedmatrix", "query", "select 1"],
+            check=True,
+            capture_output=True,
+            env=dict(os.environ, SPEEDMATRIX_WAREHOUSE="/nonexistent-wh"),
+        )
+        times.append(time.perf_counter() - t)
+    return {"median_s": round(statistics.median(times), 3), "max_s": round(max(times), 3)}
+
+
+def measure(root: str, landings: int = 5) -> dict:
     wh = W.Warehouse(root)
+    runs = int(wh.query("SELECT count(*) AS n FROM runs")["n"][0])
+    results: dict = {
+        "runs": runs,
+        "files_before": count_files(root),
+        "load_average": os.getloadavg(),
+    }
     run, cells, requests = template(3 % len(RECIPES))
-    # warm up imports (pandas, pyarrow compute) so the figure is landing, not import time
-    wh.build_tables(dict(run, run_id="warmup"), cells, requests)
-    timings = []
+    wh.build_tables(dict(run, run_id="warmup"), cells, requests)  # imports warmed
     day = START + dt.timedelta(days=DAYS)
-    for i in range(5):
+    timings = []
+    for i in range(landings):
         r = dict(
             run,
             run_id=f"bench-land-{i}",
@@ -327,10 +390,13 @@ def measure(root: str) -> dict:
         t = time.perf_counter()
         wh.land_run(r, cells, requests)
         timings.append(time.perf_counter() - t)
-    results["land_new_run_s"] = {"median": statistics.median(timings), "max": max(timings)}
+    results["land_new_run_s"] = {
+        "median": round(statistics.median(timings), 3),
+        "max": round(max(timings), 3),
+    }
     print("land_run, new run:", results["land_new_run_s"], file=sys.stderr, flush=True)
     timings = []
-    for _ in range(5):
+    for _ in range(3):
         r = dict(
             run,
             run_id="bench-land-0",
@@ -339,30 +405,108 @@ def measure(root: str) -> dict:
         t = time.perf_counter()
         wh.land_run(r, cells, requests)
         timings.append(time.perf_counter() - t)
-    results["land_again_same_run_s"] = {"median": statistics.median(timings), "max": max(timings)}
-    after = count_files(root)
-    results["files_after"] = after
-    results["files_added_per_run"] = {
-        t: (after[t] - results["files_before"][t]) / 5 for t in W.TABLES
+    results["land_again_same_run_s"] = {
+        "median": round(statistics.median(timings), 3),
+        "max": round(max(timings), 3),
     }
-    recipe = RECIPES[-1]
-    mid = START + dt.timedelta(days=DAYS // 2)
-    wh.read_run(run_id_of(recipe, mid))  # warm the directory cache
     t = time.perf_counter()
-    wh.read_run(run_id_of(recipe, mid + dt.timedelta(days=1)))
-    results["read_run_s"] = time.perf_counter() - t
+    wh.read_run(run_id_of(RECIPES[-1], START + dt.timedelta(days=DAYS // 2)))
+    results["read_run_s"] = round(time.perf_counter() - t, 3)
+    results["queries"] = {name: _cold_query(root, name) for name in QUERIES}
+    results["readers_one_recipe_one_year"] = {name: _reader(root, name) for name in READERS}
+    results["process_select_1"] = _process_start()
+    print("process select 1:", results["process_select_1"], file=sys.stderr, flush=True)
+    from speedmatrix.store.maintain import maintain
+
     t = time.perf_counter()
-    wh.read_run(run_id_of(recipe, mid + dt.timedelta(days=2)), recipe_id=recipe)
-    results["read_run_with_recipe_s"] = time.perf_counter() - t
-    results["load_average"] = os.getloadavg()
-    for i in range(5):
+    report = maintain(wh, retention_hours=0)
+    results["maintain"] = {"seconds": round(time.perf_counter() - t, 1), "tables": report}
+    results["files_after_maintenance"] = count_files(root)
+    results["queries_after_maintenance"] = {
+        name: _cold_query(root, name) for name in ("latest_decode", "fleet_history")
+    }
+    for i in range(landings):
         wh.delete_run(f"bench-land-{i}")
-    results["queries"] = {
-        mode: {name: _cold_query(root, name, mode) for name in QUERIES}
-        for mode in ("dataset", "glob", "plain", "narrow")
-    }
     results["load_average_after"] = os.getloadavg()
     return results
+
+
+def measure_s3(days: int, per_day: int, landings: int = 5) -> dict:
+    """Landing one run on the S3-compatible server (moto's, on loopback, started here as the
+    tests start it) on top of ``days`` x ``per_day`` runs of 20 recipes."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from s3server import running_s3_server
+
+    global DAYS
+    with running_s3_server() as server:
+        os.environ.update(server.env())
+        root = f"s3://{server.new_bucket()}/wh"
+        DAYS = days
+        t = time.perf_counter()
+        for i in range(len(RECIPES)):
+            _generate_recipe((root, i, per_day))
+        results: dict = {
+            "runs": days * per_day * len(RECIPES),
+            "generate_s": round(time.perf_counter() - t, 1),
+        }
+        wh = W.Warehouse(root)
+        run, cells, requests = template(3)
+        timings = []
+        for i in range(landings):
+            r = dict(
+                run, run_id=f"bench-s3-{i}", started_at=dt.datetime(2026, 1, 2, 3, tzinfo=dt.UTC)
+            )
+            t = time.perf_counter()
+            wh.land_run(r, cells, requests)
+            timings.append(time.perf_counter() - t)
+        results["land_new_run_s"] = {
+            "median": round(statistics.median(timings), 3),
+            "max": round(max(timings), 3),
+        }
+        t = time.perf_counter()
+        wh.query(LATEST_DECODE)
+        results["latest_decode_first_s"] = round(time.perf_counter() - t, 3)
+        t = time.perf_counter()
+        wh.query(LATEST_DECODE)
+        results["latest_decode_warm_s"] = round(time.perf_counter() - t, 3)
+    return results
+
+
+def measure_old(commit: str, days: int, root: str) -> dict:
+    """The older layout with the code of ``commit`` (before issue #32): its own generator
+    (``days`` days of 20 recipes, one run each) and measure, in a subprocess over an
+    extracted copy of that commit's plugins/ and benchmarks/."""
+    import tarfile
+    import tempfile
+
+    tree = Path(tempfile.mkdtemp(prefix="wh-bench-old-"))
+    archive = subprocess.run(
+        ["git", "-C", str(HERE.parent), "archive", commit, "plugins", "benchmarks"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    import io
+
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    code = f"""
+import json, sys, time
+sys.path.insert(0, {str(tree / "plugins")!r}); sys.path.insert(0, {str(tree / "benchmarks")!r})
+import warehouse_bench as b
+b.DAYS = {days}
+t = time.perf_counter()
+b.generate({root!r}, 2)
+gen = time.perf_counter() - t
+r = b.measure({root!r})
+r["generate_s"] = round(gen, 1)
+print("RESULT " + json.dumps(r, default=str), flush=True)
+"""
+    env = dict(os.environ, PYTHONPATH=str(tree / "plugins"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip()[-2000:]}
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
 
 
 def _du(path: Path) -> tuple[int, int]:
@@ -444,9 +588,19 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate")
     g.add_argument("--root", required=True)
     g.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    g.add_argument("--runs-per-day", type=int, default=1, help="per recipe (10: 220,000 runs)")
     m = sub.add_parser("measure")
     m.add_argument("--root", required=True)
     m.add_argument("--json", help="also write the figures here")
+    o = sub.add_parser("old", help="the older layout, with the code of a commit before #32")
+    o.add_argument("--commit", default="cc02ac6")
+    o.add_argument("--days", type=int, default=274)
+    o.add_argument("--root", required=True, help="where to build the older warehouse")
+    o.add_argument("--json", help="also write the figures here")
+    s3 = sub.add_parser("s3", help="landing on moto's S3-compatible server (loopback)")
+    s3.add_argument("--days", type=int, default=30)
+    s3.add_argument("--runs-per-day", type=int, default=1)
+    s3.add_argument("--json", help="also write the figures here")
     s = sub.add_parser("site", help="time and size of `speedmatrix site` over the warehouse")
     s.add_argument("--root", required=True)
     s.add_argument("--out", required=True, help="site directory (emptied first)")
@@ -454,18 +608,20 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     if args.cmd == "generate":
-        generate(args.root, args.workers)
-    elif args.cmd == "site":
-        text = json.dumps(measure_site(args.root, args.out, args.run_pages), indent=2)
-        print(text)
-        if args.json:
-            Path(args.json).write_text(text + "\n")
+        generate(args.root, args.workers, args.runs_per_day)
+        return 0
+    if args.cmd == "site":
+        results = measure_site(args.root, args.out, args.run_pages)
+    elif args.cmd == "s3":
+        results = measure_s3(args.days, args.runs_per_day)
+    elif args.cmd == "old":
+        results = measure_old(args.commit, args.days, args.root)
     else:
         results = measure(args.root)
-        text = json.dumps(results, indent=2)
-        print(text)
-        if args.json:
-            Path(args.json).write_text(text + "\n")
+    text = json.dumps(results, indent=2, default=str)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
     return 0
 
 

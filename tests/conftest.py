@@ -114,3 +114,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         first.setdefault(item.nodeid.split("::")[0], rank(item))
     items.sort(key=lambda item: first[item.nodeid.split("::")[0]])
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's standalone S3-compatible server on loopback, for the session (tests/s3server.py)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from s3server import running_s3_server
+
+    with running_s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_warehouse(s3_server, monkeypatch) -> str:
+    """``s3://<a fresh bucket>/warehouse`` on the loopback S3 server, with the standard AWS
+    environment set (this process and the subprocesses it starts)."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    return f"s3://{s3_server.new_bucket()}/warehouse"

@@ -140,11 +140,12 @@ def test_regressions_task_lands_verdicts_and_fails_with_a_summary(wh):
     assert b"## Comparison" in wh.read_artifact("r2", "comparison.md")
     assert b"<svg" in wh.read_artifact("r2", "comparison.svg")
     assert b"<svg" in wh.read_artifact("r2", "trend-64Kx2.svg")
-    # readable without this package: plain DuckDB over the Hive layout
-    root = wh.base
-    n = duckdb.sql(
-        f"SELECT count(*) FROM read_parquet('{root}/comparisons/*/*/*.parquet', hive_partitioning=true)"
-    ).fetchall()[0][0]
+    # readable without this package: plain DuckDB over the Delta table's Arrow dataset
+    from deltalake import DeltaTable
+
+    con = duckdb.connect()
+    con.register("t", DeltaTable(wh.table_uri("comparisons")).to_pyarrow_dataset())
+    n = con.execute("SELECT count(*) FROM t").fetchall()[0][0]
     assert n == len(read_extra(wh, "comparisons"))
     assert regressions_check(wh, "r0")["baseline_run_id"] is None
 
@@ -242,43 +243,32 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
     assert "commits between" not in str(err.value) and "/compare/" in str(err.value)
 
 
-def test_an_extra_table_lands_under_the_writers_lock(tmp_path):
-    """land_extra renames its file into place under <root>/_warehouse.lock, as a landing, a
-    delete and a recovery do: while another process holds the lock, no file appears; once it
-    is released, the file lands (and no staged copy is left behind)."""
-    import fcntl
-    import glob
-    import os
-    import threading
+def test_an_extra_table_replaces_a_runs_rows_in_one_commit(tmp_path):
+    """land_extra is one Delta commit per landing: the run's older rows go and its new ones
+    arrive together (another run's rows stay), with no lock of ours (issue #32)."""
+    from deltalake import DeltaTable
 
-    from speedmatrix.analysis.verdict import comparisons_table
+    from speedmatrix.analysis.noise import noise_table
     from speedmatrix.store.extra import land_extra
-    from speedmatrix.store.layout import LOCK_FILE
 
     wh = Warehouse(str(tmp_path / "wh"))
+    row = {"run_id": "r1", "recipe_id": "sim/wh-test", "phase": "decode", "context_tokens": 1}
+    row.update(concurrency=1, metric="ttft_ms", value=1.0)
+    for run_id in ("r1", "r2"):
+        run = {"run_id": run_id, "recipe_id": "sim/wh-test", "run_date": "2026-11-01"}
+        land_extra(wh, "noise", run, noise_table([{**row, "run_id": run_id}]))
+    table = DeltaTable(wh.table_uri("noise"))
+    before = table.version()
     run = {"run_id": "r1", "recipe_id": "sim/wh-test", "run_date": "2026-11-01"}
-    os.makedirs(wh.base, exist_ok=True)
-    fd = os.open(os.path.join(wh.base, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # another writer, as far as flock can tell (own open file)
-    landed: list[str] = []
-    writer = threading.Thread(
-        target=lambda: landed.append(land_extra(wh, "comparisons", run, comparisons_table([])))
-    )
-    try:
-        writer.start()
-        writer.join(0.5)
-        assert writer.is_alive(), "land_extra did not wait for the writers' lock"
-        assert (
-            glob.glob(os.path.join(wh.base, "comparisons", "**", "*.parquet"), recursive=True) == []
-        )
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-    writer.join(30)
-    assert not writer.is_alive()
-    assert landed and landed[0].endswith("/run_month=2026-11/2026-11-01_r1.parquet")
-    assert os.path.exists(landed[0])
-    assert glob.glob(os.path.join(wh.base, "_staging", "*.parquet")) == []
+    land_extra(wh, "noise", run, noise_table([{**row, "value": 2.0}, {**row, "metric": "x"}]))
+    table.update_incremental()
+    assert table.version() == before + 1
+    got = wh.query("SELECT run_id, metric, value, run_month FROM noise ORDER BY 1, 2")
+    assert got.values.tolist() == [
+        ["r1", "ttft_ms", 2.0, "2026-11"],
+        ["r1", "x", 1.0, "2026-11"],
+        ["r2", "ttft_ms", 1.0, "2026-11"],
+    ]
     wh.close()
 
 

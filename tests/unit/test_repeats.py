@@ -355,33 +355,17 @@ def undated_run(run_id="u1"):
 def test_land_extra_without_a_run_date_goes_next_to_the_run(wh):
     run = undated_run()
     wh.land_run(run, [decode()], [])
-    runs_file = wh.find_run_files("u1")["runs"][0]
-    landed_day = runs_file.rsplit("/", 1)[1][:10]
+    landed_day = str(wh.read_run("u1")[0]["run_date"])
     rows = [{"run_id": "u1", "recipe_id": "sim/undated", "phase": "decode", "context_tokens": 8192}]
     rows[0].update(concurrency=1, metric="total_tok_s", value=54.9, between_source="none")
-    path = land_extra(wh, "noise", run, noise_table(rows))  # used to fail: run_date_of is None
-    assert path.endswith(
-        f"/noise/recipe_id=sim%2Fundated/run_month={landed_day[:7]}/{landed_day}_u1.parquet"
-    )
+    land_extra(wh, "noise", run, noise_table(rows))  # used to fail: run_date_of is None
+    dated = "SELECT CAST(run_date AS VARCHAR) AS d, run_month FROM noise WHERE run_id = ?"
+    assert wh.query(dated, ["u1"]).values.tolist() == [[landed_day, landed_day[:7]]]
     assert read_extra(wh, "noise", run_id="u1")["value"].tolist() == [54.9]
     # a run not (yet) in the warehouse and without dates: today's partition, as land_run
-    other = land_extra(wh, "noise", undated_run("u2"), noise_table([{**rows[0], "run_id": "u2"}]))
-    assert f"/{dt.datetime.now(dt.UTC).date().isoformat()}_u2.parquet" in other
-
-
-def test_extra_files_of_the_older_layout_are_read_and_replaced(wh, tmp_path):
-    import pyarrow.parquet as pq
-
-    old_dir = tmp_path / "wh" / "noise" / "recipe_id=sim%2Fundated" / "run_date=2026-01-02"
-    old_dir.mkdir(parents=True)
-    row = {"run_id": "u1", "recipe_id": "sim/undated", "phase": "decode", "context_tokens": 1}
-    row.update(concurrency=1, metric="ttft_ms", value=1.0)
-    pq.write_table(noise_table([row]), old_dir / "u1.parquet")
-    assert read_extra(wh, "noise", run_id="u1")["value"].tolist() == [1.0]
-    run = {**undated_run(), "run_date": dt.date(2026, 1, 2)}
-    land_extra(wh, "noise", run, noise_table([{**row, "value": 2.0}]))
-    assert read_extra(wh, "noise", recipe_id="sim/undated")["value"].tolist() == [2.0]
-    assert not (old_dir / "u1.parquet").exists()
+    land_extra(wh, "noise", undated_run("u2"), noise_table([{**rows[0], "run_id": "u2"}]))
+    today = dt.datetime.now(dt.UTC).date().isoformat()
+    assert wh.query(dated, ["u2"]).values.tolist() == [[today, today[:7]]]
 
 
 def test_cell_repeats_land_replace_and_vanish(wh):
@@ -391,10 +375,9 @@ def test_cell_repeats_land_replace_and_vanish(wh):
         {**decode(c=2, scale=1.01), "repeat": 1},
         {**decode(c=2, scale=0.99), "repeat": 2},
     ]
-    path = land_cell_repeats(wh, run, rows)
-    assert path.endswith(
-        "/cell_repeats/recipe_id=sim%2Fundated/run_month=2026-11/2026-11-29_u1.parquet"
-    )
+    land_cell_repeats(wh, run, rows)
+    dated = wh.query("SELECT DISTINCT CAST(run_date AS VARCHAR), run_month FROM cell_repeats")
+    assert dated.values.tolist() == [["2026-11-29", "2026-11"]]
     got = read_extra(wh, "cell_repeats", run_id="u1")
     assert got["repeat"].tolist() == [1, 2] and set(got["concurrency"]) == {2}
     land_cell_repeats(wh, run, rows[:1])  # landing again replaces
@@ -407,9 +390,8 @@ def test_cell_repeats_land_replace_and_vanish(wh):
         cell_repeats_table(run, [{**decode(), "repeat": 1, "status": "fine"}], WHEN.date())
 
 
-@pytest.mark.parametrize("views", ["dataset", "glob"])
-def test_query_views_of_the_extra_tables(tmp_path, views):
-    wh = Warehouse(str(tmp_path / "wh"), views=views)
+def test_query_views_of_the_extra_tables(tmp_path):
+    wh = Warehouse(str(tmp_path / "wh"))
     try:
         for table in EXTRA_TABLES:  # no file yet: empty views with the right columns
             df = wh.query(f"SELECT * FROM {table}")
@@ -451,8 +433,11 @@ def test_speedmatrix_query_reads_cell_repeats(wh, capsys):
     assert main(["query", sql, "--warehouse", wh.root, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"run_id": "u1", "repeat": 1, "concurrency": 2}]
     # readable without this package too
-    files = f"{wh.base}/cell_repeats/*/*/*.parquet"
-    assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{files}')").fetchall() == [(1,)]
+    from deltalake import DeltaTable
+
+    con = duckdb.connect()
+    con.register("t", DeltaTable(wh.table_uri("cell_repeats")).to_pyarrow_dataset())
+    assert con.execute("SELECT count(*) FROM t").fetchall() == [(1,)]
     assert CELL_REPEATS_SCHEMA.names[-3:] == ["recipe_id", "run_date", "schema_version"]
     assert NOISE_SCHEMA.names[0] == "run_id"
 

@@ -178,6 +178,38 @@ def test_the_site_is_rebuilt_incrementally(tmp_path):
     wh.close()
 
 
+def test_a_refresh_after_one_run_reads_the_fleet_by_aggregates(tmp_path):
+    """Issue #32: a refresh after one new run reads the whole warehouse only through
+    aggregate queries (per run counts, the regressions and improvements); the comparison
+    rows it reads whole are the new run's and its recipe's, and no other table is read
+    whole but `runs`."""
+    wh = Warehouse(str(tmp_path / "wh"))
+    out = tmp_path / "site"
+    _land(wh, "r0", "a" * 40, 0, seed=0)
+    _land(wh, "r1", "a" * 40, 1, seed=1)
+    _judge(wh, "r1")
+    build_site(wh, out)
+    _land(wh, "r2", "b" * 40, 2, slow={(65536, 2): 0.9}, seed=2)
+    _judge(wh, "r2")
+    seen: list[str] = []
+    real = wh.query
+
+    def recording(sql, params=None, **kw):
+        seen.append(" ".join(sql.split()))
+        return real(sql, params, **kw)
+
+    wh.query = recording
+    new = build_site(wh, out)
+    assert (new.run_pages_written, new.recipe_pages_written) == (1, 1)
+    assert "1 cell regressed (64Kx2)" in (out / "index.html").read_text()
+    whole = [q for q in seen if "WHERE" not in q and "GROUP BY" not in q]
+    assert whole and all(q.endswith("FROM runs") for q in whole), whole
+    from_cmp = [q for q in seen if "FROM comparisons" in q]
+    assert any("GROUP BY run_id" in q for q in from_cmp)
+    assert all("WHERE" in q or "GROUP BY" in q for q in from_cmp), from_cmp
+    wh.close()
+
+
 def test_site_command(tmp_path, capsys):
     wh = Warehouse(str(tmp_path / "wh"))
     _land(wh, "only/run", "a" * 40, 0, seed=0)

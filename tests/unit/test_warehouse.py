@@ -13,12 +13,10 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable, write_deltalake
 
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS, empty_cell
-from speedmatrix.store.layout import LOCK_FILE
 from speedmatrix.store.schemas import (
     CELLS_SCHEMA,
     REQUESTS_SCHEMA,
@@ -114,19 +112,27 @@ def make_requests(n=3):
 
 
 def all_files(root) -> list[str]:
-    """The warehouse's files, without the writers' lock file (not data: it stays once made)."""
+    """Every file under the warehouse root (data files and Delta logs)."""
     out = []
     for dirpath, _dirs, files in os.walk(root):
         out += [os.path.relpath(os.path.join(dirpath, f), root) for f in files]
-    return sorted(f for f in out if f != LOCK_FILE)
+    return sorted(out)
+
+
+def data_files(root, table) -> list[str]:
+    """The data files of ``table``'s current version (what its Delta log lists)."""
+    return sorted(
+        os.path.relpath(u.removeprefix("file://"), root)
+        for u in DeltaTable(os.path.join(root, table)).file_uris()
+    )
 
 
 def plain_rows(root, table) -> pd.DataFrame:
-    """What a reader without this package sees (pyarrow dataset with hive partitioning)."""
+    """What a reader without this package sees: the Delta table's current version."""
     path = os.path.join(root, table)
-    if not os.path.exists(path):
+    if not DeltaTable.is_deltatable(path):
         return pd.DataFrame()
-    return ds.dataset(path, format="parquet", partitioning="hive").to_table().to_pandas()
+    return DeltaTable(path).to_pandas()
 
 
 # ---- schemas --------------------------------------------------------------------------------
@@ -164,46 +170,49 @@ def test_land_and_read_round_trip(tmp_path):
     assert all(c["run_id"] == "r-1" and c["recipe_id"] == run["recipe_id"] for c in got_cells)
     assert [r["request_index"] for r in got_requests] == [0, 1, 2]
     assert got_requests[0]["finished"] is True and got_requests[1]["window_tokens"] is None
-    # one file per table per run, named after the run, in the recipe / date partition
-    assert all_files(tmp_path) == [
-        f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_month=2026-03/2026-03-14_r-1.parquet"
-        for t in ("cells", "requests", "runs")
-    ]
+    # one Delta table per table, one commit and one data file per run, in the recipe /
+    # month partition
+    for t in ("cells", "requests", "runs"):
+        assert DeltaTable(tmp_path / t).version() == 0
+        (only,) = data_files(tmp_path, t)
+        assert only.startswith(
+            f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_month=2026-03/"
+        ), only
 
 
 def test_readable_without_this_package(tmp_path):
+    """deltalake (pandas), DuckDB through the Arrow dataset, and Polars read every table."""
+    import polars as pl
+
     wh = Warehouse(tmp_path)
     wh.land_run(make_run(), make_cells(), make_requests())
     ingested = make_run("ing", recipe_id="published/x", started_at=None, finished_at=None)
     wh.land_run(dict(ingested, trigger="ingest"), make_cells(), [])
     today = dt.datetime.now(dt.UTC).date()
-    cells = pd.read_parquet(tmp_path / "cells")
+    cells = DeltaTable(tmp_path / "cells").to_pandas()
     assert len(cells) == 10
     by_run = cells.groupby("run_id", observed=True).size().to_dict()
     assert by_run == {"r-1": 5, "ing": 5}
     con = duckdb.connect()
+    con.register("cells", DeltaTable(tmp_path / "cells").to_pyarrow_dataset())
     rows = con.execute(
-        f"SELECT recipe_id, run_date, count(*) FROM read_parquet('{tmp_path}/cells/*/*/*.parquet',"
-        " hive_partitioning = true) GROUP BY ALL ORDER BY 1"
+        "SELECT recipe_id, run_date, count(*) FROM cells GROUP BY ALL ORDER BY 1"
     ).fetchall()
     assert rows == [
         ("published/x", today, 5),
         ("sim/kimi-k2.7-nvfp4-rtxpro6k-x8", dt.date(2026, 3, 14), 5),
     ]
-    runs = pd.read_parquet(tmp_path / "runs")
-    assert sorted(runs["run_id"]) == ["ing", "r-1"]
-    assert set(runs["recipe_id"]) == {"sim/kimi-k2.7-nvfp4-rtxpro6k-x8", "published/x"}
-    single = pq.read_table(next((tmp_path / "runs").rglob("*_r-1.parquet")), partitioning=None)
-    assert single.column("run_id").to_pylist() == ["r-1"]
-    assert "recipe_id" not in single.column_names  # partition columns live in the path
+    runs = pl.scan_delta(str(tmp_path / "runs")).collect()
+    assert sorted(runs["run_id"].to_list()) == ["ing", "r-1"]
+    assert set(runs["recipe_id"].to_list()) == {"sim/kimi-k2.7-nvfp4-rtxpro6k-x8", "published/x"}
 
 
 def test_land_twice_is_idempotent(tmp_path):
     wh = Warehouse(tmp_path)
     wh.land_run(make_run(), make_cells(), make_requests())
-    files = all_files(tmp_path)
     wh.land_run(make_run(), make_cells(scale=2.0), make_requests(2))
-    assert all_files(tmp_path) == files
+    for table in ("cells", "requests", "runs"):
+        assert len(data_files(tmp_path, table)) == 1  # the older file left the version
     assert len(plain_rows(tmp_path, "cells")) == 5
     assert len(plain_rows(tmp_path, "requests")) == 2
     assert len(plain_rows(tmp_path, "runs")) == 1
@@ -218,10 +227,11 @@ def test_relanding_in_another_partition_replaces(tmp_path):
     wh.land_run(make_run(day=14), make_cells(), make_requests())
     april = dt.datetime(2026, 4, 2, 2, tzinfo=dt.UTC)
     wh.land_run(make_run(started_at=april), make_cells(), [])
-    assert all_files(tmp_path) == [
-        f"{t}/recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8/run_month=2026-04/2026-04-02_r-1.parquet"
-        for t in ("cells", "runs")
-    ]
+    for t in ("cells", "runs"):
+        (only,) = data_files(tmp_path, t)
+        assert "/run_month=2026-04/" in only
+    assert data_files(tmp_path, "requests") == []
+    assert len(plain_rows(tmp_path, "cells")) == 5
     assert wh.read_run("r-1")[0]["run_date"] == dt.date(2026, 4, 2)
     assert wh.read_run("r-1")[0]["run_month"] == "2026-04"
     assert wh.read_run("r-1")[2] == []
@@ -275,8 +285,9 @@ def test_values_are_coerced_sensibly(tmp_path):
 
 # ---- atomicity: failures and kills halfway -------------------------------------------------
 
-PRE_COMMIT = ["staged:cells", "staged:requests", "staged:runs"]
-POST_COMMIT = ["committed", "moved:cells", "moved:requests", "moved:runs", "deleted"]
+BEFORE_ANY_COMMIT = ["built"]
+UNLISTED = ["unlisted", "landed:cells", "landed:requests"]
+AFTER_LAST_COMMIT = ["landed:runs"]
 
 
 def snapshot(root):
@@ -296,15 +307,40 @@ def assert_version(root, scale, n_requests, date="2026-03-14"):
     assert len(snap["requests"]) == n_requests
 
 
+def assert_one_whole_version_or_unlisted(root, step):
+    """After a landing of version 2 stopped at ``step``: version 1 whole (stopped before its
+    first commit), version 2 whole (after its last), or the run not listed in ``runs`` (in
+    between), and never a duplicate row in any table."""
+    for table in ("cells", "requests"):
+        rows = plain_rows(root, table)
+        if len(rows):
+            key = ["run_id", "phase", "context_tokens", "concurrency"]
+            key += ["request_index"] if table == "requests" else []
+            assert not rows.duplicated(key).any(), table
+    wh = Warehouse(root)
+    if step in BEFORE_ANY_COMMIT:
+        _run, cells, requests = wh.read_run("r-1")
+        assert (cells[0]["total_tok_s"], len(requests)) == (6206.0, 3)
+        assert_version(root, 1.0, 3)
+    elif step in UNLISTED:
+        assert not wh.has_run("r-1")
+        with pytest.raises(KeyError):
+            wh.read_run("r-1")
+        assert wh.query("SELECT count(*) AS n FROM runs")["n"].tolist() == [0]
+    else:
+        _run, cells, requests = wh.read_run("r-1")
+        assert (cells[0]["total_tok_s"], len(requests)) == (6206.0 * 2, 1)
+        assert_version(root, 2.0, 1, date="2026-04-02")
+
+
 class Boom(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("step", PRE_COMMIT + POST_COMMIT)
+@pytest.mark.parametrize("step", BEFORE_ANY_COMMIT + UNLISTED + AFTER_LAST_COMMIT)
 def test_failure_at_each_step(tmp_path, step):
     wh = Warehouse(tmp_path)
     wh.land_run(make_run(), make_cells(), make_requests(3))
-    before = all_files(tmp_path)
 
     def fault(at):
         if at == step:
@@ -313,21 +349,10 @@ def test_failure_at_each_step(tmp_path, step):
     wh._fault = fault
     with pytest.raises(Boom):
         wh.land_run(make_run(started_at=APRIL), make_cells(scale=2.0), make_requests(1))
-    wh._fault = None
-    if step in PRE_COMMIT:
-        # nothing changed, nothing left behind
-        assert all_files(tmp_path) == before
-        assert_version(tmp_path, 1.0, 3)
-    # whatever happened, the next use of the warehouse shows one whole version
-    fresh = Warehouse(tmp_path)
-    _run, cells, requests = fresh.read_run("r-1")
-    if step in PRE_COMMIT:
-        assert (cells[0]["total_tok_s"], len(requests)) == (6206.0, 3)
-        assert_version(tmp_path, 1.0, 3)
-    else:
-        assert (cells[0]["total_tok_s"], len(requests)) == (6206.0 * 2, 1)
-        assert_version(tmp_path, 2.0, 1, date="2026-04-02")
-    assert not any(f.startswith("_staging/") for f in all_files(tmp_path))
+    assert_one_whole_version_or_unlisted(tmp_path, step)
+    # landing again afterwards is clean: one whole version 3
+    Warehouse(tmp_path).land_run(make_run(started_at=APRIL), make_cells(scale=3.0), [])
+    assert_version(tmp_path, 3.0, 0, date="2026-04-02")
 
 
 KILLER = textwrap.dedent(
@@ -347,51 +372,49 @@ KILLER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(
-    "step", ["staged:requests", "committed", "moved:cells", "moved:requests", "moved:runs"]
-)
+@pytest.mark.parametrize("step", ["built", "unlisted", "landed:cells", "landed:requests"])
 def test_kill_halfway(tmp_path, step):
-    """A landing process SIGKILLed halfway: before the commit point the warehouse is untouched;
-    after it, the next user rolls the landing forward. Never half a run, never duplicates."""
+    """A landing process SIGKILLed between its commits: the run is version 1 whole or not
+    listed, never half of version 2, never duplicated; landing it again is clean."""
     Warehouse(tmp_path).land_run(make_run(), make_cells(), make_requests(3))
-    before = all_files(tmp_path)
     code = KILLER.format(tests=str(Path(__file__).parent), root=str(tmp_path), step=step)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    if step in PRE_COMMIT:
-        assert [f for f in all_files(tmp_path) if not f.startswith("_staging/")] == before
-        assert_version(tmp_path, 1.0, 3)
-    wh = Warehouse(tmp_path)
-    _, cells, requests = wh.read_run("r-1")
-    if step in PRE_COMMIT:
-        assert (cells[0]["total_tok_s"], len(requests)) == (6206.0, 3)
-        assert_version(tmp_path, 1.0, 3)
-    else:
-        assert (cells[0]["total_tok_s"], len(requests)) == (6206.0 * 2, 1)
-        assert_version(tmp_path, 2.0, 1, date="2026-04-02")
-        assert not any(f.startswith("_staging/") for f in all_files(tmp_path))
-    # and landing again afterwards is clean
-    wh.land_run(make_run(started_at=APRIL), make_cells(scale=3.0), [])
+    assert_one_whole_version_or_unlisted(tmp_path, step)
+    Warehouse(tmp_path).land_run(make_run(started_at=APRIL), make_cells(scale=3.0), [])
     assert_version(tmp_path, 3.0, 0, date="2026-04-02")
 
 
-def test_abandoned_staging_is_cleaned(tmp_path, monkeypatch):
-    import speedmatrix.store.warehouse as W
+def test_an_overlong_partition_value_lands_nothing_and_blocks_nothing(tmp_path):
+    """Issue #33: a recipe id too long for a directory name is refused before anything is
+    written, and the next landing goes through."""
+    wh = Warehouse(tmp_path)
+    with pytest.raises(WarehouseError, match="too long for a partition directory"):
+        wh.land_run(make_run("long", recipe_id="r" * 300), make_cells(), make_requests())
+    assert all_files(tmp_path) == []
+    wh.land_run(make_run(), make_cells(), [])
+    assert wh.query("SELECT run_id FROM runs")["run_id"].tolist() == ["r-1"]
+
+
+def test_a_write_failing_in_delta_leaves_nothing_stuck(tmp_path):
+    """Past our own check, a data file the filesystem refuses (a name too long, here by
+    lifting the check) fails that commit only: no commit in the log, later landings land."""
+    import speedmatrix.store.delta as delta
 
     wh = Warehouse(tmp_path)
-    wh._fault = lambda at: (_ for _ in ()).throw(SystemExit(1)) if at == "staged:cells" else None
-    with pytest.raises(SystemExit):
-        wh.land_run(make_run(), make_cells(), [])
-    # a crash that skipped the cleanup: fake an orphaned staging directory
-    orphan = tmp_path / "_staging" / "r-1.deadbeef"
-    orphan.mkdir(parents=True)
-    (orphan / "cells.parquet").write_bytes(b"partial")
-    wh._fault = None
-    Warehouse(tmp_path).recover()
-    assert orphan.exists()  # young: may be another worker's landing in progress
-    monkeypatch.setattr(W, "ABANDONED_AFTER_S", -1.0)
-    Warehouse(tmp_path).recover()
-    assert not orphan.exists()
+    wh.land_run(make_run(), make_cells(), [])
+    version = DeltaTable(tmp_path / "cells").version()
+    original = delta.MAX_SEGMENT_BYTES
+    delta.MAX_SEGMENT_BYTES = 10_000
+    try:
+        with pytest.raises(Exception, match=r"(?i)name too long"):
+            wh.land_run(make_run("long", recipe_id="r" * 300), make_cells(), [])
+    finally:
+        delta.MAX_SEGMENT_BYTES = original
+    assert DeltaTable(tmp_path / "cells").version() == version
+    wh.land_run(make_run("next", day=20), make_cells(), [])
+    got = wh.query("SELECT run_id FROM runs ORDER BY 1")["run_id"].tolist()
+    assert got == ["next", "r-1"]
 
 
 # ---- queries --------------------------------------------------------------------------------
@@ -411,19 +434,11 @@ def test_query_views(tmp_path):
     assert df["recipe_id"].tolist() == ["sim/kimi-k2.7-nvfp4-rtxpro6k-x8", "cpu/tiny/llama-tiny"]
     assert df["total_tok_s"].tolist() == [100.0, 50.0]
     assert wh.query("SELECT count(*) AS n FROM requests")["n"].tolist() == [3]
-    # partition pruning: a recipe filter reads one file (plain DuckDB views)
-    plan = (
-        Warehouse(tmp_path, views="glob")
-        .query("EXPLAIN ANALYZE SELECT * FROM cells WHERE recipe_id = 'cpu/tiny/llama-tiny'")
-        .to_string()
-    )
-    assert "Total Files Read: 1" in plan
 
 
-@pytest.mark.parametrize("views", ["glob", "dataset"])
-def test_query_sees_landings_from_elsewhere(tmp_path, views):
+def test_query_sees_landings_from_elsewhere(tmp_path):
     """The kept connection's views follow landings and deletes, also from another process."""
-    wh = Warehouse(tmp_path, views=views)
+    wh = Warehouse(tmp_path)
     wh.land_run(make_run("a"), make_cells(), [])
     assert wh.query("SELECT count(DISTINCT run_id) AS n FROM cells")["n"].tolist() == [1]
     other = Warehouse(tmp_path)
@@ -499,35 +514,6 @@ def test_quarantine_and_artifacts(tmp_path):
     assert not any(".tmp-" in f for f in all_files(tmp_path))
 
 
-# ---- any pyarrow filesystem (s3:// in production; an in-memory one here) --------------------
-
-
-def test_other_filesystem(tmp_path):
-    from pyarrow._fs import _MockFileSystem
-
-    fs = _MockFileSystem()
-    wh = Warehouse("wh", filesystem=fs)
-    assert not wh.is_local
-    wh.land_run(make_run(), make_cells(), make_requests())
-    wh.land_run(make_run(), make_cells(2.0), make_requests(2))
-    wh.land_run(make_run("b", day=16), make_cells(), [])
-    _run, cells, requests = wh.read_run("r-1")
-    assert cells[0]["total_tok_s"] == 6206.0 * 2 and len(requests) == 2
-    df = wh.query(
-        "SELECT run_id, count(*) AS n FROM cells WHERE run_date = DATE '2026-03-14' GROUP BY 1"
-    )
-    assert df.to_dict("records") == [{"run_id": "r-1", "n": 5}]
-    assert wh.query("SELECT count(*) AS n FROM runs")["n"].tolist() == [2]
-    wh.write_artifact("r-1", "report.html", "<html></html>")
-    assert wh.read_artifact("r-1", "report.html") == b"<html></html>"
-    from pyarrow.fs import FileSelector
-
-    names = sorted(
-        i.path for i in fs.get_file_info(FileSelector("wh", recursive=True)) if i.is_file
-    )
-    assert not any("_staging" in n and n.endswith(".parquet") for n in names)
-
-
 def test_default_root(monkeypatch, tmp_path):
     monkeypatch.setenv("SPEEDMATRIX_WAREHOUSE", str(tmp_path / "w"))
     assert Warehouse().root == str(tmp_path / "w")
@@ -543,7 +529,8 @@ def test_delete_run(tmp_path):
     assert not wh.has_run("r-1")
     with pytest.raises(KeyError):
         wh.read_run("r-1")
-    assert [f for f in all_files(tmp_path) if f.endswith(".parquet")] == []
+    assert all(data_files(tmp_path, t) == [] for t in ("runs", "cells", "requests"))
+    assert not wh.delete_run("r-1")
 
 
 def test_query_connection_sees_a_replaced_run(tmp_path):
@@ -558,13 +545,30 @@ def test_query_connection_sees_a_replaced_run(tmp_path):
     assert got.to_dict("records") == [{"m": 18618.0, "n": 2}]
 
 
+def land_as_older_version(root, run_id, dropped, schema_version=None, requests=0):
+    """Land ``run_id`` as an older version of this package did: into tables whose schema
+    lacks the ``dropped`` columns (table -> names), so the Delta tables are created without
+    them and a later landing must add them (schema evolution)."""
+    wh = Warehouse(root)
+    built = wh.build_tables(make_run(run_id), make_cells(), make_requests(requests))
+    for table in ("cells", "requests", "runs"):
+        data = built[table].drop_columns(dropped.get(table, []))
+        if schema_version is not None:
+            i = data.schema.get_field_index("schema_version")
+            data = data.set_column(
+                i, "schema_version", pa.array([schema_version] * data.num_rows, pa.int32())
+            )
+        write_deltalake(
+            os.path.join(root, table), data, mode="append", partition_by=["recipe_id", "run_month"]
+        )
+
+
 def test_older_files_lacking_a_column(tmp_path):
-    """A file written before a column was added reads as null in that column (query with
-    the default dataset views, and read_run). Plain DuckDB globs need union_by_name for it."""
+    """Rows landed before a column was added read as null in that column (query and
+    read_run), beside newer rows that have it."""
+    land_as_older_version(tmp_path, "old", {"cells": ["loop_lag_p99_ms"]})
     wh = Warehouse(tmp_path)
-    wh.land_run(make_run("old"), make_cells(), [])
-    path = wh.find_run_files("old")["cells"][0]
-    pq.write_table(pq.read_table(path, partitioning=None).drop_columns(["loop_lag_p99_ms"]), path)
+    assert wh.query("SELECT max(loop_lag_p99_ms) AS lag FROM cells")["lag"].isna().all()
     wh.land_run(make_run("new", day=20), [dict(c, loop_lag_p99_ms=1.5) for c in make_cells()], [])
     got = wh.query("SELECT run_id, max(loop_lag_p99_ms) AS lag FROM cells GROUP BY 1 ORDER BY 1")
     assert got["lag"].isna().tolist() == [False, True]
@@ -573,18 +577,11 @@ def test_older_files_lacking_a_column(tmp_path):
 
 
 def test_runs_landed_before_the_workload_was_recorded_still_read(tmp_path):
-    """Files written before `workload` / `copy_share` existed read as null in them, beside
+    """Rows landed before `workload` / `copy_share` existed read as null in them, beside
     new runs that have them, in every table that gained them."""
+    dropped = {"cells": ["workload", "copy_share"], "requests": ["workload"], "runs": ["workload"]}
+    land_as_older_version(tmp_path, "old", dropped, requests=3)
     wh = Warehouse(tmp_path)
-    wh.land_run(make_run("old"), make_cells(), make_requests())
-    for table, dropped in (
-        ("cells", ["workload", "copy_share"]),
-        ("requests", ["workload"]),
-        ("runs", ["workload"]),
-    ):
-        path = wh.find_run_files("old")[table][0]
-        old = pq.read_table(path, partitioning=None)
-        pq.write_table(old.drop_columns(dropped), path)
     cells = [dict(c, workload="article", copy_share=0.0) for c in make_cells()]
     rows = [dict(r, workload="article") for r in make_requests()]
     wh.land_run(make_run("new", day=20, workload="article"), cells, rows)
@@ -599,18 +596,13 @@ def test_runs_landed_before_the_workload_was_recorded_still_read(tmp_path):
 
 
 def test_warm_up_lands_in_cells_and_older_files_read_it_as_null(tmp_path):
-    """`warmup_s` (issue #19) is a column added to `cells` (schema_version 2); a file of
-    schema_version 1 lacks it and reads as null beside the new rows."""
+    """`warmup_s` (issue #19) is a column added to `cells` (schema_version 2); rows of
+    schema_version 1 lack it and read as null beside the new rows."""
     assert SCHEMA_VERSION >= 2
     assert CELLS_SCHEMA.field("warmup_s").nullable
     assert str(CELLS_SCHEMA.field("warmup_s").type) == "double"
+    land_as_older_version(tmp_path, "old", {"cells": ["warmup_s"]}, schema_version=1)
     wh = Warehouse(tmp_path)
-    wh.land_run(make_run("old"), make_cells(), [])
-    path = wh.find_run_files("old")["cells"][0]
-    old = pq.read_table(path, partitioning=None).drop_columns(["warmup_s"])
-    version = old.schema.get_field_index("schema_version")
-    old = old.set_column(version, "schema_version", pa.array([1] * old.num_rows, pa.int32()))
-    pq.write_table(old, path)
     cells = [dict(c, warmup_s=2.5 if c["phase"] == "decode" else None) for c in make_cells()]
     wh.land_run(make_run("new", day=20), cells, [])
     got = wh.query(

@@ -1,16 +1,14 @@
-"""Analysts read every table of the warehouse with their own tools, over the table's
-directory, without this package: pandas, Polars and DuckDB (issue #18: pandas used to fail on
-`comparisons`, `noise` and `cell_repeats` with "Field recipe_id has incompatible types",
-since those files held the partition column too)."""
+"""Analysts read every table of the warehouse with their own tools, without this package:
+pandas (deltalake), Polars (`scan_delta`) and DuckDB (over `to_pyarrow_dataset()`, no DuckDB
+extension needed), each table a Delta table (issue #32); and every reader of plain files reads
+`speedmatrix export --format parquet`'s snapshot."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import duckdb
-import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 from test_compare_warehouse import _land
 
 from speedmatrix.analysis.compare import regressions_check
@@ -60,58 +58,39 @@ def test_every_table_has_rows(wh):
 
 
 def test_partition_columns_live_in_the_directory_names_only(wh):
+    """Delta's convention (and Hive's): recipe_id and run_month are the directories."""
     for table in TABLES:
-        for path in Path(wh.root, table).rglob("*.parquet"):
+        files = [u.removeprefix("file://") for u in DeltaTable(f"{wh.root}/{table}").file_uris()]
+        assert files, table
+        for path in files:
+            assert "/recipe_id=sim%2Fwh-test/run_month=" in path
             names = pq.read_schema(path).names
             assert not set(PARTITION_KEYS) & set(names), (path, names)
 
 
 @pytest.mark.parametrize("table", TABLES)
-def test_pandas_reads_every_table_directory(wh, table):
-    df = pd.read_parquet(Path(wh.root, table))
+def test_pandas_reads_every_table(wh, table):
+    df = DeltaTable(f"{wh.root}/{table}").to_pandas()
     assert len(df) == expected_rows(wh, table)
     assert set(df["recipe_id"].astype(str)) == {RECIPE}
     assert "run_id" in df.columns and df["run_month"].astype(str).str.match(r"^\d{4}-\d{2}$").all()
 
 
 @pytest.mark.parametrize("table", TABLES)
-def test_polars_reads_every_table_directory(wh, table):
+def test_polars_reads_every_table(wh, table):
     import polars as pl
 
-    df = pl.read_parquet(f"{wh.root}/{table}/**/*.parquet", hive_partitioning=True)
+    df = pl.scan_delta(f"{wh.root}/{table}").collect()
     assert df.height == expected_rows(wh, table)
-    # Polars gives the directory's value as written: URL-encoded
-    assert set(df["recipe_id"].to_list()) <= {RECIPE, RECIPE.replace("/", "%2F")}
+    assert set(df["recipe_id"].to_list()) == {RECIPE}
     assert "run_id" in df.columns and "run_month" in df.columns
 
 
 @pytest.mark.parametrize("table", TABLES)
-def test_duckdb_reads_every_table_directory(wh, table):
-    glob = f"{wh.root}/{table}/*/*/*.parquet"
+def test_duckdb_reads_every_table(wh, table):
     con = duckdb.connect()
-    df = con.execute(
-        f"SELECT * FROM read_parquet('{glob}', hive_partitioning = true, "
-        "hive_types = {'recipe_id': VARCHAR, 'run_month': VARCHAR})"
-    ).df()
+    con.register("t", DeltaTable(f"{wh.root}/{table}").to_pyarrow_dataset())
+    df = con.execute("SELECT * FROM t").df()
     assert len(df) == expected_rows(wh, table)
-    assert set(df["recipe_id"]) <= {RECIPE, RECIPE.replace("/", "%2F")}
+    assert set(df["recipe_id"]) == {RECIPE}
     con.close()
-
-
-def test_files_landed_the_old_way_still_read_through_this_package(tmp_path):
-    """Before issue #18, extra files held `recipe_id` inside: read_extra and the query views
-    still read them (only plain pandas / pyarrow over the directory need them re-landed)."""
-    from speedmatrix.analysis.noise import noise_table
-
-    w = Warehouse(str(tmp_path / "wh"))
-    _land(w, "r0", "a" * 40, 0, seed=0)
-    old = Path(w.root, "noise", "recipe_id=sim%2Fwh-test", "run_month=2026-11")
-    old.mkdir(parents=True)
-    row = {"run_id": "r0", "recipe_id": RECIPE, "phase": "decode", "context_tokens": 8192}
-    row.update(concurrency=1, metric="total_tok_s", value=55.0, between_source="none")
-    pq.write_table(noise_table([row]), old / "2026-11-01_r0.parquet")  # the old way
-    assert "recipe_id" in pq.read_schema(old / "2026-11-01_r0.parquet").names
-    assert read_extra(w, "noise", recipe_id=RECIPE)["recipe_id"].tolist() == [RECIPE]
-    got = w.query("SELECT recipe_id, value FROM noise")
-    assert got.values.tolist() == [[RECIPE, 55.0]]
-    w.close()

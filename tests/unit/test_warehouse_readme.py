@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from speedmatrix.store.warehouse import Warehouse
@@ -58,57 +57,67 @@ def checkout(tmp_path_factory):
     return root
 
 
-def test_readme_sql_runs_with_plain_duckdb(checkout, monkeypatch):
-    monkeypatch.chdir(checkout)
-    sql = blocks("sql")
-    assert len(sql) == 5  # the views, the three questions, the three again as narrow globs
-    con = duckdb.connect()
-    con.execute(sql[0])
-    q1, q2, q3 = (con.execute(q).fetchall() for q in sql[1:4])
-    assert len(q1) == 20  # the 10th and 14th of each month of 2025 from March on
-    assert all(r[0].year == 2025 for r in q1)
-    assert len(q2) == 5
-    assert {r[0] for r in q3} == {RECIPE, "cpu/tiny/llama-tiny"}
-    assert len(q3) == 2 * 3  # 3 valid decode cells per run
-    narrow = [st for st in sql[4].split(";") if st.strip()]
-    assert len(narrow) == 3
-    assert con.execute(narrow[0]).fetchall() == q1
-    assert con.execute(narrow[1]).fetchall() == q2
-    assert con.execute(narrow[2]).fetchall() == q3
-
-
-def test_readme_pandas_runs(checkout):
-    code = blocks("python")[0]
-    code += "\nprint(len(trend), len(matrix), sorted(set(day['run_id'])))\n"
+def run_block(code: str, cwd: Path, tail: str) -> str:
+    """A README block in a fresh interpreter (no speedmatrix import), plus ``tail``."""
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code + "\n" + tail],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "20 5 ['nightly-2026-03-14', 'tiny-2026-03-14']"
+    return out.stdout.strip()
+
+
+def test_readme_has_the_three_questions_and_three_recipes():
+    assert len(blocks("sql")) == 3
+    code = blocks("python")
+    assert len(code) == 3
+    assert "to_pyarrow_dataset()" in code[0] and "scan_delta" in code[1] and "to_pandas" in code[2]
+    for block in code:
+        assert "speedmatrix" not in block  # readers without the package
+
+
+def test_readme_duckdb_recipe_runs_the_three_questions(checkout):
+    q1, q2, q3 = blocks("sql")
+    tail = "\n".join(
+        [
+            f"q1 = con.execute({q1!r}).fetchall()",
+            f"q2 = con.execute({q2!r}).fetchall()",
+            f"q3 = con.execute({q3!r}).fetchall()",
+            "print(len(q1), all(r[0].year == 2025 for r in q1), len(q2), len(q3),"
+            " sorted({r[0] for r in q3}))",
+        ]
+    )
+    out = run_block(blocks("python")[0], checkout, tail)
+    assert out.splitlines()[-1] == f"20 True 5 6 ['cpu/tiny/llama-tiny', '{RECIPE}']"
+
+
+@pytest.mark.parametrize("which", [1, 2], ids=["polars", "pandas"])
+def test_readme_polars_and_pandas_recipes_run(checkout, which):
+    out = run_block(
+        blocks("python")[which],
+        checkout,
+        "print(len(trend), len(matrix), sorted(set(day['run_id'])))",
+    )
+    assert out == "20 5 ['nightly-2026-03-14', 'tiny-2026-03-14']"
 
 
 def test_readme_queries_through_speedmatrix_query(checkout):
     wh = Warehouse(checkout / "warehouse")
-    sql = blocks("sql")
-    assert len(wh.query(sql[1])) == 20
-    assert len(wh.query(sql[2])) == 5
-    assert len(wh.query(sql[3])) == 6
+    q1, q2, q3 = blocks("sql")
+    assert len(wh.query(q1)) == 20
+    assert len(wh.query(q2)) == 5
+    assert len(wh.query(q3)) == 6
 
 
 def test_readme_queries_through_the_read_only_command(checkout, monkeypatch, capsys):
-    """The command itself (read-only since issue #16): the three questions over its views, and
-    the narrow globs, which read inside the warehouse and so are allowed too."""
+    """The command itself (read-only since issue #16): the three questions over its views."""
     from speedmatrix import cli
 
     monkeypatch.chdir(checkout)
-    sql = blocks("sql")
-    narrow = [st for st in sql[4].split(";") if st.strip()]
-    for question, rows in (
-        (sql[1], 20),
-        (sql[2], 5),
-        (sql[3], 6),
-        *zip(narrow, (20, 5, 6), strict=True),
-    ):
+    for question, rows in zip(blocks("sql"), (20, 5, 6), strict=True):
         rc = cli.main(["query", question, "--warehouse", "warehouse", "--format", "csv"])
         out = capsys.readouterr()
         assert (rc, out.err) == (0, ""), question

@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from speedmatrix import cli
+from speedmatrix.cli import warehouse as warehouse_cli
 from speedmatrix.store.schemas import WarehouseError
 from speedmatrix.store.warehouse import Warehouse
 
@@ -37,7 +39,9 @@ def snapshot(root: Path) -> dict[str, str]:
 def landed(tmp_path):
     root = tmp_path / "wh"
     Warehouse(root).land_run(make_run(), make_cells(), make_requests())
-    runs_file = next((root / "runs").rglob("*.parquet"))
+    from deltalake import DeltaTable
+
+    runs_file = Path(DeltaTable(root / "runs").file_uris()[0].removeprefix("file://"))
     return root, runs_file
 
 
@@ -101,3 +105,47 @@ def test_the_library_query_is_read_only_too(landed):
     with pytest.raises(WarehouseError, match="read-only"):
         wh.query(f"COPY (SELECT 1) TO '{runs_file}'")
     assert wh.query("SELECT count(*) AS n FROM runs")["n"].tolist() == [1]
+
+
+def test_a_query_cannot_read_files_under_the_cwds_tmp(landed, tmp_path, monkeypatch, capsys):
+    """Issue #33 item 4: DuckDB always allows its temporary directory, by default
+    `<cwd>/.tmp`; a query must not read what lies there."""
+    root, _ = landed
+    work = tmp_path / "cwd"
+    (work / ".tmp").mkdir(parents=True)
+    (work / ".tmp" / "secret.csv").write_text("password\nhunter2\n")
+    monkeypatch.chdir(work)
+    for sql in (
+        "SELECT * FROM read_csv('.tmp/secret.csv')",
+        f"SELECT * FROM read_text('{work / '.tmp' / 'secret.csv'}')",
+    ):
+        rc, out, err = query(root, sql, capsys)
+        assert rc != 0 and "hunter2" not in out, out
+        assert err.startswith("speedmatrix query: "), err
+
+
+def test_a_query_stops_at_its_timeout_with_a_clear_message(landed, capsys):
+    """Issue #33 item 5: a default timeout, a flag to change it, a message that says so."""
+    root, _ = landed
+    endless = (
+        "SELECT count(*) FROM range(100000000) a, range(100000000) b WHERE a.range + b.range < 0"
+    )
+    t0 = time.monotonic()
+    rc = cli.main(["query", endless, "--warehouse", str(root), "--timeout", "1"])
+    took = time.monotonic() - t0
+    err = capsys.readouterr().err
+    assert rc == 2 and "timeout of 1 s" in err and "--timeout" in err, err
+    assert took < 30
+    assert warehouse_cli.DEFAULT_TIMEOUT_S <= 300  # a few minutes at most by default
+
+
+def test_a_query_stops_at_its_memory_limit_with_a_clear_message(landed, capsys):
+    root, _ = landed
+    hungry = "SELECT max(len(x)) FROM (SELECT list(range) AS x FROM range(50000000))"
+    rc = cli.main(["query", hungry, "--warehouse", str(root), "--memory-limit", "64MB"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "memory" in err and "--memory-limit" in err, err
+    # the same with room enough
+    rc = cli.main(["query", "SELECT 1 AS one", "--warehouse", str(root), "--memory-limit", "1GB"])
+    assert rc == 0 and capsys.readouterr().out.strip().endswith("1")
+    assert warehouse_cli.DEFAULT_MEMORY_LIMIT

@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trend": ("speedmatrix.cli.compare", "one cell over a recipe's runs, with verdicts"),
     "run": ("speedmatrix.cli.run", "measure a matrix now, without Airflow, and land it"),
     "site": ("speedmatrix.cli.site", "write the static site over the warehouse"),
+    "export": ("speedmatrix.cli.tables", "write a plain Parquet snapshot of the warehouse"),
+    "warehouse": ("speedmatrix.cli.tables", "maintain (compact, vacuum) or migrate the warehouse"),
 }
 
 

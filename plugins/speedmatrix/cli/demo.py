@@ -309,7 +309,7 @@ def _summary(result: dict, airflow_log: str | None = None) -> str:
         f"  report:    {report.get('md', '(not written)')}",
         f"  html:      {report.get('html', '(not written)')}",
         f"  site:      {(_xcom(result, 'site') or {}).get('index', '(not written)')}",
-        f"  warehouse: {wh}   (Parquet tables runs / cells / requests)",
+        f"  warehouse: {wh}   (Delta Lake tables runs / cells / requests)",
         f"  Airflow's log: {airflow_log or '(on the terminal above)'}",
         "",
         "Query the tables:",
@@ -317,7 +317,7 @@ def _summary(result: dict, airflow_log: str | None = None) -> str:
         f"ttft_ms FROM cells WHERE run_id = '{run_id}' ORDER BY phase, context_tokens, "
         'concurrency" --warehouse ' + wh,
         f"  uv run speedmatrix report --run-id '{run_id}' --warehouse {wh} --format md",
-        f"  duckdb: SELECT * FROM read_parquet('{wh}/cells/**/*.parquet', hive_partitioning=true)",
+        f"  polars:    pl.scan_delta('{wh}/cells')   (DuckDB, pandas: warehouse/README.md)",
     ]
     lines[8:8] = _verdict(landed)  # after where everything is: the answer
     failed = [k for k, v in result["tasks"].items() if v["state"] not in ("success", "skipped")]

@@ -10,6 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+DEFAULT_TIMEOUT_S = 180.0
+"""A query stops after three minutes unless --timeout says otherwise: an
+analyst's mistake (a join without its condition) must not hold a shared host for hours."""
+DEFAULT_MEMORY_LIMIT = "2GB"
+"""…and may use this much memory (DuckDB spills to its private temp folder beyond it)."""
+
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
@@ -27,6 +33,19 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
     )
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"stop the query after this long (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--memory-limit",
+        default=DEFAULT_MEMORY_LIMIT,
+        metavar="SIZE",
+        help=f"DuckDB's memory limit for the query, e.g. 8GB (default {DEFAULT_MEMORY_LIMIT})",
+    )
     p.set_defaults(func=cmd_query)
 
 
@@ -59,9 +78,11 @@ def cmd_query(args: argparse.Namespace) -> int:
     from speedmatrix.cli import CliError
     from speedmatrix.store.warehouse import Warehouse
 
-    wh = Warehouse(args.warehouse)
+    if args.timeout <= 0:
+        raise CliError("--timeout must be a number of seconds above 0")
+    wh = Warehouse(args.warehouse, memory_limit=args.memory_limit)
     try:
-        df = wh.query(args.sql)
+        df = wh.query(args.sql, timeout_s=args.timeout)
     except duckdb.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(first) from None

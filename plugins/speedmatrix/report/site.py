@@ -56,7 +56,7 @@ MANIFEST = "_site.json"
 LOCK = ".site.lock"
 MARKER = ".speedmatrix-site"
 """Says a folder is a site of ours: the build writes only into one that holds it (or
-`MANIFEST`, which sites built before the marker hold) or is new or empty (issue #33)."""
+`MANIFEST`, which sites built before the marker hold) or is new or empty: a user's own files are never overwritten."""
 SITE_FORMAT = 1  # bump when the site's own pages change shape: everything is rendered again
 MAX_POINTS = 120  # points per trend chart: the most recent runs (the run table has them all)
 LATEST_RUNS = 25  # runs listed on the index
@@ -221,20 +221,32 @@ class Verdict:
         return self.word.replace(" ", "-")
 
 
-def run_verdict(run: Mapping[str, Any], rows: pd.DataFrame | None) -> Verdict:
+def run_verdict(
+    run: Mapping[str, Any],
+    rows: pd.DataFrame | None,
+    *,
+    compared: bool | None = None,
+    baseline: str | None = None,
+) -> Verdict:
     """From the run's landed comparisons (all metrics): regressions and improvements beyond
-    noise, else clean; a run that failed says so first (its figures are not a verdict)."""
+    noise, else clean; a run that failed says so first (its figures are not a verdict).
+
+    ``rows`` is every comparison row of the run, or (the site's aggregate read, ``compared``
+    given) only its rows with a regression or an improvement, ``compared`` saying whether
+    the run has any comparison row at all and ``baseline`` against which run."""
     status = _text(run.get("status"))
-    baseline = None
     reg: list[str] = []
     imp: list[str] = []
     if rows is not None and not rows.empty:
         reg, imp = _cells_with(rows, "regression"), _cells_with(rows, "improvement")
-        base = rows["baseline_run_id"].dropna()
-        baseline = str(base.iloc[0]) if not base.empty else None
+        if compared is None:
+            base = rows["baseline_run_id"].dropna()
+            baseline = str(base.iloc[0]) if not base.empty else None
+    if compared is None:
+        compared = rows is not None and not rows.empty
     if status == "failed":
         return Verdict("failed", "run failed", baseline)
-    if rows is None or rows.empty:
+    if not compared:
         return Verdict("no baseline", "not compared (no baseline)", None)
     parts = []
     if reg:
@@ -471,13 +483,38 @@ def render_run_page(wh: Any, run_id: str, recipe_id: str | None, rows: pd.DataFr
     return render_page(page)
 
 
-def _load(wh: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Runs and verdicts of the whole warehouse: what every build needs (cells are read per
-    recipe, and only for a recipe page that must be written: they are most of the data)."""
+def _load(wh: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """What every build needs, from aggregate queries rather than every comparison row of the
+    fleet (the site refreshes after every run of a fleet): the runs (the index and the pages' list), per run the count, the newest
+    time and the baseline of its comparison rows, and only the comparison rows with a
+    regression or an improvement (the verdicts). A run's own rows and a recipe's are read
+    when its page is written (:func:`_run_comparisons`, :func:`_recipe_rows`)."""
     runs = _query(wh, "runs", RUN_COLUMNS)
-    comparisons = _query(wh, "comparisons", COMPARISON_COLUMNS)
+    summary = wh.query(
+        "SELECT run_id, count(*) AS n, max(compared_at) AS compared_at, "
+        "min(baseline_run_id) AS baseline_run_id FROM comparisons GROUP BY run_id"
+    )
+    cols = ", ".join(COMPARISON_COLUMNS)
+    hits = wh.query(
+        f"SELECT {cols} FROM comparisons WHERE verdict IN ('regression', 'improvement')"
+    )
     runs = runs.sort_values("started_at", kind="stable").reset_index(drop=True)
-    return runs, comparisons
+    return runs, summary, hits
+
+
+def _run_comparisons(wh: Any, run_id: str) -> pd.DataFrame | None:
+    """One run's comparison rows (None when it has none), for its page."""
+    cols = ", ".join(COMPARISON_COLUMNS)
+    rows = wh.query(f"SELECT {cols} FROM comparisons WHERE run_id = ?", [run_id])
+    return rows if len(rows) else None
+
+
+def _recipe_comparisons(wh: Any, recipe: str | None) -> pd.DataFrame:
+    """One recipe's comparison rows (its partition), for its page's trends."""
+    cols = ", ".join(COMPARISON_COLUMNS)
+    return wh.query(
+        f"SELECT {cols} FROM comparisons WHERE recipe_id IS NOT DISTINCT FROM ?", [recipe]
+    )
 
 
 def _recipe_rows(wh: Any, table: str, recipe: str | None) -> pd.DataFrame:
@@ -552,19 +589,23 @@ def _build(
     old_recipes: dict[str, str] = old.get("recipes", {})
     env = _env()
 
-    runs, comparisons = _load(wh := warehouse)
+    runs, summary, hits = _load(wh := warehouse)
     result.runs = len(runs)
-    by_run_cmp = {k: g for k, g in comparisons.groupby("run_id", sort=False)}
+    hits_of = {k: g for k, g in hits.groupby("run_id", sort=False)}
+    summary_of = {str(r["run_id"]): r for r in summary.to_dict("records")}
     run_fp: dict[str, str] = {}
     verdicts: dict[str, Verdict] = {}
     for r in runs.to_dict("records"):
         rid = str(r["run_id"])
-        rows = by_run_cmp.get(rid)
-        verdicts[rid] = run_verdict(r, rows)
+        agg = summary_of.get(rid)
+        verdicts[rid] = run_verdict(
+            r,
+            hits_of.get(rid),
+            compared=agg is not None,
+            baseline=_clean(agg["baseline_run_id"]) if agg is not None else None,
+        )
         cmp_fp = (
-            None
-            if rows is None
-            else (len(rows), _text(rows["compared_at"].max()), verdicts[rid].text)
+            None if agg is None else (int(agg["n"]), _text(agg["compared_at"]), verdicts[rid].text)
         )
         run_fp[rid] = _fingerprint(_text(r.get("landed_at")), cmp_fp)
 
@@ -586,7 +627,7 @@ def _build(
             continue
         started = time.monotonic()
         try:
-            page = render_run_page(wh, rid, recipe, by_run_cmp.get(rid))
+            page = render_run_page(wh, rid, recipe, _run_comparisons(wh, rid))
         except Exception as exc:  # one run's page must not cost the site
             log.warning("site: no page for run %s: %s", rid, exc)
             result.failed.append(f"{rid}: {exc}")
@@ -636,7 +677,8 @@ def _build(
         ids = set(rruns["run_id"])
         rcells = _recipe_rows(wh, "cells", recipe)
         rcells = rcells[rcells["run_id"].isin(ids)]
-        rcmp = comparisons[comparisons["run_id"].isin(ids)]
+        rcmp = _recipe_comparisons(wh, recipe)
+        rcmp = rcmp[rcmp["run_id"].isin(ids)]
         rrep = _recipe_rows(wh, "cell_repeats", recipe)
         noise = NoiseModel(between_run_noise(rruns, rcells, rrep, columns=("total_tok_s",)))
         threshold = recipe_threshold(recipe)
@@ -748,7 +790,7 @@ def _build(
         new_recipes[recipe_key] = fp
         result.recipe_pages_written += 1
 
-    # per model: the Pareto view and the comparison pages of its configurations (#34)
+    # per model: the Pareto view and the comparison pages of its configurations
     from speedmatrix.report.site_views import write_views
 
     run_rows = [{k: _clean(v) for k, v in r.items()} for r in runs.to_dict("records")]

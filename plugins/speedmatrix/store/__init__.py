@@ -1,1 +1,1 @@
-"""The Parquet warehouse: table schemas, landing and recovery, extra tables, the DuckDB query layer."""
+"""The warehouse: Delta Lake tables (schemas, landing, extra tables), the DuckDB query layer, export, maintenance and the migration from the older layout."""

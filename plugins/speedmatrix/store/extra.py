@@ -1,66 +1,40 @@
 """The extra warehouse tables: `comparisons`, `noise` and `cell_repeats`, landed and read.
 
 One job: storing the tables other code computes beside runs / cells / requests (their schemas
-are in store/schemas.py, with every other table's).
-
-The `comparisons`, `noise` and `cell_repeats` tables live next to runs / cells / requests, in
-the same Hive layout (<root>/<table>/recipe_id=<r>/run_month=<YYYY-MM>/<run_date>_<run_id>
-.parquet: layout.partition_dirs and data_file_name, the run's own date), written through
-the Warehouse's filesystem. Each file is written under _staging/ and renamed into place, so a
-reader sees the old or the new file whole, and landing a run's file again replaces it. Files
-of the older layout (…/recipe_id=<r>/run_date=<d>/<run_id>.parquet) are still read, and
-replaced when their run lands again. As in the core tables, the partition column `recipe_id`
-lives in the directory name only (the tables' schemas keep it; land_extra drops it from the
-file, read_extra puts it back from the path): files that hold it too make pandas' and
-pyarrow's directory readers fail ("Field recipe_id has incompatible types"). Files landed
-before that (with `recipe_id` inside) are still read here.
-
-Landing and deleting take the warehouse's writers' lock (``_warehouse.lock``,
-Warehouse.writer_lock): the rename into place and the removal of the run's older file are one
-step for every other writer (a landing, a delete, a recovery, another extra landing); the file
-is staged outside it, as land_run stages.
+are in store/schemas.py, with every other table's). Each is a Delta table at
+``<root>/<table>`` like the core ones (store/delta.py), partitioned by ``recipe_id`` and
+``run_month`` (the run's own), with ``run_date`` and ``run_month`` stored beside the table's
+columns. Landing a run's rows again replaces them in one commit (predicate ``run_id``), so
+concurrent writers of other runs never wait for each other. These land after the run itself
+(the regressions task, the land task's repeats), so the run's `runs` row is already there.
 """
 
 from __future__ import annotations
 
-import contextlib
-import posixpath
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
-from speedmatrix.store.layout import (
-    STAGING,
-    data_file_name,
-    file_name,
-    partition_dirs,
-    partition_of,
-    partition_value,
-    run_month_of,
-)
+from speedmatrix.store.delta import delete_rows, sql_literal
+from speedmatrix.store.layout import run_month_of
 from speedmatrix.store.schemas import (
     CELL_REPEATS_SCHEMA,
-    PARTITION_KEYS,
     SCHEMA_VERSION,
     WarehouseError,
     build_table,
     extra_schema,
     run_date_of,
+    view_schema,
 )
-from speedmatrix.store.warehouse import write_parquet
 
 
 def landed_run_date(warehouse: Any, run: Mapping[str, Any]) -> date:
-    """The date under which the run's files are filed: its `run_date` when the row came from
-    the warehouse, else the date of its landed runs file, else its start (finish) date, else
-    today (what land_run does for a run without dates). Extra files go next to the run's."""
+    """The date the run is filed under: its `run_date` when the row came from the warehouse,
+    else the landed run's, else its start (finish) date, else today (what land_run does for a
+    run without dates). Extra rows go into the run's partition."""
     value = run.get("run_date")
     if isinstance(value, datetime):
         return value.date()
@@ -71,98 +45,64 @@ def landed_run_date(warehouse: Any, run: Mapping[str, Any]) -> date:
             return date.fromisoformat(value[:10])
         except ValueError:
             pass
-    recipe = run.get("recipe_id")
-    found = warehouse.find_run_files(str(run["run_id"]), recipe if recipe else None)["runs"]
-    if found:
-        return date.fromisoformat(posixpath.basename(found[-1])[:10])
+    import pyarrow.dataset as ds
+
+    run_id = str(run["run_id"])
+    landed = warehouse.read_table(
+        "runs", ds.field("run_id") == run_id, ["run_date"], f"run_id = {sql_literal(run_id)}"
+    ).column("run_date")
+    if len(landed):
+        return landed[0].as_py()
     return run_date_of(dict(run)) or datetime.now(UTC).date()
 
 
 def land_extra(warehouse: Any, table: str, run: Mapping[str, Any], data: pa.Table) -> str:
-    """Land one run's file of an extra table (EXTRA_TABLES); returns its path."""
+    """Land one run's rows of an extra table (EXTRA_TABLES), replacing its older ones; returns
+    the table's location."""
     if not data.schema.equals(extra_schema(table), check_metadata=False):
         raise ValueError(f"{table}: rows do not have the table's schema")
-    # the hive convention: partition values in the directory names only (see above)
-    data = data.drop_columns([c for c in PARTITION_KEYS if c in data.column_names])
-    run_id = str(run["run_id"])
     day = landed_run_date(warehouse, run)
-    fs, base = warehouse.fs, warehouse.base
-    target = posixpath.join(
-        base, table, partition_dirs(run.get("recipe_id"), day), data_file_name(run_id, day)
-    )
-    staged = posixpath.join(base, STAGING, f"{table}-{uuid.uuid4().hex[:12]}.parquet")
-    fs.create_dir(posixpath.dirname(staged), recursive=True)
-    write_parquet(data, staged, fs)
-    try:
-        with warehouse.writer_lock():
-            fs.create_dir(posixpath.dirname(target), recursive=True)
-            fs.move(staged, target)
-            for old in _extra_files(warehouse, table, run_id):
-                if old != target:
-                    fs.delete_file(old)
-    finally:
-        with contextlib.suppress(FileNotFoundError, OSError):
-            if fs.get_file_info(staged).type != pafs.FileType.NotFound:
-                fs.delete_file(staged)  # the move did not happen: no stray staged file
-    return target
+    n = data.num_rows
+    schema = view_schema(table)
+    cols = []
+    for f in schema:
+        if f.name == "run_date" and f.name not in data.column_names:
+            cols.append(pa.array([day] * n, f.type))
+        elif f.name == "run_month":
+            cols.append(pa.array([run_month_of(day)] * n, f.type))
+        elif f.name == "recipe_id":
+            cols.append(pa.array([run.get("recipe_id")] * n, f.type))
+        else:
+            cols.append(data.column(f.name))
+    run_id = str(run["run_id"])
+    warehouse.land_table(table, run_id, pa.Table.from_arrays(cols, schema=schema))
+    return warehouse.table_uri(table)
 
 
 def delete_extra(warehouse: Any, table: str, run_id: str) -> int:
-    """Remove a run's file(s) of an extra table; returns how many there were."""
-    with warehouse.writer_lock():
-        paths = _extra_files(warehouse, table, run_id)
-        for path in paths:
-            warehouse.fs.delete_file(path)
-    return len(paths)
-
-
-def _is_run_file(basename: str, name: str) -> bool:
-    """`<run_id>.parquet` (older layout) or `<YYYY-MM-DD>_<run_id>.parquet`."""
-    if basename == name:
-        return True
-    if len(basename) != 11 + len(name) or basename[10] != "_" or not basename.endswith(name):
-        return False
-    try:
-        date.fromisoformat(basename[:10])
-    except ValueError:
-        return False
-    return True
-
-
-def _extra_files(
-    warehouse: Any, table: str, run_id: str | None = None, recipe_id: str | None = None
-) -> list[str]:
-    where = posixpath.join(warehouse.base, table)
-    if recipe_id is not None:  # one recipe's directory, not the whole table
-        where = posixpath.join(where, f"recipe_id={partition_value(recipe_id)}")
-    selector = pafs.FileSelector(where, recursive=True, allow_not_found=True)
-    want = file_name(run_id) if run_id is not None else None
-    return sorted(
-        i.path
-        for i in warehouse.fs.get_file_info(selector)
-        if i.type == pafs.FileType.File
-        and i.path.endswith(".parquet")
-        and (want is None or _is_run_file(posixpath.basename(i.path), want))
+    """Remove a run's rows of an extra table (one commit); returns how many there were."""
+    return delete_rows(
+        warehouse.table_uri(table), f"run_id = {sql_literal(run_id)}", warehouse.root
     )
 
 
 def read_extra(
     warehouse: Any, table: str, *, run_id: str | None = None, recipe_id: str | None = None
 ) -> pd.DataFrame:
-    """The rows of an extra table (EXTRA_TABLES) of one run, one recipe, or all."""
-    schema = extra_schema(table)
-    parts = []
-    for path in _extra_files(warehouse, table, run_id, recipe_id):
-        t = pq.read_table(path, filesystem=warehouse.fs, partitioning=None, schema=schema)
-        where = partition_of(path)
-        if "recipe_id" in where:  # from the directory name (older files hold the same value)
-            i = schema.get_field_index("recipe_id")
-            value = pa.array([where["recipe_id"]] * t.num_rows, pa.string())
-            t = t.set_column(i, schema.field(i), value)
-        if recipe_id is not None:
-            t = t.filter(pc.equal(t["recipe_id"], recipe_id))
-        parts.append(t)
-    data = pa.concat_tables(parts) if parts else schema.empty_table()
+    """The rows of an extra table (EXTRA_TABLES) of one run, one recipe, or all, with the
+    table's own columns (extra_schema)."""
+    import pyarrow.dataset as ds
+
+    where, prune = None, []
+    if run_id is not None:
+        where = ds.field("run_id") == run_id
+        prune.append(f"run_id = {sql_literal(run_id)}")
+    if recipe_id is not None:
+        mine = ds.field("recipe_id") == recipe_id
+        where = mine if where is None else where & mine
+        prune.append(f"recipe_id = {sql_literal(recipe_id)}")
+    columns = list(extra_schema(table).names)
+    data = warehouse.read_table(table, where, columns, " AND ".join(prune) or None)
     return data.to_pandas(types_mapper=None)
 
 

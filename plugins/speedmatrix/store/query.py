@@ -1,260 +1,170 @@
-"""The analysts' read-only SQL over the warehouse: DuckDB views of every table.
+"""The analysts' read-only SQL over the warehouse: DuckDB views of every Delta table.
 
 One job: reading with SQL. :class:`WarehouseQueries` is the part of :class:`Warehouse
 <speedmatrix.store.warehouse.Warehouse>` that defines the DuckDB views (``runs``, ``cells``,
-``requests`` and the extra tables, as globs or as pyarrow datasets that prune by path), keeps
-them current after landings, and runs SQL that :func:`check_read_only` accepts. The landing,
-recovery and locking stay in store/warehouse.py; the views read only whole files, so they
-never need the writers' lock.
+``requests`` and the extra tables), each over the Arrow dataset of the table's current Delta
+version (``DeltaTable.to_pyarrow_dataset()``: the files of that version as the log lists them,
+with their partition values and statistics, so a filter on recipe_id, run_month, run_date or
+run_id skips the other files unopened). The tables are opened once per Warehouse; before each
+query only the log entries written since are read, and a view is defined again only when its
+table's version moved. DuckDB itself opens no file: the Arrow datasets read them.
+
+Locked down: no file outside the query's own private temporary folder is readable
+(DuckDB's default ``<cwd>/.tmp`` would be), nothing is attached, installed or written; a
+query has a memory limit and, from ``speedmatrix query``, a timeout.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import glob
-import os
-import posixpath
 import re
+import shutil
+import tempfile
 import threading
-import time
-import urllib.parse
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
-from speedmatrix.store.layout import STAGING
-from speedmatrix.store.schemas import (
-    SCHEMAS,
-    TABLES,
-    WarehouseError,
-    extra_schema,
-    view_schema,
-    view_tables,
-)
+from speedmatrix.store.delta import arrow_dataset
+from speedmatrix.store.schemas import WarehouseError, view_schema, view_tables
 
-VIEW_MAX_AGE_S = 60.0
-"""Datasets behind the query views are discovered again at least this often."""
-DEFAULT_VIEWS = "dataset"
-"""How :meth:`Warehouse.query` defines its views (see :meth:`Warehouse.connect`)."""
-_HIVE_TYPES = "{'recipe_id': VARCHAR, 'run_month': VARCHAR}"
+_DUCK_TYPES = {
+    pa.string(): "VARCHAR",
+    pa.int64(): "BIGINT",
+    pa.int32(): "INTEGER",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+    pa.date32(): "DATE",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+}
+
+
+class QueryLimitError(WarehouseError):
+    """A query stopped by its timeout or its memory limit."""
 
 
 class WarehouseQueries:
-    """The query layer of a Warehouse (mixed into it: the views need its filesystem, its
-    paths and its reader's recovery, and callers keep one object)."""
+    """The query layer of a Warehouse (mixed into it: the views need its tables, and callers
+    keep one object)."""
 
-    fs: pafs.FileSystem
-    base: str
-    is_local: bool
-    views: str
+    root: str
     _con: Any
-    _view_state: dict[str, Any]
+    _view_versions: dict[str, int | None]
     _lock: threading.RLock
+    memory_limit: str | None = None
+    _string_view_tables: frozenset[str] = frozenset()
+    """Tables read as string_view (delta.arrow_dataset): those whose plain-string view failed
+    on files delta-rs rewrote; the plain one is faster where it works (filters prune files)."""
+    """DuckDB's ``memory_limit`` for this Warehouse's queries (e.g. ``"2GB"``); None: DuckDB's
+    default (80% of RAM). Set before the first query: the connection's settings are locked."""
 
-    def _list(self, path: str, recursive: bool = True) -> list[pafs.FileInfo]:
+    def delta_table(self, table: str, refresh: bool = True):
         raise NotImplementedError
 
-    def _join(self, *parts: str) -> str:
-        raise NotImplementedError
-
-    def table_dir(self, table: str) -> str:
-        raise NotImplementedError
-
-    def _recover_if_free(self) -> None:
-        raise NotImplementedError
-
-    def connect(self, views: str | None = None):
-        """A new DuckDB connection with views ``runs``, ``cells``, ``requests`` over this
-        warehouse, and ``comparisons``, ``noise``, ``cell_repeats`` (:func:`view_tables`; an
-        empty view of the right columns while a table has no file). ``views``: ``"glob"`` (DuckDB's own Parquet reader over a glob with hive
-        partitioning: what a plain DuckDB user writes; lists every file at every query) or
-        ``"dataset"`` (:meth:`dataset`: the files listed once and registered as pyarrow
-        datasets whose fragments know their recipe_id, run_month, run_date and run_id; DuckDB
-        pushes filters into them, so a filter on any of those opens only the matching files
-        and nothing is listed again until a landing; the only choice for non-local
-        filesystems). Default: this Warehouse's ``views``."""
+    def connect(self):
+        """A new DuckDB connection, locked down (:meth:`_lock_down`), with a view of every
+        table (:func:`view_tables`; an empty view of the right columns while a table has no
+        commit)."""
         import duckdb
 
         con = duckdb.connect()
         con.execute("SET enable_progress_bar = false")
-        with contextlib.suppress(Exception):
-            con.execute("SET parquet_metadata_cache = true")
         self._lock_down(con)
-        self._define_views(con, views or self.views)
+        self._view_versions = {}
+        self._define_views(con)
         return con
 
     def _lock_down(self, con) -> None:
-        """Analysts' SQL reads the warehouse and nothing else: no file outside it, no
-        database attached, no extension installed or loaded, and the settings locked so a
-        query cannot undo this. A local warehouse is the one allowed directory (the glob
-        views read it); a remote one is read through pyarrow datasets registered as views,
-        so DuckDB itself needs no file access at all. Writing into the warehouse is refused
-        by :func:`check_read_only` (DuckDB's own settings still allow ``COPY … TO`` there)."""
-        allowed = [os.path.join(self.base, "")] if self.is_local else []
-        con.execute("SET allowed_directories = ?", [allowed])
+        """Analysts' SQL reads the warehouse's views and nothing else: no file, no database
+        attached, no extension installed or loaded, and the settings locked so a query cannot
+        undo this. DuckDB always allows its temporary directory; it is a fresh private folder
+        of this connection's (removed with it), not ``<cwd>/.tmp`` where anything may lie."""
+        spill = tempfile.mkdtemp(prefix="speedmatrix-query-")
+        weakref.finalize(con, shutil.rmtree, spill, True)
+        if self.memory_limit:
+            try:
+                con.execute("SET memory_limit = ?", [self.memory_limit])
+            except Exception as exc:
+                raise WarehouseError(f"memory limit {self.memory_limit!r}: {exc}") from None
+        con.execute("SET temp_directory = ?", [spill])
+        con.execute("SET allowed_directories = ?", [[spill + "/"]])
         con.execute("SET enable_external_access = false")
         con.execute("SET autoload_known_extensions = false")
         con.execute("SET autoinstall_known_extensions = false")
         con.execute("SET lock_configuration = true")
 
-    def _has_files(self, table: str) -> bool:
-        if self.is_local:
-            # run_month=: an extra table may still hold files of its older run_date= layout,
-            # which the views leave out (speedmatrix.store.extra reads them)
-            pattern = posixpath.join(
-                glob.escape(self.table_dir(table)), "*", "run_month=*", "*.parquet"
-            )
-            return next(iter(glob.iglob(pattern)), None) is not None
-        return any(
-            i.type == pafs.FileType.File and i.path.endswith(".parquet")
-            for i in self._list(self.table_dir(table))
-        )
-
-    def table_files(self, table: str) -> list[tuple[str, str, str, dt.date, str]]:
-        """Every data file of ``table`` as (path, recipe_id, run_month, run_date, run_id),
-        read from the directory and file names alone (no file is opened)."""
-        out = []
-        base = self.table_dir(table)
-        if self.is_local:
-            paths = []
-            with contextlib.suppress(FileNotFoundError):
-                for r in os.scandir(base):
-                    if not r.is_dir():
-                        continue
-                    for m in os.scandir(r.path):
-                        if m.is_dir():
-                            paths += [f.path for f in os.scandir(m.path) if f.is_file()]
-        else:
-            paths = [i.path for i in self._list(base) if i.type == pafs.FileType.File]
-        for path in paths:
-            parts = path[len(base) + 1 :].split("/")
-            if len(parts) != 3 or not parts[2].endswith(".parquet") or len(parts[2]) < 20:
-                continue
-            recipe, month, name = parts
-            if not recipe.startswith("recipe_id=") or not month.startswith("run_month="):
-                continue
-            try:
-                day = dt.date.fromisoformat(name[:10])
-            except ValueError:
-                continue
-            if name[10] != "_":
-                continue
-            out.append(
-                (
-                    path,
-                    urllib.parse.unquote(recipe[len("recipe_id=") :]),
-                    urllib.parse.unquote(month[len("run_month=") :]),
-                    day,
-                    urllib.parse.unquote(name[11 : -len(".parquet")]),
-                )
-            )
-        return out
-
-    def dataset(self, table: str):
-        """``table`` as a pyarrow dataset of the full schema, one fragment per file, each
-        fragment knowing its recipe_id, run_month, run_date and run_id from its path: a filter
-        on any of them (one run, one date, one recipe's months) skips the other files without
-        opening them. Missing partition columns are filled from the path; columns an older
-        file lacks are null."""
-        import pyarrow.dataset as ds
-
-        # files are small (one run): read each whole at once instead of pre-buffering column
-        # chunk ranges (measured ~25% faster on the benchmark warehouse)
-        fmt = ds.ParquetFileFormat(
-            default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False)
-        )
-        fragments = []
-        partitions: dict[tuple[str, str], Any] = {}
-        run_date, run_id_field = ds.field("run_date"), ds.field("run_id")
-        dates: dict[dt.date, Any] = {}
-        for path, recipe, month, day, run_id in self.table_files(table):
-            part = partitions.get((recipe, month))
-            if part is None:
-                part = (ds.field("recipe_id") == recipe) & (ds.field("run_month") == month)
-                partitions[(recipe, month)] = part
-            on_day = dates.get(day)
-            if on_day is None:
-                on_day = dates[day] = run_date == pa.scalar(day, pa.date32())
-            known = part & on_day & (run_id_field == run_id)
-            fragments.append(
-                fmt.make_fragment(path, filesystem=self.fs, partition_expression=known)
-            )
-        return ds.FileSystemDataset(fragments, view_schema(table), fmt, self.fs)
-
-    def _signature(self) -> float | None:
-        """Changes whenever a landing or a delete starts or ends, in any process: both create
-        and remove a directory in ``_staging/``, which moves that directory's mtime."""
-        if not self.is_local:
-            return None
-        try:
-            return os.stat(self._join(STAGING)).st_mtime_ns
-        except FileNotFoundError:
-            return 0
-
-    def _define_views(self, con, mode: str) -> None:
-        if mode not in ("glob", "dataset"):
-            raise WarehouseError(f"views must be 'glob' or 'dataset', got {mode!r}")
-        if not self.is_local:
-            mode = "dataset"
-        state = {"mode": mode, "signature": self._signature(), "at": time.monotonic()}
+    def _define_views(self, con) -> None:
+        """(Re)define the view of every table whose version moved since the last time."""
         for table in view_tables():
-            has = self._has_files(table)
-            state[table] = has
-            if not has:
-                con.register(f"_{table}_empty", view_schema(table).empty_table())
-                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_empty")
-            elif mode == "glob":
-                pattern = posixpath.join(
-                    self.table_dir(table), "*", "run_month=*", "*.parquet"
-                ).replace("'", "''")
-                source = (
-                    f"read_parquet('{pattern}', hive_partitioning = true, "
-                    f"hive_types = {_HIVE_TYPES}, filename = true)"
-                )
-                con.execute(
-                    f"CREATE OR REPLACE VIEW {table} AS SELECT {_glob_columns(table)} FROM {source}"
-                )
+            delta = self.delta_table(table)
+            version = delta.version() if delta is not None else None
+            if table in self._view_versions and self._view_versions[table] == version:
+                continue
+            schema = view_schema(table)
+            if delta is None:
+                con.register(f"_{table}_src", schema.empty_table())
+                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_src")
             else:
-                con.register(f"_{table}_dataset", self.dataset(table))
-                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _{table}_dataset")
-        self._view_state = state
+                data = arrow_dataset(delta, views=table in self._string_view_tables)
+                con.register(f"_{table}_src", data)
+                have = set(data.schema.names)
+                cols = ", ".join(
+                    f'"{f.name}"'
+                    if f.name in have
+                    else f'CAST(NULL AS {_DUCK_TYPES.get(f.type, "VARCHAR")}) AS "{f.name}"'
+                    for f in schema
+                )
+                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} FROM _{table}_src")
+            self._view_versions[table] = version
 
-    def _views_stale(self) -> bool:
-        state = self._view_state
-        if not all(state[t] for t in TABLES):
-            return True  # a table that had no file may have one now
-        if state["mode"] == "glob":
-            if all(state[t] for t in view_tables()):
-                return False  # DuckDB lists the files again at every query
-            # an extra table without a file (many warehouses never get one): look again only
-            # after a landing, not at every query
-            return self._signature() != state["signature"]
-        if not self.is_local or time.monotonic() - state["at"] > VIEW_MAX_AGE_S:
-            return True
-        return self._signature() != state["signature"]
+    def query(self, sql: str, params: Iterable[Any] | None = None, timeout_s: float | None = None):
+        """Run SQL over the views (``runs``, ``cells``, ``requests`` and the extra tables) of
+        the tables' current versions; returns a pandas DataFrame. The connection is kept
+        between calls. ``timeout_s``: interrupt the query after that long
+        (:class:`QueryLimitError`); so does exceeding :attr:`memory_limit`."""
+        import duckdb
 
-    def query(self, sql: str, params: Iterable[Any] | None = None):
-        """Run SQL over the views (``runs``, ``cells``, ``requests`` and the extra tables, see
-        :meth:`connect`); returns a pandas DataFrame.
-
-        The connection is kept between calls (DuckDB's Parquet metadata cache stays warm).
-        Views follow this Warehouse's ``views`` mode (see :meth:`connect`); datasets are
-        discovered again when a landing happened since (any process; see ``_signature``),
-        after VIEW_MAX_AGE_S, and at every query on a non-local filesystem."""
         check_read_only(sql)
         with self._lock:
-            self._recover_if_free()
             if self._con is None:
                 self._con = self.connect()
-            elif self._views_stale():
-                self._define_views(self._con, self._view_state["mode"])
-            # the connection itself, not a cursor: registered Arrow objects (empty tables,
-            # pyarrow datasets) are visible to it only
-            result = self._con.execute(sql, list(params) if params is not None else None)
-            return result.df()
+            else:
+                self._define_views(self._con)
+            con = self._con
+            timer = None
+            if timeout_s is not None:
+                timer = threading.Timer(timeout_s, con.interrupt)
+                timer.daemon = True
+                timer.start()
+            try:
+                try:
+                    result = con.execute(sql, list(params) if params is not None else None)
+                except duckdb.InvalidInputException as exc:
+                    failed = re.search(r"registered as '_(\w+)_src' failed.*string_view", str(exc))
+                    if not failed or failed.group(1) in self._string_view_tables:
+                        raise
+                    # that table mixes string and string_view files: read it as string_view
+                    self._string_view_tables = self._string_view_tables | {failed.group(1)}
+                    self._view_versions.pop(failed.group(1), None)
+                    self._define_views(con)
+                    return self.query(sql, params, timeout_s)
+                return result.df()
+            except duckdb.InterruptException:
+                raise QueryLimitError(
+                    f"the query was stopped after its timeout of {timeout_s:g} s "
+                    "(give it longer with --timeout SECONDS)"
+                ) from None
+            except duckdb.OutOfMemoryException as exc:
+                first = str(exc).strip().splitlines()[0]
+                raise QueryLimitError(
+                    f"the query needed more memory than its limit of "
+                    f"{self.memory_limit or 'DuckDB default'} (raise it with --memory-limit, "
+                    f"e.g. --memory-limit 8GB): {first}"
+                ) from None
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
     def close(self) -> None:
         if self._con is not None:
@@ -291,18 +201,3 @@ def check_read_only(sql: str) -> None:
                 f"the warehouse is read-only: only SELECT (and EXPLAIN of one) is accepted, "
                 f"not {kind} ({shown})"
             )
-
-
-def _glob_columns(table: str) -> str:
-    """The select list of a glob view: the core tables as read (hive columns last); an extra
-    table in view_schema's order, run_date from the file name when its files lack it."""
-    if table in SCHEMAS:
-        return "* EXCLUDE (filename)"
-    stored = set(extra_schema(table).names)
-    cols = []
-    for name in view_schema(table).names:
-        if name == "run_date" and name not in stored:
-            cols.append("CAST(left(parse_filename(filename), 10) AS DATE) AS run_date")
-        else:
-            cols.append(f'"{name}"')
-    return ", ".join(cols)

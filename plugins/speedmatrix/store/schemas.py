@@ -4,7 +4,7 @@ One job: what a table holds. The core tables (runs, cells, requests, landed by
 store/warehouse.py) and the extra ones landed beside them (comparisons, noise, cell_repeats:
 store/extra.py) are defined here, in the lowest store module, so that the warehouse, the
 query layer and the analysis all take them from one place and the store never imports the
-analysis (the import cycle bisect <-> compare <-> trend <-> warehouse of issue #17).
+analysis (an import cycle bisect <-> compare <-> trend <-> warehouse otherwise).
 :func:`build_table` checks and converts rows (records.py field names) into a table's schema.
 """
 
@@ -27,8 +27,8 @@ from speedmatrix.records import (
 
 SCHEMA_VERSION = 3
 """Bumped when a table's columns change; stored in every row (``schema_version``).
-1: the first tables; 2: cells gained ``warmup_s`` (issue #19; older files read it as null);
-3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES, issue #35:
+1: the first tables; 2: cells gained ``warmup_s`` (older files read it as null);
+3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES:
 ``default`` or ``published``; older files read it as null, which means ``default``)."""
 
 

@@ -1,0 +1,195 @@
+"""One warehouse table as a Delta Lake table (delta-rs): where it is, how a run's rows replace
+the old ones in one commit, and how a commit conflict is retried.
+
+One job: the table format. Every table (runs, cells, requests and the extra ones) is a Delta
+table at ``<root>/<table>``, partitioned by ``recipe_id`` and ``run_month``. delta-rs writes the
+data files first and then commits by creating the next ``_delta_log/<version>.json`` only if
+it does not exist yet (a rename-if-absent locally, a conditional ``PUT`` with
+``If-None-Match: *`` on S3): of two writers racing for one version one wins, the other
+re-reads the log, checks that the winner did not touch its rows and tries the next version.
+So writers never lock or refuse each other, and a writer killed before its commit leaves only
+unreferenced data files (``vacuum`` removes them, store/maintain.py). A landing of a run is one
+``overwrite`` with the predicate ``run_id = '<id>'`` per table: the run's older rows go and the
+new ones arrive in the same commit (no duplicates, ever).
+
+S3: endpoint and credentials are the standard AWS environment (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``), read by delta-rs itself;
+an ``http://`` endpoint (a server on the LAN or loopback) is allowed here explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from speedmatrix.store.schemas import PARTITION_KEYS, WarehouseError
+
+T = TypeVar("T")
+
+MAX_ATTEMPTS = 40
+"""Our own attempts at one commit (each of which delta-rs retries itself up to its default 15
+times against newer versions): past them a landing fails with :class:`CommitConflictError`."""
+MAX_WAIT_S = 600.0
+"""…or when conflicts kept it from committing for this long, whichever comes first."""
+MAX_SEGMENT_BYTES = 200
+"""The longest encoded partition directory name (``recipe_id=<value>``) we write: most
+filesystems refuse names over 255 bytes (ENAMETOOLONG), and S3 keys over 1024 bytes."""
+
+
+class CommitConflictError(WarehouseError):
+    """Other writers kept committing to the same rows for longer than the retry bound."""
+
+
+def storage_options(root: str) -> dict[str, str] | None:
+    """delta-rs storage options for ``root``: None locally; on ``s3://`` only what the AWS
+    environment cannot say (delta-rs reads the rest itself): an ``http://`` endpoint is
+    allowed, and the region defaults to us-east-1 as the AWS CLI's does."""
+    if not root.startswith(("s3://", "s3a://")):
+        return None
+    opts: dict[str, str] = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
+    if endpoint.startswith("http://"):
+        opts["allow_http"] = "true"
+    if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
+        opts["region"] = "us-east-1"
+    return opts
+
+
+def sql_literal(value: str) -> str:
+    """``value`` as a SQL string literal in a delta-rs predicate (quotes doubled)."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def check_partition_values(table: pa.Table) -> None:
+    """Refuse, before anything is written, partition values whose directory names no
+    filesystem would take (one over-long name must never make a landing fail half way). delta-rs percent-encodes the value in the path, as checked here."""
+    import urllib.parse
+
+    for key in PARTITION_KEYS:
+        if key not in table.column_names:
+            continue
+        for value in table.column(key).unique().to_pylist():
+            if value is None:
+                continue
+            segment = f"{key}={urllib.parse.quote(str(value), safe='')}"
+            if len(segment.encode()) > MAX_SEGMENT_BYTES:
+                raise WarehouseError(
+                    f"{key} {str(value)[:60]!r}… is too long for a partition directory "
+                    f"({len(segment.encode())} bytes encoded, at most {MAX_SEGMENT_BYTES})"
+                )
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """A commit that lost to another writer (delta-rs gave up on its own retries, or two
+    writers created the table at once): worth trying again on the newer version."""
+    from deltalake.exceptions import CommitFailedError, DeltaError
+
+    if isinstance(exc, CommitFailedError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, DeltaError) and any(
+        s in text
+        for s in ("conflict", "already exists", "version mismatch", "concurrent", "transaction")
+    )
+
+
+def with_retries(
+    what: str,
+    commit: Callable[[], T],
+    *,
+    attempts: int = MAX_ATTEMPTS,
+    max_wait_s: float = MAX_WAIT_S,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> T:
+    """Run ``commit`` until it does not lose to another writer: a conflict waits a jittered,
+    growing moment (so racing writers spread out) and tries again on the newest version. Past
+    ``attempts`` tries or ``max_wait_s`` seconds: :class:`CommitConflictError`."""
+    start = time.monotonic()
+    for attempt in range(1, attempts + 1):
+        try:
+            return commit()
+        except Exception as exc:
+            if not is_conflict(exc):
+                raise
+            waited = time.monotonic() - start
+            if attempt == attempts or waited > max_wait_s:
+                raise CommitConflictError(
+                    f"{what}: still losing to other writers' commits after {attempt} attempts "
+                    f"in {waited:.0f} s ({str(exc).splitlines()[0][:200]}); nothing of this "
+                    "commit landed: land it again"
+                ) from exc
+            sleep(random.uniform(0.05, 0.2) * min(2 ** (attempt // 4), 10))
+    raise AssertionError("unreachable")
+
+
+def replace_rows(uri: str, data: pa.Table, predicate: str, root: str) -> None:
+    """One commit to the Delta table at ``uri``: delete the rows matching ``predicate`` and add
+    ``data`` (which must match it too). Creates the table, partitioned by PARTITION_KEYS, on
+    its first commit. Conflicts retried (:func:`with_retries`)."""
+    from deltalake import write_deltalake
+
+    check_partition_values(data)
+    # one record batch: delta-rs writes the batches of a table in parallel, and the rows of a
+    # run keep the order they were landed in only when there is one
+    data = data.combine_chunks()
+    opts = storage_options(root)
+
+    def commit() -> None:
+        write_deltalake(
+            uri,
+            data,
+            mode="overwrite",
+            predicate=predicate,
+            partition_by=[k for k in PARTITION_KEYS if k in data.column_names],
+            storage_options=opts,
+            schema_mode="merge",
+        )
+
+    with_retries(f"landing into {uri}", commit)
+
+
+def delete_rows(uri: str, predicate: str, root: str) -> int:
+    """Delete the rows matching ``predicate`` in one commit; the count deleted (0 when the
+    table does not exist yet)."""
+    from deltalake import DeltaTable
+
+    opts = storage_options(root)
+    if not DeltaTable.is_deltatable(uri, storage_options=opts):
+        return 0
+
+    def commit() -> int:
+        metrics = DeltaTable(uri, storage_options=opts).delete(predicate)
+        return int(metrics.get("num_deleted_rows", 0) or 0)
+
+    return with_retries(f"deleting from {uri}", commit)
+
+
+def arrow_dataset(delta: Any, prune: str | None = None, views: bool = False):
+    """The Arrow dataset of ``delta``'s current version (``prune``: a SQL predicate choosing
+    the files from the log's statistics first), its string columns all ``string`` or, with
+    ``views``, all ``string_view``.
+
+    Why: delta-rs 1.6.6 writes the files it rewrites itself (compaction, and the rest of a
+    file a delete or a re-landing took rows out of) with ``string_view`` columns, ours with
+    ``string``; once a table mixes the two, a pyarrow filter of either type fails on the
+    other's files ("no kernel matching input types (string, string_view)"). DuckDB filters a
+    ``string_view`` dataset over both kinds of file fine (the query views); pyarrow readers
+    fall back to filtering after the read (:meth:`Warehouse.read_table`)."""
+    base = delta.to_pyarrow_dataset(file_pruning_predicate=prune)
+    want = pa.string_view() if views else pa.string()
+    schema = pa.schema(
+        [
+            f.with_type(want)
+            if pa.types.is_string(f.type) or pa.types.is_string_view(f.type)
+            else f
+            for f in base.schema
+        ]
+    )
+    if schema.equals(base.schema):
+        return base
+    return delta.to_pyarrow_dataset(file_pruning_predicate=prune, schema=schema)
