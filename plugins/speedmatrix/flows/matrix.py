@@ -43,7 +43,7 @@ from speedmatrix.flows.fresh_stack import on_fresh_stack
 from speedmatrix.flows.handoff import compare_run, hand_on_comparison, handed_on_comparison
 from speedmatrix.flows.resolution import DAG_ID
 from speedmatrix.flows.resolved import Resolved
-from speedmatrix.flows.turn import NO_TURN, CellTurn, stamp, wait_for_turn
+from speedmatrix.flows.turn import NO_TURN, CellTurn, TurnUnknown
 from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 from speedmatrix.quality import run_status
 from speedmatrix.records import (
@@ -428,9 +428,9 @@ def run_cell(
 ) -> dict[str, Any]:
     """Measure one planned cell on the run's host. Never raises for a measurement problem.
 
-    `turn` (flows.turn) reads the state of the cell task before this one: the task starts and
-    imports while that cell measures, and measures once it has left the host; then this cell
-    says it has left the host (`turn.release`), before its task ends. The result says
+    `turn` (flows.turn) is this cell's turn on the host: the task starts and imports while the
+    previous cell measures, takes the turn once that cell has left the host, and leaves it
+    (saying so to the next cell) before its task ends. The result says
     which pass it was (`repeat`, 0 = the primary) beside the cell record, not in it: the
     record is the contract's, the pass is where it lands (cells or cell_repeats); and `turn`,
     when this cell held the host (began, ended) and how long it waited for it."""
@@ -440,22 +440,15 @@ def run_cell(
 
     repeat = int(cell.get("repeat") or 0)
     try:
-        held = wait_for_turn(turn.previous, turn.name, go=turn.go)
-    except Exception as exc:
-        reason = f"could not learn whether {turn.name} had finished: {type(exc).__name__}: {exc}"
-        log.error("%s: %s", cell.get("label"), reason)
-        record = failed_cell(cell, reason, started_at=dt.datetime.now(dt.UTC))
+        held = turn.take()
+    except TurnUnknown as exc:
+        log.error("%s: %s", cell.get("label"), exc)
+        record = failed_cell(cell, str(exc), started_at=dt.datetime.now(dt.UTC))
         return {"cell": to_wire(record), "requests": [], "repeat": repeat}
-    held["began"] = stamp()
     progress.tell("cell_started", resolved, server, cell)
     result = _run_cell(resolved, server, cell)
-    held["ended"] = stamp()
+    turn.leave(held, cell.get("label") or "")
     progress.tell("cell_done", cell, result["cell"])
-    if turn.release is not None:
-        try:
-            turn.release()
-        except Exception as exc:  # the next cell then goes on this task's end, as before
-            log.warning("%s: could not say the host is released: %s", cell.get("label"), exc)
     return {**result, "repeat": repeat, "turn": held}
 
 
