@@ -3,7 +3,8 @@
 One job, the steps of a run in order (hence its length: one short function per task, the host
 and server steps included). What a step needs beyond that lives beside it: `resolve` in
 flows/resolution.py, pairing cell results with the plan in flows/collect.py, the comparison
-handed from `report` to `regressions` in flows/handoff.py.
+carried from `land` to `report` and `regressions` in flows/handoff.py (analysis/compare.py
+makes it).
 
 Why plain functions: the DAG file stays orchestration only, and every step is tested without
 Airflow (tests/unit/test_pipeline*.py) and reused by scripts and the overhead benchmark.
@@ -40,7 +41,7 @@ from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost
 from speedmatrix.flows import progress
 from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cell
 from speedmatrix.flows.fresh_stack import on_fresh_stack
-from speedmatrix.flows.handoff import compare_run, hand_on_comparison, handed_on_comparison
+from speedmatrix.flows.handoff import hand_on_comparison, handed_on_comparison
 from speedmatrix.flows.resolution import DAG_ID
 from speedmatrix.flows.resolved import Resolved
 from speedmatrix.flows.turn import NO_TURN, CellTurn, TurnUnknown
@@ -816,7 +817,9 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
     log.info("landed %s: %s", resolved["run_id"], out)
     # The run's comparison with its baseline, made once, of this landing: `report` shows it
     # and `regressions` judges it, side by side after this task (flows/handoff.py).
-    hand_on_comparison(wh, resolved["run_id"], compare_run(wh, resolved["run_id"]))
+    from speedmatrix.analysis.compare import comparison_for_run_or_none
+
+    hand_on_comparison(wh, resolved["run_id"], comparison_for_run_or_none(wh, resolved["run_id"]))
     return out
 
 
@@ -824,16 +827,15 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
 def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
     """Render the landed run (md + html) next to it in the warehouse; log where.
 
-    The page shows the comparison `land` made and handed on, the one `regressions` judges
-    (made again here only when none was handed on: flows/handoff.py)."""
+    The page shows the comparison `land` made and handed on, the one `regressions` judges;
+    when none was handed on, the page's loader has analysis.compare make it."""
     from speedmatrix.report.page import keep_charts, load_run_page, render_page
     from speedmatrix.report.render import render_markdown
 
     wh = warehouse_of(resolved)
-    result = handed_on_comparison(wh, resolved["run_id"])
-    if result is None:
-        result = compare_run(wh, resolved["run_id"])
-    data = load_run_page(wh, resolved["run_id"], result=result, compare=result is not None)
+    data = load_run_page(
+        wh, resolved["run_id"], result=handed_on_comparison(wh, resolved["run_id"])
+    )
     md = render_markdown(data.run, data.cells, data.baseline) + (
         "\n" + data.markdown if data.markdown else ""
     )
@@ -851,12 +853,12 @@ def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
 def regressions(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, Any]:
     """The `regressions` task: judge the comparison `land` made (made again only when none
     was handed on), land the verdicts; RegressionError on a regression."""
-    from speedmatrix.analysis.compare import regressions_check
+    from speedmatrix.analysis.compare import judge_regressions
     from speedmatrix.report.charts import write_comparison_charts
 
     wh = warehouse_of(resolved)
     result = handed_on_comparison(wh, landed["run_id"])
-    return regressions_check(
+    return judge_regressions(
         wh, landed["run_id"], fetch_commits=True, result=result, charts=write_comparison_charts
     )
 
