@@ -4,7 +4,7 @@ comparison sees per cell.
 Builds a history in a temporary warehouse: N runs of the reference matrix (the calibrated
 simulator profile's predictions for every cell, 7 prefill + 48 decode contexts x concurrencies,
 with seeded per-run variation of 0.6% and synthetic per-stream request rows), the last one with
-one cell 10% slower; then times `compare_in_warehouse` and `regressions_check` on the last run.
+one cell 10% slower; then times `comparison_for_run` and `judge_regressions` on the last run.
 
 Run: `uv run python benchmarks/regression_bench.py [--runs 20]`.
 """
@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from speedmatrix.analysis.compare import compare_in_warehouse, regressions_check
+from speedmatrix.analysis.compare import comparison_for_run, judge_regressions
 from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.sim.predict import predict_matrix
 from speedmatrix.sim.profile import load_profile
@@ -98,7 +98,7 @@ def main() -> None:
         times = []
         for _ in range(3):
             t = time.perf_counter()
-            result = compare_in_warehouse(wh, last)
+            result = comparison_for_run(wh, last)
             times.append(time.perf_counter() - t)
         flagged = sorted(
             {
@@ -110,7 +110,7 @@ def main() -> None:
         noise = [
             r["noise_pct"] for r in result.rows if r["metric"] == "total_tok_s" and r["noise_pct"]
         ]
-        print(f"compare_in_warehouse: median {statistics.median(times):.2f} s over 3")
+        print(f"comparison_for_run: median {statistics.median(times):.2f} s over 3")
         print(f"comparison rows: {len(result.rows)}; regressions in cells: {flagged}")
         print(
             f"decode total tok/s noise: median ±{statistics.median(noise):.2f}%, "
@@ -118,9 +118,9 @@ def main() -> None:
         )
         t = time.perf_counter()
         try:
-            regressions_check(wh, last)
+            judge_regressions(wh, last)
         except RegressionError as exc:
-            print(f"regressions_check (lands tables + charts): {time.perf_counter() - t:.2f} s")
+            print(f"judge_regressions (lands tables + charts): {time.perf_counter() - t:.2f} s")
             print(str(exc).splitlines()[0])
         wh.close()
 

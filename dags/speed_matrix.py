@@ -37,11 +37,10 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, PokeReturnValue, dag, get_current_context, task
 
-from speedmatrix.flows import dagtest, matrix, resolution
+from speedmatrix.flows import dagtest, matrix, resolution, turn
 from speedmatrix.flows.notifier import RunNotifier
 from speedmatrix.flows.params import speed_matrix_params
 from speedmatrix.flows.site import SiteOperator
-from speedmatrix.flows.turn import cell_turn, in_process
 
 ASSETS = [
     Asset(name=f"speedmatrix_{t}", uri=f"speedmatrix://warehouse/{t}", group="speedmatrix")
@@ -65,21 +64,16 @@ PARAMS = speed_matrix_params()
 
 
 def _cell(resolved: dict, cell: dict, after: str | None = None) -> dict:
-    """A mapped cell task's body: its label for the map index, then its turn and its cell.
+    """A mapped cell task's body: its label for the map index, then its cell in its turn.
 
-    `after`: the cell task whose cells come before this task's in the run order; its last
-    instance is this task's first instance's predecessor (flows/turn.py), and how many it maps
-    is its cell list's length. The server's handle is pulled here, not passed as an argument:
-    an argument would make the cell task a direct downstream of the setup task (the setups
-    reach it through its cell list, which comes after them)."""
+    `after`: the cell task whose cells come before this task's in the run order (flows/turn.py
+    owns the turn). The server's handle is pulled here, not passed as an argument: an argument
+    would make the cell task a direct downstream of the setup task (the setups reach it
+    through its cell list, which comes after them)."""
     ctx = get_current_context()
     ctx["cell_label"] = cell["label"]
-    ti = ctx["ti"]
-    server = ti.xcom_pull(task_ids="setup_server")
-    before = None
-    if after is not None and ti.map_index == 0:
-        before = (after, len(ti.xcom_pull(task_ids=f"{after}_cells") or []))
-    return matrix.run_cell(resolved, server, cell, cell_turn(ti, ctx["dag_run"], before))
+    server = ctx["ti"].xcom_pull(task_ids="setup_server")
+    return matrix.run_cell(resolved, server, cell, turn.of_cell_task(after))
 
 
 @dag(
@@ -120,9 +114,10 @@ def speed_matrix():
         """Take the host lease; between attempts the task gives its worker slot back. Under
         dag.test one process runs the whole run: its PID goes with the lease, so a lease
         left by a killed `make demo` is taken over, not waited out."""
-        if in_process():  # `airflow dags test`: cells in order, Ctrl-C cleans up (flows/dagtest)
+        # `airflow dags test`: cells in order, Ctrl-C cleans up (flows/dagtest)
+        if turn.in_process():
             dagtest.install_for_process()
-        got = matrix.take_lease(resolved, one_process=in_process())
+        got = matrix.take_lease(resolved, one_process=turn.in_process())
         return PokeReturnValue(is_done=got is not None, xcom_value=got)
 
     @task(multiple_outputs=False, retries=0, execution_timeout=timedelta(hours=4))
@@ -148,20 +143,20 @@ def speed_matrix():
 
     @task(
         multiple_outputs=False,
-        max_active_tis_per_dagrun=2,  # one measuring, the next one starting (flows/turn.py)
+        max_active_tis_per_dagrun=turn.INSTANCES_AT_ONCE,
         map_index_template="{{ cell_label }}",
         execution_timeout=CELL_TASK_TIMEOUT,
         retries=0,
-        # Queued before decode's instances when both are ready (the scheduler queues by
-        # weight): decode's first cell waits for prefill's last, so prefill must have its slot.
-        priority_weight=2,
+        # Queued before decode's instances when both are ready: decode's first cell waits
+        # for prefill's last, so prefill must have its slot.
+        priority_weight=turn.EARLIER_TASK_PRIORITY,
     )
     def prefill(resolved: dict, cell: dict) -> dict:
         return _cell(resolved, cell)
 
     @task(
         multiple_outputs=False,
-        max_active_tis_per_dagrun=2,  # one measuring, the next one starting (flows/turn.py)
+        max_active_tis_per_dagrun=turn.INSTANCES_AT_ONCE,
         map_index_template="{{ cell_label }}",
         execution_timeout=CELL_TASK_TIMEOUT,
         retries=0,
@@ -249,8 +244,8 @@ def speed_matrix():
     server = setup_server(resolved, lease)
     info = inspect(resolved, server)
     planned = plan(resolved, info)
-    pre_cells = runnable.override(task_id="prefill_cells")(planned, "prefill")
-    dec_cells = runnable.override(task_id="decode_cells")(planned, "decode")
+    pre_cells = runnable.override(task_id=turn.cells_task_id("prefill"))(planned, "prefill")
+    dec_cells = runnable.override(task_id=turn.cells_task_id("decode"))(planned, "decode")
     # prefill's instances exist (and are queued, by weight) no later than decode's: the first
     # decode cell waits for the last prefill cell, which must not wait for a slot behind it.
     pre_cells >> dec_cells

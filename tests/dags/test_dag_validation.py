@@ -243,7 +243,7 @@ def test_a_regression_fails_its_task_without_a_retry(dagbag, monkeypatch):
     def found(*args, **kwargs):
         raise RegressionError("8Kx1 total_tok_s -30% vs baseline run-a")
 
-    monkeypatch.setattr(compare, "regressions_check", found)
+    monkeypatch.setattr(compare, "judge_regressions", found)
     task = dagbag.dags["speed_matrix"].get_task("regressions")
     assert task.retries == 1
     with pytest.raises(AirflowFailException, match="8Kx1 total_tok_s"):
@@ -252,7 +252,7 @@ def test_a_regression_fails_its_task_without_a_retry(dagbag, monkeypatch):
     def transient(*args, **kwargs):
         raise ConnectionError("GitHub unreachable")
 
-    monkeypatch.setattr(compare, "regressions_check", transient)
+    monkeypatch.setattr(compare, "judge_regressions", transient)
     with pytest.raises(ConnectionError):  # left to the retry
         task.python_callable({"warehouse": "/nonexistent"}, {"run_id": "run-b"})
 

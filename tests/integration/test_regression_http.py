@@ -19,7 +19,7 @@ from test_regression_sim import profile_at
 
 from speedmatrix.analysis.baseline import read_history
 from speedmatrix.analysis.bisection import bisect
-from speedmatrix.analysis.compare import compare_in_warehouse, regressions_check
+from speedmatrix.analysis.compare import comparison_for_run, judge_regressions
 from speedmatrix.analysis.verdict import RegressionError, compare_runs
 from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_prefill
 from speedmatrix.sim.runner import run_in_thread
@@ -109,7 +109,7 @@ def warehouse(tmp_path_factory):
 
 def test_planted_regression_is_flagged_over_http(warehouse):
     with pytest.raises(RegressionError) as err:
-        regressions_check(warehouse, "http-08-10", commits=COMMITS[1:9])
+        judge_regressions(warehouse, "http-08-10", commits=COMMITS[1:9])
     assert "8Kx4" in str(err.value) and "baseline http-00-2" in str(err.value)
     rows = read_extra(warehouse, "comparisons", run_id="http-08-10").to_dict("records")
     flagged = {(r["context_tokens"], r["concurrency"]) for r in rows if r["verdict"] != "noise"}
@@ -130,7 +130,7 @@ def test_planted_1pct_change_over_http_is_noise(warehouse, tmp_path):
     for run_id in ("http-00-0", "http-00-1", "http-00-2"):
         wh.land_run(*warehouse.read_run(run_id))
     wh.land_run(*measure_run(8, 20, planted={(2048, 4): 1 / 0.99}))
-    result = compare_in_warehouse(wh, "http-08-20")
+    result = comparison_for_run(wh, "http-08-20")
     assert result.baseline["run_id"] == "http-00-2"
     assert [r for r in result.rows if r["verdict"] != "noise"] == []
     small = next(

@@ -381,13 +381,13 @@ def test_the_comparison_is_made_once_by_land_and_shown_and_judged_after(wh, monk
     that one and `regressions` judges it (no second comparison, in either order: they run side
     by side), landing the same verdicts it would have made."""
     calls = []
-    real = compare.compare_in_warehouse
+    real = compare.comparison_for_run
 
     def counted(*args, **kwargs):
         calls.append(args[1])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(compare, "compare_in_warehouse", counted)
+    monkeypatch.setattr(compare, "comparison_for_run", counted)
     resolved = {"run_id": "r2", "warehouse": wh.root}
     _hand_on(wh, "r2")
     assert calls == ["r2"]
@@ -401,7 +401,7 @@ def test_the_comparison_is_made_once_by_land_and_shown_and_judged_after(wh, monk
 
     # the same verdicts as a comparison made by regressions itself
     with pytest.raises(RegressionError):
-        compare.regressions_check(wh, "r2")
+        compare.judge_regressions(wh, "r2")
     made = read_extra(wh, "comparisons", run_id="r2")
     key = ["phase", "context_tokens", "concurrency", "metric"]
     assert (
@@ -424,9 +424,9 @@ def test_a_comparison_of_an_earlier_landing_is_not_taken_for_this_one(wh, monkey
     wh.land_run(run, cells, requests)  # landed again (a retried or cleared land task)
     assert handoff.handed_on_comparison(wh, "r1") is None
     calls = []
-    real = compare.compare_in_warehouse
+    real = compare.comparison_for_run
     monkeypatch.setattr(
-        compare, "compare_in_warehouse", lambda *a, **k: calls.append(a[1]) or real(*a, **k)
+        compare, "comparison_for_run", lambda *a, **k: calls.append(a[1]) or real(*a, **k)
     )
     assert matrix.regressions(resolved, {"run_id": "r1"})["baseline_run_id"] == "r0"
     assert calls == ["r1"]  # made again, of the run as it is now
@@ -441,3 +441,17 @@ def test_a_run_without_a_comparison_hands_on_that_there_is_none(wh):
     handed = handoff.handed_on_comparison(wh, "r0")
     assert handed is not None and handed.baseline is None and handed.rows == []
     assert matrix.regressions(resolved, {"run_id": "r0"})["baseline_run_id"] is None
+
+
+def test_a_run_land_handed_nothing_gets_its_page_from_the_one_maker(wh, monkeypatch):
+    """A run landed before comparisons were handed on (or by another path): `report` finds
+    nothing to take and its page is compared by analysis.compare, once."""
+    calls = []
+    real = compare.comparison_for_run
+    monkeypatch.setattr(
+        compare, "comparison_for_run", lambda *a, **k: calls.append(a[1]) or real(*a, **k)
+    )
+    assert handoff.handed_on_comparison(wh, "r2") is None
+    paths = matrix.report({"run_id": "r2", "warehouse": wh.root}, {"run_id": "r2"})
+    assert "Change against baseline r1" in Path(paths["md"]).read_text()
+    assert calls == ["r2"]

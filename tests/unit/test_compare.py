@@ -14,7 +14,7 @@ from speedmatrix.analysis.verdict import (
     compare_runs,
     compare_url,
     comparisons_table,
-    raise_on_regressions,
+    fail_on_regressions,
     summarize,
     verdict_for,
 )
@@ -302,8 +302,8 @@ def test_summary_names_cells_baseline_and_commits():
     assert "commits between (2): a1a1a1a1a1a1, b2b2b2b2b2b2" in text
     assert "https://github.com/vllm-project/vllm/compare/aaaaaaa...bbbbbbb" in text
     with pytest.raises(RegressionError, match="64Kx2"):
-        raise_on_regressions(rows, new, base)
-    raise_on_regressions(compare_runs(new, _matrix(), base, _matrix()), new, base)
+        fail_on_regressions(rows, new, base)
+    fail_on_regressions(compare_runs(new, _matrix(), base, _matrix()), new, base)
 
 
 def test_compare_url_needs_both_commits_and_a_github_repository():

@@ -10,7 +10,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from speedmatrix.analysis.compare import compare_in_warehouse, regressions_check
+from speedmatrix.analysis.compare import comparison_for_run, judge_regressions
 from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.cli import main
 from speedmatrix.records import empty_cell
@@ -98,8 +98,8 @@ def wh(tmp_path):
     yield from three_runs(tmp_path / "wh")
 
 
-def test_compare_in_warehouse_uses_the_previous_run_and_its_requests(wh):
-    result = compare_in_warehouse(wh, "r2")
+def test_comparison_for_run_uses_the_previous_run_and_its_requests(wh):
+    result = comparison_for_run(wh, "r2")
     assert result.baseline["run_id"] == "r1"
     bad = {
         (r["context_tokens"], r["concurrency"], r["metric"])
@@ -110,25 +110,25 @@ def test_compare_in_warehouse_uses_the_previous_run_and_its_requests(wh):
     total = next(r for r in result.rows if r["metric"] == "total_tok_s" and r["concurrency"] == 2)
     assert total["ci_low"] is not None and "within" in total["noise_source"]
     assert "between" in total["noise_source"]  # r0 and r1 are repeats of commit a
-    assert compare_in_warehouse(wh, "r0").baseline is None
-    assert compare_in_warehouse(wh, "r2", baseline_ref="r0").baseline["run_id"] == "r0"
+    assert comparison_for_run(wh, "r0").baseline is None
+    assert comparison_for_run(wh, "r2", baseline_ref="r0").baseline["run_id"] == "r0"
     with pytest.raises(ValueError, match="no baseline"):
-        compare_in_warehouse(wh, "r2", baseline_ref="zzz")
+        comparison_for_run(wh, "r2", baseline_ref="zzz")
     with pytest.raises(KeyError):
-        compare_in_warehouse(wh, "nope")
+        comparison_for_run(wh, "nope")
 
 
 def test_regressions_task_lands_verdicts_and_fails_with_a_summary(wh):
-    assert regressions_check(wh, "r1")["counts"]["regression"] == 0
+    assert judge_regressions(wh, "r1")["counts"]["regression"] == 0
     with pytest.raises(RegressionError) as err:
-        regressions_check(wh, "r2", commits=["c" * 40], charts=write_comparison_charts)
+        judge_regressions(wh, "r2", commits=["c" * 40], charts=write_comparison_charts)
     text = str(err.value)
     assert "64Kx2" in text and "baseline r1" in text and "cccccccccccc" in text
     landed = read_extra(wh, "comparisons", run_id="r2")
     assert set(landed["baseline_run_id"]) == {"r1"}
     assert "regression" in set(landed["verdict"])
     with pytest.raises(RegressionError):  # landing again replaces, no duplicate rows
-        regressions_check(wh, "r2")
+        judge_regressions(wh, "r2")
     again = read_extra(wh, "comparisons", run_id="r2")
     assert len(again) == len(landed)
     assert len(read_extra(wh, "comparisons", recipe_id="sim/wh-test")) == len(again) + len(
@@ -147,7 +147,7 @@ def test_regressions_task_lands_verdicts_and_fails_with_a_summary(wh):
     con.register("t", DeltaTable(wh.table_uri("comparisons")).to_pyarrow_dataset())
     n = con.execute("SELECT count(*) FROM t").fetchall()[0][0]
     assert n == len(read_extra(wh, "comparisons"))
-    assert regressions_check(wh, "r0")["baseline_run_id"] is None
+    assert judge_regressions(wh, "r0")["baseline_run_id"] is None
 
 
 def test_compare_command(wh, capsys):
@@ -170,7 +170,7 @@ def test_compare_command(wh, capsys):
 
 def test_trend_command(wh, capsys, tmp_path):
     with pytest.raises(RegressionError):
-        regressions_check(wh, "r2")
+        judge_regressions(wh, "r2")
     chart = tmp_path / "t.svg"
     rc = main(
         [
@@ -230,7 +230,7 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
 
     monkeypatch.setattr(speedmatrix.analysis.bisection, "commits_between", fake)
     with pytest.raises(RegressionError) as err:
-        regressions_check(wh, "r2", fetch_commits=True)
+        judge_regressions(wh, "r2", fetch_commits=True)
     assert calls == [("vllm-project/vllm", "a" * 40, "b" * 40)]
     assert "commits between (2): dddddddddddd, bbbbbbbbbbbb" in str(err.value)
 
@@ -239,7 +239,7 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
 
     monkeypatch.setattr(speedmatrix.analysis.bisection, "commits_between", broken)
     with pytest.raises(RegressionError) as err:
-        regressions_check(wh, "r2", fetch_commits=True)
+        judge_regressions(wh, "r2", fetch_commits=True)
     assert "commits between" not in str(err.value) and "/compare/" in str(err.value)
 
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 from test_compare_warehouse import _land
 
-from speedmatrix.analysis.compare import regressions_check
+from speedmatrix.analysis.compare import judge_regressions
 from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.flows.notify import (
     NotifySettings,
@@ -26,9 +26,9 @@ def wh(tmp_path_factory):
     _land(w, "r0", "a" * 40, 0, seed=0)
     _land(w, "r1", "a" * 40, 1, seed=1)
     _land(w, "r2", "b" * 40, 2, slow={(65536, 2): 0.9}, seed=2)
-    regressions_check(w, "r1")
+    judge_regressions(w, "r1")
     with pytest.raises(RegressionError):
-        regressions_check(w, "r2")
+        judge_regressions(w, "r2")
     yield w
     w.close()
 

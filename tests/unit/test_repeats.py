@@ -9,7 +9,7 @@ import json
 import duckdb
 import pytest
 
-from speedmatrix.analysis.compare import regressions_check
+from speedmatrix.analysis.compare import judge_regressions
 from speedmatrix.analysis.noise import NOISE_SCHEMA, NoiseModel, between_run_noise, noise_table
 from speedmatrix.cli import main
 from speedmatrix.flows import collect, matrix, resolution
@@ -488,7 +488,7 @@ def test_one_run_with_repeats_lands_them_and_gives_its_cells_their_own_noise(tmp
     assert [(q["repeat"], q["concurrency"]) for q in rows] == [(2, 2)]
     assert doc["result"]["expectations"]
 
-    assert regressions_check(wh, r["run_id"])["baseline_run_id"] is None
+    assert judge_regressions(wh, r["run_id"])["baseline_run_id"] is None
     noise = read_extra(wh, "noise", run_id=r["run_id"])
     source = {
         (n["phase"], n["concurrency"], n["metric"]): n["between_source"]

@@ -225,7 +225,7 @@ def test_the_report_tasks_charts_are_shown_again_not_drawn_again(wh, tmp_path, m
     import contextlib
     import json
 
-    from speedmatrix.analysis.compare import regressions_check
+    from speedmatrix.analysis.compare import judge_regressions
     from speedmatrix.analysis.verdict import RegressionError
     from speedmatrix.flows import matrix
     from speedmatrix.flows.handoff import handed_on_comparison
@@ -238,7 +238,7 @@ def test_the_report_tasks_charts_are_shown_again_not_drawn_again(wh, tmp_path, m
     matrix.report(resolved, {})
     # what the `regressions` task lands, without its commit lookup (no network in tests)
     with contextlib.suppress(RegressionError):  # r2 regressed: its verdicts land all the same
-        regressions_check(wh, "r2", result=handed_on_comparison(wh, "r2"))
+        judge_regressions(wh, "r2", result=handed_on_comparison(wh, "r2"))
     kept = json.loads(wh.read_artifact("r2", CHARTS_ARTIFACT))
     assert [c["id"] for c in kept["charts"]] == [
         "prefill-tok-s",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from browser import local_links, page_refs, walk_site
 
-from speedmatrix.analysis.compare import regressions_check
+from speedmatrix.analysis.compare import judge_regressions
 from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.cli import main
 from speedmatrix.report.site import build_site, recipe_page, run_page, slug
@@ -31,7 +31,7 @@ RECIPE = "sim/wh-test"
 def _judge(wh, run_id):
     """What the DAG's `regressions` task does: land comparisons (and raise on a regression)."""
     with contextlib.suppress(RegressionError):
-        regressions_check(wh, run_id)
+        judge_regressions(wh, run_id)
 
 
 @pytest.fixture(scope="module")

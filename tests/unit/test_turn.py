@@ -258,3 +258,38 @@ def test_under_dag_test_a_prefill_cell_not_started_is_not_waited_for(monkeypatch
     assert turn.in_process() is True
     t = turn.cell_turn(FakeTI(0, {"prefill_0": "scheduled"}), Run(), ("prefill", 1))
     assert t.go == turn.GO_STATES and t.previous() in t.go
+
+
+def test_the_cell_task_finds_its_turn_from_its_context(monkeypatch):
+    """The DAG's cell tasks ask this module for their turn: the first decode instance's
+    predecessor is the last of the prefill cells the prefill cell list mapped."""
+    import airflow.sdk
+
+    class CellTaskTI(FakeTI):
+        def xcom_pull(self, **kw):
+            if kw == {"task_ids": turn.cells_task_id("prefill")}:
+                return [{}, {}, {}]  # the prefill cell list: three instances
+            return super().xcom_pull(**kw)
+
+    ti = CellTaskTI(0, {"prefill_2": "running"})
+    monkeypatch.setattr(airflow.sdk, "get_current_context", lambda: {"ti": ti, "dag_run": Run()})
+    t = turn.of_cell_task(after="prefill")
+    assert t.name == "prefill[2]" and t.go == turn.ACROSS_GO_STATES
+    assert turn.of_cell_task().name == ""  # decode[0] of a task with nothing before it
+
+
+def test_a_turn_taken_and_left_says_when_and_tells_the_next_cell(caplog):
+    told = []
+    t = turn.CellTurn(lambda: "success", "decode[0]", lambda: told.append("released"))
+    held = t.take()
+    assert held["after"] == "decode[0]" and held["state"] == "success" and "began" in held
+    assert t.leave(held, "8K x 1") is held and held["began"] <= held["ended"]
+    assert told == ["released"]
+
+    def gone():
+        raise ConnectionError("API server gone")
+
+    with pytest.raises(turn.TurnUnknown, match="could not learn whether decode\\[0\\]"):
+        turn.CellTurn(gone, "decode[0]").take()
+    turn.CellTurn(None, "", gone).leave({}, "8K x 1")  # logged, not raised
+    assert "8K x 1: could not say the host is released: API server gone" in caplog.text

@@ -1,7 +1,12 @@
-"""A run's comparison with its baseline, end to end: the `regressions` task and the report's view.
+"""A run's comparison with its baseline, end to end: the one owner of its life cycle.
 
-One job: orchestration. Read the run and its baseline from the warehouse
-(analysis/baseline.py), judge every cell (analysis/verdict.py), land the `comparisons` and
+One job: orchestration. :func:`comparison_for_run` makes a run's comparison out of the
+warehouse: read the run and its baseline (analysis/baseline.py), judge every cell
+(analysis/verdict.py's pure :func:`~speedmatrix.analysis.verdict.compare_runs`). Every maker
+goes through it: `land` (:func:`comparison_for_run_or_none`, which the pipeline hands on to
+`report` and `regressions` in flows/handoff.py), a page whose comparison was not handed on
+(report/page.py), `speedmatrix compare`, and :func:`judge_regressions` when it is handed
+none. :func:`judge_regressions` is the `regressions` task's work: land the `comparisons` and
 `noise` tables (store/extra.py), write the markdown section (analysis/display.py), let the
 caller's `charts` hook draw (report/charts.py: analysis does not draw), and raise
 RegressionError for Airflow's alerting.
@@ -24,8 +29,8 @@ from speedmatrix.analysis.noise import noise_rows, noise_table
 from speedmatrix.analysis.verdict import (
     compare_runs,
     comparisons_table,
-    raise_on_regressions,
-    regressions,
+    fail_on_regressions,
+    regression_rows,
 )
 from speedmatrix.store.extra import land_extra
 from speedmatrix.upstream.github import github_repo
@@ -41,7 +46,7 @@ class ComparisonResult:
     noise: list[dict[str, Any]]
 
 
-def compare_in_warehouse(
+def comparison_for_run(
     warehouse: Any,
     run_id: str,
     *,
@@ -82,7 +87,18 @@ def compare_in_warehouse(
     return ComparisonResult(run, b_run, rows, noise_table_rows)
 
 
-def regressions_check(
+def comparison_for_run_or_none(warehouse: Any, run_id: str) -> ComparisonResult | None:
+    """The run's comparison (:func:`comparison_for_run`), or None, logged, when it cannot be
+    made: `land` lands the run anyway, `report` writes its page without one, and
+    `regressions`, handed none, makes it again and fails where it belongs."""
+    try:
+        return comparison_for_run(warehouse, run_id)
+    except Exception as exc:
+        log.warning("no comparison of %s with its baseline: %s", run_id, exc)
+        return None
+
+
+def judge_regressions(
     warehouse: Any,
     run_id: str,
     *,
@@ -106,7 +122,7 @@ def regressions_check(
     passes speedmatrix.report.charts.write_comparison_charts: analysis does not draw); it
     runs before a regression raises, so the alert's reader finds them."""
     if result is None:
-        result = compare_in_warehouse(
+        result = comparison_for_run(
             warehouse, run_id, baseline_ref=baseline_ref, threshold=threshold
         )
     if result.noise:
@@ -119,9 +135,9 @@ def regressions_check(
     )
     if charts is not None:
         charts(warehouse, result)
-    if fetch_commits and commits is None and regressions(result.rows):
+    if fetch_commits and commits is None and regression_rows(result.rows):
         commits = _fetch_commits(result.baseline, result.run)
-    raise_on_regressions(result.rows, result.run, result.baseline, commits)
+    fail_on_regressions(result.rows, result.run, result.baseline, commits)
     return {
         "run_id": run_id,
         "baseline_run_id": result.baseline.get("run_id"),

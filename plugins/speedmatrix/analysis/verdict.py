@@ -350,7 +350,8 @@ def comparisons_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     return pa.Table.from_pydict(cols, schema=COMPARISONS_SCHEMA)
 
 
-def regressions(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def regression_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The comparison rows whose verdict is a regression."""
     return [r for r in rows if r.get("verdict") == "regression"]
 
 
@@ -380,7 +381,7 @@ def summarize(
     commits: Sequence[str] | None = None,
 ) -> str:
     """The text a failing `regressions` task shows: cells, baseline, commits between them."""
-    bad = regressions(rows)
+    bad = regression_rows(rows)
     head = (
         f"{len(bad)} regression(s) in run {run.get('run_id')} "
         f"(recipe {run.get('recipe_id')}, host {run.get('host')}) "
@@ -417,11 +418,12 @@ class RegressionError(RuntimeError):
     """Raised by the `regressions` task so that Airflow's alerting sees a failed task."""
 
 
-def raise_on_regressions(
+def fail_on_regressions(
     rows: Sequence[Mapping[str, Any]],
     run: Mapping[str, Any],
     baseline: Mapping[str, Any],
     commits: Sequence[str] | None = None,
 ) -> None:
-    if regressions(rows):
+    """Raise RegressionError (its text: :func:`summarize`) when any row is a regression."""
+    if regression_rows(rows):
         raise RegressionError(summarize(rows, run, baseline, commits))

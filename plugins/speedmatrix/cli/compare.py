@@ -81,7 +81,7 @@ def _warehouse(root: str | None) -> Any:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from speedmatrix.analysis.compare import compare_in_warehouse
+    from speedmatrix.analysis.compare import comparison_for_run
 
     if args.run_id is not None:
         if args.run_b is not None:
@@ -100,7 +100,7 @@ def run_compare(args: argparse.Namespace) -> int:
         run_id, ref = args.run_a, args.baseline
     threshold = args.threshold_pct / 100 if args.threshold_pct is not None else None
     try:
-        result = compare_in_warehouse(
+        result = comparison_for_run(
             wh, run_id, baseline_ref=ref, threshold=threshold, with_noise=False
         )
     except KeyError as exc:  # read_run: the run is not in the warehouse

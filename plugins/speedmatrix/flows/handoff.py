@@ -1,10 +1,11 @@
-"""The run's comparison, made once by `land` and handed on to `report` and `regressions`.
+"""The run's comparison, carried from `land` to `report` and `regressions`.
 
 Why a hand-off: comparing a run with its baseline reads history and computes noise; the page
-and the verdict must be of one comparison. `land` makes it once the run has landed and writes
-it next to the run's artifacts (typed Parquet, not XCom: it can be large); `report` and
-`regressions` read it back when it is of the same landing of the run, else make it again.
-Why `land` and not `report`: so that `report` and
+and the verdict must be of one comparison. `land` has it made once the run has landed (by its
+one owner, analysis/compare.py) and this module writes it next to the run's artifacts (typed
+Parquet, not XCom: it can be large); `report` and `regressions` read it back when it is of the
+same landing of the run, and otherwise hand analysis/compare.py nothing, which then makes it
+again. This module only carries it. Why `land` and not `report`: so that `report` and
 `regressions` need nothing of each other and run side by side, one task after the host's
 server has stopped instead of two in a row.
 """
@@ -12,31 +13,14 @@ server has stopped instead of two in a row.
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any
 
 from speedmatrix.records import Field, from_wire, to_wire
-
-log = logging.getLogger("speedmatrix.pipeline")
 
 COMPARISON_HANDOFF = "comparison"
 """The run's artifacts folder where `land` leaves the comparison for `report` and `regressions`:
 rows.parquet and noise.parquet (the comparisons / noise tables' schemas: typed, timestamps
 included) and meta.json (the baseline, and the run's landed_at the comparison was made of)."""
-
-
-def compare_run(wh: Any, run_id: str):
-    """The run's comparison (speedmatrix.analysis.compare.compare_in_warehouse), or None,
-    logged, when it cannot be made: the run lands anyway, `report` writes its page without one,
-    and `regressions`, finding no comparison handed on, makes it again and fails where it
-    belongs."""
-    from speedmatrix.analysis.compare import compare_in_warehouse
-
-    try:
-        return compare_in_warehouse(wh, run_id)
-    except Exception as exc:
-        log.warning("no comparison of %s with its baseline: %s", run_id, exc)
-        return None
 
 
 def hand_on_comparison(wh: Any, run_id: str, result: Any) -> None:

@@ -3,8 +3,8 @@
 One job, the steps of a run in order (hence its length: one short function per task, the host
 and server steps included). What a step needs beyond that lives beside it: `resolve` in
 flows/resolution.py, a cell's turn on its host in flows/turn.py, pairing cell results with the
-plan in flows/collect.py, the comparison `land` makes and hands on to `report` and
-`regressions` in flows/handoff.py.
+plan in flows/collect.py, the comparison carried from `land` to `report` and `regressions` in
+flows/handoff.py (analysis/compare.py makes it).
 
 Why plain functions: the DAG file stays orchestration only, and every step is tested without
 Airflow (tests/unit/test_pipeline*.py) and reused by scripts and the overhead benchmark.
@@ -42,10 +42,10 @@ from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost
 from speedmatrix.flows import progress
 from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cell
 from speedmatrix.flows.fresh_stack import on_fresh_stack
-from speedmatrix.flows.handoff import compare_run, hand_on_comparison, handed_on_comparison
+from speedmatrix.flows.handoff import hand_on_comparison, handed_on_comparison
 from speedmatrix.flows.resolution import DAG_ID
 from speedmatrix.flows.resolved import Resolved
-from speedmatrix.flows.turn import NO_TURN, CellTurn, stamp, wait_for_turn
+from speedmatrix.flows.turn import NO_TURN, CellTurn, TurnUnknown
 from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 from speedmatrix.quality import run_status
 from speedmatrix.records import (
@@ -430,9 +430,9 @@ def run_cell(
 ) -> dict[str, Any]:
     """Measure one planned cell on the run's host. Never raises for a measurement problem.
 
-    `turn` (flows.turn) reads the state of the cell task before this one: the task starts and
-    imports while that cell measures, and measures once it has left the host; then this cell
-    says it has left the host (`turn.release`), before its task ends. The result says
+    `turn` (flows.turn) is this cell's turn on the host: the task starts and imports while the
+    previous cell measures, takes the turn once that cell has left the host, and leaves it
+    (saying so to the next cell) before its task ends. The result says
     which pass it was (`repeat`, 0 = the primary) beside the cell record, not in it: the
     record is the contract's, the pass is where it lands (cells or cell_repeats); and `turn`,
     when this cell held the host (began, ended) and how long it waited for it."""
@@ -442,22 +442,15 @@ def run_cell(
 
     repeat = int(cell.get("repeat") or 0)
     try:
-        held = wait_for_turn(turn.previous, turn.name, go=turn.go)
-    except Exception as exc:
-        reason = f"could not learn whether {turn.name} had finished: {type(exc).__name__}: {exc}"
-        log.error("%s: %s", cell.get("label"), reason)
-        record = failed_cell(cell, reason, started_at=dt.datetime.now(dt.UTC))
+        held = turn.take()
+    except TurnUnknown as exc:
+        log.error("%s: %s", cell.get("label"), exc)
+        record = failed_cell(cell, str(exc), started_at=dt.datetime.now(dt.UTC))
         return {"cell": to_wire(record), "requests": [], "repeat": repeat}
-    held["began"] = stamp()
     progress.tell("cell_started", resolved, server, cell)
     result = _run_cell(resolved, server, cell)
-    held["ended"] = stamp()
+    turn.leave(held, cell.get("label") or "")
     progress.tell("cell_done", cell, result["cell"])
-    if turn.release is not None:
-        try:
-            turn.release()
-        except Exception as exc:  # the next cell then goes on this task's end, as before
-            log.warning("%s: could not say the host is released: %s", cell.get("label"), exc)
     return {**result, "repeat": repeat, "turn": held}
 
 
@@ -825,7 +818,9 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
     log.info("landed %s: %s", resolved["run_id"], out)
     # The run's comparison with its baseline, made once, of this landing: `report` shows it
     # and `regressions` judges it, side by side after this task (flows/handoff.py).
-    hand_on_comparison(wh, resolved["run_id"], compare_run(wh, resolved["run_id"]))
+    from speedmatrix.analysis.compare import comparison_for_run_or_none
+
+    hand_on_comparison(wh, resolved["run_id"], comparison_for_run_or_none(wh, resolved["run_id"]))
     return out
 
 
@@ -833,16 +828,15 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
 def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
     """Render the landed run (md + html) next to it in the warehouse; log where.
 
-    The page shows the comparison `land` made and handed on, the one `regressions` judges
-    (made again here only when none was handed on: flows/handoff.py)."""
+    The page shows the comparison `land` made and handed on, the one `regressions` judges;
+    when none was handed on, the page's loader has analysis.compare make it."""
     from speedmatrix.report.page import keep_charts, load_run_page, render_page
     from speedmatrix.report.render import render_markdown
 
     wh = warehouse_of(resolved)
-    result = handed_on_comparison(wh, resolved["run_id"])
-    if result is None:
-        result = compare_run(wh, resolved["run_id"])
-    data = load_run_page(wh, resolved["run_id"], result=result, compare=result is not None)
+    data = load_run_page(
+        wh, resolved["run_id"], result=handed_on_comparison(wh, resolved["run_id"])
+    )
     md = render_markdown(data.run, data.cells, data.baseline) + (
         "\n" + data.markdown if data.markdown else ""
     )
@@ -860,12 +854,12 @@ def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
 def regressions(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, Any]:
     """The `regressions` task: judge the comparison `land` made (made again only when none
     was handed on), land the verdicts; RegressionError on a regression."""
-    from speedmatrix.analysis.compare import regressions_check
+    from speedmatrix.analysis.compare import judge_regressions
     from speedmatrix.report.charts import write_comparison_charts
 
     wh = warehouse_of(resolved)
     result = handed_on_comparison(wh, landed["run_id"])
-    return regressions_check(
+    return judge_regressions(
         wh, landed["run_id"], fetch_commits=True, result=result, charts=write_comparison_charts
     )
 

@@ -44,7 +44,12 @@ word is trusted only from a predecessor whose state is `running` and whose DAG r
 cleared since (the XCom carries the run's clear_number): a "released" left by an earlier try of
 a cleared cell, which its next try erases only once it starts, is never taken for this try's.
 
-Pure of Airflow but for :func:`cell_turn`, so the rule is unit-tested as is.
+This module owns the turn whole: the DAG's cell tasks get theirs from :func:`of_cell_task`
+and hand it to `matrix.run_cell`, which takes it (:meth:`CellTurn.take`) and leaves it
+(:meth:`CellTurn.leave`) around its measurement; how many instances run at once and which task
+is queued first are named here too (:data:`INSTANCES_AT_ONCE`, :data:`EARLIER_TASK_PRIORITY`).
+Pure of Airflow but for :func:`cell_turn` and :func:`of_cell_task`, so the rule is
+unit-tested as is.
 """
 
 from __future__ import annotations
@@ -73,6 +78,24 @@ time (a GET the supervisor makes; ~300 over a 30 s window), two while the predec
 0.22-0.26 s at 0.1 s waiting for the previous task's end to reach the API server, 0.09-0.15 s
 with the "released" word."""
 PROGRESS_EVERY_S = 30.0
+INSTANCES_AT_ONCE = 2
+"""A cell task's instances running at once (`max_active_tis_per_dagrun`): one measuring, the
+next one starting and waiting for its turn."""
+EARLIER_TASK_PRIORITY = 2
+"""The priority weight of the cell task whose cells come first in the run order (`prefill`;
+the default is 1): the scheduler queues by weight, and a later task's first cell waits for the
+earlier task's last one, so the earlier task must have its slot first."""
+
+
+def cells_task_id(cell_task_id: str) -> str:
+    """The task that lists a cell task's cells (its map's input): how many instances the cell
+    task maps, so that the next cell task's first instance knows its predecessor."""
+    return f"{cell_task_id}_cells"
+
+
+class TurnUnknown(RuntimeError):
+    """The previous cell's state could not be read: the cell fails rather than measure beside
+    a cell that may still be running."""
 
 
 def wait_for_turn(
@@ -109,7 +132,8 @@ def wait_for_turn(
 
 
 class CellTurn(NamedTuple):
-    """A cell task's side of the turn, handed from the DAG to `matrix.run_cell`.
+    """A cell task's side of the turn, handed whole from the DAG to `matrix.run_cell`, which
+    only takes it and leaves it.
 
     `previous` reads the previous cell's state (None for the first one), `name` names it, `go`
     are the states that let this cell go (:data:`GO_STATES`, or :data:`ACROSS_GO_STATES` for a
@@ -120,6 +144,33 @@ class CellTurn(NamedTuple):
     name: str = ""
     release: Callable[[], None] | None = None
     go: frozenset[str | None] = GO_STATES
+
+    def take(self) -> dict[str, Any]:
+        """Wait until the previous cell has left the host, then hold it: returns what the
+        cell's result carries about its turn (:func:`wait_for_turn`'s, and `began`).
+
+        Raises TurnUnknown, naming the previous cell, when its state cannot be read."""
+        try:
+            held = wait_for_turn(self.previous, self.name, go=self.go)
+        except Exception as exc:
+            raise TurnUnknown(
+                f"could not learn whether {self.name} had finished: {type(exc).__name__}: {exc}"
+            ) from exc
+        held["began"] = stamp()
+        return held
+
+    def leave(self, held: dict[str, Any], label: str = "") -> dict[str, Any]:
+        """Say that this cell has left the host: `held` (from :meth:`take`) gets `ended`, and
+        the next cell hears it now rather than at this task's end. A word that cannot be said
+        is logged, not raised: the measurement stands, and the next cell then goes on this
+        task's end."""
+        held["ended"] = stamp()
+        if self.release is not None:
+            try:
+                self.release()
+            except Exception as exc:
+                log.warning("%s: could not say the host is released: %s", label, exc)
+        return held
 
 
 NO_TURN = CellTurn()
@@ -163,6 +214,23 @@ def cell_turn(ti: Any, dag_run: Any = None, after: tuple[str, int] | None = None
         return state
 
     return CellTurn(read, f"{task_id}[{prev}]", release, go)
+
+
+def of_cell_task(after: str | None = None) -> CellTurn:
+    """The turn of the running mapped cell task (Airflow's current context), for the DAG's
+    cell tasks to hand to `matrix.run_cell`.
+
+    `after`: the cell task whose cells come before this task's in the run order (decode's:
+    prefill); its last instance is this task's first instance's predecessor, and how many it
+    maps is the length of its cell list (:func:`cells_task_id`)."""
+    from airflow.sdk import get_current_context
+
+    ctx = get_current_context()
+    ti = ctx["ti"]
+    before = None
+    if after is not None and ti.map_index == 0:
+        before = (after, len(ti.xcom_pull(task_ids=cells_task_id(after)) or []))
+    return cell_turn(ti, ctx["dag_run"], before)
 
 
 def in_process() -> bool:

@@ -358,8 +358,8 @@ def trend_svgs(
 def write_comparison_charts(warehouse: Any, result: Any) -> None:
     """comparison.svg (the diff heat map of total tok/s) and one trend-<cell>.svg per
     regressed cell, next to the run's report, for the alert's reader. Passed as `charts` to
-    analysis.compare.regressions_check."""
-    from speedmatrix.analysis.verdict import regressions
+    analysis.compare.judge_regressions."""
+    from speedmatrix.analysis.verdict import regression_rows
 
     run_id = result.run["run_id"]
     heat = diff_heatmap_svg(result.rows)
@@ -367,7 +367,7 @@ def write_comparison_charts(warehouse: Any, result: Any) -> None:
         warehouse.write_artifact(run_id, "comparison.svg", heat)
     bad = {
         (r["phase"], r["context_label"], r["concurrency"])
-        for r in regressions(result.rows)
+        for r in regression_rows(result.rows)
         if r.get("phase") in ("prefill", "decode")
     }
     if not bad:

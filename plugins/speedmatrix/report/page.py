@@ -98,14 +98,16 @@ def load_run_page(
 ) -> RunPage:
     """The run and its comparison with `baseline_ref` (a run id or engine commit/ref) or,
     without one, the automatic baseline. `result`: the comparison already made (the pipeline's
-    `land` task makes it once and hands it on to `report` and `regressions`); `compare=False`:
-    none is to be made (the pipeline's attempt failed and was logged), the page goes without.
+    `land` task makes it once and hands it on to `report` and `regressions`); without one it is
+    made here, through its one owner (analysis.compare.comparison_for_run: a run `land` handed
+    nothing on, e.g. `speedmatrix report` on an older run); `compare=False`: none is to be
+    made, the page goes without.
 
     The run missing raises KeyError and a named baseline not found ValueError (the caller
     asked for it); any other failure of the comparison or of a chart is logged and the page
     goes without it: a page must still be written, and the `regressions` task raises the
     same error where it belongs."""
-    from speedmatrix.analysis.compare import compare_in_warehouse
+    from speedmatrix.analysis.compare import comparison_for_run
     from speedmatrix.analysis.display import comparison_markdown, display_rows, notable
     from speedmatrix.report.charts import comparison_figures
 
@@ -115,7 +117,7 @@ def load_run_page(
         return page
     try:
         if result is None:
-            result = compare_in_warehouse(
+            result = comparison_for_run(
                 warehouse, run_id, baseline_ref=baseline_ref, with_noise=False
             )
         if result.baseline is None:

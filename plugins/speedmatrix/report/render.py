@@ -571,7 +571,7 @@ def render_html(
     Verdict first: the page opens with the summary (report.summary: baseline, regressions
     and improvements beyond noise with their intervals, invalid and failed cells and why),
     then the matrix, then the details. `comparison` are the noise-aware comparison rows
-    (analysis.compare.compare_runs; None: not compared), `verdicts` (compare.display_rows)
+    (analysis.verdict.compare_runs; None: not compared), `verdicts` (compare.display_rows)
     and `figures` ({id, title, svg}: the diff heat map and trends over commits) come from the
     same comparison; the page only lays them out, so that rendering never needs the
     warehouse (report.page.render_run_page gathers them). `links`: (text, href) shown above
