@@ -14,7 +14,10 @@ make what the real tools make, so each script runs to its end):
   the real `provision.orchestrate.run_attempt`) for the install kinds pip, release, wheel (a commit) and pr, and the
   re-shipping script (`refresh_shipped`);
 - the server: `start_server` (the alive-servers and port-holder checks, the run directory,
-  launch.sh and its launcher), `wait_ready`, `inspect_server` and `stop_server`.
+  launch.sh and its launcher), `wait_ready`, `inspect_server` and `stop_server`;
+- a cell on a remote host (`engine.remote_cell`: every config value, the API key and its
+  file's name, the python and zipapp paths) and the health probe (`engine.health`: the URL and
+  the python), each hostile.
 
 Each provisioning attempt must exit 0 (every line ran) and the server's launch must have run
 its command (the engine program, hostile too, is "not found" in the server log). The canary
@@ -25,12 +28,15 @@ lease's values are not a recipe's: its holder is refused unless it matches a saf
 
 from __future__ import annotations
 
+import argparse
 import io
+import json
 import os
 import shlex
 import shutil
 import sys
 import tarfile
+import threading
 import time
 import typing
 from collections.abc import Iterator
@@ -331,3 +337,108 @@ def test_serve_env_reference_reaches_the_server_from_the_host_env_and_no_log(stu
     assert secret not in handle.command
     for f in Path(handle.run_dir).iterdir():
         assert secret not in f.read_text(errors="replace"), f.name
+
+
+# ---------------------------------------------------------- a remote cell, the health probe
+
+# Every value a cell sends to its host's shell, hostile, and no `/` so it is allowed where a
+# run tag is: each would `touch CANARY` in the command's working directory if ever unquoted.
+HOSTILE = "x $(touch CANARY) `touch CANARY`; touch CANARY '\"\ntouch CANARY"
+
+# Stands in for the zipapp: keeps what it was run with, writes a record where --json says.
+FAKE_LOADGEN = r"""
+import json, os, sys
+argv = sys.argv[1:]
+with open(os.environ["SEEN"], "w") as fh:
+    json.dump({"argv": argv, "key": os.environ.get("SPEEDMATRIX_API_KEY")}, fh)
+with open(argv[argv.index("--json") + 1], "w") as fh:
+    json.dump({"phase": argv[0], "status": "valid", "error": None}, fh)
+with open(argv[argv.index("--requests") + 1], "w") as fh:
+    fh.write(json.dumps({"phase": argv[0], "output_tokens": 3}) + "\n")
+print("the load generator's own output")
+"""
+
+
+@pytest.fixture
+def hostile_host(tmp_path, monkeypatch):
+    """The local host with a hostile $HOME, and a python and a zipapp at hostile paths."""
+    monkeypatch.chdir(tmp_path)  # where CANARY would land
+    home = tmp_path / HOSTILE_HOME
+    tools = tmp_path / HOSTILE.replace("\n", " ")
+    for d in (home, tools):
+        d.mkdir()
+    python = tools / "python"
+    python.symlink_to(sys.executable)
+    zipapp = tools / "loadgen.pyz"
+    zipapp.write_text(FAKE_LOADGEN)
+    host = get_host("local", env={"HOME": str(home), "SEEN": str(tmp_path / "seen.json")})
+    return host, str(python), str(zipapp), tmp_path
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_no_cell_value_runs_on_the_host_and_the_host_gets_the_config(hostile_host, phase):
+    """engine.remote_cell's command, run for real: the load generator is given the config
+    whole (its flags parsed back build it again, the key from the environment) and no value
+    runs in the shell."""
+    from speedmatrix.engine.remote_cell import measure_remote
+    from speedmatrix.loadgen import DecodeConfig, PrefillConfig
+    from speedmatrix.loadgen.cli import add_parsers, build_config
+
+    host, python, zipapp, tmp = hostile_host
+    common = {"base_url": HOSTILE, "model": HOSTILE, "context": 1024, "api_key": HOSTILE,
+              "run_tag": HOSTILE.replace("\n", " "), "extra_body": {HOSTILE: HOSTILE},
+              "measurement_profile": "published", "global_warmup_context": 4096}  # fmt: skip
+    cfg = (
+        PrefillConfig(**common)
+        if phase == "prefill"
+        else DecodeConfig(**common, concurrency=3, prompt_mode="shared", max_loop_fraction=0.5)
+    )
+    cfg.validate()
+    record, rows = measure_remote(host, cfg, python=python, zipapp=zipapp, key_name=HOSTILE)
+    assert not (tmp / "CANARY").exists(), "a cell value ran in the host's shell"
+    assert not (tmp / "CANARY_HOME").exists(), "the host's HOME ran in its shell"
+    assert (record["phase"], record["status"]) == (phase, "valid")
+    assert [r["output_tokens"] for r in rows] == [3]
+    seen = json.loads((tmp / "seen.json").read_text())
+    assert seen["key"] == HOSTILE
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers())
+    args = parser.parse_args(seen["argv"])
+    os.environ[args.api_key_env] = seen["key"]
+    try:
+        assert build_config(args) == cfg
+    finally:
+        del os.environ[args.api_key_env]
+    keys = Path(host.resolve("$HOME/.speedmatrix/keys"))
+    assert list(keys.iterdir()) == [], "the key's file outlived the cell"
+
+
+def test_no_health_probe_value_runs_on_the_host(hostile_host):
+    """engine.health on a host: the server's URL and the python reach the shell quoted; a real
+    /health answers through them."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from speedmatrix.engine.health import server_health
+
+    host, python, _, tmp = hostile_host
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert server_health(url, host, python) is None
+        why = server_health(url + "/" + HOSTILE, host, python)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert why is not None and why.startswith("/health: ")
+    assert not (tmp / "CANARY").exists(), "a health probe value ran in the host's shell"

@@ -4,7 +4,8 @@ One job, the steps of a run in order (hence its length: one short function per t
 and server steps included). What a step needs beyond that lives beside it: `resolve` in
 flows/resolution.py, a cell's turn on its host in flows/turn.py, pairing cell results with the
 plan in flows/collect.py, the comparison carried from `land` to `report` and `regressions` in
-flows/handoff.py (analysis/compare.py makes it).
+flows/handoff.py (analysis/compare.py makes it); a cell's host side (the load
+generator run on a remote host, the health probe) in engine/remote_cell.py and engine/health.py.
 
 Why plain functions: the DAG file stays orchestration only, and every step is tested without
 Airflow (tests/unit/test_pipeline*.py) and reused by scripts and the overhead benchmark.
@@ -29,13 +30,12 @@ conclude after report, verdicts after regressions. Rules kept here:
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 import shlex
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speedmatrix import __version__
 from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost
@@ -58,9 +58,10 @@ from speedmatrix.records import (
     to_wire,
 )
 
-log = logging.getLogger("speedmatrix.pipeline")
+if TYPE_CHECKING:
+    from speedmatrix.loadgen import CellConfig
 
-HEALTH_TIMEOUT_S = 10.0
+log = logging.getLogger("speedmatrix.pipeline")
 
 
 def _recipe(resolved: Resolved):
@@ -393,33 +394,13 @@ def plan(resolved: Resolved, info: Mapping[str, Any]) -> dict[str, list[dict]]:
 
 
 def server_health(resolved: Resolved, server: Mapping[str, Any]) -> str | None:
-    """None when GET /health answers 200 within HEALTH_TIMEOUT_S, else why not (one line)."""
-    url = server["base_url"].rstrip("/") + "/health"
+    """None when the server's /health answers 200, else why not (engine.health): asked from
+    this process on `local`, on the host with the server's python elsewhere."""
+    from speedmatrix.engine.health import server_health as probe
+
     if resolved["host"] == "local":
-        import urllib.error
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as resp:
-                return None if resp.status == 200 else f"/health answered {resp.status}"
-        except urllib.error.HTTPError as exc:
-            return f"/health answered {exc.code}"
-        except OSError as exc:
-            return f"/health unreachable: {getattr(exc, 'reason', exc)}"
-
-    probe = (
-        "import sys, urllib.request as u\n"
-        f"try:\n r = u.urlopen({url!r}, timeout={HEALTH_TIMEOUT_S})\n print(r.status)\n"
-        "except Exception as e:\n print(type(e).__name__, getattr(e, 'reason', e))"
-    )
-    res = host_of(resolved).run(
-        f"{shlex.quote(server.get('python') or 'python3')} -c {shlex.quote(probe)}",
-        timeout_s=HEALTH_TIMEOUT_S + 20,
-        idempotent=True,
-        stream=False,
-    )
-    answer = res.stdout.strip()
-    return None if answer == "200" else f"/health: {answer or res.tail(3)}"
+        return probe(server["base_url"])
+    return probe(server["base_url"], host_of(resolved), server.get("python") or "python3")
 
 
 def run_cell(
@@ -539,7 +520,11 @@ def pass_run_tag(run_tag: str, repeat: int) -> str:
     return run_tag if not repeat else f"{run_tag}r{int(repeat)}"
 
 
-def _loadgen_config(resolved: Resolved, server: Mapping[str, Any], cell: Mapping):
+def _loadgen_config(
+    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any]
+) -> CellConfig:
+    """The load generator's config for a planned cell: the same for a local cell (run
+    in-process) and a remote one (engine.remote_cell writes it as the zipapp's flags)."""
     from speedmatrix.loadgen import DecodeConfig, PrefillConfig
 
     common = {
@@ -590,74 +575,26 @@ def measure(
     return _measure_remote(resolved, server, cell, cfg)
 
 
-def _measure_remote(resolved, server, cell, cfg) -> tuple[CellRecord, list[dict[str, Any]]]:
+def _measure_remote(
+    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any], cfg: CellConfig
+) -> tuple[CellRecord, list[dict[str, Any]]]:
+    """The cell on the run's remote host (engine.remote_cell); a load generator that left no
+    record gives a failed cell with its reason."""
+    from speedmatrix.engine.remote_cell import RemoteCellFailed, measure_remote
 
     zipapp = server.get("loadgen")
     if not zipapp:
         return failed_cell(cell, "no load generator zipapp was shipped to the host"), []
-    host = host_of(resolved)
-    args = [
-        cell["phase"],
-        "--base-url",
-        cfg.base_url,
-        "--model",
-        cfg.model,
-        "--context",
-        str(cfg.context),
-        "--run-tag",
-        cfg.run_tag,
-        "--workload",
-        cfg.workload,
-        "--profile",
-        cfg.measurement_profile,
-    ]
-    if cfg.global_warmup_context is not None:
-        args += ["--global-warmup", str(cfg.global_warmup_context)]
-    if cfg.largest_context is not None:
-        args += ["--largest-context", str(cfg.largest_context)]
-    if cell["phase"] == "decode":
-        args += [
-            "--concurrency",
-            str(cfg.concurrency),
-            "--duration",
-            f"{cfg.duration_s:g}",
-            "--max-output",
-            str(cfg.max_output_tokens),
-            "--prompt-mode",
-            cfg.prompt_mode,
-        ]
-    key_setup = ""
-    if cfg.api_key:
-        key_file = f"$HOME/.speedmatrix/keys/{resolved['run_tag']}.key"
-        host.put_text(cfg.api_key, key_file, mode=0o600)
-        key_path = host.resolve(key_file)
-        key_setup = (
-            f'export SPEEDMATRIX_API_KEY="$(cat {shlex.quote(key_path)})"; '
-            f"rm -f {shlex.quote(key_path)}; "
+    try:
+        return measure_remote(
+            host_of(resolved),
+            cfg,
+            python=server.get("python") or "python3",
+            zipapp=zipapp,
+            key_name=resolved["run_tag"],
         )
-        args += ["--api-key-env", "SPEEDMATRIX_API_KEY"]
-    python = server.get("python") or "python3"
-    cmd = (
-        f"d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT; {key_setup}"
-        f"{shlex.quote(python)} {shlex.quote(zipapp)} {shlex.join(args)} "
-        '--json "$d/cell.json" --requests "$d/requests.jsonl" >&2; rc=$?; '
-        'echo @@CELL@@; cat "$d/cell.json" 2>/dev/null; echo; echo @@REQUESTS@@; '
-        'cat "$d/requests.jsonl" 2>/dev/null; exit $rc'
-    )
-    budget = cfg.first_token_timeout(getattr(cfg, "concurrency", 1)) + 300
-    budget += float(getattr(cfg, "duration_s", 0) or 0)
-    res = host.run(cmd, timeout_s=budget, stream=False)
-    _, _, tail = res.stdout.partition("@@CELL@@")
-    cell_text, _, req_text = tail.partition("@@REQUESTS@@")
-    if res.rc != 0 or not cell_text.strip():
-        return failed_cell(cell, f"load generator exit {res.rc}: {res.tail(5)}"), []
-    record = from_wire(json.loads(cell_text))
-    rows = [
-        from_wire(json.loads(line), REQUEST_FIELDS)
-        for line in req_text.splitlines()
-        if line.strip()
-    ]
-    return record, rows
+    except RemoteCellFailed as exc:
+        return failed_cell(cell, str(exc)), []
 
 
 # ---------------------------------------------------------------------------- validate, land

@@ -13,20 +13,14 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from speedmatrix.records import (
-    ACTIVE_TOLERANCE,
-    DEFAULT_MEASUREMENT_PROFILE,
-    DEFAULT_WORKLOAD,
-    MEASUREMENT_PROFILES,
-    WORKLOADS,
-    parse_context,
-)
+from speedmatrix.records import MEASUREMENT_PROFILES, PROMPT_MODES, WORKLOADS, parse_context
 
-from .config import CellConfig, DecodeConfig, PrefillConfig, new_run_tag
+from .config import CellConfig, DecodeConfig, PrefillConfig
 from .control import CellNotAttempted
 from .runner import run_cell
 
@@ -86,116 +80,184 @@ def _json_object(value: str) -> dict[str, Any]:
     return obj
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("server")
-    g.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
-    g.add_argument("--model", required=True, help="served model name sent in every request")
-    g.add_argument(
+@dataclass(frozen=True)
+class Flag:
+    """One option that sets one config field.
+
+    Why a table: the parser adds each option from it (its default the config field's), and
+    `config_to_argv` writes a config back from it, so the command line a remote host's cell
+    runs with carries every field a local cell's config has, and a field added here reaches
+    both at once."""
+
+    field: str  # the CellConfig / DecodeConfig field it sets
+    option: str
+    group: str
+    help: str
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    required: bool = False  # no default on the command line, whatever the config's
+    # "off": `option` is a --no-… switch setting the field False; "both": --x / --no-x, unset None
+    switch: str = ""
+    short: str | None = None
+
+
+COMMON_FLAGS: tuple[Flag, ...] = (
+    Flag("base_url", "--base-url", "server", "server root, e.g. http://127.0.0.1:8000",
+         required=True),
+    Flag("model", "--model", "server", "served model name sent in every request", required=True),
+    Flag("context", "--context", "prompt", "exact prompt length in tokens (8192 or 8K); checked "
+         "against usage.prompt_tokens", type=parse_tokens, metavar="N", required=True),
+    Flag("workload", "--workload", "prompt", "article: a chat conversation (a reference "
+         "document, then a request for a long new article) rendered by the server's chat "
+         "template, as the published pages measure; continuation: raw continuation of repeated "
+         "prose, for servers without a chat template", choices=WORKLOADS),
+    Flag("measurement_profile", "--profile", "prompt", "whose definitions measure the cell: "
+         "default (ours: exact token contexts, distinct prompts, TTFT from the last byte sent, "
+         "min_tokens = max_tokens) or published (llm-inference-bench's: one shared chat-text "
+         "prompt sized by characters, TTFT from before the body is built, ignore_eos without "
+         "min_tokens, the window opening once running == C is stable, per-request tok/s = "
+         "total / C); recorded in every row", choices=MEASUREMENT_PROFILES),
+    Flag("global_warmup_context", "--global-warmup", "prompt", "published profile: the tool's "
+         "warm-up before this cell (a short request, a hidden 8K prefill, a short C=1 decode at "
+         "N, the run's largest context)", type=parse_tokens, metavar="N"),
+    Flag("largest_context", "--largest-context", "prompt", "published profile: the run's "
+         "largest context (the chars-per-token probe is min(8K, N)); default this cell's",
+         type=parse_tokens, metavar="N"),
+    Flag("run_tag", "--run-tag", "prompt", "tag starting every prompt (unset: random). Give "
+         "prefill and decode cells of one run the same tag so the prefill warms the decode "
+         "prompts"),
+    Flag("cache_salt", "--no-cache-salt", "prompt", "do not send cache_salt (for servers that "
+         "reject it); the run tag still keeps prompts apart", switch="off"),
+    Flag("extra_body", "--extra-body", "prompt", "extra request fields, e.g. "
+         "'{\"temperature\": 0}' (default: server defaults)", type=_json_object, metavar="JSON"),
+    Flag("connect_timeout_s", "--connect-timeout", "timeouts (seconds)", "TCP connect",
+         type=_positive_float),
+    Flag("first_token_timeout_s", "--first-token-timeout", "timeouts (seconds)",
+         "base first-token timeout ...", type=_positive_float),
+    Flag("first_token_s_per_1k", "--first-token-per-1k", "timeouts (seconds)",
+         "... plus S seconds per 1K context tokens and queued prompt", type=_positive_float,
+         metavar="S"),
+    Flag("stall_timeout_s", "--stall-timeout", "timeouts (seconds)",
+         "longest silence between chunks before a stream fails", type=_positive_float),
+    Flag("idle_timeout_s", "--idle-timeout", "timeouts (seconds)",
+         "how long to wait for the server to be idle before and after the cell",
+         type=_positive_float),
+    Flag("time_scale", "--time-scale", "timeouts (seconds)", "the server is a simulator "
+         "running X times faster than the wall clock: --duration and every reported time are "
+         "simulated seconds", type=_positive_float, metavar="X"),
+    Flag("progress", "--progress", "output",
+         "live progress line on stderr (unset: only when stderr is a terminal)", switch="both"),
+)  # fmt: skip
+
+DECODE_FLAGS: tuple[Flag, ...] = (
+    Flag("concurrency", "--concurrency", "load", "streams kept in flight", type=int,
+         metavar="C", required=True, short="-c"),
+    Flag("duration_s", "--duration", "load", "measurement window in seconds",
+         type=_positive_float, metavar="S"),
+    Flag("max_output_tokens", "--max-output", "load",
+         "output tokens per request (max_tokens = min_tokens, ignore_eos)", type=parse_tokens,
+         metavar="T"),
+    Flag("prompt_mode", "--prompt-mode", "load", "distinct: one prompt per stream (true KV "
+         "footprint); shared: one prompt for all (llm-inference-bench style, streams share KV "
+         "blocks)", choices=PROMPT_MODES),
+    Flag("warm_cache", "--no-warm", "load",
+         "skip the max_tokens=1 cache warm-up (TTFT then includes prefill)", switch="off"),
+    Flag("token_tolerance", "--token-tolerance", "validity limits",
+         "largest client vs vllm:generation_tokens_total disagreement (fraction)", type=float),
+    Flag("max_loop_lag_ms", "--max-loop-lag-ms", "validity limits",
+         "client event-loop lag p90 above which the cell is invalid (client saturated)",
+         type=_positive_float),
+    Flag("max_client_cpu_pct", "--max-client-cpu", "validity limits",
+         "client CPU percent above which the cell is invalid (client saturated)",
+         type=_positive_float, metavar="PCT"),
+    Flag("max_blind_fraction", "--max-blind-fraction", "validity limits", "share of the window "
+         "a single client stall, or the two /metrics readings' round trips, may take before "
+         "the cell is invalid (its stamps or its cross-check cannot be trusted)",
+         type=_positive_float, metavar="F"),
+    Flag("repetition_check", "--no-repetition-check", "validity limits",
+         "do not mark the cell invalid for outputs stuck in a repetition loop", switch="off"),
+    Flag("max_loop_fraction", "--max-loop-fraction", "validity limits", "share of the checked "
+         "outputs stuck in a repetition loop above which the cell is invalid",
+         type=_positive_float, metavar="F"),
+    Flag("copy_check", "--no-copy-check", "validity limits",
+         "do not mark the cell invalid for outputs that copy their own prompt", switch="off"),
+    Flag("max_copy_share", "--max-copy-share", "validity limits", "share of the outputs' word "
+         "8-grams found in their prompt above which the cell is invalid (copying)",
+         type=_positive_float, metavar="F"),
+    Flag("metrics_interval_s", "--metrics-interval", "validity limits", "how often /metrics is "
+         "sampled during the window (at most; see --min-window-readings)",
+         type=_positive_float, metavar="S"),
+    Flag("max_active_deviation", "--max-active-deviation", "validity limits", "share of C by "
+         "which the server's average running requests may differ from C before the cell is "
+         "invalid (short requests leave it idle between them)", type=_positive_float,
+         metavar="F"),
+    Flag("min_window_readings", "--min-window-readings", "validity limits", "sample /metrics "
+         "more often in a short window so it gets at least N readings of the running requests "
+         "(see --max-active-deviation); a window with fewer than half of them (failed reads) "
+         "is invalid", type=_positive_int, metavar="N"),
+)  # fmt: skip
+
+IN_PROCESS_ONLY: dict[str, str] = {
+    "api_key": "a secret: read from the environment variable --api-key-env names, never a flag "
+    "(`ps` shows flags)",
+    "on_window": "a callback into the calling process",
+    "keep_requests": "whether run_cell hands the rows back in memory; the command line writes "
+    "them when --requests is given",
+}
+"""The config fields no flag carries, and why: every other field has a flag."""
+
+
+def flags_of(cls: type[CellConfig]) -> tuple[Flag, ...]:
+    """The flags that make a config of `cls` (decode's add its load and limits)."""
+    return COMMON_FLAGS + DECODE_FLAGS if issubclass(cls, DecodeConfig) else COMMON_FLAGS
+
+
+def _field_defaults(cls: type[CellConfig]) -> dict[str, Any]:
+    """Each field's plain default (fields without one, or made by a factory, are absent)."""
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
+def _add(group: argparse._ArgumentGroup, flag: Flag, defaults: Mapping[str, Any]) -> None:
+    names = (flag.option, flag.short) if flag.short else (flag.option,)
+    if flag.switch == "off":
+        group.add_argument(*names, dest=flag.field, action="store_false", help=flag.help)
+        return
+    kwargs: dict[str, Any] = {"dest": flag.field, "help": flag.help}
+    if flag.switch == "both":
+        kwargs["action"] = argparse.BooleanOptionalAction
+    if flag.type is not None:
+        kwargs["type"] = flag.type
+    if flag.metavar is not None:
+        kwargs["metavar"] = flag.metavar
+    elif flag.choices is None and not flag.switch:  # named as the option, not as the field
+        kwargs["metavar"] = flag.option.removeprefix("--").replace("-", "_").upper()
+    if flag.choices is not None:
+        kwargs["choices"] = flag.choices
+    if flag.required:
+        kwargs["required"] = True
+    else:
+        kwargs["default"] = defaults.get(flag.field)
+    group.add_argument(*names, **kwargs)
+
+
+def _add_flags(p: argparse.ArgumentParser, cls: type[CellConfig]) -> None:
+    """The options of one subcommand: the flag table's for `cls`, and the three that are the
+    command line's own (where the key is, where the record goes)."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for name in ("server", "prompt", "timeouts (seconds)", "output", "load", "validity limits"):
+        if any(f.group == name for f in flags_of(cls)):
+            groups[name] = p.add_argument_group(name)
+    defaults = _field_defaults(cls)
+    for flag in flags_of(cls):
+        _add(groups[flag.group], flag, defaults)
+    groups["server"].add_argument(
         "--api-key-env",
         default="SPEEDMATRIX_API_KEY",
         metavar="NAME",
         help="environment variable holding the API key (unset or empty = no key)",
     )
-    g = p.add_argument_group("prompt")
-    g.add_argument(
-        "--context",
-        type=parse_tokens,
-        required=True,
-        metavar="N",
-        help="exact prompt length in tokens (8192 or 8K); checked against usage.prompt_tokens",
-    )
-    g.add_argument(
-        "--workload",
-        choices=WORKLOADS,
-        default=DEFAULT_WORKLOAD,
-        help="article: a chat conversation (a reference document, then a request for a long "
-        "new article) rendered by the server's chat template, as the published pages measure; "
-        "continuation: raw continuation of repeated prose, for servers without a chat template",
-    )
-    g.add_argument(
-        "--profile",
-        dest="measurement_profile",
-        choices=MEASUREMENT_PROFILES,
-        default=DEFAULT_MEASUREMENT_PROFILE,
-        help="whose definitions measure the cell: default (ours: exact token contexts, "
-        "distinct prompts, TTFT from the last byte sent, min_tokens = max_tokens) or published "
-        "(llm-inference-bench's: one shared chat-text prompt sized by characters, TTFT from "
-        "before the body is built, ignore_eos without min_tokens, the window opening once "
-        "running == C is stable, per-request tok/s = total / C); recorded in every row",
-    )
-    g.add_argument(
-        "--global-warmup",
-        type=parse_tokens,
-        default=None,
-        metavar="N",
-        help="published profile: the tool's warm-up before this cell (a short request, a "
-        "hidden 8K prefill, a short C=1 decode at N, the run's largest context)",
-    )
-    g.add_argument(
-        "--largest-context",
-        type=parse_tokens,
-        default=None,
-        metavar="N",
-        help="published profile: the run's largest context (the chars-per-token probe is "
-        "min(8K, N)); default this cell's",
-    )
-    g.add_argument(
-        "--run-tag",
-        default=None,
-        help="tag starting every prompt (unset: random). Give prefill and decode cells of one "
-        "run the same tag so the prefill warms the decode prompts",
-    )
-    g.add_argument(
-        "--no-cache-salt",
-        dest="cache_salt",
-        action="store_false",
-        help="do not send cache_salt (for servers that reject it); the run tag still keeps "
-        "prompts apart",
-    )
-    g.add_argument(
-        "--extra-body",
-        type=_json_object,
-        default=None,
-        metavar="JSON",
-        help="extra request fields, e.g. '{\"temperature\": 0}' (default: server defaults)",
-    )
-    g = p.add_argument_group("timeouts (seconds)")
-    g.add_argument("--connect-timeout", type=_positive_float, default=10.0, help="TCP connect")
-    g.add_argument(
-        "--first-token-timeout",
-        type=_positive_float,
-        default=60.0,
-        help="base first-token timeout ...",
-    )
-    g.add_argument(
-        "--first-token-per-1k",
-        type=_positive_float,
-        default=1.0,
-        metavar="S",
-        help="... plus S seconds per 1K context tokens and queued prompt",
-    )
-    g.add_argument(
-        "--stall-timeout",
-        type=_positive_float,
-        default=60.0,
-        help="longest silence between chunks before a stream fails",
-    )
-    g.add_argument(
-        "--idle-timeout",
-        type=_positive_float,
-        default=60.0,
-        help="how long to wait for the server to be idle before and after the cell",
-    )
-    g.add_argument(
-        "--time-scale",
-        type=_positive_float,
-        default=1.0,
-        metavar="X",
-        help="the server is a simulator running X times faster than the wall clock: "
-        "--duration and every reported time are simulated seconds",
-    )
-    g = p.add_argument_group("output")
-    g.add_argument(
+    groups["output"].add_argument(
         "--json",
         metavar="F",
         nargs="?",
@@ -203,12 +265,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="the cell record as a JSON object: to file F, or on stdout with no F (or -). "
         "Unset: a readable summary on a terminal, the JSON object when stdout is not one",
     )
-    g.add_argument("--requests", metavar="F", help="write per-request rows (JSON lines) to F")
-    g.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="live progress line on stderr (unset: only when stderr is a terminal)",
+    groups["output"].add_argument(
+        "--requests", metavar="F", help="write per-request rows (JSON lines) to F"
     )
 
 
@@ -222,7 +280,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "with max_tokens=1. Prints/writes the cell record; exit 0 whenever it was attempted.",
         formatter_class=fmt,
     )
-    _common(p)
+    _add_flags(p, PrefillConfig)
     p.set_defaults(func=_run, phase="prefill")
 
     d = sub.add_parser(
@@ -235,102 +293,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "valid, failed or invalid with the reason; exit 0 whenever it was attempted.",
         formatter_class=fmt,
     )
-    _common(d)
-    g = d.add_argument_group("load")
-    g.add_argument(
-        "--concurrency", "-c", type=int, required=True, metavar="C", help="streams kept in flight"
-    )
-    g.add_argument(
-        "--duration",
-        type=_positive_float,
-        default=30.0,
-        metavar="S",
-        help="measurement window in seconds",
-    )
-    g.add_argument(
-        "--max-output",
-        type=parse_tokens,
-        default=4096,
-        metavar="T",
-        help="output tokens per request (max_tokens = min_tokens, ignore_eos)",
-    )
-    g.add_argument(
-        "--prompt-mode",
-        choices=("distinct", "shared"),
-        default="distinct",
-        help="distinct: one prompt per stream (true KV footprint); shared: one prompt for all "
-        "(llm-inference-bench style, streams share KV blocks)",
-    )
-    g.add_argument(
-        "--no-warm",
-        dest="warm_cache",
-        action="store_false",
-        help="skip the max_tokens=1 cache warm-up (TTFT then includes prefill)",
-    )
-    g = d.add_argument_group("validity limits")
-    g.add_argument(
-        "--token-tolerance",
-        type=float,
-        default=0.01,
-        help="largest client vs vllm:generation_tokens_total disagreement (fraction)",
-    )
-    g.add_argument(
-        "--max-loop-lag-ms",
-        type=_positive_float,
-        default=10.0,
-        help="client event-loop lag p90 above which the cell is invalid (client saturated)",
-    )
-    g.add_argument(
-        "--max-client-cpu",
-        type=_positive_float,
-        default=90.0,
-        metavar="PCT",
-        help="client CPU percent above which the cell is invalid (client saturated)",
-    )
-    g.add_argument(
-        "--no-repetition-check",
-        dest="repetition_check",
-        action="store_false",
-        help="do not mark the cell invalid for outputs stuck in a repetition loop",
-    )
-    g.add_argument(
-        "--no-copy-check",
-        dest="copy_check",
-        action="store_false",
-        help="do not mark the cell invalid for outputs that copy their own prompt",
-    )
-    g.add_argument(
-        "--max-copy-share",
-        type=_positive_float,
-        default=0.2,
-        metavar="F",
-        help="share of the outputs' word 8-grams found in their prompt above which the cell "
-        "is invalid (copying)",
-    )
-    g.add_argument(
-        "--metrics-interval",
-        type=_positive_float,
-        default=0.5,
-        metavar="S",
-        help="how often /metrics is sampled during the window (at most; see --min-window-readings)",
-    )
-    g.add_argument(
-        "--max-active-deviation",
-        type=_positive_float,
-        default=ACTIVE_TOLERANCE,
-        metavar="F",
-        help="share of C by which the server's average running requests may differ from C "
-        "before the cell is invalid (short requests leave it idle between them)",
-    )
-    g.add_argument(
-        "--min-window-readings",
-        type=_positive_int,
-        default=20,
-        metavar="N",
-        help="sample /metrics more often in a short window so it gets at least N readings of "
-        "the running requests (see --max-active-deviation); a window with fewer than half "
-        "of them (failed reads) is invalid",
-    )
+    _add_flags(d, DecodeConfig)
     d.set_defaults(func=_run, phase="decode")
 
 
@@ -347,46 +310,47 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
 
 
 def build_config(args: argparse.Namespace) -> CellConfig:
-    api_key = os.environ.get(args.api_key_env) or None
-    common: dict[str, Any] = {
-        "base_url": args.base_url,
-        "model": args.model,
-        "context": args.context,
-        "api_key": api_key,
-        "run_tag": args.run_tag or new_run_tag(),
-        "cache_salt": args.cache_salt,
-        "workload": args.workload,
-        "measurement_profile": args.measurement_profile,
-        "global_warmup_context": args.global_warmup,
-        "largest_context": args.largest_context,
-        "extra_body": args.extra_body,
-        "connect_timeout_s": args.connect_timeout,
-        "first_token_timeout_s": args.first_token_timeout,
-        "first_token_s_per_1k": args.first_token_per_1k,
-        "stall_timeout_s": args.stall_timeout,
-        "idle_timeout_s": args.idle_timeout,
-        "progress": args.progress,
-        "time_scale": args.time_scale,
-    }
-    if args.phase == "prefill":
-        return PrefillConfig(**common)
-    return DecodeConfig(
-        **common,
-        concurrency=args.concurrency,
-        duration_s=args.duration,
-        max_output_tokens=args.max_output,
-        prompt_mode=args.prompt_mode,
-        warm_cache=args.warm_cache,
-        token_tolerance=args.token_tolerance,
-        max_loop_lag_ms=args.max_loop_lag_ms,
-        max_client_cpu_pct=args.max_client_cpu,
-        repetition_check=args.repetition_check,
-        copy_check=args.copy_check,
-        max_copy_share=args.max_copy_share,
-        metrics_interval_s=args.metrics_interval,
-        min_window_readings=args.min_window_readings,
-        max_active_deviation=args.max_active_deviation,
-    )
+    """The config the parsed flags describe; the API key from the variable --api-key-env
+    names."""
+    cls = DecodeConfig if args.phase == "decode" else PrefillConfig
+    values = {flag.field: getattr(args, flag.field) for flag in flags_of(cls)}
+    if not values["run_tag"]:
+        del values["run_tag"]  # the config's own: a fresh random tag
+    return cls(**values, api_key=os.environ.get(args.api_key_env) or None)
+
+
+def config_to_argv(cfg: CellConfig) -> list[str]:
+    """The subcommand and flags that make `cfg` again: `build_config` of them parsed equals
+    `cfg` on every field but the IN_PROCESS_ONLY ones (the API key travels in the environment).
+
+    Written from the parser's own table. A value equal to its field's default is left out, as
+    the parser's default is that same field's; a required flag and the run tag (the config
+    draws a fresh one when none is given) are always written."""
+    phase = "decode" if isinstance(cfg, DecodeConfig) else "prefill"
+    defaults = _field_defaults(type(cfg))
+    argv = [phase]
+    for flag in flags_of(type(cfg)):
+        value = getattr(cfg, flag.field)
+        if not flag.required and flag.field in defaults and value == defaults[flag.field]:
+            continue
+        if flag.switch == "off":
+            if not value:
+                argv.append(flag.option)
+        elif flag.switch == "both":
+            if value is not None:
+                argv.append(flag.option if value else "--no-" + flag.option.removeprefix("--"))
+        else:
+            argv += [flag.option, _flag_text(value)]
+    return argv
+
+
+def _flag_text(value: object) -> str:
+    """A value as its flag's type reads it back exactly (repr keeps every float's digits)."""
+    if isinstance(value, dict):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
 
 
 def _run(args: argparse.Namespace) -> int:

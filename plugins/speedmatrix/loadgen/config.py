@@ -1,7 +1,10 @@
 """What one cell is asked to measure, and the limits that decide its status.
 
 Plain dataclasses so the Airflow tasks and tests build them directly and call
-`asyncio.run(run_decode(cfg))` without a subprocess; the CLI maps its flags onto the same fields.
+`asyncio.run(run_decode(cfg))` without a subprocess. The command line is the same fields:
+loadgen/cli.py's flag table adds a flag per field, takes its default from here, and writes a
+config back as argv (`config_to_argv`, how a remote host's cell is configured). The fields with
+no flag are the in-process ones (cli.IN_PROCESS_ONLY).
 """
 
 from __future__ import annotations
@@ -53,7 +56,6 @@ class CellConfig:
     first_token_s_per_1k: float = 1.0
     stall_timeout_s: float = 60.0
     idle_timeout_s: float = 60.0
-    metrics_interval_s: float = 0.5
     progress: bool | None = None  # None: on when stderr is a terminal
     # A simulator running `time_scale` times faster than the wall clock: durations asked for
     # and reported are simulated seconds (wall x time_scale), rates per simulated second.
@@ -110,6 +112,8 @@ class DecodeConfig(CellConfig):
     token_tolerance: float = 0.01
     max_loop_lag_ms: float = 10.0
     max_client_cpu_pct: float = 90.0
+    # how often /metrics is read during the window, at most (min_window_readings below)
+    metrics_interval_s: float = 0.5
     # a single client stall, or the two /metrics readings' round trips, longer than this share
     # of the window make the cell invalid (the stamps, or the cross-check, cannot be trusted)
     max_blind_fraction: float = 0.10
