@@ -95,7 +95,7 @@ def test_secret_names_and_values():
 @pytest.mark.parametrize(
     "hostile",
     [
-        "KEY_" * 250_000,  # 1 MB: the name pattern backtracked over every part (issue #33 item 11)
+        "KEY_" * 250_000,  # 1 MB: a backtracking name pattern is quadratic here
         "KEY_" * 250_000 + "X=v",
         "a" * 1_000_000,
         "--api-key" + " " * 1_000_000,
@@ -103,16 +103,19 @@ def test_secret_names_and_values():
         "TOKEN" * 200_000 + "=",
     ],
 )
+@pytest.mark.timing
 def test_redaction_is_linear_in_its_input(hostile):
     """A launch line is page or recipe input: 1 MB of it is redacted and checked in well under a
-    second (a quadratic pattern took 137 s on a 72 KB line)."""
-    start = time.perf_counter()
+    second of this process's CPU (a quadratic pattern took 137 s on a 72 KB line, so the bound
+    is two orders of magnitude from either side). CPU time, not the wall clock: a neighbour
+    on the machine slows the wall clock, not the work this process does."""
+    start = time.process_time()
     out = redact(hostile)
-    assert time.perf_counter() - start < 1.0  # linear: ~0.1-0.3 s per MB on a loaded 2-core box
-    start = time.perf_counter()
+    assert time.process_time() - start < 1.0  # linear: ~0.1-0.3 s per MB here
+    start = time.process_time()
     _leaks(out)
     is_secret_name(hostile)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 def test_a_long_secret_name_is_still_redacted():
