@@ -138,9 +138,9 @@ class WarehouseQueries:
         import duckdb
 
         check_read_only(sql)
-        # The arrow path (the command line) opens only the tables the SQL names: registering an
-        # Arrow dataset with DuckDB imports pandas, and each table costs a read of its log.
-        only = _named_tables(sql) if arrow else None
+        # Only the tables the SQL names are opened: each costs a read of its log and a listing
+        # of its files, and registering an Arrow dataset with DuckDB imports pandas.
+        only = _named_tables(sql)
         with self._lock:
             if self._con is None:
                 self._con = self.connect(only=only)
