@@ -72,6 +72,61 @@ def format_frame(df, fmt: str) -> str:
         return df.to_string(index=False) + "\n"
 
 
+_PLAIN = str.maketrans("", "", ',"\n\r\t\\')
+
+
+def _plain_columns(table) -> list[tuple[str, bool, list[str]]] | None:
+    """Each column of an Arrow result as (name, numeric, cells) when all of them print the same
+    with or without pandas (integers, booleans, short strings with nothing to quote or escape,
+    no nulls); None otherwise. Only those are written without pandas, whose import is about
+    half of the command's start."""
+    import pyarrow.types as pt
+
+    out = []
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        kind = column.type
+        if column.null_count or not (
+            pt.is_integer(kind) or pt.is_boolean(kind) or pt.is_string(kind)
+        ):
+            return None
+        values = column.to_pylist()
+        if pt.is_string(kind):
+            if any(
+                not v or len(v) > 80 or v != v.strip() or v.translate(_PLAIN) != v for v in values
+            ):
+                return None
+            if not name or name.translate(_PLAIN) != name:
+                return None
+        out.append((name, not pt.is_string(kind), [str(v) for v in values]))
+    return out
+
+
+def format_table(table, fmt: str) -> str:
+    """:func:`format_frame` of an Arrow result: the same text, written without pandas when the
+    result's columns allow it (:func:`_plain_columns`), through a DataFrame otherwise."""
+    if table.num_rows == 0 and fmt == "table":
+        names = table.column_names
+        return "(no rows)\n" if not names else " | ".join(names) + "\n(no rows)\n"
+    plain = _plain_columns(table) if fmt in ("table", "csv") else None
+    if plain is None or not plain:
+        import duckdb
+
+        # DuckDB's own conversion, as Warehouse.query makes its DataFrames
+        return format_frame(duckdb.connect().from_arrow(table).df(), fmt)
+    if fmt == "csv":
+        lines = [",".join(name for name, _n, _c in plain)]
+        lines += [",".join(row) for row in zip(*(cells for _n, _k, cells in plain), strict=True)]
+        return "\n".join(lines) + "\n"
+    # pandas' to_string(index=False): a column right-aligned to its widest cell, a numeric
+    # column's header one space wider than its name, columns one space apart
+    columns = []
+    for name, numeric, cells in plain:
+        head = (" " + name) if numeric else name
+        width = max(len(head), *(len(c) for c in cells))
+        columns.append([head.rjust(width), *(c.rjust(width) for c in cells)])
+    return "\n".join(" ".join(row) for row in zip(*columns, strict=True)) + "\n"
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
@@ -82,9 +137,11 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise CliError("--timeout must be a number of seconds above 0")
     wh = Warehouse(args.warehouse, memory_limit=args.memory_limit)
     try:
-        df = wh.query(args.sql, timeout_s=args.timeout)
+        result = wh.query_arrow(args.sql, timeout_s=args.timeout)
     except duckdb.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(first) from None
-    sys.stdout.write(format_frame(df, args.format))
+    finally:
+        wh.close()
+    sys.stdout.write(format_table(result, args.format))
     return 0

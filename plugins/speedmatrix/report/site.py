@@ -595,7 +595,8 @@ def _build(
     summary_of = {str(r["run_id"]): r for r in summary.to_dict("records")}
     run_fp: dict[str, str] = {}
     verdicts: dict[str, Verdict] = {}
-    for r in runs.to_dict("records"):
+    records = runs.to_dict("records")  # once: every pass below walks all the fleet's runs
+    for r in records:
         rid = str(r["run_id"])
         agg = summary_of.get(rid)
         verdicts[rid] = run_verdict(
@@ -612,7 +613,7 @@ def _build(
     # run pages
     new_runs: dict[str, str] = {}
     budget = math.inf if max_run_pages is None else max_run_pages
-    for r in runs.iloc[::-1].to_dict("records"):  # newest first: they matter most
+    for r in reversed(records):  # newest first: they matter most
         rid, recipe = str(r["run_id"]), _clean(r.get("recipe_id"))
         path = root / run_page(rid)
         if old_runs.get(rid) == run_fp[rid] and path.exists():
@@ -793,7 +794,7 @@ def _build(
     # per model: the Pareto view and the comparison pages of its configurations
     from speedmatrix.report.site_views import write_views
 
-    run_rows = [{k: _clean(v) for k, v in r.items()} for r in runs.to_dict("records")]
+    run_rows = [{k: _clean(v) for k, v in r.items()} for r in records]
     views = write_views(
         wh,
         root,
@@ -819,7 +820,7 @@ def _build(
             "status": _text(r.get("status")),
             "verdict": verdicts[str(r["run_id"])],
         }
-        for r in runs.iloc[::-1].head(LATEST_RUNS).to_dict("records")
+        for r in records[::-1][:LATEST_RUNS]
         if str(r["run_id"]) in new_runs
     ]
     for row in index_rows:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speedmatrix.analysis.pareto import choose_series
+from speedmatrix.analysis.pareto import choose_series, model_of
 from speedmatrix.report.pareto import build_view, models, render_pareto_html
 from speedmatrix.report.slugs import slug
 from speedmatrix.report.versus import render_versus_html, side_label
@@ -85,8 +85,16 @@ def write_views(
 
     up = "../"
     hrefs = {rid: up + href for rid, href in run_pages.items()}
+    # each model's runs, in the fleet's order, found in one pass: choosing the series per model
+    # over every run of the fleet was a pass per model
+    of_model: dict[str, list[Mapping[str, Any]]] = {}
+    for r in runs:
+        m = model_of(r)
+        if m is not None:
+            of_model.setdefault(m, []).append(r)
     for model in models(runs):
-        series = choose_series(runs, model)
+        mruns = of_model.get(model, [])
+        series = choose_series(mruns, model)
         pairs = list(itertools.combinations(series, 2))[:MAX_SERIES_PAIRS]
         comparisons = [
             (f"{side_label(b.run)} against {side_label(a.run)}", versus_page(a.key, b.key))
@@ -113,7 +121,7 @@ def write_views(
             continue
         try:
             if page in stale:
-                view = build_view(wh, model, prices=prices, runs=runs, read=read)
+                view = build_view(wh, model, prices=prices, runs=mruns, read=read)
                 write(
                     root / page,
                     render_pareto_html(
