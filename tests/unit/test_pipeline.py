@@ -20,9 +20,25 @@ def resolve(conf, run_id="manual__2026-11-29T20:30:05+00:00"):
     return resolution.resolve(conf, dag_run_id=run_id, run_after=WHEN)
 
 
+def test_two_dag_runs_in_one_second_get_two_run_ids_and_one_run_keeps_its_own():
+    """A fleet's script triggers one recipe on several hosts at once: runs that start in the
+    same second are still apart (each landing would otherwise replace the one before), and
+    the same DAG run (a retried task) gets its id again."""
+    a = resolve({"recipe": SIM}, run_id="manual__2026-11-29T20:30:05.120+00:00")
+    b = resolve({"recipe": SIM}, run_id="manual__2026-11-29T20:30:05.480+00:00")
+    assert a["run_id"] != b["run_id"]
+    assert a["run_id"].rsplit("__", 1)[0] == b["run_id"].rsplit("__", 1)[0]
+    assert (
+        resolve({"recipe": SIM}, run_id="manual__2026-11-29T20:30:05.120+00:00")["run_id"]
+        == a["run_id"]
+    )
+
+
 def test_resolve_uses_recipe_defaults_and_makes_readable_stable_ids():
     r = resolve({"recipe": SIM})
-    assert r["run_id"] == "sim~kimi-k2.7-nvfp4-rtxpro6k-x8__9fedd24fa864__manual__20261129T203005Z"
+    assert r["run_id"].startswith(
+        "sim~kimi-k2.7-nvfp4-rtxpro6k-x8__9fedd24fa864__manual__20261129T203005Z__"
+    )
     assert r == resolve({"recipe": SIM}) | {"started_at": r["started_at"]}  # stable
     assert r["trigger"] == "manual"
     assert r["host"] == "local"

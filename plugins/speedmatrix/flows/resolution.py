@@ -33,12 +33,20 @@ def trigger_of(dag_run_id: str) -> str:
     return "manual"
 
 
-def make_run_id(recipe_id: str, ref: str, trigger: str, when: dt.datetime) -> str:
-    """Stable and readable: `<recipe with ~ for />__<ref slug>__<trigger>__<UTC stamp>`."""
+def make_run_id(recipe_id: str, ref: str, trigger: str, when: dt.datetime, dag_run: str) -> str:
+    """Stable and readable: `<recipe with ~ for />__<ref slug>__<trigger>__<UTC stamp>__<tag>`.
+
+    The tag (8 hex digits of the DAG run's own id, `dag_run`) keeps apart runs of one recipe and
+    ref that start in the same second, as a fleet's script triggering one recipe on several
+    hosts does: with the stamp alone they shared an id, and each landing replaced the one
+    before. It is the DAG run's, so a retried task of one run lands under the same id again."""
+    import hashlib
+
     from speedmatrix.recipes import ref_slug
 
     stamp = when.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return f"{recipe_id.replace('/', '~')}__{ref_slug(ref)}__{trigger}__{stamp}"
+    tag = hashlib.sha256(dag_run.encode()).hexdigest()[:8]
+    return f"{recipe_id.replace('/', '~')}__{ref_slug(ref)}__{trigger}__{stamp}__{tag}"
 
 
 def _override(conf: Mapping[str, Any], key: str, default: Any) -> Any:
@@ -100,7 +108,7 @@ def resolve(
         raise ResolveError(f"recipe {recipe.id}: {exc}") from exc
     repeats, repeat_cells = _repeats(conf, m, spec)
     trigger = trigger_of(dag_run_id)
-    run_id = make_run_id(recipe.id, ref, trigger, run_after)
+    run_id = make_run_id(recipe.id, ref, trigger, run_after, f"{dag_id}/{dag_run_id}")
     host = str(_override(conf, "ssh_conn_id", recipe.schedule.host or "local"))
     # every value that becomes part of a file name fits one, checked before anything runs
     # (a 185-character ref would be measured, then fail the landing)
