@@ -15,6 +15,11 @@ What the deployment is given, as a user's env file would give it:
   sets it), and a second "host": an OpenSSH server on 127.0.0.1 whose sessions get another
   HOME and name another lease directory (so another machine as far as leases go), reached
   through an Airflow SSH connection;
+- the warehouse on object storage: `s3://<bucket>/warehouse` on moto's standalone S3 server on
+  loopback (tests/s3server.py, the session's `s3_server`), its endpoint and credentials as the
+  standard AWS_* settings of the env file, and the site (SPEEDMATRIX_SITE_DIR) in a local
+  folder, which a warehouse on s3:// needs: every run's `land` writes through S3's conditional
+  commits, the way a fleet's Celery workers do;
 - an airflow_local_settings.py whose task_instance_mutation_hook pins a run's tasks to one
   worker's queue when its run id says so (`…pin-worker1…`): how a test makes two runs of one
   host land on different workers for certain.
@@ -61,7 +66,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 @pytest.fixture(scope="module")
-def env() -> Iterator[Env]:
+def env(s3_server) -> Iterator[Env]:
     root = Path(tempfile.mkdtemp(prefix="sm-deployment-"))
     os.chmod(root, 0o755)
     dags = root / "dags"
@@ -88,6 +93,8 @@ def env() -> Iterator[Env]:
     for h in homes.values():
         h.mkdir()
     (root / "sshd").mkdir()
+    # the bucket before anything that must be stopped: a failure here leaves nothing running
+    warehouse = f"s3://{s3_server.new_bucket()}/warehouse"
     machines = {n: root / f"machine-{n}" for n in ("local", "b")}
     ssh, conn = start_sshd(root / "sshd", homes["b"], machines["b"])
     github = FakeGitHub().start()
@@ -95,7 +102,10 @@ def env() -> Iterator[Env]:
     dep = Deployment(
         root,
         dags,
+        warehouse=warehouse,
         extra_env={
+            **s3_server.env(),
+            "SPEEDMATRIX_SITE_DIR": str(root / "site"),
             "HOME": str(homes["local"]),
             "SPEEDMATRIX_LEASE_DIR": str(machines["local"]),
             "SPEEDMATRIX_RECIPES": str(recipes),

@@ -145,7 +145,10 @@ class Deployment:
 
     `dags_folder` is what the dag-processor parses; `extra_env` lands in the shared env file
     (so every component sees it, as a user's env file would); `workers` Celery workers are
-    started, each with its own small env file (worker name, log-server port).
+    started, each with its own small env file (worker name, log-server port). `warehouse` is
+    SPEEDMATRIX_WAREHOUSE: a folder (default `root/warehouse`) or `s3://bucket/prefix`, whose
+    endpoint and credentials (AWS_*) then come in `extra_env`, as a deployment's env file
+    gives them.
     """
 
     def __init__(
@@ -156,6 +159,7 @@ class Deployment:
         workers: int = 2,
         worker_concurrency: int = 2,
         extra_env: dict[str, str] | None = None,
+        warehouse: str | None = None,
     ) -> None:
         self.root = root
         self.dags_folder = dags_folder
@@ -165,10 +169,11 @@ class Deployment:
         self.marker = f"sm-deploy-{secrets.token_hex(6)}"
         self.procs: dict[str, Proc] = {}
         self.airflow_home = root / "airflow-home"
-        self.warehouse = root / "warehouse"
+        self.warehouse = warehouse or str(root / "warehouse")
         self.logs = root / "logs"
         self.env_file = root / "airflow.env"
         self.worker_env_files: dict[str, Path] = {}
+        self.shared_env: dict[str, str] = {}
         self.password = secrets.token_urlsafe(12)
         self.pg_port = free_port()
         self.redis_port = free_port()
@@ -235,15 +240,31 @@ class Deployment:
             "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
             "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "180",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
-            "SPEEDMATRIX_WAREHOUSE": str(self.warehouse),
+            "SPEEDMATRIX_WAREHOUSE": self.warehouse,
             "SPEEDMATRIX_DEPLOYMENT_MARKER": self.marker,
         }
         s.update(self.extra_env)
         return s
 
+    @property
+    def warehouse_is_local(self) -> bool:
+        return "://" not in self.warehouse
+
+    def warehouse_env(self) -> dict[str, str]:
+        """What a reader of the deployment's warehouse needs from the deployment's env file
+        (SPEEDMATRIX_WAREHOUSE and the object store's AWS_* settings): a test reads the runs
+        back with what the workers landed them with."""
+        return {
+            k: v
+            for k, v in self.shared_env.items()
+            if k == "SPEEDMATRIX_WAREHOUSE" or k.startswith("AWS_")
+        }
+
     def _base_env(self) -> dict[str, str]:
-        """The launching environment: the test's, minus its own Airflow settings."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        """The launching environment: the test's, minus its own Airflow settings and object
+        store settings (AWS_*): the components get those from the env file only, so a setting
+        the env file lacks shows up as a failure instead of being inherited from the test."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "AWS_"))}
         env.pop("SPEEDMATRIX_WAREHOUSE", None)
         env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}"
         env["PYTHONUNBUFFERED"] = "1"
@@ -261,12 +282,15 @@ class Deployment:
     # ------------------------------------------------------------------ start / stop
     def start(self, timeout_s: float = 600.0) -> None:
         """Bring everything up and wait until the API reports all components healthy."""
-        for d in (self.airflow_home, self.warehouse, self.logs, self.dags_folder):
+        for d in (self.airflow_home, self.logs, self.dags_folder):
             d.mkdir(parents=True, exist_ok=True)
+        if self.warehouse_is_local:
+            Path(self.warehouse).mkdir(parents=True, exist_ok=True)
         try:
             self._start_postgres()
             self._start_redis()
-            self._write_env_file(self.env_file, self.settings())
+            self.shared_env = self.settings()
+            self._write_env_file(self.env_file, self.shared_env)
             (self.airflow_home / "passwords.json").write_text(
                 json.dumps({ADMIN_USER: self.password})
             )

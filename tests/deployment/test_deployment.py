@@ -1,7 +1,8 @@
 """speedmatrix's guarantees under a real Airflow deployment (scheduler + two Celery workers).
 
 One deployment (conftest.py) serves every test here, in file order; each test leaves both
-workers up. The time limits only catch hangs: they are generous because the machine may be
+workers up. Its warehouse is s3:// on moto's standalone S3 server on loopback: every run the
+tests trigger lands there, and the checks read it back through s3://. The time limits only catch hangs: they are generous because the machine may be
 busy (a 2-core box at load 20 made a 4-task probe run take minutes). On failure, the harness's messages carry the tails of every component's log.
 Run alone: `uv run pytest -m deployment`.
 """
@@ -9,20 +10,24 @@ Run alone: `uv run pytest -m deployment`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import hashlib
 import json
 import math
+import os
 import signal
 import socket
+import subprocess
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 from deploy_env import SSH_CONN_ID, Env
-from deploy_harness import REPO, Deployment, free_port
+from deploy_harness import REPO, VENV_BIN, Deployment, free_port
 
 from speedmatrix.analysis.bisection import MAX_STEPS
 
@@ -81,6 +86,67 @@ def _overlap(x: tuple[datetime, datetime], y: tuple[datetime, datetime]) -> bool
     return x[0] < y[1] and y[0] < x[1]
 
 
+@contextlib.contextmanager
+def _warehouse(dep: Deployment) -> Iterator:
+    """The deployment's warehouse (s3:// on the loopback S3 server), opened with the settings
+    of the deployment's env file (SPEEDMATRIX_WAREHOUSE, AWS_*), as a reader beside the
+    workers opens it."""
+    from speedmatrix.store.warehouse import Warehouse
+
+    settings = dep.warehouse_env()
+    assert settings["SPEEDMATRIX_WAREHOUSE"].startswith("s3://"), settings
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in settings.items():
+            mp.setenv(key, value)
+        yield Warehouse(settings["SPEEDMATRIX_WAREHOUSE"])
+
+
+def _query_cli(dep: Deployment, sql: str) -> list[dict]:
+    """`speedmatrix query --format json` in a process whose only warehouse settings are the
+    deployment env file's (no --warehouse: SPEEDMATRIX_WAREHOUSE names it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SPEEDMATRIX_"))}
+    env.update(dep.warehouse_env())
+    out = subprocess.run(
+        [str(VENV_BIN / "speedmatrix"), "query", sql, "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def _landed_whole(dep: Deployment, site: Path, expected: dict[str, set[tuple[str, int]]]) -> None:
+    """Each Airflow run of `expected` (run id -> its cells as (phase, concurrency)) landed
+    whole in the s3:// warehouse: one runs row, every cell of its plan once, no request row
+    twice; and its page is in the local site folder (SPEEDMATRIX_SITE_DIR)."""
+    from speedmatrix.report.site import run_page
+
+    ids = {r: _xcom(dep, SM, r, "resolve")["run_id"] for r in expected}
+    # Runs of one recipe, ref and trigger resolved in the same second get one warehouse id
+    # (resolution.make_run_id stamps seconds), and each landing then replaces the one before:
+    # only one of them would be left to find.
+    assert len(set(ids.values())) == len(ids), f"Airflow runs share a warehouse run id: {ids}"
+    listed = ", ".join(f"'{i}'" for i in ids.values())
+    runs = _query_cli(dep, f"select run_id, status from runs where run_id in ({listed})")
+    assert sorted(r["run_id"] for r in runs) == sorted(ids.values()), runs
+    with _warehouse(dep) as wh:
+        cells = wh.query(
+            "select run_id, phase, concurrency, count(*) as n from cells "
+            f"where run_id in ({listed}) group by all"
+        ).to_dict("records")
+        dup_requests = wh.query(
+            "select run_id, phase, context_tokens, concurrency, request_index, count(*) as n "
+            f"from requests where run_id in ({listed}) group by all having count(*) > 1"
+        ).to_dict("records")
+    assert not dup_requests, f"request rows landed twice: {dup_requests[:5]}"
+    for run_id, plan in expected.items():
+        got = {(c["phase"], c["concurrency"]): c["n"] for c in cells if c["run_id"] == ids[run_id]}
+        assert got == dict.fromkeys(plan, 1), (run_id, got)
+        assert (site / run_page(ids[run_id])).is_file(), f"{run_id}: no page in {site}"
+
+
 def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -116,7 +182,9 @@ def test_trivial_dag_runs_on_each_celery_worker(env: Env) -> None:
 def test_one_run_per_host_across_workers_and_scheduler_restart(env: Env) -> None:
     """(2) Two speed_matrix runs of one host, forced onto different workers, never overlap
     from server start to server stop; a run of another host (SSH) overlaps them.
-    (5) The scheduler is restarted while the runs are in flight: all three complete."""
+    (5) The scheduler is restarted while the runs are in flight: all three complete.
+    (7) The three land through both workers into the s3:// warehouse (moto's server): each
+    landed whole (its runs row and every cell once), read back through s3://."""
     dep = env.dep
     dep.wait_dag(SM)
     base = {"recipe": TINY}
@@ -163,6 +231,33 @@ def test_one_run_per_host_across_workers_and_scheduler_restart(env: Env) -> None
     )
     print({k: [t.isoformat() for t in v] for k, v in outer.items()})
     _cells_took_turns(dep, runs["c"], 3)
+
+    # Three runs, two workers, one s3:// warehouse: every run landed whole, none twice.
+    one_cell = {("prefill", 1), ("decode", 1)}
+    _landed_whole(
+        dep,
+        env.root / "site",
+        {
+            runs["a"]: one_cell,
+            runs["b"]: one_cell,
+            runs["c"]: {("prefill", 1), ("decode", 1), ("decode", 2), ("decode", 4)},
+        },
+    )
+    # Whether two `land` tasks overlapped depends on the machine's pace (no test can force
+    # it without another run): printed, so a log shows when S3 took concurrent commits.
+    lands = {k: _tis(dep, r)[("land", -1)] for k, r in runs.items()}
+    spans = {k: (_ts(t["start_date"]), _ts(t["end_date"])) for k, t in lands.items()}
+    print(
+        {
+            "land": {k: [t.isoformat() for t in v] for k, v in spans.items()},
+            "queues": {k: t["queue"] for k, t in lands.items()},
+            "overlapping": [
+                (x, y)
+                for x, y in (("a", "b"), ("a", "c"), ("b", "c"))
+                if _overlap(spans[x], spans[y])
+            ],
+        }
+    )
 
 
 def _cells_took_turns(dep: Deployment, run_id: str, n: int) -> None:
@@ -222,12 +317,12 @@ def test_worker_killed_mid_decode_cell(env: Env) -> None:
     assert not servers, f"simulated servers still running: {servers}"
     assert _lease_free(env.root / "machine-local"), "host lease not released"
 
-    from speedmatrix.store.warehouse import Warehouse
-
     wh_run_id = _xcom(dep, SM, run_id, "resolve")["run_id"]
-    cells = Warehouse(str(dep.warehouse)).query(
-        f"select phase, context_tokens, concurrency, status from cells where run_id = '{wh_run_id}'"
-    )
+    with _warehouse(dep) as wh:
+        cells = wh.query(
+            "select phase, context_tokens, concurrency, status from cells "
+            f"where run_id = '{wh_run_id}'"
+        )
     rows = cells.to_dict("records")
     keys = [(r["phase"], r["context_tokens"], r["concurrency"]) for r in rows]
     assert len(keys) == len(set(keys)), f"duplicate cells landed: {rows}"
@@ -335,7 +430,7 @@ def test_bisect_names_the_planted_commit(env: Env) -> None:
         "bad": after[-1],
         "cells": ["8Kx1"],
         "commits": after,
-        "warehouse": str(dep.warehouse),
+        "warehouse": dep.warehouse,
         "duration_s": 2,
         # The planted change is 30-40% on tok/s and time between tokens; the recipe's 3% would
         # let a loaded 2-core box's jitter on an 87 ms TTFT call a good commit bad.
