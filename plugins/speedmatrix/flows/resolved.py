@@ -28,7 +28,7 @@ class MatrixConf(TypedDict):
 class Resolved(TypedDict):
     """What a run is, fixed by `flows.resolution.resolve` before anything touches a host."""
 
-    run_id: str  # stable, readable: recipe__ref__trigger__UTC stamp (make_run_id)
+    run_id: str  # stable, readable: recipe__ref__trigger__UTC stamp__DAG run tag (make_run_id)
     dag_run_id: str
     recipe_id: str
     engine_ref: str  # the ref asked for (v0.29.0, 40-hex, pr/N, main)
