@@ -202,8 +202,10 @@ def take_lease(
         out["stopped_servers"] = _stop_servers_of(resolved, state.gone)
         progress.tell(
             "step",
-            f"the lease on {resolved['host']} was held by {state.gone}: "
-            f"{state.why or 'its process no longer runs'}; taken over",
+            f"the lease on {resolved['host']} was held by {state.gone}: {state.why}; taken over"
+            if state.why
+            else f"the lease on {resolved['host']} was held by {state.gone}, whose process no "
+            "longer runs: taken over",
         )
     return out
 
