@@ -113,11 +113,17 @@ def speed_matrix():
     def wait_for_host(resolved: dict) -> PokeReturnValue:
         """Take the host lease; between attempts the task gives its worker slot back. Under
         dag.test one process runs the whole run: its PID goes with the lease, so a lease
-        left by a killed `make demo` is taken over, not waited out."""
+        left by a killed `make demo` is taken over, not waited out; a lease whose DAG run of
+        this deployment ended or no longer exists is taken over too."""
         # `airflow dags test`: cells in order, Ctrl-C cleans up (flows/dagtest)
         if turn.in_process():
             dagtest.install_for_process()
-        got = matrix.take_lease(resolved, one_process=turn.in_process())
+        got = matrix.take_lease(
+            resolved,
+            one_process=turn.in_process(),
+            origin=matrix.airflow_origin(),
+            gone_why=matrix.airflow_gone_why(get_current_context()["ti"]),
+        )
         return PokeReturnValue(is_done=got is not None, xcom_value=got)
 
     @task(multiple_outputs=False, retries=0, execution_timeout=timedelta(hours=4))

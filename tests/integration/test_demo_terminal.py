@@ -85,3 +85,33 @@ def test_ctrl_c_on_the_demo_stops_the_server_and_releases_the_lease(migrated, tm
     assert rc == 130, term.text[-3000:]
     assert "interrupted: stopped what the run started, released the lease on local" in term.text
     no_server_left(tmp_path / "home")
+
+
+def test_ctrl_c_on_a_bare_dags_test_stops_the_server_and_releases_the_lease(migrated, tmp_path):
+    """`airflow dags test speed_matrix`, no demo around it: its wait_for_host task installs the
+    interrupt rules (flows/dagtest.install_for_process), and the DAG's own teardown is all that
+    stops the server and releases the lease (the demo runs it once more; nothing does here)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    conf = {**CONF, "recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8", "ssh_conn_id": "local",
+            "port": free_port()}  # fmt: skip
+    env = {**os.environ, "HOME": str(home), "AIRFLOW_HOME": str(migrated), "COLUMNS": "120",
+           "SPEEDMATRIX_WAREHOUSE": str(tmp_path / "wh"), "PYTHONUNBUFFERED": "1",
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+           "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+           "SPEEDMATRIX_API_KEY": "sk-test-bare-dags-test"}  # fmt: skip
+    argv = [sys.executable, "-m", "airflow", "dags", "test", "speed_matrix", "-c", json.dumps(conf)]
+    term = Terminal(argv, env=env, cwd=str(ROOT))
+    try:
+        term.expect(r"starting task_id=decode_cells", timeout=300)  # the server is up, cells next
+        term.ctrl_c()
+        rc = term.wait(timeout=300)
+    finally:
+        term.close()
+    out = term.text
+    assert "interrupted: stopping the server and releasing the lease" in out, out[-3000:]
+    assert "[DAG TEST] end task task_id=stop_server" in out, out[-3000:]  # the DAG's teardown
+    assert re.search(r"lease on local released by speed_matrix/\S+ \(RELEASED\)", out), out[-3000:]
+    assert "KeyboardInterrupt" not in out, out[-3000:]  # dag.test ended, not cut out of its loop
+    assert rc != 0, out[-3000:]  # the run is not reported a success
+    no_server_left(home)

@@ -21,6 +21,7 @@ def test_the_rules_are_installed_once_and_never_over_the_demos(monkeypatch) -> N
     assert dag_module._run_task is not original
     assert dagtest.install_for_process() is False
     interrupt = dagtest._installed[0]
+    interrupt.in_task = True  # a task runs: the interrupt cuts it short
     try:
         interrupt.handler(2, None)
     except KeyboardInterrupt:
@@ -33,3 +34,13 @@ def test_the_rules_are_installed_once_and_never_over_the_demos(monkeypatch) -> N
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_an_interrupt_between_tasks_lets_dag_test_go_on_to_the_teardown() -> None:
+    """Raised in dag.test's own loop, the interrupt would end it with the server running."""
+    said: list[str] = []
+    interrupt = dagtest.Interrupt(said.append)
+    interrupt.handler(2, None)  # no task runs: noted, not raised
+    assert interrupt.pressed and said == [
+        "interrupted: stopping the server and releasing the lease (Ctrl-C again: no effect)"
+    ]

@@ -49,7 +49,8 @@ log = logging.getLogger("speedmatrix.lease")
 MACHINE_DIR = "/var/tmp/speedmatrix"
 DIR_ENV = "SPEEDMATRIX_LEASE_DIR"
 DEFAULT_TTL_S = float(os.environ.get("SPEEDMATRIX_LEASE_TTL_S", "900"))
-_SAFE = re.compile(r"[^A-Za-z0-9._:+@=/-]")
+_SAFE = re.compile(r"[^A-Za-z0-9._:+@=/~-]")
+HOLDER_MAX = 200  # a holder id's length at most (holder_id cuts a longer one)
 
 # sm_machine_dir EXPLICIT DEFAULT: sets $d to the machine-wide directory (EXPLICIT when given,
 # else the host's own $SPEEDMATRIX_LEASE_DIR, else DEFAULT, the deployment's), made sticky
@@ -71,13 +72,16 @@ sm_machine_dir() {
 """
 
 # $1 op, $2 explicit dir ("" for the machine-wide one), $3 the deployment's default dir,
-# $4 holder, $5 ttl, $6 (acquire) the PID on this host whose life is the holder's, or "-".
-# Prints one status line: WORD holder expiry now [previous-holder previous-expiry gone-holder].
+# $4 holder, $5 ttl, $6 (acquire) the PID on this host whose life is the holder's, or "-",
+# $7 (acquire) the holder's origin (where its run can be looked up), or "-", $8 (acquire) a
+# holder the caller proved gone (its run has ended or no longer exists), or "-".
+# Prints one status line: WORD holder expiry now [previous-holder previous-expiry gone-holder
+# holder-origin].
 _SCRIPT = (
     MACHINE_DIR_SH
     + r"""
 set -u
-op=$1; me=$4; ttl=$5; owner=${6:--}
+op=$1; me=$4; ttl=$5; owner=${6:--}; origin=${7:--}; void=${8:--}
 sm_machine_dir "$2" "$3" || { echo "LOCKFAIL - 0 0"; exit 3; }
 # the lock file is read-only for all but its maker: flock needs no write access
 [ -e "$d/lock" ] || ( umask 022; : >> "$d/lock" ) 2>/dev/null
@@ -91,6 +95,10 @@ mine="$d/holder.$uid"
 # process (owner.<holder>: PID, its start time, boot id); once it no longer runs, the holder is
 # provably gone and its record void, whatever its expiry.
 owner_file() { printf '%s/owner.%s' "$d" "$(printf %s "$1" | tr -c 'A-Za-z0-9._-' '_')"; }
+# A holder's origin (origin.<holder>): a token naming the deployment whose run it is, so that a
+# run of the same deployment can look the holder's run up and prove it gone.
+origin_file() { printf '%s/origin.%s' "$d" "$(printf %s "$1" | tr -c 'A-Za-z0-9._-' '_')"; }
+origin_of() { o=""; [ -s "$(origin_file "$1")" ] && read -r o < "$(origin_file "$1")"; printf %s "${o:--}"; }
 started() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
 owner_gone() {
   o=$(owner_file "$1"); [ -s "$o" ] || return 1
@@ -108,6 +116,7 @@ for f in "$d"/holder.*; do
   [ -n "$h" ] || continue
   if [ -n "$b" ] && [ -n "$boot" ] && [ "$b" != "$boot" ]; then continue; fi
   if [ "$h" != "$me" ] && [ "$e" -gt "$now" ] && owner_gone "$h"; then gone=$h; continue; fi
+  if [ "$op" = acquire ] && [ "$h" = "$void" ] && [ "$h" != "$me" ]; then gone=$h; continue; fi
   if [ "$e" -gt "$exp" ] || [ -z "$holder" ]; then holder=$h; exp=$e; from=$f; fi
 done
 live=0
@@ -122,15 +131,16 @@ case "$op" in
       if [ "$owner" != "-" ] && [ -n "$(started "$owner")" ]; then
         ( umask 022; printf '%s %s %s\n' "$owner" "$(started "$owner")" "$boot" > "$(owner_file "$me")" )
       fi
+      if [ "$origin" != "-" ]; then ( umask 022; printf '%s\n' "$origin" > "$(origin_file "$me")" ); fi
       write && echo "ACQUIRED $me $((now + ttl)) $now ${holder:--} $exp ${gone:--}"
-    else echo "HELD $holder $exp $now"; fi ;;
+    else echo "HELD $holder $exp $now - - - $(origin_of "$holder")"; fi ;;
   renew)
     if [ "$holder" = "$me" ] && [ $live -eq 1 ]; then write && echo "RENEWED $me $((now + ttl)) $now"
     elif [ $live -eq 0 ]; then write && echo "RETAKEN $me $((now + ttl)) $now"
     else echo "LOST $holder $exp $now"; fi ;;
   release)
     if [ "$holder" = "$me" ] && [ "$from" = "$mine" ]; then
-      rm -f "$mine" "$(owner_file "$me")" && echo "RELEASED $me 0 $now"
+      rm -f "$mine" "$(owner_file "$me")" "$(origin_file "$me")" && echo "RELEASED $me 0 $now"
     elif [ "$holder" = "$me" ]; then
       echo "the lease of $me is recorded by another user ($from); not released by $(id -un)" >&2
       echo "NOTMINE $holder $exp $now"
@@ -179,7 +189,9 @@ class LeaseState:
     holder: str | None
     expires_at: int
     host_now: int
-    gone: str | None = None  # a holder whose process no longer runs, whose lease was taken over
+    gone: str | None = None  # a holder provably gone, whose lease was taken over
+    origin: str | None = None  # HELD: the holder's origin, when it recorded one
+    why: str | None = None  # why `gone` is provably gone
 
     @property
     def seconds_left(self) -> int:
@@ -222,7 +234,7 @@ def machine_dir(host: Host, lease_dir: str | None = None) -> tuple[str, int]:
 
 def holder_id(*parts: str) -> str:
     """A holder name safe for the lease file: the run's identity, e.g. dag id + run id."""
-    return _SAFE.sub("_", "/".join(p for p in parts if p))[:200]
+    return _SAFE.sub("_", "/".join(p for p in parts if p))[:HOLDER_MAX]
 
 
 class HostLease:
@@ -235,19 +247,26 @@ class HostLease:
         ttl_s: float = DEFAULT_TTL_S,
         lease_dir: str | None = None,
         owner_pid: int | None = None,
+        origin: str | None = None,
     ):
         """``lease_dir`` None: the machine-wide directory (see the module docstring).
         ``owner_pid``: the process on the host whose life is the holder's (one process runs the
-        whole run: `speedmatrix run`, dag.test); once it is gone, the lease is void."""
+        whole run: `speedmatrix run`, dag.test); once it is gone, the lease is void.
+        ``origin``: a token naming where this holder's run can be looked up (an Airflow
+        deployment), recorded with the lease: a later run of the same origin may look the
+        holder up and take over once it proves the run gone (:meth:`try_acquire`)."""
         if not holder or _SAFE.search(holder):
-            raise ValueError(f"holder must match [A-Za-z0-9._:+@=/-]+, got {holder!r}")
+            raise ValueError(f"holder must match [A-Za-z0-9._:+@=/~-]+, got {holder!r}")
         self.host = host
         self.holder = holder
         self.ttl_s = int(max(1, ttl_s))
         self.lease_dir = lease_dir
         self.owner_pid = owner_pid
+        if origin is not None and (not origin or _SAFE.search(origin)):
+            raise ValueError(f"origin must match [A-Za-z0-9._:+@=/~-]+, got {origin!r}")
+        self.origin = origin
 
-    def _call(self, op: str) -> LeaseState:
+    def _call(self, op: str, void: str | None = None) -> LeaseState:
         cmd = " ".join(
             [
                 "bash -c",
@@ -258,6 +277,8 @@ class HostLease:
                 shlex.quote(self.holder),
                 str(self.ttl_s),
                 str(int(self.owner_pid)) if self.owner_pid else "-",
+                shlex.quote(self.origin) if self.origin else "-",
+                shlex.quote(void) if void else "-",
             ]
         )
         # Every op is safe to repeat after a dropped connection: acquire is re-entrant (the
@@ -266,24 +287,44 @@ class HostLease:
         lines = res.stdout.strip().splitlines()
         if res.rc != 0 or not lines:
             raise LeaseError(f"lease {op} on {self.host.name} failed (rc {res.rc}): {res.tail()}")
-        word, holder, expiry, now, _, _, gone, *_ = [*lines[-1].split(), *["-"] * 7]
+        word, holder, expiry, now, _, _, gone, origin, *_ = [*lines[-1].split(), *["-"] * 8]
         return LeaseState(
             word,
             None if holder == "-" else holder,
             int(expiry if expiry != "-" else 0),
             int(now if now != "-" else 0),
             None if gone == "-" else gone,
+            None if origin == "-" else origin,
         )
 
-    def try_acquire(self) -> LeaseState:
-        """One attempt; `status` is ACQUIRED (ours now; also when ours already) or HELD."""
+    def try_acquire(self, gone_why: Callable[[str], str | None] | None = None) -> LeaseState:
+        """One attempt; `status` is ACQUIRED (ours now; also when ours already) or HELD.
+
+        ``gone_why(holder)``: asked about a live holder of this lease's own origin (the same
+        deployment, so its run is one the caller can look up); it returns why that holder is
+        provably gone (its run ended or no longer exists), or None while it may still run. A
+        holder proved gone is taken over at once instead of being waited out. Holders of
+        another origin, or of none (a `speedmatrix run`), are never asked about: their runs
+        cannot be looked up from here, and a run not found there is not a run gone."""
         state = self._call("acquire")
+        if (
+            state.status == "HELD"
+            and gone_why is not None
+            and self.origin is not None
+            and state.holder
+            and state.origin == self.origin
+            and (why := gone_why(state.holder))
+        ):
+            voided = state.holder
+            state = self._call("acquire", void=voided)
+            if state.gone == voided:
+                state = LeaseState(**{**state.__dict__, "why": why})
         if state.status == "ACQUIRED" and state.gone:
             log.warning(
-                "lease on %s: its holder %s is gone (the process that held it no longer runs): "
-                "taken over by %s",
+                "lease on %s: its holder %s is gone (%s): taken over by %s",
                 self.host.name,
                 state.gone,
+                state.why or "the process that held it no longer runs",
                 self.holder,
             )
         elif state.status == "ACQUIRED":

@@ -10,8 +10,10 @@ through :func:`_run_in_order`:
   it in the run order (prefill's map indexes, then decode's: plan.task_cells) is scheduled;
 - after Ctrl-C (or SIGTERM) no task runs but the teardown `stop_server`: every other one is
   marked upstream_failed, so the run ends, its server stopped and its lease released, and a
-  second Ctrl-C while that happens is put off. The demo then runs the teardown once more
-  (idempotent), in case the interrupt fell outside a task.
+  second Ctrl-C while that happens is put off. The interrupt cuts short only a task that runs
+  (never the teardown); between tasks it is noted and dag.test's loop goes on, since raised
+  there it would end dag.test with the server running. The demo then runs the teardown once
+  more (idempotent), whatever the DAG's teardown did.
 
 `make demo` drives dag.test() within :func:`driving`; a bare `airflow dags test speed_matrix`
 gets the same rules from its `wait_for_host` task on (:func:`install_for_process`), and were the
@@ -36,6 +38,7 @@ class Interrupt:
     def __init__(self, say: Callable[[str], None]) -> None:
         self.pressed = False
         self.say = say
+        self.in_task = False  # a task instance runs (inside dag.test's _run_task)
 
     def handler(self, signum: int, frame: object) -> None:
         if self.pressed:
@@ -45,7 +48,11 @@ class Interrupt:
         self.say(
             "interrupted: stopping the server and releasing the lease (Ctrl-C again: no effect)"
         )
-        raise KeyboardInterrupt
+        # Only a running task is cut short; between tasks dag.test's loop goes on, and its
+        # next pass runs nothing but the teardown. Raised there, the interrupt would end
+        # dag.test (and a bare `airflow dags test`) with the server running and the host leased.
+        if self.in_task:
+            raise KeyboardInterrupt
 
 
 def _earlier_cell_scheduled(ti: Any) -> bool:
@@ -82,8 +89,13 @@ def install_for_process(say: Callable[[str], None] | None = None) -> bool:
 
     interrupt = Interrupt(say or logging.getLogger("speedmatrix.pipeline").warning)
     rules = driving(interrupt)
-    rules.__enter__()  # never left: the process ends with the test
+    rules.__enter__()  # left only as the process ends
     _kept.append(rules)  # (a context manager collected would leave, restoring Airflow's)
+    # left before the interpreter tears its modules down: a generator closed by the garbage
+    # collector at that point finds this module's globals gone, and says so on stderr
+    import atexit
+
+    atexit.register(rules.__exit__, None, None, None)
     return True
 
 
@@ -102,7 +114,18 @@ def driving(interrupt: Interrupt) -> Iterator[None]:
             return None
         if ti.task_id in CELL_TASKS and _earlier_cell_scheduled(ti):
             return None  # stays scheduled: the loop's next pass runs it, after that cell
-        return original(ti=ti, task=task, run_triggerer=run_triggerer)
+        interrupt.in_task = ti.task_id != TEARDOWN  # the teardown is never cut short
+        try:
+            return original(ti=ti, task=task, run_triggerer=run_triggerer)
+        except KeyboardInterrupt:
+            # _run_task catches Exception only: an interrupt in its own steps around the task
+            # (state updates, logging) ends here, the task failed, so the loop goes on to the
+            # teardown
+            with contextlib.suppress(Exception):
+                ti.set_state(TaskInstanceState.FAILED)
+            return None
+        finally:
+            interrupt.in_task = False
 
     main = threading.current_thread() is threading.main_thread()
     before = {}
@@ -112,7 +135,8 @@ def driving(interrupt: Interrupt) -> Iterator[None]:
     try:
         yield
     finally:
-        _installed.remove(interrupt)
+        with contextlib.suppress(ValueError):  # a test may have put another list in place
+            _installed.remove(interrupt)
         dag_module._run_task = original
         for s, handler in before.items():
             signal.signal(s, handler)

@@ -30,15 +30,16 @@ conclude after report, verdicts after regressions. Rules kept here:
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import os
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from speedmatrix import __version__
-from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost
+from speedmatrix.engine.lease import DEFAULT_TTL_S, HOLDER_MAX, HostLease, LeaseLost
 from speedmatrix.flows import progress
 from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cell
 from speedmatrix.flows.fresh_stack import on_fresh_stack
@@ -99,7 +100,9 @@ def host_of(resolved: Resolved):
     return get_host(resolved["host"], env={"HOME": home} if home else None)
 
 
-def host_lease(resolved: Resolved, owner_pid: int | None = None) -> HostLease:
+def host_lease(
+    resolved: Resolved, owner_pid: int | None = None, origin: str | None = None
+) -> HostLease:
     """The run's lease on its host, on a connection of its own (see lease.Renewer). It covers
     the machine, whatever the run's host_home (lease.py: the machine-wide directory)."""
     return HostLease(
@@ -107,18 +110,90 @@ def host_lease(resolved: Resolved, owner_pid: int | None = None) -> HostLease:
         resolved["holder"],
         ttl_s=DEFAULT_TTL_S,  # the deployment's (SPEEDMATRIX_LEASE_TTL_S), never a conf's
         owner_pid=owner_pid,
+        origin=origin,
     )
 
 
-def take_lease(resolved: Resolved, *, one_process: bool = False) -> dict[str, Any] | None:
+RUN_LIVE_STATES = frozenset({"queued", "running"})
+"""DAG run states whose run may still use its host; any other (success, failed) has ended."""
+
+
+def run_gone_why(
+    holder: str, dag_run_state: Callable[[str, str], str | None], cut_at: int = HOLDER_MAX
+) -> str | None:
+    """Why the DAG run that holds a lease is provably gone, or None while it may still run.
+
+    `holder` is `holder_id(dag id, run id)`; `dag_run_state(dag_id, run_id)` reads that run's
+    state from Airflow (None: no such run). A holder that may have been cut (as long as
+    holder_id makes one) names no run for certain and is never judged: the lease waits."""
+    dag_id, _, run_id = holder.partition("/")
+    if not run_id or len(holder) >= cut_at:
+        return None
+    state = dag_run_state(dag_id, run_id)
+    if state is None:
+        return f"its DAG run {dag_id} {run_id} no longer exists"
+    if str(state) in RUN_LIVE_STATES:
+        return None
+    return f"its DAG run {dag_id} {run_id} has ended ({state}) without releasing it"
+
+
+ORIGIN_ENV = "SPEEDMATRIX_DEPLOYMENT"
+
+
+def airflow_origin() -> str:
+    """This Airflow deployment's name in the lease (lease.HostLease's origin): the workers'
+    ``SPEEDMATRIX_DEPLOYMENT`` when set, else a digest of the execution API's URL (the API
+    server every task of the deployment asks). Two deployments measuring one host name
+    themselves apart by it, so neither judges the other's runs by its own DAG runs."""
+    name = os.environ.get(ORIGIN_ENV)
+    if not name:
+        from airflow.sdk.configuration import conf
+
+        name = (
+            conf.get("core", "execution_api_server_url", fallback=None)
+            or conf.get("api", "base_url", fallback=None)
+            or "http://localhost:8080"
+        )
+    return "airflow-" + hashlib.sha1(name.encode()).hexdigest()[:12]
+
+
+def airflow_run_state(ti: Any) -> Callable[[str, str], str | None]:
+    """`dag_run_state` for :func:`run_gone_why`, read through the task's execution API client
+    (airflow.sdk's RuntimeTaskInstance): a count first, since asking the state of a run that
+    does not exist is an API error like any other, and only a count of 0 proves it absent."""
+
+    def state(dag_id: str, run_id: str) -> str | None:
+        if ti.get_dr_count(dag_id=dag_id, run_ids=[run_id]) == 0:
+            return None
+        return str(ti.get_dagrun_state(dag_id=dag_id, run_id=run_id))
+
+    return state
+
+
+def airflow_gone_why(ti: Any) -> Callable[[str], str | None]:
+    """`gone_why` for :func:`take_lease` inside an Airflow task: a holder of this deployment
+    whose DAG run ended or no longer exists (read through the task's API client) is gone."""
+    return lambda holder: run_gone_why(holder, airflow_run_state(ti))
+
+
+def take_lease(
+    resolved: Resolved,
+    *,
+    one_process: bool = False,
+    origin: str | None = None,
+    gone_why: Callable[[str], str | None] | None = None,
+) -> dict[str, Any] | None:
     """One attempt at the host lease: its state when taken, None when another run holds it.
 
     `one_process`: this process runs the whole run (`speedmatrix run`, dag.test); on the local
     host its PID is recorded with the lease, so that once it is gone (killed, its terminal
     closed) the next run takes the host over at once, saying so, instead of waiting out the
-    lease. The servers the gone holder left are stopped first: the host is measured alone."""
+    lease. `origin` and `gone_why` (lease.HostLease.try_acquire): the deployment this run
+    belongs to, and what says a holder of that deployment is gone (:func:`run_gone_why` over
+    Airflow's DAG run states); such a holder is taken over at once too. The servers a gone
+    holder left are stopped first: the host is measured alone."""
     pid = os.getpid() if one_process and resolved["host"] == "local" else None
-    state = host_lease(resolved, owner_pid=pid).try_acquire()
+    state = host_lease(resolved, owner_pid=pid, origin=origin).try_acquire(gone_why)
     if state.status != "ACQUIRED":
         progress.tell(  # said where the user looks (the demo's terminal), never waited silently
             "step",
@@ -130,10 +205,13 @@ def take_lease(resolved: Resolved, *, one_process: bool = False) -> dict[str, An
     progress.tell("leased", resolved)
     if state.gone:
         out["taken_over_from"] = state.gone
+        out["gone_because"] = state.why or "its process no longer runs"
         out["stopped_servers"] = _stop_servers_of(resolved, state.gone)
         progress.tell(
             "step",
-            f"the lease on {resolved['host']} was held by {state.gone}, whose process no "
+            f"the lease on {resolved['host']} was held by {state.gone}: {state.why}; taken over"
+            if state.why
+            else f"the lease on {resolved['host']} was held by {state.gone}, whose process no "
             "longer runs: taken over",
         )
     return out
