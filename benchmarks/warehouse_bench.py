@@ -5,11 +5,13 @@ analysts' questions through ``speedmatrix query``'s views warm and cold, pandas 
 DuckDB reading one recipe's cells for a year, ``speedmatrix query "select 1"`` as a process,
 the file count, and maintenance. ``old`` measures the older hand-written layout beside it, with
 the code of the commit before issue #32 (extracted from git into a temporary directory).
+``writers`` is N processes landing runs into ``s3://`` (moto's server) at once for D seconds.
 
     uv run python benchmarks/warehouse_bench.py generate --root /tmp/whd --runs-per-day 10
     uv run python benchmarks/warehouse_bench.py measure  --root /tmp/whd --json new.json
     uv run python benchmarks/warehouse_bench.py old --commit cc02ac6 --days 274 --json old.json
     uv run python benchmarks/warehouse_bench.py site --root /tmp/whd --out /tmp/site-bench
+    uv run python benchmarks/warehouse_bench.py writers --writers 32 --seconds 600 --json w.json
 
 Not a test: the figures go to benchmarks/README.md. The generator writes what landings and a
 daily maintenance would leave: one file per table per recipe and month (each commit holds a
@@ -21,6 +23,7 @@ between two maintenances. "Cold" is a fresh process (imports excluded, said wher
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -582,6 +585,305 @@ def measure_site(root: str, out: str, run_pages: int) -> dict:
     return results
 
 
+# ---- many writers on s3:// at once (the issue's "32 concurrent writers for 10 minutes") -----
+
+
+def writer_requests(n: int) -> list[dict]:
+    """``n`` request rows spread over the decode cells a run measured (a few hundred: a run's
+    request table), each (phase, context, concurrency, request_index) once."""
+    rows = []
+    cells = [(k, c) for k in CONTEXTS for c in CONCURRENCIES if c * (k + 4) <= 300]
+    for i in range(n):
+        k, c = cells[i % len(cells)]
+        rows.append(
+            {
+                "phase": "decode",
+                "context_tokens": k * 1024,
+                "concurrency": c,
+                "request_index": i // len(cells),
+                "stream": (i // len(cells)) % c,
+                "prompt_tokens": k * 1024,
+                "output_tokens": 1500,
+                "window_tokens": 1500,
+                "ttft_ms": 80.0 + k * 5 + i % 7,
+                "tbt_ms": 20.0,
+                "chunks": 200,
+                "finished": False,
+            }
+        )
+    return rows
+
+
+def writer_main(args: argparse.Namespace) -> int:
+    """One writer process of ``writers``: lands runs back to back (recipes taken in turn from
+    the first ``--recipes``, so writers contend on the same tables and partitions) until the
+    end time the parent writes into ``<dir>/go``; one JSON line per landing in
+    ``<dir>/w<N>.jsonl`` (flushed: what a killed writer did is kept)."""
+    from speedmatrix.store import delta as D
+
+    retries = 0
+    is_conflict = D.is_conflict
+
+    def counting(exc: BaseException) -> bool:  # with_retries asks this once per lost commit
+        nonlocal retries
+        lost = is_conflict(exc)
+        retries += lost
+        return lost
+
+    D.is_conflict = counting
+    parent = os.getppid()
+    work = Path(args.dir)
+    wh = W.Warehouse(args.root)
+    templates = [template(r) for r in range(args.recipes)]
+    requests = writer_requests(args.requests)
+    wh.build_tables(dict(templates[0][0], run_id="warmup"), templates[0][1], requests)
+    (work / f"w{args.index}.ready").touch()
+    go = work / "go"
+    deadline = time.time() + 900  # the parent never said go: stop anyway
+    while not go.exists():
+        if time.time() > deadline or os.getppid() != parent:
+            return 1
+        time.sleep(0.05)  # waiting for the parent's start signal
+    end = float(go.read_text())
+    day = dt.date(2026, 3, 1)
+    with open(work / f"w{args.index}.jsonl", "a") as log:
+        i = 0
+        while time.time() < end and os.getppid() == parent:
+            r = (args.index + i) % args.recipes
+            run, cells, _reqs = templates[r]
+            run_id = f"writers-w{args.index:02d}-{i:05d}"
+            started = dt.datetime(day.year, day.month, 1 + i % 28, 3, tzinfo=dt.UTC)
+            retries = 0
+            t0 = time.monotonic()
+            rec = {"writer": args.index, "run_id": run_id, "recipe_id": RECIPES[r]}
+            rec["start"] = time.time()
+            log.write(json.dumps(dict(rec, state="started")) + "\n")
+            log.flush()
+            try:
+                wh.land_run(dict(run, run_id=run_id, started_at=started), cells, requests)
+                rec |= {"ok": True, "error": None}
+            except Exception as exc:
+                rec |= {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            rec |= {"seconds": round(time.monotonic() - t0, 3), "retries": retries}
+            log.write(json.dumps(dict(rec, state="done")) + "\n")
+            log.flush()
+            i += 1
+    return 0
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(float(np.percentile(values, q)), 3)
+
+
+def check_landed(root: str, ok: set[str], n_cells: int, n_requests: int) -> dict:
+    """From a fresh reader: every landing reported ok is listed in ``runs`` once, with all its
+    cells and requests, and no table holds a row twice; runs listed but not reported ok (a
+    writer stopped after its ``runs`` commit) are counted and held whole too."""
+    wh = W.Warehouse(root)
+    runs = wh.query("SELECT run_id, count(*) AS n FROM runs GROUP BY 1")
+    listed = set(runs["run_id"])
+    out: dict = {
+        "runs_listed": len(listed),
+        "listed_twice": sorted(runs.loc[runs["n"] > 1, "run_id"])[:20],
+        "ok_missing": sorted(ok - listed)[:20],
+        "ok_missing_count": len(ok - listed),
+        "listed_not_reported_ok": sorted(listed - ok)[:20],
+    }
+    for table, per_run, key in (
+        ("cells", n_cells, "phase, context_tokens, concurrency"),
+        ("requests", n_requests, "phase, context_tokens, concurrency, request_index"),
+    ):
+        dup = wh.query(f"SELECT run_id, {key} FROM {table} GROUP BY ALL HAVING count(*) > 1")
+        counts = wh.query(
+            f"SELECT r.run_id, count(t.run_id) AS n FROM runs r LEFT JOIN {table} t "
+            "USING (run_id) GROUP BY 1"
+        )
+        half = counts[counts["n"] != per_run]
+        orphans = wh.query(
+            f"SELECT count(DISTINCT run_id) AS n FROM {table} WHERE run_id NOT IN "
+            "(SELECT run_id FROM runs)"
+        )
+        out[table] = {
+            "rows": int(wh.query(f"SELECT count(*) AS n FROM {table}")["n"][0]),
+            "duplicate_rows": len(dup),
+            "runs_not_whole": half.head(20).to_dict("records"),
+            "runs_not_whole_count": len(half),
+            "unlisted_run_ids_with_rows": int(orphans["n"][0]),  # failed/killed landings
+        }
+    out["ok"] = not (
+        out["listed_twice"]
+        or out["ok_missing_count"]
+        or any(
+            out[t]["duplicate_rows"] or out[t]["runs_not_whole_count"]
+            for t in ("cells", "requests")
+        )
+    )
+    return out
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> int:
+    """SIGTERM then SIGKILL to each writer's process group (each has a session of its own);
+    returns how many were still running."""
+    import signal
+
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in alive:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    return len(alive)
+
+
+def _group_gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def measure_writers(
+    writers: int,
+    seconds: float,
+    recipes: int,
+    n_requests: int,
+    drain_s: float,
+    ready_s: float,
+    work_dir: str | None = None,
+) -> dict:
+    """``writers`` processes landing runs back to back into one ``s3://`` warehouse on moto's
+    server (loopback, started as the tests start it) for ``seconds``; then the check."""
+    import signal
+    import tempfile
+
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from s3server import running_s3_server
+
+    def terminated(signum, _frame):  # SIGTERM/SIGHUP: unwind, so the finally blocks run
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+    signal.signal(signal.SIGHUP, terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even if inherited ignored
+    if work_dir:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="wh-writers-", dir=work_dir))
+    n_cells = len(template(0)[1])
+    results: dict = {
+        "writers": writers,
+        "seconds": seconds,
+        "recipes": recipes,
+        "cells_per_run": n_cells,
+        "requests_per_run": n_requests,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "work_dir": str(work),
+    }
+    procs: list[subprocess.Popen] = []
+    with running_s3_server() as server:
+        results["moto_pid"] = server.pid
+        os.environ.update(server.env())
+        root = f"s3://{server.new_bucket()}/wh"
+        results["root"] = root
+        try:
+            for w in range(writers):
+                cmd = [sys.executable, str(Path(__file__).resolve()), "writer", "--root", root]
+                cmd += ["--dir", str(work), "--index", str(w), "--recipes", str(recipes)]
+                cmd += ["--requests", str(n_requests)]
+                with open(work / f"w{w}.stderr", "wb") as err:
+                    procs.append(
+                        subprocess.Popen(
+                            cmd, stdout=err, stderr=subprocess.STDOUT, start_new_session=True
+                        )
+                    )
+            t = time.monotonic()
+            while sum((work / f"w{w}.ready").exists() for w in range(writers)) < writers:
+                if time.monotonic() - t > ready_s or any(p.poll() is not None for p in procs):
+                    raise RuntimeError(f"writers not ready in {ready_s} s; see {work}/*.stderr")
+                time.sleep(0.1)  # waiting for every writer's imports
+            results["writers_ready_s"] = round(time.monotonic() - t, 1)
+            end = time.time() + seconds
+            (work / "go.tmp").write_text(repr(end))
+            (work / "go.tmp").rename(work / "go")
+            print(f"{writers} writers landing for {seconds:.0f} s into {root}", file=sys.stderr)
+            while time.time() < end + drain_s and any(p.poll() is None for p in procs):
+                time.sleep(0.5)  # the writers stop by themselves at `end`; this bounds the drain
+            results["drain_s"] = round(max(0.0, time.time() - end), 1)
+        finally:
+            results["writers_killed_in_drain"] = _stop(procs)
+        records: dict[str, dict] = {}
+        for w in range(writers):
+            path = work / f"w{w}.jsonl"
+            for line in path.read_text().splitlines() if path.exists() else []:
+                rec = json.loads(line)
+                records[rec["run_id"]] = rec  # "done" replaces "started"
+        done = [r for r in records.values() if r["state"] == "done"]
+        landed = [r for r in done if r["ok"]]
+        failed = [r for r in done if not r["ok"]]
+        secs = [r["seconds"] for r in landed]
+        errors: dict[str, int] = {}
+        for r in failed:
+            first = r["error"].splitlines()[0][:300]
+            errors[first] = errors.get(first, 0) + 1
+        results |= {
+            "attempted": len(records),
+            "landed": len(landed),
+            "refused_or_failed": len(failed),
+            "unfinished_at_stop": len(records) - len(done),
+            "landed_share": round(len(landed) / len(records), 4) if records else None,
+            "landing_s": {
+                "median": _percentile(secs, 50),
+                "p90": _percentile(secs, 90),
+                "max": round(max(secs), 3) if secs else None,
+            },
+            "retries": {
+                "total": sum(r["retries"] for r in done),
+                "landings_with_retries": sum(r["retries"] > 0 for r in done),
+                "max": max((r["retries"] for r in done), default=0),
+                "note": "store/delta.py with_retries' own retries (lost commits); delta-rs "
+                "retries inside each attempt are not counted",
+            },
+            "per_writer_landed": [sum(r["writer"] == w for r in landed) for w in range(writers)],
+            "errors": errors,
+        }
+        t = time.monotonic()
+        results["check"] = check_landed(root, {r["run_id"] for r in landed}, n_cells, n_requests)
+        results["check"]["seconds"] = round(time.monotonic() - t, 1)
+        results["load_average_after"] = os.getloadavg()
+    results["writers_all_exited"] = all(p.poll() is not None for p in procs)
+    results["moto_stopped"] = _group_gone(results["moto_pid"])
+    return results
+
+
+def print_writers_summary(r: dict) -> None:
+    c = r["check"]
+    s = r["landing_s"]
+    print(
+        f"writers {r['writers']} x {r['seconds']:.0f} s on moto s3 ({r['recipes']} shared "
+        f"recipes, {r['cells_per_run']} cells + {r['requests_per_run']} requests a run)\n"
+        f"  attempted {r['attempted']}, landed {r['landed']}, refused/failed "
+        f"{r['refused_or_failed']}, unfinished at stop {r['unfinished_at_stop']}\n"
+        f"  landing s: median {s['median']}, p90 {s['p90']}, max {s['max']}; "
+        f"retries {r['retries']['total']} over {r['retries']['landings_with_retries']} landings\n"
+        f"  check: {'OK' if c['ok'] else 'FAILED'} ({c['runs_listed']} runs listed, "
+        f"{c['ok_missing_count']} ok landings missing, {len(c['listed_twice'])} listed twice, "
+        f"not whole: cells {c['cells']['runs_not_whole_count']}, requests "
+        f"{c['requests']['runs_not_whole_count']}; duplicate rows: cells "
+        f"{c['cells']['duplicate_rows']}, requests {c['requests']['duplicate_rows']})\n"
+        f"  writers all exited: {r['writers_all_exited']}; moto stopped: {r['moto_stopped']}",
+        file=sys.stderr,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -601,6 +903,21 @@ def main(argv: list[str] | None = None) -> int:
     s3.add_argument("--days", type=int, default=30)
     s3.add_argument("--runs-per-day", type=int, default=1)
     s3.add_argument("--json", help="also write the figures here")
+    wr = sub.add_parser("writers", help="N writer processes landing into s3:// for D seconds")
+    wr.add_argument("--writers", type=int, default=32)
+    wr.add_argument("--seconds", type=float, default=600)
+    wr.add_argument("--recipes", type=int, default=4, help="shared by the writers, in turn")
+    wr.add_argument("--requests", type=int, default=300, help="request rows per run")
+    wr.add_argument("--drain", type=float, default=300, help="most seconds past the end")
+    wr.add_argument("--ready", type=float, default=600, help="most seconds for imports")
+    wr.add_argument("--dir", help="where the writers' logs go (a new folder in it)")
+    wr.add_argument("--json", help="also write the figures here")
+    one = sub.add_parser("writer", help="one writer of `writers` (started by it)")
+    one.add_argument("--root", required=True)
+    one.add_argument("--dir", required=True)
+    one.add_argument("--index", type=int, required=True)
+    one.add_argument("--recipes", type=int, default=4)
+    one.add_argument("--requests", type=int, default=300)
     s = sub.add_parser("site", help="time and size of `speedmatrix site` over the warehouse")
     s.add_argument("--root", required=True)
     s.add_argument("--out", required=True, help="site directory (emptied first)")
@@ -610,8 +927,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "generate":
         generate(args.root, args.workers, args.runs_per_day)
         return 0
+    if args.cmd == "writer":
+        return writer_main(args)
     if args.cmd == "site":
         results = measure_site(args.root, args.out, args.run_pages)
+    elif args.cmd == "writers":
+        results = measure_writers(
+            args.writers,
+            args.seconds,
+            args.recipes,
+            args.requests,
+            args.drain,
+            args.ready,
+            args.dir,
+        )
     elif args.cmd == "s3":
         results = measure_s3(args.days, args.runs_per_day)
     elif args.cmd == "old":
@@ -622,6 +951,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
+    if args.cmd == "writers":
+        print_writers_summary(results)
+        return 0 if results["check"]["ok"] and results["refused_or_failed"] == 0 else 1
     return 0
 
 

@@ -9,7 +9,9 @@ tests/conftest.py start it once per session and give each test a bucket of its o
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +37,8 @@ CREDENTIALS = {
 class S3Server:
     endpoint: str
     log: Path
+    pid: int = 0
+    """The server's process id, also its process group's (it is started in a session of its own)."""
 
     def env(self) -> dict[str, str]:
         """The standard AWS environment every S3 client (and the warehouse) reads."""
@@ -82,7 +86,7 @@ def running_s3_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"moto server did not answer on {endpoint} in {timeout_s} s")
             time.sleep(0.1)  # polling for the server to answer, not a fixed wait
-        yield S3Server(endpoint, log)
+        yield S3Server(endpoint, log, proc.pid)
     finally:
         proc.terminate()
         try:
@@ -90,3 +94,5 @@ def running_s3_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # anything it started, in its group
+            os.killpg(proc.pid, signal.SIGKILL)
