@@ -37,7 +37,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, PokeReturnValue, dag, get_current_context, task
 
-from speedmatrix.flows import dagtest, matrix, resolution, turn
+from speedmatrix.flows import dagtest, lease_holder, matrix, resolution, turn
 from speedmatrix.flows.notifier import RunNotifier
 from speedmatrix.flows.params import speed_matrix_params
 from speedmatrix.flows.site import SiteOperator
@@ -118,11 +118,8 @@ def speed_matrix():
         # `airflow dags test`: cells in order, Ctrl-C cleans up (flows/dagtest)
         if turn.in_process():
             dagtest.install_for_process()
-        got = matrix.take_lease(
-            resolved,
-            one_process=turn.in_process(),
-            origin=matrix.airflow_origin(),
-            gone_why=matrix.airflow_gone_why(get_current_context()["ti"]),
+        got = lease_holder.take_lease_in_task(
+            resolved, get_current_context()["ti"], in_process=turn.in_process()
         )
         return PokeReturnValue(is_done=got is not None, xcom_value=got)
 

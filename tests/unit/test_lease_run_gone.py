@@ -13,7 +13,7 @@ import pytest
 
 from speedmatrix.engine.hosts import get_host
 from speedmatrix.engine.lease import HOLDER_MAX, HostLease, LeaseLost, holder_id
-from speedmatrix.flows import matrix, progress
+from speedmatrix.flows import lease_holder, matrix, progress
 
 HOLDER_A = "speed_matrix/manual__2026-12-04T22:00:00.123456+00:00"
 
@@ -33,14 +33,14 @@ class Runs:
 @pytest.mark.parametrize("state", ["running", "queued"])
 def test_a_holder_whose_run_may_still_run_is_waited_for(state: str) -> None:
     runs = Runs(**{HOLDER_A.split("/", 1)[1]: state})
-    assert matrix.run_gone_why(HOLDER_A, runs) is None
+    assert lease_holder.run_gone_why(HOLDER_A, runs) is None
     assert runs.asked == [tuple(HOLDER_A.split("/", 1))]
 
 
 @pytest.mark.parametrize("state", ["failed", "success"])
 def test_a_holder_whose_run_ended_is_gone(state: str) -> None:
     runs = Runs(**{HOLDER_A.split("/", 1)[1]: state})
-    why = matrix.run_gone_why(HOLDER_A, runs)
+    why = lease_holder.run_gone_why(HOLDER_A, runs)
     assert why == (
         f"its DAG run speed_matrix manual__2026-12-04T22:00:00.123456+00:00 has ended ({state}) "
         "without releasing it"
@@ -48,7 +48,7 @@ def test_a_holder_whose_run_ended_is_gone(state: str) -> None:
 
 
 def test_a_holder_whose_run_no_longer_exists_is_gone() -> None:
-    why = matrix.run_gone_why(HOLDER_A, Runs())
+    why = lease_holder.run_gone_why(HOLDER_A, Runs())
     assert (
         why == "its DAG run speed_matrix manual__2026-12-04T22:00:00.123456+00:00 no longer exists"
     )
@@ -60,8 +60,8 @@ def test_a_holder_that_names_no_run_for_certain_is_never_judged() -> None:
     runs = Runs()
     cut = holder_id("speed_matrix", "x" * 300)
     assert len(cut) == HOLDER_MAX
-    assert matrix.run_gone_why(cut, runs) is None
-    assert matrix.run_gone_why("run-a", runs) is None
+    assert lease_holder.run_gone_why(cut, runs) is None
+    assert lease_holder.run_gone_why("run-a", runs) is None
     assert runs.asked == []
 
 
@@ -86,11 +86,33 @@ def test_the_run_state_is_read_through_the_task_api_count_first() -> None:
             return "failed"
 
     absent = Ti(0)
-    assert matrix.airflow_run_state(absent)("speed_matrix", "r1") is None
+    assert lease_holder.airflow_run_state(absent)("speed_matrix", "r1") is None
     assert absent.calls == ["count speed_matrix ['r1']"]  # a missing run's state is never asked
     present = Ti(1)
-    assert matrix.airflow_run_state(present)("speed_matrix", "r1") == "failed"
+    assert lease_holder.airflow_run_state(present)("speed_matrix", "r1") == "failed"
     assert present.calls == ["count speed_matrix ['r1']", "state speed_matrix r1"]
+
+
+def test_airflows_own_state_enum_reads_as_its_name() -> None:
+    """Airflow's API answers a DagRunState, whose str() is "DagRunState.RUNNING": a running
+    holder read that way looked ended, and a second run took over a live lease."""
+    from airflow.utils.state import DagRunState
+
+    class Ti:
+        def get_dr_count(self, dag_id: str, run_ids: list[str]) -> int:
+            return 1
+
+        def get_dagrun_state(self, dag_id: str, run_id: str) -> DagRunState:
+            return self.state
+
+    ti = Ti()
+    for state, gone in [(DagRunState.RUNNING, False), (DagRunState.QUEUED, False),
+                        (DagRunState.FAILED, True), (DagRunState.SUCCESS, True)]:  # fmt: skip
+        ti.state = state
+        assert lease_holder.airflow_run_state(ti)("speed_matrix", "r1") == state.value
+        why = lease_holder.run_gone_why(HOLDER_A, lease_holder.airflow_run_state(ti))
+        assert (why is not None) is gone, (state, why)
+    assert lease_holder.run_gone_why(HOLDER_A, lambda d, r: DagRunState.RUNNING) is None
 
 
 @pytest.fixture
@@ -109,11 +131,11 @@ def test_a_holder_of_this_deployment_proved_gone_is_taken_over(lease_dir, caplog
     b = _lease("speed_matrix/manual__b", lease_dir, "airflow-dep1")
     assert a.try_acquire().status == "ACQUIRED"
     running = Runs(**{HOLDER_A.split("/", 1)[1]: "running"})
-    state = b.try_acquire(lambda h: matrix.run_gone_why(h, running))
+    state = b.try_acquire(lambda h: lease_holder.run_gone_why(h, running))
     assert state.status == "HELD" and state.holder == HOLDER_A and state.origin == "airflow-dep1"
     assert running.asked  # the holder's run was looked up, and it runs: waited for
     with caplog.at_level(logging.WARNING, logger="speedmatrix.lease"):
-        state = b.try_acquire(lambda h: matrix.run_gone_why(h, Runs()))
+        state = b.try_acquire(lambda h: lease_holder.run_gone_why(h, Runs()))
     assert state.status == "ACQUIRED" and state.gone == HOLDER_A
     assert state.why is not None and "no longer exists" in state.why
     assert f"its holder {HOLDER_A} is gone (its DAG run speed_matrix" in caplog.text
@@ -131,7 +153,7 @@ def test_a_holder_of_another_deployment_or_none_is_never_judged(lease_dir, origi
     b = _lease("speed_matrix/manual__b", lease_dir, "airflow-dep1")
     assert a.try_acquire().status == "ACQUIRED"
     runs = Runs()
-    state = b.try_acquire(lambda h: matrix.run_gone_why(h, runs))
+    state = b.try_acquire(lambda h: lease_holder.run_gone_why(h, runs))
     assert state.status == "HELD" and state.holder == HOLDER_A and state.gone is None
     assert runs.asked == []
 
@@ -158,7 +180,7 @@ def test_take_lease_says_whose_run_is_gone_where_the_user_looks(tmp_path, monkey
         got = matrix.take_lease(
             {"host": "local", "holder": "speed_matrix/manual__b"},
             origin="airflow-dep1",
-            gone_why=lambda h: matrix.run_gone_why(h, failed),
+            gone_why=lambda h: lease_holder.run_gone_why(h, failed),
         )
     assert got is not None and got["taken_over_from"] == HOLDER_A
     assert got["gone_because"].endswith("has ended (failed) without releasing it")
@@ -170,7 +192,7 @@ def test_take_lease_says_whose_run_is_gone_where_the_user_looks(tmp_path, monkey
 
 
 def test_the_origin_names_the_deployment(monkeypatch) -> None:
-    monkeypatch.setenv(matrix.ORIGIN_ENV, "prod")
-    prod = matrix.airflow_origin()
-    monkeypatch.setenv(matrix.ORIGIN_ENV, "staging")
-    assert prod.startswith("airflow-") and matrix.airflow_origin() != prod
+    monkeypatch.setenv(lease_holder.ORIGIN_ENV, "prod")
+    prod = lease_holder.airflow_origin()
+    monkeypatch.setenv(lease_holder.ORIGIN_ENV, "staging")
+    assert prod.startswith("airflow-") and lease_holder.airflow_origin() != prod

@@ -30,7 +30,6 @@ conclude after report, verdicts after regressions. Rules kept here:
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import os
 import shlex
@@ -39,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from speedmatrix import __version__
-from speedmatrix.engine.lease import DEFAULT_TTL_S, HOLDER_MAX, HostLease, LeaseLost
+from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost
 from speedmatrix.flows import progress
 from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cell
 from speedmatrix.flows.fresh_stack import on_fresh_stack
@@ -112,68 +111,6 @@ def host_lease(
         owner_pid=owner_pid,
         origin=origin,
     )
-
-
-RUN_LIVE_STATES = frozenset({"queued", "running"})
-"""DAG run states whose run may still use its host; any other (success, failed) has ended."""
-
-
-def run_gone_why(
-    holder: str, dag_run_state: Callable[[str, str], str | None], cut_at: int = HOLDER_MAX
-) -> str | None:
-    """Why the DAG run that holds a lease is provably gone, or None while it may still run.
-
-    `holder` is `holder_id(dag id, run id)`; `dag_run_state(dag_id, run_id)` reads that run's
-    state from Airflow (None: no such run). A holder that may have been cut (as long as
-    holder_id makes one) names no run for certain and is never judged: the lease waits."""
-    dag_id, _, run_id = holder.partition("/")
-    if not run_id or len(holder) >= cut_at:
-        return None
-    state = dag_run_state(dag_id, run_id)
-    if state is None:
-        return f"its DAG run {dag_id} {run_id} no longer exists"
-    if str(state) in RUN_LIVE_STATES:
-        return None
-    return f"its DAG run {dag_id} {run_id} has ended ({state}) without releasing it"
-
-
-ORIGIN_ENV = "SPEEDMATRIX_DEPLOYMENT"
-
-
-def airflow_origin() -> str:
-    """This Airflow deployment's name in the lease (lease.HostLease's origin): the workers'
-    ``SPEEDMATRIX_DEPLOYMENT`` when set, else a digest of the execution API's URL (the API
-    server every task of the deployment asks). Two deployments measuring one host name
-    themselves apart by it, so neither judges the other's runs by its own DAG runs."""
-    name = os.environ.get(ORIGIN_ENV)
-    if not name:
-        from airflow.sdk.configuration import conf
-
-        name = (
-            conf.get("core", "execution_api_server_url", fallback=None)
-            or conf.get("api", "base_url", fallback=None)
-            or "http://localhost:8080"
-        )
-    return "airflow-" + hashlib.sha1(name.encode()).hexdigest()[:12]
-
-
-def airflow_run_state(ti: Any) -> Callable[[str, str], str | None]:
-    """`dag_run_state` for :func:`run_gone_why`, read through the task's execution API client
-    (airflow.sdk's RuntimeTaskInstance): a count first, since asking the state of a run that
-    does not exist is an API error like any other, and only a count of 0 proves it absent."""
-
-    def state(dag_id: str, run_id: str) -> str | None:
-        if ti.get_dr_count(dag_id=dag_id, run_ids=[run_id]) == 0:
-            return None
-        return str(ti.get_dagrun_state(dag_id=dag_id, run_id=run_id))
-
-    return state
-
-
-def airflow_gone_why(ti: Any) -> Callable[[str], str | None]:
-    """`gone_why` for :func:`take_lease` inside an Airflow task: a holder of this deployment
-    whose DAG run ended or no longer exists (read through the task's API client) is gone."""
-    return lambda holder: run_gone_why(holder, airflow_run_state(ti))
 
 
 def take_lease(
