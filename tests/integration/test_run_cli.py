@@ -96,7 +96,8 @@ def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None
     )
     assert run["engine_version"] == "0.1.dev1+g9fedd24fa" and run["engine_ref"] == "9fedd24fa"
     assert run["engine_commit"] == "9fedd24fa"  # what the DAG lands for it (issue #34 item 3)
-    assert run["kv_num_blocks"] == 16640  # what inspect read from the server's /metrics
+    # what inspect read from the server's /metrics: the calibrated profile's KV blocks
+    assert run["kv_num_blocks"] == yaml.safe_load(PROFILE.read_text())["kv"]["num_gpu_blocks"]
     # a simulated engine says so, and where it ran is not known here (issue #34 item 4)
     assert run["sim_profile"] == "kimi-k2.7-nvfp4-rtxpro6k-x8"
     assert "simulated engine (profile kimi-k2.7-nvfp4-rtxpro6k-x8)" in page.read_text()

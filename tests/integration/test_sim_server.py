@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from speedmatrix.sim.runner import run_in_thread
 
@@ -623,7 +624,9 @@ def test_sim_serve_subprocess_starts_answers_health_and_stops_on_sigterm():
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         err = proc.stderr.read().decode()
-        assert "GPU KV cache size: 266,240 tokens" in err and KEY not in err
+        kv = yaml.safe_load(profile.read_text())["kv"]
+        tokens = kv["num_gpu_blocks"] * kv["block_size"]  # the calibrated profile's KV cache
+        assert f"GPU KV cache size: {tokens:,} tokens" in err and KEY not in err
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -41,10 +41,14 @@ def finishing(say: object = None) -> Iterator[None]:
 
 def terminate_as_interrupt() -> None:
     """SIGTERM (a CI job cancelled, `kill`) ends the run as Ctrl-C does: through the cleanup,
-    not by dying at once with the server left running."""
+    not by dying at once with the server left running. And Ctrl-C itself raises at once, by a
+    handler of ours: under Python's default one, asyncio.run (which measures each cell) turns
+    SIGINT into a cancellation of the cell's task, which a cell awaiting its own subtasks may
+    absorb, and the run would go on as if nothing was pressed."""
 
     def raise_interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, raise_interrupt)
+        signal.signal(signal.SIGINT, raise_interrupt)

@@ -1,0 +1,47 @@
+"""Ctrl-C during a cell ends `speedmatrix run` (through its cleanup), whatever the cell's code
+does with a cancellation: under Python's default SIGINT handler, asyncio.run turns the signal
+into a cancellation of the main task, and a cell awaiting its own subtasks under
+`suppress(CancelledError)` absorbs it, so the run went on and exited 0 (seen in the pty test
+under load)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import pytest
+
+from speedmatrix.cli.interrupts import terminate_as_interrupt
+from speedmatrix.loadgen.runner import run_loop
+
+
+async def _cell_that_absorbs_a_cancellation() -> str:
+    """What a cell's cleanup does: wait for a subtask, a cancellation of its own ignored."""
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, signal.raise_signal, signal.SIGINT)  # Ctrl-C while it waits
+    sub = asyncio.ensure_future(asyncio.sleep(0.5))
+    with contextlib.suppress(asyncio.CancelledError):
+        await sub
+    return "measured"
+
+
+@pytest.fixture
+def restored_handlers():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
+
+def test_under_the_default_handler_a_cell_absorbs_ctrl_c(restored_handlers) -> None:
+    """Why the command installs a handler of its own: this is what it guards against."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert run_loop(_cell_that_absorbs_a_cancellation()) == "measured"
+
+
+def test_the_commands_handler_raises_out_of_the_cell(restored_handlers) -> None:
+    terminate_as_interrupt()
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(_cell_that_absorbs_a_cancellation())
+    assert signal.getsignal(signal.SIGTERM) is signal.getsignal(signal.SIGINT)
