@@ -21,10 +21,8 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,28 +63,13 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def sim_server(time_scale: float) -> Iterator[tuple[str, str, str | None]]:
-    """(base url, model, api key) of `speedmatrix sim serve` on the reference profile."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "speedmatrix", "sim", "serve", "--profile", str(SIM_PROFILE),
-         "--host", "127.0.0.1", "--port", str(port), "--time-scale", str(time_scale)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("simulator did not start") from None
-                time.sleep(0.2)
+    """(base url, model, api key) of `speedmatrix sim serve` on the reference profile, started
+    and stopped as the simulator's integration tests do (one helper, theirs)."""
+    sys.path.insert(0, str(ROOT / "tests" / "integration"))
+    from test_loadgen_sim import sim
+
+    with sim(SIM_PROFILE, time_scale) as url:
         yield url, "Kimi-K2.7-Code-NVFP4", None
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @contextlib.contextmanager

@@ -383,35 +383,23 @@ def measure(root: str, landings: int = 5) -> dict:
     run, cells, requests = template(3 % len(RECIPES))
     wh.build_tables(dict(run, run_id="warmup"), cells, requests)  # imports warmed
     day = START + dt.timedelta(days=DAYS)
-    timings = []
-    for i in range(landings):
-        r = dict(
-            run,
-            run_id=f"bench-land-{i}",
-            started_at=dt.datetime(day.year, day.month, day.day, 3, tzinfo=dt.UTC),
-        )
-        t = time.perf_counter()
-        wh.land_run(r, cells, requests)
-        timings.append(time.perf_counter() - t)
-    results["land_new_run_s"] = {
-        "median": round(statistics.median(timings), 3),
-        "max": round(max(timings), 3),
-    }
+    results["land_new_run_s"] = _time_landings(
+        wh,
+        run,
+        cells,
+        requests,
+        [f"bench-land-{i}" for i in range(landings)],
+        dt.datetime(day.year, day.month, day.day, 3, tzinfo=dt.UTC),
+    )
     print("land_run, new run:", results["land_new_run_s"], file=sys.stderr, flush=True)
-    timings = []
-    for _ in range(3):
-        r = dict(
-            run,
-            run_id="bench-land-0",
-            started_at=dt.datetime(day.year, day.month, day.day, 3, tzinfo=dt.UTC),
-        )
-        t = time.perf_counter()
-        wh.land_run(r, cells, requests)
-        timings.append(time.perf_counter() - t)
-    results["land_again_same_run_s"] = {
-        "median": round(statistics.median(timings), 3),
-        "max": round(max(timings), 3),
-    }
+    results["land_again_same_run_s"] = _time_landings(
+        wh,
+        run,
+        cells,
+        requests,
+        ["bench-land-0" for _ in range(3)],
+        dt.datetime(day.year, day.month, day.day, 3, tzinfo=dt.UTC),
+    )
     t = time.perf_counter()
     wh.read_run(run_id_of(RECIPES[-1], START + dt.timedelta(days=DAYS // 2)))
     results["read_run_s"] = round(time.perf_counter() - t, 3)
@@ -434,6 +422,16 @@ def measure(root: str, landings: int = 5) -> dict:
     return results
 
 
+def _time_landings(wh, run, cells, requests, run_ids, started_at) -> dict:
+    """Land `run` under each id in turn: the median and the longest landing, in seconds."""
+    timings = []
+    for run_id in run_ids:
+        t = time.perf_counter()
+        wh.land_run(dict(run, run_id=run_id, started_at=started_at), cells, requests)
+        timings.append(time.perf_counter() - t)
+    return {"median": round(statistics.median(timings), 3), "max": round(max(timings), 3)}
+
+
 def measure_s3(days: int, per_day: int, landings: int = 5) -> dict:
     """Landing one run on the S3-compatible server (moto's, on loopback, started here as the
     tests start it) on top of ``days`` x ``per_day`` runs of 20 recipes."""
@@ -454,18 +452,14 @@ def measure_s3(days: int, per_day: int, landings: int = 5) -> dict:
         }
         wh = W.Warehouse(root)
         run, cells, requests = template(3)
-        timings = []
-        for i in range(landings):
-            r = dict(
-                run, run_id=f"bench-s3-{i}", started_at=dt.datetime(2026, 1, 2, 3, tzinfo=dt.UTC)
-            )
-            t = time.perf_counter()
-            wh.land_run(r, cells, requests)
-            timings.append(time.perf_counter() - t)
-        results["land_new_run_s"] = {
-            "median": round(statistics.median(timings), 3),
-            "max": round(max(timings), 3),
-        }
+        results["land_new_run_s"] = _time_landings(
+            wh,
+            run,
+            cells,
+            requests,
+            [f"bench-s3-{i}" for i in range(landings)],
+            dt.datetime(2026, 1, 2, 3, tzinfo=dt.UTC),
+        )
         t = time.perf_counter()
         wh.query(LATEST_DECODE)
         results["latest_decode_first_s"] = round(time.perf_counter() - t, 3)
