@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -56,3 +59,24 @@ def wait_gone(pid: int, within_s: float = 5.0) -> bool:
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not alive(pid)
+
+
+def run_scripts(scripts: list[str], timeout_s: float) -> list[dict]:
+    """Run each Python `script` in a process of its own, all at once (the tests' concurrent
+    writers), and return what each printed last, a JSON object; a process that failed fails
+    the test with its stderr's tail."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for script in scripts
+    ]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout_s)
+        assert proc.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return reports

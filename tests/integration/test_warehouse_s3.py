@@ -5,7 +5,6 @@ with SIGKILL at random moments."""
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import subprocess
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import run_scripts
 
 from speedmatrix.store.warehouse import Warehouse
 
@@ -104,26 +104,13 @@ def test_eight_processes_ten_landings_each_all_land(s3_warehouse):
     refused), every run whole, none lost, none duplicated; the re-landed run is the newer."""
     workers, landings = 8, 10
     start = time.time() + 20  # after every worker's imports, on a loaded 2-core box too
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                WRITER.format(
-                    unit=UNIT, root=s3_warehouse, worker=w, landings=landings, start=start
-                ),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for w in range(workers)
-    ]
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=1200)
-        assert proc.returncode == 0, err[-3000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    reports = run_scripts(
+        [
+            WRITER.format(unit=UNIT, root=s3_warehouse, worker=w, landings=landings, start=start)
+            for w in range(workers)
+        ],
+        timeout_s=1200,
+    )
     errors = [e for r in reports for e in r["errors"]]
     assert errors == [], f"{len(errors)} landings failed, first:\n{errors[0]}"
     assert sum(len(r["landed"]) for r in reports) == workers * landings

@@ -4,12 +4,11 @@ see whole runs. The same on s3://: tests/integration/test_warehouse_s3.py."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
+
+from processes import run_scripts
 
 from speedmatrix.store.warehouse import Warehouse
 
@@ -64,30 +63,19 @@ def test_concurrent_landings_and_reads_from_several_processes(tmp_path):
     only whole runs."""
     workers, runs = 6, 40
     start = time.time() + 15  # after every worker's imports, on a loaded 2-core box too
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                WORKER.format(
-                    tests=str(Path(__file__).parent),
-                    root=str(tmp_path),
-                    worker=w,
-                    runs=runs,
-                    start=start,
-                ),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for w in range(workers)
-    ]
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    reports = run_scripts(
+        [
+            WORKER.format(
+                tests=str(Path(__file__).parent),
+                root=str(tmp_path),
+                worker=w,
+                runs=runs,
+                start=start,
+            )
+            for w in range(workers)
+        ],
+        timeout_s=600,
+    )
     errors = [e for r in reports for e in r["errors"]]
     assert errors == [], f"{len(errors)} errors, first:\n{errors[0]}"
     assert [v for r in reports for v in r["bad_views"]] == []
