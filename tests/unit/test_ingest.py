@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from speedmatrix.published.parse import ReportParseError, parse_report
+from speedmatrix.published.pagetext import ReportParseError
+from speedmatrix.published.parse import parse_report
 from speedmatrix.store.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix.published.parse import ReportParseError, parse_report
+from speedmatrix.published.pagetext import ReportParseError
+from speedmatrix.published.parse import parse_report
 from speedmatrix.records import CELL_FIELDS, RUN_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from speedmatrix.published import formats as F
-from speedmatrix.published.parse import HEADER_LABELS, SECTIONS, parse_report
+from speedmatrix.published.pagetext import HEADER_LABELS, SECTIONS
+from speedmatrix.published.parse import parse_report
 from speedmatrix.report.render import render_html, render_markdown
 from speedmatrix.store.warehouse import Warehouse
 

@@ -121,7 +121,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         # errors name the file as given on the command line, and the line
         report = parse_report(text, source=path)
         if args.recipe_id:
-            from speedmatrix.published.parse import content_run_id
+            from speedmatrix.published.runfields import content_run_id
 
             report.run["recipe_id"] = args.recipe_id
             report.run_id = content_run_id(report.run, report.cells)

@@ -105,7 +105,7 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
     left out, required ones show ``—``. `html` adds the Run section's Workload row (the
     Markdown keeps the published labels; see decode_test_text)."""
     from speedmatrix.commits import commit_text
-    from speedmatrix.published.parse import HEADER_LABELS, REQUIRED_LABELS
+    from speedmatrix.published.pagetext import HEADER_LABELS, REQUIRED_LABELS
 
     out: dict[str, list[tuple[str, str]]] = {}
     for section, labels in HEADER_LABELS.items():
