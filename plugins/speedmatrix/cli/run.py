@@ -366,9 +366,7 @@ class Display:
     cell (a log, a CI job). The tok/s is read beside the load generator, never from it, so
     the measurement is the DAG's to the byte."""
 
-    def __init__(
-        self, resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
-    ) -> None:
+    def __init__(self, resolved: Resolved, out: Any = None, prog: str = "speedmatrix run") -> None:
         self.window_s = float(resolved["matrix"]["window_s"])
         self.out = out or sys.stderr
         self.prog = prog
@@ -379,9 +377,7 @@ class Display:
         self.meter: RateMeter | None = None
 
     @staticmethod
-    def make(
-        resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
-    ) -> Display:
+    def make(resolved: Resolved, out: Any = None, prog: str = "speedmatrix run") -> Display:
         """The live bar on a terminal (`out`, default stderr), one line per cell elsewhere."""
         out = out or sys.stderr
         tty = getattr(out, "isatty", lambda: False)()
@@ -447,9 +443,7 @@ class Display:
 class RichDisplay(Display):
     """The terminal's: one bar over the cells, the current cell and its live tok/s."""
 
-    def __init__(
-        self, resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
-    ) -> None:
+    def __init__(self, resolved: Resolved, out: Any = None, prog: str = "speedmatrix run") -> None:
         super().__init__(resolved, out=out, prog=prog)
         self.progress: Any = None
         self.task: Any = None
