@@ -2,8 +2,9 @@
 what it reports inspected, and everything of the run stopped, the lease released.
 
 One job: the host side of speed_matrix's `wait_for_host`, `setup_server`, `inspect` and
-`stop_server` (and of `speedmatrix run`'s same steps), split from flows/matrix.py, which keeps
-the steps that use the server (plan, cells) and those after it (validate, land, report).
+`stop_server` (and of `speedmatrix run`'s same steps). flows/matrix.py holds the steps that use
+the server (plan, the cells) and those after it (validate, land, report), and re-exports these,
+so that the DAG and the command call every step as `matrix.<step>`.
 What a step hands on is typed in flows/contracts.py: `setup` returns a ServerHandoff, `inspect`
 a ServerInfo. The engine's own parts live in engine/ (provision, vllm_server, lease, health);
 this module decides, for one run, which to call in what order, and what to keep when one fails.
