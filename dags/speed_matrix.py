@@ -38,6 +38,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import Asset, PokeReturnValue, dag, get_current_context, task
 
 from speedmatrix.flows import dagtest, lease_holder, matrix, resolution, turn
+from speedmatrix.flows.contracts import INFO, LANDING, PLAN, SERVER
 from speedmatrix.flows.notifier import RunNotifier
 from speedmatrix.flows.params import speed_matrix_params
 from speedmatrix.flows.site import SiteOperator
@@ -54,6 +55,9 @@ CELL_TIMEOUT = timedelta(hours=2)  # a cell bounds itself (window + first-token 
 # A cell task waits for the previous cell's turn (at most that cell's own bound), then measures.
 CELL_TASK_TIMEOUT = 2 * CELL_TIMEOUT
 HOST_STEP_TIMEOUT = timedelta(minutes=10)
+# XCom carries each hand-off in its wire form, a plain JSON object (flows/contracts.py): a task
+# reads what it takes with <CONTRACT>.from_wire, which names a missing or unknown key, and
+# hands on <CONTRACT>.to_wire; the steps in between take the typed values.
 # Every task returning a dict says multiple_outputs=False: from a `-> dict` annotation Airflow
 # infers True and pushes each key as an XCom of its own beside return_value, one execution-API
 # call per key that nothing reads (resolve: 21 calls, ~0.35 s; every cell 6).
@@ -72,7 +76,7 @@ def _cell(resolved: dict, cell: dict, after: str | None = None) -> dict:
     through its cell list, which comes after them)."""
     ctx = get_current_context()
     ctx["cell_label"] = cell["label"]
-    server = ctx["ti"].xcom_pull(task_ids="setup_server")
+    server = SERVER.from_wire(ctx["ti"].xcom_pull(task_ids="setup_server"))
     return matrix.run_cell(resolved, server, cell, turn.of_cell_task(after))
 
 
@@ -126,15 +130,15 @@ def speed_matrix():
     @task(multiple_outputs=False, retries=0, execution_timeout=timedelta(hours=4))
     def setup_server(resolved: dict, lease: dict) -> dict:
         """Provision the engine env (idempotent) and start the server; not retried."""
-        return matrix.setup(resolved)
+        return SERVER.to_wire(matrix.setup(resolved))
 
     @task(multiple_outputs=False, retries=2, execution_timeout=HOST_STEP_TIMEOUT)
     def inspect(resolved: dict, server: dict) -> dict:
-        return matrix.inspect(resolved, server)
+        return INFO.to_wire(matrix.inspect(resolved, SERVER.from_wire(server)))
 
     @task(multiple_outputs=False, retries=1, execution_timeout=timedelta(minutes=2))
     def plan(resolved: dict, info: dict) -> dict:
-        return matrix.plan(resolved, info)
+        return PLAN.to_wire(matrix.plan(resolved, INFO.from_wire(info)))
 
     @task(multiple_outputs=False)
     def runnable(planned: dict, phase: str) -> list[dict]:
@@ -142,7 +146,7 @@ def speed_matrix():
         then decode per context, so every prompt is prefilled once."""
         from speedmatrix.plan import task_cells
 
-        return task_cells(planned, phase)
+        return task_cells(PLAN.from_wire(planned), phase)
 
     @task(
         multiple_outputs=False,
@@ -173,7 +177,8 @@ def speed_matrix():
     def stop_server(resolved: dict) -> dict:
         """Stop the server and release the lease, whatever failed before."""
         ti = get_current_context()["ti"]
-        return matrix.teardown(resolved, ti.xcom_pull(task_ids="setup_server"))
+        server = SERVER.from_wire_or_none(ti.xcom_pull(task_ids="setup_server"))
+        return matrix.teardown(resolved, server)
 
     @task(multiple_outputs=False, trigger_rule="all_done", retries=1)
     def validate(resolved: dict) -> dict:
@@ -183,9 +188,9 @@ def speed_matrix():
         results = ti.xcom_pull(task_ids=["prefill", "decode"]) or []
         return matrix.validate(
             resolved,
-            ti.xcom_pull(task_ids="inspect"),
-            ti.xcom_pull(task_ids="setup_server"),
-            ti.xcom_pull(task_ids="plan"),
+            INFO.from_wire_or_none(ti.xcom_pull(task_ids="inspect")),
+            SERVER.from_wire_or_none(ti.xcom_pull(task_ids="setup_server")),
+            PLAN.from_wire_or_none(ti.xcom_pull(task_ids="plan")),
             results,
         )
 
@@ -200,15 +205,15 @@ def speed_matrix():
                 "status": landed["status"],
                 "warehouse": landed["warehouse"],
             }
-        return landed
+        return LANDING.to_wire(landed)
 
     @task(multiple_outputs=False, retries=2)
     def report(resolved: dict, landed: dict) -> dict:
-        return matrix.report(resolved, landed)
+        return matrix.report(resolved, LANDING.from_wire(landed))
 
     @task(retries=0)
     def conclude(landed: dict, paths: dict) -> str:
-        return matrix.conclude(landed)
+        return matrix.conclude(LANDING.from_wire(landed))
 
     @task(multiple_outputs=False, retries=1)
     def regressions(resolved: dict, landed: dict) -> dict:
@@ -221,7 +226,8 @@ def speed_matrix():
         from speedmatrix.analysis.verdict import RegressionError
 
         try:
-            return matrix.regressions(resolved, landed)  # the comparison `land` made
+            # the comparison `land` made
+            return matrix.regressions(resolved, LANDING.from_wire(landed))
         except RegressionError as err:
             raise AirflowFailException(str(err)) from err
 

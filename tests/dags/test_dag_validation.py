@@ -246,15 +246,19 @@ def test_a_regression_fails_its_task_without_a_retry(dagbag, monkeypatch):
     monkeypatch.setattr(compare, "judge_regressions", found)
     task = dagbag.dags["speed_matrix"].get_task("regressions")
     assert task.retries == 1
+    # `land`'s XCom as the task reads it: a whole Landing (flows/contracts.py)
+    landed = {"run_id": "run-b", "status": "success", "warehouse": "/nonexistent", "cells": 1,
+              "requests": 0, "repeats": 0, "quarantined": [], "failed": [],
+              "failed_repeats": []}  # fmt: skip
     with pytest.raises(AirflowFailException, match="8Kx1 total_tok_s"):
-        task.python_callable({"warehouse": "/nonexistent"}, {"run_id": "run-b"})
+        task.python_callable({"warehouse": "/nonexistent"}, landed)
 
     def transient(*args, **kwargs):
         raise ConnectionError("GitHub unreachable")
 
     monkeypatch.setattr(compare, "judge_regressions", transient)
     with pytest.raises(ConnectionError):  # left to the retry
-        task.python_callable({"warehouse": "/nonexistent"}, {"run_id": "run-b"})
+        task.python_callable({"warehouse": "/nonexistent"}, landed)
 
 
 def test_speed_matrix_alerts_and_verdict_assets(dagbag):
@@ -319,3 +323,31 @@ def test_speed_matrix_pushes_no_xcom_per_key(dagbag):
     # the check sees the flag: the cells are mapped tasks, and resolve returns a dict
     assert dag.task_dict["decode"].multiple_outputs is False
     assert dag.task_dict["resolve"].python_callable.__annotations__["return"] in (dict, "dict")
+
+
+def test_hand_offs_cross_xcom_as_plain_json_and_are_checked_as_read(dagbag):
+    """A task reads what it takes through its contract and hands on the wire form
+    (flows/contracts.py): `plan` given `inspect`'s XCom returns a plain JSON Planned; a task
+    given another task's value fails there, naming the hand-off and the keys."""
+    import datetime as dt
+    import json
+
+    from speedmatrix.flows import resolution
+    from speedmatrix.flows.contracts import PLAN, HandoffError
+
+    resolved = resolution.resolve(
+        {"recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8", "contexts": ["8K"], "concurrencies": [1]},
+        dag_run_id="manual__2026-11-29T20:30:05+00:00",
+        run_after=dt.datetime(2026, 11, 29, 20, 30, 5, tzinfo=dt.UTC),
+    )
+    info = {"version": "0.1.0", "commit": None, "kv_num_blocks": 1500, "kv_block_size": 16,
+            "kv_cache_tokens": 24000, "max_model_len": 262144, "gpu": None, "gpu_count": None,
+            "launch_command": "vllm serve m", "hardware": {}, "sim_profile": None}  # fmt: skip
+    dag = dagbag.dags["speed_matrix"]
+    planned = dag.get_task("plan").python_callable(resolved, json.loads(json.dumps(info)))
+    assert json.loads(json.dumps(planned)) == planned
+    assert PLAN.from_wire(planned)["prefill"]
+    with pytest.raises(HandoffError, match=r"server info \(inspect\): missing \['commit'"):
+        dag.get_task("plan").python_callable(resolved, {"run_id": "x"})
+    with pytest.raises(HandoffError, match=r"server hand-off \(setup_server\)"):
+        dag.get_task("inspect").python_callable(resolved, info)

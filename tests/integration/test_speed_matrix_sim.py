@@ -29,6 +29,7 @@ from speed_matrix_helpers import (
     wait_for_line,
 )
 
+from speedmatrix.flows.contracts import INFO, LANDING, PLAN, SERVER
 from speedmatrix.report.site import run_page
 from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse
@@ -136,6 +137,12 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
     assert {e["run_id"] for e in events.values()} == {out["xcom"]["resolve"]["run_id"]}
 
     run_id = out["xcom"]["resolve"]["run_id"]
+    # the hand-offs crossed XCom as plain JSON and read back whole through their contracts
+    xcom = out["xcom"]
+    assert SERVER.from_wire(xcom["setup_server"])["base_url"].startswith("http://127.0.0.1:")
+    assert INFO.from_wire(xcom["inspect"])["kv_block_size"] == 16
+    assert len(PLAN.from_wire(xcom["plan"])["over_capacity"]) == 2
+    assert LANDING.from_wire(xcom["land"])["run_id"] == run_id
     wh = Warehouse(os.environ["SPEEDMATRIX_WAREHOUSE"])
     run, cells, requests = wh.read_run(run_id)
     assert run["status"] == "success"

@@ -245,7 +245,17 @@ def run_dag(conf: dict, progress: DemoProgress | None = None) -> dict:
             XComModel.dag_id == dag.dag_id,
             XComModel.run_id == dr.run_id,
             XComModel.task_id.in_(
-                ["resolve", "setup_server", "land", "report", "stop_server", "site"]
+                # the run's hand-offs too (flows/contracts.py), so a test reads them back
+                [
+                    "resolve",
+                    "setup_server",
+                    "inspect",
+                    "plan",
+                    "land",
+                    "report",
+                    "stop_server",
+                    "site",
+                ]
             ),
         ):
             if row.key == "return_value":

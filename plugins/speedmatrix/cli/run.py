@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 from speedmatrix.cli import CliError
 from speedmatrix.cli.interrupts import finishing, terminate_as_interrupt
 from speedmatrix.cli.verdict import EXIT_REGRESSION, run_verdict, verdict_text
+from speedmatrix.flows.contracts import Landing, Planned, ServerHandoff, ServerInfo
+from speedmatrix.flows.resolved import Resolved
 
 # The matrix of a server already running when the command line names none: the published
 # reports' smallest contexts (those that fit the model), a few concurrencies.
@@ -136,7 +138,10 @@ def _run(args: argparse.Namespace) -> int:
         lease = matrix.take_lease(resolved, one_process=True)
     if lease is None:
         raise CliError(f"host {resolved['host']} is busy: another run holds its lease")
-    server = info = planned = None
+    # the steps' typed hand-offs, in memory here (no XCom between them)
+    server: ServerHandoff | None = None
+    info: ServerInfo | None = None
+    planned: Planned | None = None
     results: list[dict[str, Any]] = []
     interrupted = False
     try:
@@ -184,7 +189,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def judge(resolved: Mapping[str, Any], landed: Mapping[str, Any]) -> bool:
+def judge(resolved: Resolved, landed: Landing) -> bool:
     """The DAG's `regressions` task: the comparisons and noise rows land exactly as the DAG
     lands them. True when a figure regressed beyond noise (the DAG's task fails then; here
     the verdict is printed and `--fail-on-regression` decides the exit code)."""
@@ -334,7 +339,7 @@ def existing_recipe(url: str, model: str, ref: str, max_model_len: int, key_env:
 # -------------------------------------------------------------------------------- output
 
 
-def _summary(landed: Mapping[str, Any], paths: Mapping[str, str], over: int) -> str:
+def _summary(landed: Landing, paths: Mapping[str, str], over: int) -> str:
     lines = [
         f"run {landed['run_id']}: {landed['status']} ({landed['cells']} cells, "
         f"{over} over capacity, {len(landed.get('failed') or [])} failed, "
@@ -361,9 +366,7 @@ class Display:
     cell (a log, a CI job). The tok/s is read beside the load generator, never from it, so
     the measurement is the DAG's to the byte."""
 
-    def __init__(
-        self, resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
-    ) -> None:
+    def __init__(self, resolved: Resolved, out: Any = None, prog: str = "speedmatrix run") -> None:
         self.window_s = float(resolved["matrix"]["window_s"])
         self.out = out or sys.stderr
         self.prog = prog
@@ -374,9 +377,7 @@ class Display:
         self.meter: RateMeter | None = None
 
     @staticmethod
-    def make(
-        resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
-    ) -> Display:
+    def make(resolved: Resolved, out: Any = None, prog: str = "speedmatrix run") -> Display:
         """The live bar on a terminal (`out`, default stderr), one line per cell elsewhere."""
         out = out or sys.stderr
         tty = getattr(out, "isatty", lambda: False)()
@@ -442,9 +443,7 @@ class Display:
 class RichDisplay(Display):
     """The terminal's: one bar over the cells, the current cell and its live tok/s."""
 
-    def __init__(
-        self, resolved: Mapping[str, Any], out: Any = None, prog: str = "speedmatrix run"
-    ) -> None:
+    def __init__(self, resolved: Resolved, out: Any = None, prog: str = "speedmatrix run") -> None:
         super().__init__(resolved, out=out, prog=prog)
         self.progress: Any = None
         self.task: Any = None

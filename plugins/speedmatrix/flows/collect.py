@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from speedmatrix.flows.contracts import Planned
 from speedmatrix.plan import ordered_cells
 from speedmatrix.records import REQUEST_FIELDS, CellRecord, context_label, empty_cell, from_wire
 
@@ -88,7 +89,7 @@ def _pair(
 
 
 def collect_cells(
-    planned: Mapping[str, Sequence[dict]] | None, results: Sequence[Mapping[str, Any] | None]
+    planned: Planned | None, results: Sequence[Mapping[str, Any] | None]
 ) -> tuple[list[CellRecord], list[dict]]:
     """Every planned cell exactly once, in report order: measured records, over-capacity
     records, and `failed` for a planned cell whose task left no result (it crashed).
@@ -109,13 +110,13 @@ def collect_cells(
 
 
 def collect_repeats(
-    planned: Mapping[str, Sequence[dict]] | None, results: Sequence[Mapping[str, Any] | None]
+    planned: Planned | None, results: Sequence[Mapping[str, Any] | None]
 ) -> list[dict]:
     """Every planned repeat (pass >= 1) exactly once, as its cell record plus `repeat`, in pass
     then report order; `failed` for a repeat whose task left no result. Their requests are
     not kept: the requests table holds one set per cell, and a repeat is only there to give
     the between-run spread of the cell's figures."""
-    planned = planned or {"prefill": [], "decode": []}
+    planned = planned or {"prefill": [], "decode": [], "over_capacity": []}
     later = [
         p for p in [*planned.get("prefill", []), *planned.get("decode", [])] if p.get("repeat")
     ]

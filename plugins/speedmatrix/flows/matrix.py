@@ -1,17 +1,22 @@
-"""The speed_matrix DAG's task bodies, as plain functions of plain (JSON-able) values.
+"""The speed_matrix DAG's task bodies, as plain functions of typed, JSON-able values.
 
-One job, the steps of a run in order (hence its length: one short function per task, the host
-and server steps included). What a step needs beyond that lives beside it: `resolve` in
-flows/resolution.py, a cell's turn on its host in flows/turn.py, pairing cell results with the
-plan in flows/collect.py, the comparison carried from `land` to `report` and `regressions` in
-flows/handoff.py (analysis/compare.py makes it); a cell's host side (the load
-generator run on a remote host, the health probe) in engine/remote_cell.py and engine/health.py.
+One job, the steps of a run that use its server and those after it, in order: plan, the
+cells, validate, land, report, regressions, conclude. What a step needs beyond that lives
+beside it: `resolve` in flows/resolution.py; the host's lease and the server's start, inspection
+and stop in flows/server.py (re-exported here, so that the DAG and `speedmatrix run` call every
+step as `matrix.<step>`); a cell's turn on its host in flows/turn.py; pairing cell results with
+the plan in flows/collect.py; the comparison carried from `land` to `report` and `regressions`
+in flows/handoff.py (analysis/compare.py makes it); a cell's host side (the load generator run
+on a remote host, the health probe) in engine/remote_cell.py and engine/health.py.
 
 Why plain functions: the DAG file stays orchestration only, and every step is tested without
 Airflow (tests/unit/test_pipeline*.py) and reused by scripts and the overhead benchmark.
-Everything passed between steps is a small dict that survives XCom: `resolved` (what the run
-is), `server` (where the engine listens and how to stop it), `info` (what the server reports),
-`planned` (the cells), and one `{"cell": record, "requests": rows}` per measured cell.
+What passes between steps is typed: `resolved` (flows/resolved.py: what the run is), then
+(flows/contracts.py) the ServerHandoff (where the engine listens and how to stop it), the
+ServerInfo (what the server reports), the Planned cells and the Landing, and one
+`{"cell": record, "requests": rows}` per measured cell (records.CellRecord in its wire form).
+Each is the plain JSON object XCom carries; the DAG's tasks check them as they read them
+(contracts.SERVER.from_wire…), the steps here take them as they are.
 
 The flow (docs/design.md): resolve -> take the host lease -> setup (provision + start) -> inspect ->
 plan -> the cells, one at a time on the host (prefill and decode tasks side by side) -> teardown
@@ -31,20 +36,31 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
-import shlex
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from speedmatrix import __version__
-from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost
+from speedmatrix.engine.lease import LeaseLost
 from speedmatrix.flows import progress
 from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cell
+from speedmatrix.flows.contracts import Landing, Planned, ServerHandoff, ServerInfo
 from speedmatrix.flows.fresh_stack import on_fresh_stack
 from speedmatrix.flows.handoff import hand_on_comparison, handed_on_comparison
 from speedmatrix.flows.resolution import DAG_ID
 from speedmatrix.flows.resolved import Resolved
+
+# The host and server steps, called as matrix.<step> like every other (flows/server.py); the
+# helpers the cells use are looked up here, so a test replaces them here.
+from speedmatrix.flows.server import api_key as api_key
+from speedmatrix.flows.server import host_lease as host_lease
+from speedmatrix.flows.server import host_of as host_of
+from speedmatrix.flows.server import inspect as inspect
+from speedmatrix.flows.server import recipe_of as recipe_of
+from speedmatrix.flows.server import secrets_of as secrets_of
+from speedmatrix.flows.server import server_health as server_health
+from speedmatrix.flows.server import setup as setup
+from speedmatrix.flows.server import take_lease as take_lease
+from speedmatrix.flows.server import teardown as teardown
 from speedmatrix.flows.turn import NO_TURN, CellTurn, TurnUnknown
 from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 from speedmatrix.quality import run_status
@@ -64,326 +80,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("speedmatrix.pipeline")
 
 
-def _recipe(resolved: Resolved):
-    from speedmatrix.recipes import Recipe, load_recipe_id
-
-    if resolved.get("recipe"):  # made in memory by `speedmatrix run --base-url`
-        return Recipe.model_validate(resolved["recipe"])
-    return load_recipe_id(resolved["recipe_id"])
-
-
 def _spec(resolved: Resolved) -> MatrixSpec:
     return MatrixSpec.build(**resolved["matrix"])
-
-
-def api_key(resolved: Resolved) -> str | None:
-    """The server's API key from the worker's environment (variable named by the recipe)."""
-    name = resolved.get("api_key_env")
-    return os.environ.get(name) if name else None
-
-
-def secrets_of(resolved: Resolved) -> list[str]:
-    key = api_key(resolved)
-    return [key] if key else []
-
-
-# ------------------------------------------------------------------------------------- lease
-
-
-def host_of(resolved: Resolved):
-    """A fresh Host for the run (`host_home` becomes $HOME there: envs and server state; the
-    lease is the machine's whatever the HOME)."""
-    from speedmatrix.engine.hosts import get_host
-
-    home = resolved.get("host_home")
-    return get_host(resolved["host"], env={"HOME": home} if home else None)
-
-
-def host_lease(
-    resolved: Resolved, owner_pid: int | None = None, origin: str | None = None
-) -> HostLease:
-    """The run's lease on its host, on a connection of its own (see lease.Renewer). It covers
-    the machine, whatever the run's host_home (lease.py: the machine-wide directory)."""
-    return HostLease(
-        host_of(resolved),
-        resolved["holder"],
-        ttl_s=DEFAULT_TTL_S,  # the deployment's (SPEEDMATRIX_LEASE_TTL_S), never a conf's
-        owner_pid=owner_pid,
-        origin=origin,
-    )
-
-
-def take_lease(
-    resolved: Resolved,
-    *,
-    one_process: bool = False,
-    origin: str | None = None,
-    gone_why: Callable[[str], str | None] | None = None,
-) -> dict[str, Any] | None:
-    """One attempt at the host lease: its state when taken, None when another run holds it.
-
-    `one_process`: this process runs the whole run (`speedmatrix run`, dag.test); on the local
-    host its PID is recorded with the lease, so that once it is gone (killed, its terminal
-    closed) the next run takes the host over at once, saying so, instead of waiting out the
-    lease. `origin` and `gone_why` (lease.HostLease.try_acquire): the deployment this run
-    belongs to, and what says a holder of that deployment is gone (:func:`run_gone_why` over
-    Airflow's DAG run states); such a holder is taken over at once too. The servers a gone
-    holder left are stopped first: the host is measured alone."""
-    pid = os.getpid() if one_process and resolved["host"] == "local" else None
-    state = host_lease(resolved, owner_pid=pid, origin=origin).try_acquire(gone_why)
-    if state.status != "ACQUIRED":
-        progress.tell(  # said where the user looks (the demo's terminal), never waited silently
-            "step",
-            f"waiting for host {resolved['host']}: its lease is held by {state.holder} for "
-            f"{state.seconds_left} s more (a holder whose process is gone is taken over)",
-        )
-        return None
-    out = {"holder": state.holder, "expires_at": state.expires_at, "host": resolved["host"]}
-    progress.tell("leased", resolved)
-    if state.gone:
-        out["taken_over_from"] = state.gone
-        out["gone_because"] = state.why or "its process no longer runs"
-        out["stopped_servers"] = _stop_servers_of(resolved, state.gone)
-        progress.tell(
-            "step",
-            f"the lease on {resolved['host']} was held by {state.gone}: {state.why}; taken over"
-            if state.why
-            else f"the lease on {resolved['host']} was held by {state.gone}, whose process no "
-            "longer runs: taken over",
-        )
-    return out
-
-
-def _stop_servers_of(resolved: Resolved, holder: str) -> list[int]:
-    """Stop the servers a gone holder started on the host (its records); their PIDs."""
-    from speedmatrix.engine.vllm_server import run_servers, stop_server
-
-    host = host_of(resolved)
-    stopped = []
-    for rec in run_servers(host, holder):
-        log.warning("stopping server PID %d left by %s (gone)", rec.pid, holder)
-        stop_server(rec.handle(host), host=host)
-        stopped.append(rec.pid)
-    return stopped
-
-
-# ------------------------------------------------------------------------- server lifecycle
-
-
-def setup(resolved: Resolved) -> dict[str, Any]:
-    """Provision the engine env (idempotent) and start the server, holding the lease.
-
-    Returns the JSON-able server handle every later step uses. Refuses to run when the lease
-    is not this run's (a setup retried after its lease expired must not start a second server).
-    `start_server` waits until the server is ready and stops it itself when it is not.
-    """
-    from speedmatrix.engine.provision import provision
-    from speedmatrix.engine.vllm_server import start_server
-
-    if resolved.get("base_url"):
-        return _existing_server(resolved)
-    progress.tell("step", f"starting the server on {resolved['host']}")
-    lease = host_lease(resolved)
-    lease.renew()  # raises LeaseLost when another run holds the host
-    recipe = _recipe(resolved)
-    host = host_of(resolved)
-    started = time.monotonic()
-    with lease.renewing(renewed=True):
-        prov = provision(recipe, resolved["engine_ref"], host)
-        provisioned_s = time.monotonic() - started
-        handle = start_server(
-            recipe,
-            prov,
-            host,
-            ref=resolved["engine_ref"],
-            port=int(resolved["port"]) if resolved.get("port") else None,
-            api_key=api_key(resolved),
-            wait=True,
-            run=resolved["holder"],  # the teardown finds it by this, handle or not
-        )
-        # between tasks too, for as long as the server lives (the teardown releases it)
-        lease.keep_while_group(int(handle.pid))
-    out = {
-        "handle": handle.to_dict(),
-        "base_url": handle.base_url,
-        "python": handle.python,
-        "loadgen": prov.loadgen,
-        "engine_version": prov.version,
-        "engine_commit": prov.commit,
-        "provision_s": round(provisioned_s, 3),
-        "start_s": round(time.monotonic() - started - provisioned_s, 3),
-    }
-    progress.tell("server", resolved, out)
-    log.info(
-        "server ready at %s on %s (provision %.1f s, start %.1f s)",
-        out["base_url"],
-        resolved["host"],
-        provisioned_s,
-        out["start_s"],
-    )
-    return out
-
-
-def _existing_server(resolved: Resolved) -> dict[str, Any]:
-    """The handle of a server already running at `base_url` (`speedmatrix run --base-url`):
-    nothing provisioned or started, so nothing to stop. Its run dir is a private temporary
-    directory holding only the probes' key file (inspect reads it; teardown removes it)."""
-    import sys
-    import tempfile
-    from urllib.parse import urlsplit
-
-    from speedmatrix.engine.vllm_server import ServerHandle
-
-    url = str(resolved["base_url"]).rstrip("/")
-    why = server_health(resolved, {"base_url": url})
-    if why:
-        raise RuntimeError(f"no server ready at {url}: {why}")
-    run_dir = tempfile.mkdtemp(prefix="speedmatrix-run-")
-    key = api_key(resolved)
-    if key:
-        fd = os.open(f"{run_dir}/secrets.env", os.O_WRONLY | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(f"SPEEDMATRIX_PROBE_KEY={shlex.quote(key)}\n")
-    handle = ServerHandle(
-        host=resolved["host"],
-        host_env={},
-        pid=0,
-        run_dir=run_dir,
-        log_path=f"{run_dir}/server.log",  # none: KV capacity comes from /metrics
-        base_url=url,
-        port=urlsplit(url).port or 0,
-        served_name=resolved["served_model"],
-        python=sys.executable,
-        api_key_env=resolved.get("api_key_env"),
-        command=f"(a server already running at {url})",
-        started_at=time.time(),
-        run=resolved["holder"],
-    )
-    return {"handle": handle.to_dict(), "base_url": url, "python": sys.executable,
-            "loadgen": None, "engine_version": None, "engine_commit": None,
-            "provision_s": 0.0, "start_s": 0.0, "existing": True}  # fmt: skip
-
-
-def _handle(server: Mapping[str, Any]):
-    from speedmatrix.engine.vllm_server import ServerHandle
-
-    return ServerHandle.from_dict(dict(server["handle"]))
-
-
-def inspect(resolved: Resolved, server: Mapping[str, Any]) -> dict[str, Any]:
-    """What the server says about itself: version, KV capacity, hardware, max_model_len."""
-    from speedmatrix.engine.vllm_server import inspect_server
-
-    facts = inspect_server(_handle(server), host=host_of(resolved))
-    if server.get("existing"):  # the commit and hardware probes read this machine, not the
-        # server's: the commit is its /version's (engine_ref); hardware only when on loopback
-        from urllib.parse import urlsplit
-
-        loopback = urlsplit(server["base_url"]).hostname in ("127.0.0.1", "localhost", "::1")
-        facts = {**facts, "commit": None, "hardware": facts.get("hardware") if loopback else {}}
-    blocks, block = facts.get("num_gpu_blocks"), facts.get("block_size")
-    if not blocks and facts.get("kv_cache_tokens"):
-        block = block or 16
-        blocks = int(facts["kv_cache_tokens"]) // block
-        log.warning(
-            "no num_gpu_blocks in /metrics: KV blocks derived from the start-up log's %s tokens "
-            "with block size %d",
-            facts["kv_cache_tokens"],
-            block,
-        )
-    if not blocks or not block:
-        raise RuntimeError(
-            "the server did not report its KV capacity (vllm:cache_config_info num_gpu_blocks "
-            f"and block_size, or the start-up log): cannot plan over-capacity cells; got {facts}"
-        )
-    hardware = facts.get("hardware") or {}
-    gpus = hardware.get("gpus") or []
-    info = {
-        "version": facts.get("version"),
-        "commit": facts.get("commit"),
-        "kv_num_blocks": int(blocks),
-        "kv_block_size": int(block),
-        "kv_cache_tokens": facts.get("kv_cache_tokens") or int(blocks) * int(block),
-        "max_model_len": facts.get("max_model_len"),
-        "gpu": gpus[0]["name"] if gpus else None,
-        "gpu_count": hardware.get("gpu_count"),
-        "launch_command": _handle(server).command,
-        "hardware": hardware,
-        "sim_profile": facts.get("sim_profile"),
-    }
-    log.info("server facts: %s", info)
-    return info
-
-
-def teardown(resolved: Resolved, server: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Stop every server of this run, then release the lease. Idempotent; always runs.
-
-    The servers are the one in the setup's handle and those the host recorded as started by
-    this run (server.run_servers): a setup that failed after the launch (an SSH drop, a worker
-    killed during setup) hands no handle over, yet its server holds the GPUs. The lease is
-    released only once every stop is verified; when one failed (or the records could not be
-    read) the lease is kept, so that no other run starts beside a server that may still
-    hold the GPUs, and the task fails saying so (its retry tries again).
-    """
-    from speedmatrix.engine.vllm_server import run_servers, stop_server
-
-    out: dict[str, Any] = {"stopped": None, "all_stopped": [], "from_records": [], "lease": None}
-    errors = []
-    host = host_of(resolved)
-    handles = [_handle(server)] if server and server.get("handle") else []
-    if server and server.get("existing"):  # not ours to stop: only our key file goes
-        import shutil
-
-        shutil.rmtree(_handle(server).run_dir, ignore_errors=True)
-        handles = []
-    try:
-        recorded = run_servers(host, resolved["holder"])
-    except Exception as exc:
-        errors.append(f"the host's server records could not be read: {exc}")
-        recorded = []
-    known = {(h.run_dir, int(h.pid)) for h in handles}
-    for rec in recorded:
-        if (rec.run_dir, rec.pid) not in known:
-            log.warning(
-                "teardown: server PID %d (%s, %s) of this run found in the host's records, "
-                "not in the setup's handle: stopping it",
-                rec.pid,
-                rec.run_dir,
-                rec.state,
-            )
-            handles.append(rec.handle(host))
-            out["from_records"].append(rec.run_dir)
-    for handle in handles:
-        try:
-            stopped = stop_server(handle, host=host)
-        except Exception as exc:
-            errors.append(f"stop of server PID {handle.pid} failed: {exc}")
-            continue
-        out["all_stopped"].append(stopped)
-        out["stopped"] = out["stopped"] or stopped
-    if errors:
-        out["lease"] = "kept"
-        raise RuntimeError(
-            "; ".join(errors) + f"; lease kept by {resolved['holder']} on {resolved['host']}: "
-            "it is released once the stop is verified (a retry of this task, or stop the "
-            "server by hand and clear the task)"
-        )
-    try:
-        out["lease"] = host_lease(resolved).release().status
-    except Exception as exc:
-        raise RuntimeError(f"lease release failed: {exc}") from exc
-    log.info("teardown: %s", out)
-    return out
 
 
 # -------------------------------------------------------------------------------------- plan
 
 
-def plan(resolved: Resolved, info: Mapping[str, Any]) -> dict[str, list[dict]]:
+def plan(resolved: Resolved, info: ServerInfo) -> Planned:
     """Prefill cells, runnable decode cells and over-capacity records, from the real KV cache."""
     capacity = KvCapacity(int(info["kv_num_blocks"]), int(info["kv_block_size"]))
-    max_len = info.get("max_model_len") or _recipe(resolved).model.max_model_len
-    planned = plan_matrix(
+    max_len = info.get("max_model_len") or recipe_of(resolved).model.max_model_len
+    planned: Planned = plan_matrix(  # type: ignore[assignment]  # Plan.as_dict: its keys
         _spec(resolved),
         capacity,
         max_model_len=max_len,
@@ -408,19 +116,9 @@ def plan(resolved: Resolved, info: Mapping[str, Any]) -> dict[str, list[dict]]:
 # ------------------------------------------------------------------------------------- cells
 
 
-def server_health(resolved: Resolved, server: Mapping[str, Any]) -> str | None:
-    """None when the server's /health answers 200, else why not (engine.health): asked from
-    this process on `local`, on the host with the server's python elsewhere."""
-    from speedmatrix.engine.health import server_health as probe
-
-    if resolved["host"] == "local":
-        return probe(server["base_url"])
-    return probe(server["base_url"], host_of(resolved), server.get("python") or "python3")
-
-
 def run_cell(
     resolved: Resolved,
-    server: Mapping[str, Any],
+    server: ServerHandoff,
     cell: Mapping[str, Any],
     turn: CellTurn = NO_TURN,
 ) -> dict[str, Any]:
@@ -450,9 +148,7 @@ def run_cell(
     return {**result, "repeat": repeat, "turn": held}
 
 
-def _run_cell(
-    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any]
-) -> dict[str, Any]:
+def _run_cell(resolved: Resolved, server: ServerHandoff, cell: Mapping[str, Any]) -> dict[str, Any]:
     started_at = dt.datetime.now(dt.UTC)
     lease = host_lease(resolved)
     try:
@@ -536,7 +232,7 @@ def pass_run_tag(run_tag: str, repeat: int) -> str:
 
 
 def _loadgen_config(
-    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any]
+    resolved: Resolved, server: ServerHandoff, cell: Mapping[str, Any]
 ) -> CellConfig:
     """The load generator's config for a planned cell: the same for a local cell (run
     in-process) and a remote one (engine.remote_cell writes it as the zipapp's flags)."""
@@ -572,7 +268,7 @@ def _loadgen_config(
 
 
 def measure(
-    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any]
+    resolved: Resolved, server: ServerHandoff, cell: Mapping[str, Any]
 ) -> tuple[CellRecord, list[dict[str, Any]]]:
     """Run the load generator next to the server: in-process on `local`, else the shipped
     zipapp over SSH (its JSON read back). A cell that cannot be attempted comes back failed."""
@@ -591,7 +287,7 @@ def measure(
 
 
 def _measure_remote(
-    resolved: Resolved, server: Mapping[str, Any], cell: Mapping[str, Any], cfg: CellConfig
+    resolved: Resolved, server: ServerHandoff, cell: Mapping[str, Any], cfg: CellConfig
 ) -> tuple[CellRecord, list[dict[str, Any]]]:
     """The cell on the run's remote host (engine.remote_cell); a load generator that left no
     record gives a failed cell with its reason."""
@@ -617,17 +313,18 @@ def _measure_remote(
 
 def run_row(
     resolved: Resolved,
-    info: Mapping[str, Any] | None,
-    server: Mapping[str, Any] | None,
+    info: ServerInfo | None,
+    server: ServerHandoff | None,
     status: str,
 ) -> dict[str, Any]:
     """The `runs` row: recipe facts, what the server reported, and the redacted launch line."""
     from speedmatrix.recipes import classify_ref
     from speedmatrix.upstream.commits import engine_commit
 
-    recipe = _recipe(resolved)
-    info = info or {}
-    server = server or {}
+    recipe = recipe_of(resolved)
+    # every fact may be missing: a run whose server never started or answered still lands
+    said: Mapping[str, Any] = info or {}
+    started: Mapping[str, Any] = server or {}
     ref = resolved["engine_ref"]
     kind, value = classify_ref(ref)
     launch = recipe.render_launch_command(ref, api_key="redact")
@@ -640,17 +337,17 @@ def run_row(
         finished_at=dt.datetime.now(dt.UTC),
         status=status,
         hardware_type=recipe.hardware.type,
-        hardware_gpu=info.get("gpu") or recipe.hardware.gpu,
-        hardware_gpu_count=info.get("gpu_count") or recipe.hardware.gpu_count,
+        hardware_gpu=said.get("gpu") or recipe.hardware.gpu,
+        hardware_gpu_count=said.get("gpu_count") or recipe.hardware.gpu_count,
         hardware_vram_gb=recipe.hardware.vram_gb,
         hardware_os=recipe.hardware.os,
         engine=recipe.engine.name,
-        engine_version=info.get("version") or server.get("engine_version"),
+        engine_version=said.get("version") or started.get("engine_version"),
         # one value per commit whichever path measured it (speedmatrix.commits)
         engine_commit=engine_commit(
-            recorded=info.get("commit") or server.get("engine_commit"),
+            recorded=said.get("commit") or started.get("engine_commit"),
             ref=ref,
-            version=info.get("version") or server.get("engine_version"),
+            version=said.get("version") or started.get("engine_version"),
             repository=recipe.engine.repository,
         ),
         engine_pr=int(value) if kind == "pr" else recipe.engine.pr,
@@ -670,13 +367,13 @@ def run_row(
         max_output_tokens=resolved["matrix"]["max_output_tokens"],
         prompt_mode=resolved["matrix"]["prompt_mode"],
         workload=resolved["matrix"].get("workload"),
-        sim_profile=info.get("sim_profile"),
+        sim_profile=said.get("sim_profile"),
         measurement_profile=resolved["matrix"].get("measurement_profile") or "default",
-        launch_command=info.get("launch_command") or launch,
-        kv_cache_tokens=info.get("kv_cache_tokens"),
-        kv_block_size=info.get("kv_block_size"),
-        kv_num_blocks=info.get("kv_num_blocks"),
-        max_model_len=info.get("max_model_len") or recipe.model.max_model_len,
+        launch_command=said.get("launch_command") or launch,
+        kv_cache_tokens=said.get("kv_cache_tokens"),
+        kv_block_size=said.get("kv_block_size"),
+        kv_num_blocks=said.get("kv_num_blocks"),
+        max_model_len=said.get("max_model_len") or recipe.model.max_model_len,
         host=resolved["host"],
         source=resolved.get("source") or f"airflow:{DAG_ID}/{resolved['dag_run_id']}",
     )
@@ -692,9 +389,9 @@ def warehouse_of(resolved: Resolved):
 @on_fresh_stack  # the work after the host's stop, whatever executor runs it
 def validate(
     resolved: Resolved,
-    info: Mapping[str, Any] | None,
-    server: Mapping[str, Any] | None,
-    planned: Mapping[str, Sequence[dict]] | None,
+    info: ServerInfo | None,
+    server: ServerHandoff | None,
+    planned: Planned | None,
     results: Sequence[Mapping[str, Any] | None],
 ) -> dict[str, Any]:
     """Great Expectations over the run's rows; failing rows to quarantine, results kept next
@@ -727,7 +424,7 @@ def validate(
 
 
 @on_fresh_stack  # the work after the host's stop, whatever executor runs it
-def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
+def land(resolved: Resolved, validated: Mapping[str, Any]) -> Landing:
     """Land the run atomically; landing it again replaces it (idempotent, safe to retry)."""
     from speedmatrix.store.extra import land_cell_repeats
 
@@ -756,7 +453,7 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
     ]
     if failed_repeats:
         log.warning("failed repeats (landed in cell_repeats): %s", "; ".join(failed_repeats))
-    out = {
+    out: Landing = {
         "run_id": resolved["run_id"],
         "status": validated["run"]["status"],
         "warehouse": wh.root,
@@ -777,7 +474,7 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @on_fresh_stack  # the work after the host's stop, whatever executor runs it
-def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
+def report(resolved: Resolved, landed: Landing) -> dict[str, str]:
     """Render the landed run (md + html) next to it in the warehouse; log where.
 
     The page shows the comparison `land` made and handed on, the one `regressions` judges;
@@ -803,7 +500,7 @@ def report(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, str]:
 
 
 @on_fresh_stack  # the work after the host's stop, whatever executor runs it
-def regressions(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, Any]:
+def regressions(resolved: Resolved, landed: Landing) -> dict[str, Any]:
     """The `regressions` task: judge the comparison `land` made (made again only when none
     was handed on), land the verdicts; RegressionError on a regression."""
     from speedmatrix.analysis.compare import judge_regressions
@@ -816,7 +513,7 @@ def regressions(resolved: Resolved, landed: Mapping[str, Any]) -> dict[str, Any]
     )
 
 
-def conclude(landed: Mapping[str, Any]) -> str:
+def conclude(landed: Landing) -> str:
     """Fail the DAG run when the run failed (after everything measured has landed)."""
     status = landed["status"]
     if status == "failed":
