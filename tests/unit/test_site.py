@@ -17,7 +17,8 @@ from browser import local_links, page_refs, walk_site
 from speedmatrix.analysis.compare import judge_regressions
 from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.cli import main
-from speedmatrix.report.site import build_site, recipe_page, run_page, slug
+from speedmatrix.report.site import build_site, recipe_page, run_page
+from speedmatrix.report.slugs import slug
 from speedmatrix.store.warehouse import Warehouse
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -263,7 +264,7 @@ def test_trend_charts_show_the_recent_window_judged_by_the_point_before(
 ):
     """A chart draws the last MAX_POINTS runs; the first shown point is still judged against
     the run before the window (r2's regression is marked when only r1 and r2 are shown)."""
-    import speedmatrix.report.site as site_module
+    import speedmatrix.report.site_pages as site_module
 
     wh, _out, _ = site
     monkeypatch.setattr(site_module, "MAX_POINTS", 1)

@@ -195,6 +195,6 @@ def test_a_trend_never_judges_across_the_comparability_rule(field, value):
 
 def test_the_site_reads_the_fields_of_the_comparability_rule():
     from speedmatrix.records import COMPARABILITY_FIELDS
-    from speedmatrix.report.site import CELL_COLUMNS
+    from speedmatrix.report.site_fleet import CELL_COLUMNS
 
     assert set(COMPARABILITY_FIELDS) <= set(CELL_COLUMNS)
