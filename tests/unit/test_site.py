@@ -314,3 +314,41 @@ def test_the_site_of_a_missing_warehouse_is_an_error(tmp_path, capsys):
     assert main(["report", "--warehouse", str(missing), "--run-id", "x"]) == 2
     assert "no warehouse" in capsys.readouterr().err
     assert not missing.exists()
+
+
+def test_a_verdict_names_its_cells_in_the_reports_order():
+    """The index's verdict text lists cells by records.cell_sort_key (prefill before decode,
+    then context, then concurrency), each cell once however many of its figures moved; a
+    run-level row (KV capacity, no context) is named too."""
+    import numpy as np
+    import pandas as pd
+
+    from speedmatrix.report.site_fleet import run_verdict
+
+    def row(phase, tokens, label, conc, metric, verdict):
+        return {
+            "run_id": "r",
+            "baseline_run_id": "b",
+            "phase": phase,
+            "context_tokens": tokens,
+            "context_label": label,
+            "concurrency": conc,
+            "metric": metric,
+            "verdict": verdict,
+        }
+
+    rows = pd.DataFrame(
+        [
+            row("decode", 65536, "64K", 2, "total_tok_s", "regression"),
+            row("run", np.nan, None, np.nan, "kv_cache_tokens", "regression"),
+            row("decode", 8192, "8K", 4, "tbt_ms", "regression"),
+            row("decode", 8192, "8K", 4, "total_tok_s", "regression"),
+            row("decode", 8192, "8K", 16, "total_tok_s", "regression"),
+            row("prefill", 8192, "8K", 1, "prefill_tok_s", "improvement"),
+        ]
+    )
+    verdict = run_verdict({"status": "success"}, rows)
+    assert (verdict.word, verdict.baseline) == ("mixed", "b")
+    assert verdict.text == (
+        "4 cells regressed (8Kx4, 8Kx16, 64Kx2 and 1 more), 1 cell improved (prefill 8K)"
+    )
