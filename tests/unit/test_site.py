@@ -352,3 +352,20 @@ def test_a_verdict_names_its_cells_in_the_reports_order():
     assert verdict.text == (
         "4 cells regressed (8Kx4, 8Kx16, 64Kx2 and 1 more), 1 cell improved (prefill 8K)"
     )
+
+
+def test_a_run_pages_summary_is_the_pipelines(site):
+    """The site's run page shows the landed verdicts as the pipeline's page shows the same
+    comparison: every change with its baseline value, this run's value, its interval and
+    threshold (the site read only some of the comparison fields, and the summary showed
+    dashes for the rest)."""
+    from speedmatrix.report.page import render_run_page
+
+    wh, out, _ = site
+
+    def summary(page):
+        return re.search(r'<section id="summary".*?</section>', page, re.S).group(0)
+
+    ours = summary((out / run_page("r2")).read_text())
+    assert ours == summary(render_run_page(wh, "r2"))
+    assert re.search(r"<td>90\.\d</td><td>81\.\d</td>", ours)  # baseline and this run's figure

@@ -16,6 +16,7 @@ import pandas as pd
 
 from speedmatrix.records import COMPARABILITY_FIELDS, cell_name, cell_sort_key
 from speedmatrix.report.site_text import clean, text
+from speedmatrix.store.schemas import COMPARISON_FIELDS
 
 RUN_COLUMNS = (
     "run_id",
@@ -80,8 +81,10 @@ def load_fleet(wh: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
 
 def run_comparisons(wh: Any, run_id: str) -> pd.DataFrame | None:
-    """One run's comparison rows (None when it has none), for its page."""
-    cols = ", ".join(COMPARISON_COLUMNS)
+    """One run's comparison rows, every field (None when it has none), for its page: the
+    page's summary shows each change's values, interval and threshold, as the pipeline's
+    page does from the same rows."""
+    cols = ", ".join(COMPARISON_FIELDS)
     rows = wh.query(f"SELECT {cols} FROM comparisons WHERE run_id = ?", [run_id])
     return rows if len(rows) else None
 
