@@ -10,7 +10,7 @@ import pytest
 
 from speedmatrix.published.parse import parse_report
 from speedmatrix.report.render import render_html, render_markdown
-from speedmatrix.report.site import _gpu
+from speedmatrix.report.site_text import gpu
 
 REFERENCE = next((Path(__file__).resolve().parents[2] / "include" / "reference").glob("*.txt"))
 
@@ -31,7 +31,7 @@ def test_a_simulated_run_says_so(page) -> None:
     run_section = md.split("## Run", 1)[1].split("##", 1)[0]
     assert f"- Measured on: {said}" in run_section
     assert said in render_html(sim, cells)
-    assert _gpu(sim).startswith(said)
+    assert gpu(sim).startswith(said)
 
 
 def test_hardware_not_known_is_said_plainly(page) -> None:
@@ -44,7 +44,7 @@ def test_hardware_not_known_is_said_plainly(page) -> None:
     assert "- VRAM: hardware not known" in md
     assert "- Measured on: hardware not known" in md.split("## Run", 1)[1]
     assert "on hardware not known" in render_html(ext, cells)
-    assert _gpu(ext) == "hardware not known"
+    assert gpu(ext) == "hardware not known"
 
 
 def test_a_real_run_keeps_the_published_labels(page) -> None:

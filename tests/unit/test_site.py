@@ -17,7 +17,8 @@ from browser import local_links, page_refs, walk_site
 from speedmatrix.analysis.compare import judge_regressions
 from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.cli import main
-from speedmatrix.report.site import build_site, recipe_page, run_page, slug
+from speedmatrix.report.site import build_site, recipe_page, run_page
+from speedmatrix.report.slugs import slug
 from speedmatrix.store.warehouse import Warehouse
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -263,7 +264,7 @@ def test_trend_charts_show_the_recent_window_judged_by_the_point_before(
 ):
     """A chart draws the last MAX_POINTS runs; the first shown point is still judged against
     the run before the window (r2's regression is marked when only r1 and r2 are shown)."""
-    import speedmatrix.report.site as site_module
+    import speedmatrix.report.site_pages as site_module
 
     wh, _out, _ = site
     monkeypatch.setattr(site_module, "MAX_POINTS", 1)
@@ -313,3 +314,58 @@ def test_the_site_of_a_missing_warehouse_is_an_error(tmp_path, capsys):
     assert main(["report", "--warehouse", str(missing), "--run-id", "x"]) == 2
     assert "no warehouse" in capsys.readouterr().err
     assert not missing.exists()
+
+
+def test_a_verdict_names_its_cells_in_the_reports_order():
+    """The index's verdict text lists cells by records.cell_sort_key (prefill before decode,
+    then context, then concurrency), each cell once however many of its figures moved; a
+    run-level row (KV capacity, no context) is named too."""
+    import numpy as np
+    import pandas as pd
+
+    from speedmatrix.report.site_fleet import run_verdict
+
+    def row(phase, tokens, label, conc, metric, verdict):
+        return {
+            "run_id": "r",
+            "baseline_run_id": "b",
+            "phase": phase,
+            "context_tokens": tokens,
+            "context_label": label,
+            "concurrency": conc,
+            "metric": metric,
+            "verdict": verdict,
+        }
+
+    rows = pd.DataFrame(
+        [
+            row("decode", 65536, "64K", 2, "total_tok_s", "regression"),
+            row("run", np.nan, None, np.nan, "kv_cache_tokens", "regression"),
+            row("decode", 8192, "8K", 4, "tbt_ms", "regression"),
+            row("decode", 8192, "8K", 4, "total_tok_s", "regression"),
+            row("decode", 8192, "8K", 16, "total_tok_s", "regression"),
+            row("prefill", 8192, "8K", 1, "prefill_tok_s", "improvement"),
+        ]
+    )
+    verdict = run_verdict({"status": "success"}, rows)
+    assert (verdict.word, verdict.baseline) == ("mixed", "b")
+    assert verdict.text == (
+        "4 cells regressed (8Kx4, 8Kx16, 64Kx2 and 1 more), 1 cell improved (prefill 8K)"
+    )
+
+
+def test_a_run_pages_summary_is_the_pipelines(site):
+    """The site's run page shows the landed verdicts as the pipeline's page shows the same
+    comparison: every change with its baseline value, this run's value, its interval and
+    threshold (the site read only some of the comparison fields, and the summary showed
+    dashes for the rest)."""
+    from speedmatrix.report.page import render_run_page
+
+    wh, out, _ = site
+
+    def summary(page):
+        return re.search(r'<section id="summary".*?</section>', page, re.S).group(0)
+
+    ours = summary((out / run_page("r2")).read_text())
+    assert ours == summary(render_run_page(wh, "r2"))
+    assert re.search(r"<td>90\.\d</td><td>81\.\d</td>", ours)  # baseline and this run's figure

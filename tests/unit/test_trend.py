@@ -195,6 +195,38 @@ def test_a_trend_never_judges_across_the_comparability_rule(field, value):
 
 def test_the_site_reads_the_fields_of_the_comparability_rule():
     from speedmatrix.records import COMPARABILITY_FIELDS
-    from speedmatrix.report.site import CELL_COLUMNS
+    from speedmatrix.report.site_fleet import CELL_COLUMNS
 
     assert set(COMPARABILITY_FIELDS) <= set(CELL_COLUMNS)
+
+
+def test_the_band_a_chart_draws_is_the_band_the_verdicts_judge_with():
+    """analysis.trend.noise_band: the larger of the threshold and the between-run noise's
+    half-width; a point just inside it is noise and one just outside a regression, by the
+    trend's own verdicts (the site draws this band around each point's predecessor)."""
+    import math
+
+    import pandas as pd
+
+    from speedmatrix.analysis.noise import Z_95, NoiseModel
+    from speedmatrix.analysis.trend import noise_band
+
+    row = {"recipe_id": "sim/x", "host": "local", "phase": "decode", "context_tokens": 65536}
+    table = pd.DataFrame(
+        [{**row, "concurrency": 16, "metric": "total_tok_s", "rel_sd": 0.02, "dof": 4}]
+    )
+    noise = NoiseModel(table.assign(runs=5, engines=1))
+    band, source = noise_band(noise, 0.03, "sim/x", "local", "decode", 65536, 16, "total_tok_s")
+    assert band == pytest.approx(math.sqrt(2) * Z_95 * 0.02) and source == "cell"
+    assert noise_band(noise, 0.2, "sim/x", "local", "decode", 65536, 16, "total_tok_s") == (
+        0.2,
+        "threshold",
+    )
+    assert noise_band(NoiseModel.empty(), 0.03, "sim/x", "local", "decode", 65536, 16, "x") == (
+        0.03,
+        "threshold",
+    )
+    for factor, verdict in ((1 - band * 0.99, "noise"), (1 - band * 1.01, "regression")):
+        runs, cells = _history([1000.0, 1000.0 * factor])
+        pts = trend(runs, cells, recipe="sim/x", cell="64Kx16", threshold=0.03, noise=noise)
+        assert pts["verdict"].tolist() == ["first", verdict]

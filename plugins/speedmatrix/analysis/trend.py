@@ -136,6 +136,45 @@ def trends(
     return out
 
 
+def noise_half_width(
+    noise: NoiseModel,
+    recipe: str | None,
+    host: str | None,
+    phase: str,
+    context_tokens: int,
+    concurrency: int,
+    column: str,
+) -> tuple[float, str]:
+    """(How far a cell's `column` may move from one run to the next by between-run noise
+    alone, as a fraction; where that noise came from: 'cell', 'pooled' or 'none').
+
+    The 95% half-width of the difference of two runs (√2 · z · relative sd); 0 when the noise
+    is not known, so the threshold alone decides."""
+    rel_sd, source = noise.lookup(recipe, host, phase, context_tokens, concurrency, column)
+    return (math.sqrt(2) * Z_95 * rel_sd if rel_sd is not None else 0.0), source
+
+
+def noise_band(
+    noise: NoiseModel,
+    threshold: float,
+    recipe: str | None,
+    host: str | None,
+    phase: str,
+    context_tokens: int,
+    concurrency: int,
+    column: str,
+) -> tuple[float, str]:
+    """(The band a point may land in around the point before and still be judged noise: the
+    larger of `threshold` and :func:`noise_half_width`, the rule the trend's verdicts apply
+    through verdict_for; 'threshold' when the threshold sets it, else the noise's source).
+
+    One rule for the verdicts and for the band a chart draws, so a point outside the drawn
+    band is the point judged a regression or an improvement."""
+    half, source = noise_half_width(noise, recipe, host, phase, context_tokens, concurrency, column)
+    band = max(threshold, half)
+    return band, ("threshold" if band == threshold else source)
+
+
 _RUN_KEEP = ("run_id", "started_at", "engine_commit", "engine_version", "host")
 
 
@@ -170,10 +209,9 @@ def _points(
             # the verdicts' rule (records): a point measured otherwise starts a new series
             verdict = "not_comparable"
         elif value is not None and prev is not None:
-            rel_sd, _ = noise.lookup(
-                recipe, row["host"], phase, row["context_tokens"], conc, column
+            combined, _ = noise_half_width(
+                noise, recipe, row["host"], phase, row["context_tokens"], conc, column
             )
-            combined = math.sqrt(2) * Z_95 * rel_sd if rel_sd is not None else 0.0
             verdict, c = verdict_for(value, prev, higher, threshold, combined)
             change = c * 100 if math.isfinite(c) else None
         elif row["status"] != "valid":

@@ -27,11 +27,15 @@ from speedmatrix.published import formats as F
 from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
 from speedmatrix.report import palette
 from speedmatrix.report.cellchange import cell_changes
-
-OVER_CAPACITY_NOTE = (
-    "Over capacity: not run because this many requests at this context would exceed the "
-    "server's KV cache."
+from speedmatrix.report.matrices import (
+    ACCEPTANCE_NOTE,
+    OVER_CAPACITY_NOTE,
+    acceptance_matrix,
+    cost_matrix,
+    prefill_row,
+    throughput_matrix,
 )
+
 TTFT_NOTE = (
     "TTFT is measured after the benchmark warms the server's prompt cache, so it mostly "
     "excludes prefill."
@@ -368,11 +372,6 @@ def render_markdown(run: dict, cells: list[dict], baseline: Baseline | None = No
 # HTML
 
 
-def _scale_colour(fraction: float | None) -> str:
-    """A throughput's colour: one hue, light = this run's slowest, dark = its fastest."""
-    return palette.throughput_colour(fraction)
-
-
 def _change_colour(change: float | None) -> str:
     """A total tok/s change (a fraction, higher is better) in the diverging change scale."""
     return palette.change_colour(None if change is None else change * 100)
@@ -398,145 +397,6 @@ def extra_cells(cell: dict) -> list[str]:
     error = cell.get("error")
     out.append(error if isinstance(error, str) and error else "")
     return out
-
-
-ACCEPTANCE_NOTE = (
-    "Mean acceptance length per cell: tokens a decode step emits, 1 + accepted / drafts from "
-    "the server's spec-decode counters over the window. At 1 request one prompt decides it; "
-    "more requests average it."
-)
-
-
-def acceptance_matrix(rows: list[dict], cols: list[int], grid: dict) -> list[dict]:
-    """The decode matrix of spec_acceptance_length (HTML only: the Markdown page keeps the
-    published format); empty when no cell has one (a server that does not speculate)."""
-    values = [
-        c["spec_acceptance_length"]
-        for c in grid.values()
-        if not _absent(c.get("spec_acceptance_length"))
-    ]
-    if not values:
-        return []
-    lo, hi = min(values), max(values)
-    out = []
-    for r in rows:
-        line = []
-        for c in cols:
-            cell = grid.get((r["tokens"], c)) or {}
-            v = cell.get("spec_acceptance_length")
-            if _absent(v):
-                text = (
-                    F.fmt_status(cell["status"])
-                    if cell.get("status") not in (None, "valid")
-                    else F.DASH
-                )
-                line.append({"text": text, "colour": palette.EMPTY, "fg": "", "cls": "empty"})
-            else:
-                frac = (v - lo) / (hi - lo) if hi > lo else 1.0
-                colour = _scale_colour(frac)
-                line.append(
-                    {
-                        "text": f"{v:.2f}",
-                        "colour": colour,
-                        "fg": palette.text_colour(colour),
-                        "cls": "valid",
-                    }
-                )
-        out.append({"label": r["label"], "cells": line})
-    return out
-
-
-def cost_matrix(run: dict, rows: list[dict], cols: list[int], grid: dict, prices: Any) -> Any:
-    """The decode matrix in cost per million output tokens (analysis.cost), with the price it
-    was computed from; None when the deployment prices no GPU of this run's kind (or the run
-    has no GPU count): no cost column, never a made-up price."""
-    from speedmatrix.analysis.cost import cost_per_million, fmt_cost
-
-    price = prices.for_run(run) if prices is not None else None
-    gpus = _v(run, "hardware_gpu_count")
-    if price is None or not gpus:
-        return None
-    lines = []
-    for r in rows:
-        line = []
-        for c in cols:
-            cell = grid.get((r["tokens"], c)) or {}
-            value = (
-                cost_per_million(cell.get("total_tok_s"), gpus, price)
-                if cell.get("status") == "valid"
-                else None
-            )
-            line.append(
-                fmt_cost(value, prices.currency)
-                if value is not None
-                else (F.fmt_status(cell["status"]) if cell.get("status") else F.DASH)
-            )
-        lines.append({"label": r["label"], "cells": line})
-    return {
-        "rows": lines,
-        "note": f"Cost of a million output tokens: {fmt_cost(price, prices.currency)} per "
-        f"GPU-hour (the deployment's price for {_v(run, 'hardware_gpu')}, "
-        f"{prices.source}) × {gpus} GPUs ÷ the cell's total output tok/s.",
-    }
-
-
-def _with_change(entry: dict, change: Any) -> dict:
-    """A matrix entry with its cell's change against the baseline (report.cellchange), or
-    none (`change` None: not in the baseline, not compared)."""
-    entry["change"] = change
-    return entry
-
-
-def _matrix_cell(cell: dict | None, lo: float, hi: float) -> dict:
-    """One decode matrix cell of the HTML page: text, sub-line, colours, class, tooltip.
-
-    Valid cells carry their throughput colour and the p99 TTFT; over-capacity cells stay
-    quiet (small grey text, no colour: a known limit, not a result); invalid and failed cells
-    say why."""
-    if cell is None:
-        return {
-            "text": F.DASH,
-            "sub": "",
-            "colour": palette.EMPTY,
-            "fg": "",
-            "cls": "empty",
-            "title": "",
-        }
-    status = cell.get("status")
-    if status == "over_capacity":
-        return {
-            "text": "over capacity",
-            "sub": "",
-            "colour": palette.EMPTY,
-            "fg": "",
-            "cls": "over_capacity",
-            "title": OVER_CAPACITY_NOTE,
-        }
-    if status != "valid":
-        reason = cell.get("error") if isinstance(cell.get("error"), str) else ""
-        return {
-            "text": F.fmt_status(status),
-            "sub": reason or "no reason recorded",
-            "colour": palette.EMPTY,
-            "fg": "",
-            "cls": str(status),
-            "title": reason or "",
-        }
-    t = cell.get("total_tok_s")
-    frac = None if _absent(t) else ((t - lo) / (hi - lo) if hi > lo else 1.0)
-    colour = _scale_colour(frac)
-    sub = f"{F.fmt_ms(cell.get('ttft_ms'), 0)} TTFT"
-    if not _absent(cell.get("ttft_p99_ms")):
-        sub += f" (p99 {F.fmt_ms(cell.get('ttft_p99_ms'), 0)})"
-    sub += f" · {F.fmt_rate(cell.get('per_request_tok_s'))} per request"
-    return {
-        "text": F.fmt_rate_summary(t, 1),
-        "sub": sub,
-        "colour": colour,
-        "fg": palette.text_colour(colour),
-        "cls": "valid",
-        "title": "",
-    }
 
 
 def run_charts(cells: list[dict], baseline: Sequence[dict] | None = None) -> list[dict]:
@@ -586,61 +446,16 @@ def render_html(
     cells = sort_cells(cells)
     hw, shape = title_lines(run, cells)
     rows, cols, grid = decode_matrix(cells)
-    valid_totals = [
-        c["total_tok_s"]
-        for c in grid.values()
-        if c.get("status") == "valid" and not _absent(c.get("total_tok_s"))
-    ]
-    lo, hi = (min(valid_totals), max(valid_totals)) if valid_totals else (0.0, 1.0)
     changes = cell_changes(
         cells,
         baseline[1] if baseline is not None else None,
         list(comparison) if comparison is not None and baseline is not None else None,
     )
 
-    def change_of(cell: dict | None) -> Any:
-        return changes.get(cell_key(cell)) if cell is not None else None
-
-    matrix = [
-        {
-            "label": r["label"],
-            "cells": [
-                _with_change(
-                    _matrix_cell(grid.get((r["tokens"], c)), lo, hi),
-                    change_of(grid.get((r["tokens"], c))),
-                )
-                for c in cols
-            ],
-        }
-        for r in rows
-    ]
+    matrix = throughput_matrix(rows, cols, grid, changes)
     acceptance = acceptance_matrix(rows, cols, grid)
     cost = cost_matrix(run, rows, cols, grid, prices)
-    prefill_cells = [c for c in cells if c.get("phase") == "prefill"]
-    pvals = [
-        c["total_tok_s"]
-        for c in prefill_cells
-        if c.get("status") == "valid" and not _absent(c.get("total_tok_s"))
-    ]
-    plo, phi = (min(pvals), max(pvals)) if pvals else (0.0, 1.0)
-    prefill = []
-    for c in prefill_cells:
-        t = c.get("total_tok_s")
-        ok = c.get("status") == "valid" and not _absent(t)
-        colour = (
-            _scale_colour((t - plo) / (phi - plo) if phi > plo else 1.0) if ok else palette.EMPTY
-        )
-        prefill.append(
-            {
-                "label": f"{_label(c)} context",
-                "rate": F.fmt_rate_summary(t, 0) if ok else F.fmt_status(c.get("status")),
-                "ttft": f"{F.fmt_ms(c.get('ttft_ms'), 0)} TTFT" if ok else F.DASH,
-                "colour": colour,
-                "fg": palette.text_colour(colour),
-                "cls": "valid" if ok else str(c.get("status")),
-                "change": change_of(c),
-            }
-        )
+    prefill = prefill_row(cells, changes)
     comp = None
     if baseline is not None:
         comp = {

@@ -2,7 +2,7 @@
 (``models/<model>.html``) and a comparison page for every pair of its configurations
 (``compare/<a>--vs--<b>.html``), linked from the index and from each other.
 
-Why apart from site.py: site.py builds the per-run and per-recipe pages; these pages are per
+Why apart from site_pages.py: those pages are per run and per recipe; these are per
 model, across recipes and hardware, and are written only when one of their runs changed (the
 same manifest fingerprints), so a nightly rewrite stays one model's pages at most.
 """
@@ -58,6 +58,32 @@ class ViewsResult:
     kept: int = 0
 
 
+@dataclass
+class _Views:
+    """One build's views: what every model's pages are written with."""
+
+    wh: Any
+    root: Path
+    prices: Any
+    fingerprint: Callable[..., str]
+    run_fp: Mapping[str, str]
+    old: Mapping[str, str]
+    write: Callable[[Path, str], None]
+    hrefs: Mapping[str, str]  # run id -> its page, relative to a view's page
+    cells: dict[str, tuple] = field(default_factory=dict)
+
+    def read(self, run_id: str, recipe_id: str | None) -> tuple:
+        if run_id not in self.cells:  # each run read once per build, for its view and its pairs
+            self.cells[run_id] = self.wh.read_run(run_id, recipe_id)[:2]
+        return self.cells[run_id]
+
+    def made_from(self, *group: Any) -> list[str]:
+        return [s.key + "=" + self.run_fp.get(str(s.run["run_id"]), "-") for s in group]
+
+
+_UP = "../"
+
+
 def write_views(
     wh: Any,
     root: Path,
@@ -76,15 +102,8 @@ def write_views(
     and the comparisons with that run's series. `run_pages`: run id -> its page, relative to
     the site root, for the runs that have one. `written` / `kept` count models."""
     out = ViewsResult()
-    cells: dict[str, tuple] = {}
-
-    def read(run_id: str, recipe_id: str | None) -> tuple:
-        if run_id not in cells:  # each run read once per build, for its view and its pairs
-            cells[run_id] = wh.read_run(run_id, recipe_id)[:2]
-        return cells[run_id]
-
-    up = "../"
-    hrefs = {rid: up + href for rid, href in run_pages.items()}
+    hrefs = {rid: _UP + href for rid, href in run_pages.items()}
+    views = _Views(wh, root, prices, fingerprint, run_fp, old, write, hrefs)
     # each model's runs, in the fleet's order, found in one pass: choosing the series per model
     # over every run of the fleet was a pass per model
     of_model: dict[str, list[Mapping[str, Any]]] = {}
@@ -93,64 +112,67 @@ def write_views(
         if m is not None:
             of_model.setdefault(m, []).append(r)
     for model in models(runs):
-        mruns = of_model.get(model, [])
-        series = choose_series(mruns, model)
-        pairs = list(itertools.combinations(series, 2))[:MAX_SERIES_PAIRS]
-        comparisons = [
-            (f"{side_label(b.run)} against {side_label(a.run)}", versus_page(a.key, b.key))
-            for a, b in pairs
-        ]
-        short = [  # the index's words for the same pages: the recipes (and hosts)
-            (f"{_short(b)} against {_short(a)}", href)
-            for (a, b), (_t, href) in zip(pairs, comparisons, strict=True)
-        ]
-        page = model_page(model)
-        out.entries.append(ModelEntry(model, page, len(series), short))
-
-        def made_from(*group: Any) -> list[str]:
-            return [s.key + "=" + run_fp.get(str(s.run["run_id"]), "-") for s in group]
-
-        todo = {page: fingerprint(page, made_from(*series), [h for _t, h in comparisons])}
-        for (a, b), (_t, href) in zip(pairs, comparisons, strict=True):
-            todo[href] = fingerprint(href, made_from(a, b))
-        out.pages |= set(todo)
-        stale = {p for p, fp in todo.items() if old.get(p) != fp or not (root / p).exists()}
-        if not stale:
-            out.fingerprints.update(todo)
-            out.kept += 1
-            continue
-        try:
-            if page in stale:
-                view = build_view(wh, model, prices=prices, runs=mruns, read=read)
-                write(
-                    root / page,
-                    render_pareto_html(
-                        view,
-                        links=[("All recipes", up + "index.html")],
-                        run_href=hrefs,
-                        comparisons=[(t, up + h) for t, h in comparisons],
-                    ),
-                )
-                out.fingerprints[page] = todo[page]
-            for (a, b), (_text, href) in zip(pairs, comparisons, strict=True):
-                if href not in stale:
-                    out.fingerprints[href] = todo[href]
-                    continue
-                write(
-                    root / href,
-                    render_versus_html(
-                        read(str(a.run["run_id"]), a.run.get("recipe_id")),
-                        read(str(b.run["run_id"]), b.run.get("recipe_id")),
-                        prices=prices,
-                        links=[
-                            ("All recipes", up + "index.html"),
-                            (f"Pareto view of {model}", up + page),
-                        ],
-                        run_href=hrefs,
-                    ),
-                )
-                out.fingerprints[href] = todo[href]
-            out.written += 1
-        except Exception as exc:  # one model's views must not cost the site
-            log.warning("site: no views for model %s: %s", model, exc)
+        _write_model(views, model, of_model.get(model, []), out)
     return out
+
+
+def _write_model(
+    views: _Views, model: str, mruns: list[Mapping[str, Any]], out: ViewsResult
+) -> None:
+    """One model's Pareto view and comparison pages: each written when what it is made from
+    changed, its index entry and its pages' fingerprints added to `out`."""
+    series = choose_series(mruns, model)
+    pairs = list(itertools.combinations(series, 2))[:MAX_SERIES_PAIRS]
+    comparisons = [
+        (f"{side_label(b.run)} against {side_label(a.run)}", versus_page(a.key, b.key))
+        for a, b in pairs
+    ]
+    short = [  # the index's words for the same pages: the recipes (and hosts)
+        (f"{_short(b)} against {_short(a)}", href)
+        for (a, b), (_t, href) in zip(pairs, comparisons, strict=True)
+    ]
+    page = model_page(model)
+    out.entries.append(ModelEntry(model, page, len(series), short))
+    todo = {page: views.fingerprint(page, views.made_from(*series), [h for _t, h in comparisons])}
+    for (a, b), (_t, href) in zip(pairs, comparisons, strict=True):
+        todo[href] = views.fingerprint(href, views.made_from(a, b))
+    out.pages |= set(todo)
+    stale = {p for p, fp in todo.items() if views.old.get(p) != fp or not (views.root / p).exists()}
+    if not stale:
+        out.fingerprints.update(todo)
+        out.kept += 1
+        return
+    try:
+        if page in stale:
+            view = build_view(views.wh, model, prices=views.prices, runs=mruns, read=views.read)
+            views.write(
+                views.root / page,
+                render_pareto_html(
+                    view,
+                    links=[("All recipes", _UP + "index.html")],
+                    run_href=views.hrefs,
+                    comparisons=[(t, _UP + h) for t, h in comparisons],
+                ),
+            )
+            out.fingerprints[page] = todo[page]
+        for (a, b), (_text, href) in zip(pairs, comparisons, strict=True):
+            if href not in stale:
+                out.fingerprints[href] = todo[href]
+                continue
+            views.write(
+                views.root / href,
+                render_versus_html(
+                    views.read(str(a.run["run_id"]), a.run.get("recipe_id")),
+                    views.read(str(b.run["run_id"]), b.run.get("recipe_id")),
+                    prices=views.prices,
+                    links=[
+                        ("All recipes", _UP + "index.html"),
+                        (f"Pareto view of {model}", _UP + page),
+                    ],
+                    run_href=views.hrefs,
+                ),
+            )
+            out.fingerprints[href] = todo[href]
+        out.written += 1
+    except Exception as exc:  # one model's views must not cost the site
+        log.warning("site: no views for model %s: %s", model, exc)
