@@ -206,6 +206,70 @@ def _secant(tried: list[tuple[float, float]], x: float, err: float, k: int) -> f
     return min(max(nxt, -float(k)), float(k))
 
 
+SETTLE_ROUNDS = 8
+"""Rounds of the first-token settling after a speculative fit (each predicts every cell)."""
+
+
+def _cell_error(pub: dict[str, Any], pred: dict[str, Any]) -> float:
+    """Worst relative error of a decode cell's figures (those the page has)."""
+    errs = [
+        abs(pred[m] / pub[m] - 1)
+        for m in METRICS
+        if pub.get(m) is not None and pred.get(m) is not None and pub[m] != 0
+    ]
+    return max(errs, default=0.0)
+
+
+def _settle_first_tokens(
+    best: tuple[float, Profile, tuple[dict[Any, Any], ...]],
+    build: Any,
+    decode_by_key: dict[tuple[int, int], dict[str, Any]],
+    delay_ms: dict[tuple[int, int], float],
+    output_ms: dict[tuple[int, int], float],
+    predict: Any,
+) -> Profile:
+    """The best iteration's profile with each cell's first-token latency searched alone.
+
+    While acceptance and spreads move, a cell's TTFT median jumps by a step (a first token
+    waits for the step under way, and which requests share a step shifts with them), so the
+    full-step update swings around the page's value. With the rest held, one lever per cell
+    (the output latency, then the delay below zero) is searched: a step of the error, and once
+    two tries bracket the page's value, their midpoint; each cell keeps its best try. The
+    result replaces the best iteration's only if every cell's worst figure is no worse."""
+    delay0 = dict(delay_ms)
+
+    def set_lever(key: tuple[int, int], x: float) -> None:
+        output_ms[key] = max(x, 0.0)
+        delay_ms[key] = max(delay0[key] + min(x, 0.0), 0.0)
+
+    lever = dict(output_ms)
+    tries: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
+    for _ in range(SETTLE_ROUNDS):
+        profile = build()
+        settled = True
+        for key, pub in decode_by_key.items():
+            pred = predict(profile, *key)
+            err = pred["ttft_ms"] - pub["ttft_ms"]
+            settled = settled and abs(err) <= ms_half_unit(pub["ttft_ms"])
+            tries.setdefault(key, []).append((lever[key], err, _cell_error(pub, pred)))
+            below = [x for x, e, _ in tries[key] if e < 0]
+            above = [x for x, e, _ in tries[key] if e > 0]
+            if below and above and max(below) < min(above):
+                lever[key] = (max(below) + min(above)) / 2
+            else:
+                lever[key] -= err
+            set_lever(key, lever[key])
+        if settled:
+            break
+    before = {key: _cell_error(pub, predict(best[1], *key)) for key, pub in decode_by_key.items()}
+    for key, tried in tries.items():
+        x, _, _ = min(tried, key=lambda t: t[2])
+        set_lever(key, x)
+    settled = build()
+    after = {key: _cell_error(pub, predict(settled, *key)) for key, pub in decode_by_key.items()}
+    return settled if max(after.values()) <= max(before.values()) else best[1]
+
+
 def calibrate(
     text: str,
     *,
@@ -334,10 +398,13 @@ def calibrate(
 
     profile = build()
     log: list[float] = []
-    best: tuple[float, Profile] | None = None
+    best: tuple[float, Profile, tuple[dict[Any, Any], ...]] | None = None
+    state = (correction, acc, delay_ms, output_ms, pf)
+    converged = False
     for _ in range(iterations * (3 if k else 1)):
         worst = raw = 0.0
         measured = profile
+        measured_state = tuple(dict(d) for d in state)
         for (ctx, b), c in decode_by_key.items():
             pred = predict_decode(
                 profile, ctx, b, window_s=window, max_output=max_out, accounting=accounting
@@ -383,13 +450,29 @@ def calibrate(
         raw = max(raw, worst)
         log.append(worst)
         if best is None or raw < best[0]:
-            best = (raw, measured)
+            best = (raw, measured, measured_state)
         if worst < (max(tolerance, SPEC_TOLERANCE) if k else tolerance):
+            converged = True
             break
     if k and best is not None:
         # With speculation a cell's median jumps as its streams' requests end in or out of the
-        # window, so the iteration may wander: keep the profile whose predictions were best.
+        # window, so the iteration may wander: keep the profile whose predictions were best,
+        # and when it did not settle, settle its first tokens alone (_settle_first_tokens).
         profile = best[1]
+        if not converged:
+            for d, saved in zip(state, best[2], strict=True):
+                d.clear()
+                d.update(saved)
+            profile = _settle_first_tokens(
+                best,
+                build,
+                decode_by_key,
+                delay_ms,
+                output_ms,
+                lambda p, ctx, b: predict_decode(
+                    p, ctx, b, window_s=window, max_output=max_out, accounting=accounting
+                ),
+            )
         profile.spec_decode.mean_length[:], profile.spec_decode.spread = _smooth_acceptance(
             {(c, n): (v, sd) for c, n, v, sd in profile.spec_decode.cells}, k
         )
