@@ -190,20 +190,37 @@ def _smooth_acceptance(
     return [(c, line(math.log2(c))) for c in ends], spread
 
 
-def _secant(tried: list[tuple[float, float]], x: float, err: float, k: int) -> float:
+def _secant(
+    tried: list[tuple[float, float]], x: float, err: float, k: int, first: float | None = None
+) -> float:
     """Next signed outlier spread of a cell from the (spread, error) pairs tried so far: a
-    secant step through the last two (at most 1 token: the median moves in jumps), a first
-    step of 1 token, and the best so far when a step would not move; within [-k, k]."""
+    secant step through the last two (at most 1 token, or |first| when larger: the median
+    moves in jumps), a first step to `first` (else of 1 token), and the best so far when a
+    step would not move; within [-k, k]."""
     tried.append((x, err))
+    cap = max(1.0, abs(first)) if first is not None else 1.0
     if len(tried) == 1:
-        nxt = x + (-1.0 if err > 0 else 1.0)
+        nxt = first if first is not None and first != x else x + (-1.0 if err > 0 else 1.0)
     else:
         (x0, e0), (x1, e1) = tried[-2], tried[-1]
         if e1 == e0 or x1 == x0:
             nxt = min(tried, key=lambda t: abs(t[1]))[0]
         else:
-            nxt = x1 + min(max(-e1 * (x1 - x0) / (e1 - e0), -1.0), 1.0)
+            nxt = x1 + min(max(-e1 * (x1 - x0) / (e1 - e0), -cap), cap)
     return min(max(nxt, -float(k)), float(k))
+
+
+def _spread_from_page(cell: dict[str, Any], mean: float) -> float:
+    """The outlier spread a C-stream cell implies when its median TBT is a non-outlier
+    stream's and every stream is busy: those streams run at 1 / TBT each, the outlier at the
+    rest of the total, and a stream's rate is in proportion to its acceptance, so
+    spread = mean x C x (1 - C / (total x TBT)). At C=2 a fast stream that restarts inside the
+    window while a slow one does not has 2 of the 3 requests, so the median is its TBT, below
+    C / total (0.81 x on a 507K page's 1K x 2 cell, streams of 4.6 and 2.8 accepted): the fit's
+    first step goes to this spread instead of 1 token, which never left that median."""
+    b = cell["concurrency"]
+    r = cell["total_tok_s"] * cell["tbt_ms"] / 1000.0 / b
+    return mean * b * (1.0 - 1.0 / r) if r > 0 else 0.0
 
 
 SETTLE_ROUNDS = 8
@@ -424,7 +441,9 @@ def calibrate(
                     # streams that differ move the median TBT against the total; only a TBT
                     # outside what its display rounding hides moves them (chasing the rounding
                     # set two streams 25% apart, and their restarts then jumped the median)
-                    sd = _secant(tried.setdefault((ctx, b), []), sd, tbt_err, k)
+                    sd = _secant(
+                        tried.setdefault((ctx, b), []), sd, tbt_err, k, _spread_from_page(c, got)
+                    )
                 acc[(ctx, b)] = (got, sd)
                 worst = max(worst, abs(ratio - 1), max(abs(tbt_err) - _tbt_half(c), 0.0))
                 raw = max(raw, abs(tbt_err))
