@@ -60,6 +60,66 @@ VARIANTS: dict[str, dict] = {
         "max_model_len": 65536 + 4096,
         "accounting": "aggregate",
     },
+    # issue #35's harder page: the published tool's shapes with a very high acceptance at the
+    # longest context (7 of 8 at 64K), another seed; before the fit read display rounding, its
+    # 1K x 2 total tok/s missed by 13.9% and its 4K x 2 time between tokens by 11%
+    "high-acceptance-long": {
+        "mean": [(1024, 5.2), (65536, 7.0)],
+        "spread": 0.8,
+        "seed": 41,
+        "prefill": [[1024, 0.2], [8192, 1.8], [16384, 4.0], [65536, 22.0]],
+        "base_s": 0.008,
+        "contexts": [*CONTEXTS, 65536],
+        "num_gpu_blocks": 4500,
+        "max_model_len": 65536 + 4096,
+        "accounting": "aggregate",
+    },
+    # a very long context at C=1 only (507K, as the DeepSeek DSpark page's 512K row sent), its
+    # prefill 92 s and its API-server delay growing with the prompt (seconds at 507K), in 30 s
+    # windows: the 507K request finishes and restarts inside the window, each restart waiting
+    # its first token, so the cell's total is well below 1 / its time between tokens
+    "very-long-c1": {
+        "mean": [(1024, 4.4), (519168, 3.3)],
+        "spread": 0.7,
+        "seed": 43,
+        "prefill": [[1024, 0.12], [8192, 1.0], [16384, 2.05], [519168, 92.0]],
+        "base_s": 0.016,
+        "per_kv_s": 8.0e-09,
+        "frontend": [(1024, 1, 5.0), (1024, 16, 20.0), (257024, 1, 1490.0)],
+        "contexts": [*CONTEXTS, 519168],
+        "num_gpu_blocks": 34000,
+        "max_model_len": 524288 + 4096,
+        "window_s": 30.0,
+        "accounting": "aggregate",
+    },
+    # high-acceptance-long with seed 47: NOT held within 5% (test_sim_specdec marks it xfail):
+    # its 2K x 8 median TBT is 0.85 x C / total, which one outlier stream cannot give (seven
+    # streams at the median's rate would already exceed the total); see docs/measurement.md
+    "many-streams-apart": {
+        "mean": [(1024, 5.2), (65536, 7.0)],
+        "spread": 0.8,
+        "seed": 47,
+        "prefill": [[1024, 0.2], [8192, 1.8], [16384, 4.0], [65536, 22.0]],
+        "base_s": 0.008,
+        "contexts": [*CONTEXTS, 65536],
+        "num_gpu_blocks": 4500,
+        "max_model_len": 65536 + 4096,
+        "accounting": "aggregate",
+    },
+    # k = 8 (the DFlash page's draft length), acceptance falling with context, C=2 per-request
+    # exactly total / 2
+    "eight-drafts": {
+        "k": 8,
+        "mean": [(1024, 6.1), (32768, 4.3)],
+        "spread": 1.0,
+        "seed": 53,
+        "prefill": [[1024, 0.15], [8192, 1.4], [16384, 3.1], [32768, 7.5]],
+        "base_s": 0.012,
+        "contexts": [*CONTEXTS, 32768],
+        "num_gpu_blocks": 9000,
+        "max_model_len": 32768 + 4096,
+        "accounting": "aggregate",
+    },
 }
 """Ground truths the calibration is held to: different k, acceptance means by context,
 spreads, seeds and prefill speeds (the fit must not be tuned to one page)."""
@@ -74,10 +134,16 @@ def truth_profile(variant: str = "falling") -> Profile:
     data["kv"]["num_gpu_blocks"] = v.get("num_gpu_blocks", 6000)  # 8K x 8 over, the rest runs
     data["prefill"]["points"] = v.get("prefill", [[1024, 0.2], [8192, 1.8], [16384, 4.0]])
     data["decode"]["base_s"] = v.get("base_s", 0.02)
+    data["decode"]["per_kv_token_s"] = v.get("per_kv_s", data["decode"]["per_kv_token_s"])
+    if "frontend" in v:
+        data["frontend"]["first_token_delay_ms"] = [
+            {"context": c, "requests": n, "ms": ms} for c, n, ms in v["frontend"]
+        ]
     spec = data["spec_decode"]
     k = v.get("k", 7)
     spec["num_speculative_tokens"] = k
-    spec["acceptance"] = spec["acceptance"][:k]
+    shape = spec["acceptance"]
+    spec["acceptance"] = (shape + [shape[-1] - 0.05 * i for i in range(1, k)])[:k]
     spec["seed"] = v.get("seed", 7)
     spec["acceptance_length"] = {
         "mean": [
@@ -99,7 +165,7 @@ def spec_page(variant: str = "falling") -> str:
     run.update(
         served_model="sim-specdec",
         model="sim/specdec-synthetic",
-        measure_s=WINDOW_S,
+        measure_s=v.get("window_s", WINDOW_S),
         launch_command="vllm serve sim/specdec-synthetic --served-model-name sim-specdec "
         f"--max-model-len {mml} --speculative-config "
         f'\'{{"method": "draft_model", "num_speculative_tokens": {k}}}\'',
@@ -109,7 +175,7 @@ def spec_page(variant: str = "falling") -> str:
         prefill_contexts=sorted({*contexts, 16384}),
         contexts=contexts,
         concurrencies=CONCURRENCIES,
-        window_s=WINDOW_S,
+        window_s=v.get("window_s", WINDOW_S),
         max_output=4096,
         accounting=v.get("accounting", "per_stream"),
     )

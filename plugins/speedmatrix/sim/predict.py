@@ -25,7 +25,8 @@ AGGREGATE = "aggregate"
 ACCOUNTINGS = (PER_STREAM, AGGREGATE)
 """How a cell's per-request tok/s is formed: ``per_stream`` (ours, and the reference page's
 tool version: 1 / the median per-request time between tokens) or ``aggregate`` (the published
-tool's current code, llm_decode_bench.py: "derive per-request from aggregate", total / C).
+tool's current code, llm_decode_bench.py: "derive per-request from aggregate", total / C, and
+total over the time from the window's start to its last token).
 They part when the streams are not busy the whole window: a request that ends restarts with
 a first-token wait that lowers total tok/s and no time between tokens, and with speculation
 the streams' acceptances differ."""
@@ -195,12 +196,15 @@ def predict_decode(
         finished.clear()
     active_area += len(engine.running) * (end_t - last_t)
     window_tokens = 0
+    last_token_t = start_t
     tbts: list[float] = []
     ttfts: list[float] = []
     completed = 0
     for r in requests:
         times = [x for x in r.token_times if x <= end_t]
         window_tokens += sum(1 for x in times if x >= start_t)
+        if times and times[-1] > last_token_t:
+            last_token_t = times[-1]
         if times:
             ttfts.append(times[0] - r.arrival)
         if len(times) > 1:
@@ -211,7 +215,13 @@ def predict_decode(
     drafts = engine.counters.spec_drafts - drafts0
     if drafts:  # as the load generator reads vLLM's counters: 1 + accepted / drafts
         cell["spec_acceptance_length"] = 1.0 + (engine.counters.spec_accepted - accepted0) / drafts
-    total = window_tokens / window_s
+    # The published tool's current code divides by the time to the window's last token, not by
+    # the window: a stream waiting for a restarted request's first token at the cut is not
+    # counted (at C=1 with a long first-token wait that is seconds of a window).
+    measured = window_s
+    if accounting == AGGREGATE and last_token_t > start_t:
+        measured = last_token_t - start_t
+    total = window_tokens / measured
     cell.update(
         total_tok_s=total,
         per_request_tok_s=total / concurrency if accounting == AGGREGATE else rate_median(tbts),
@@ -220,7 +230,7 @@ def predict_decode(
         avg_active_requests=active_area / window_s,
         completed_requests=completed,
         output_tokens=window_tokens,
-        measured_s=window_s,
+        measured_s=measured,
         requests_started=len(requests),
         requests_failed=0,
         samples=len(tbts),
