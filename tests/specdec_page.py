@@ -186,7 +186,8 @@ def calibrated(variant: str = "falling") -> tuple[Profile, str]:
     """`speedmatrix sim calibrate PAGE --out X.yaml` on the variant's page: the profile and what
     it printed. Run once per test session and code version, shared between test files and
     xdist workers (a calibration costs tens of seconds): cached in the temp folder under a hash
-    of the page and of the simulator's and report's code, behind a file lock."""
+    of the page and of the library's code (a change anywhere in it calibrates again), behind a
+    file lock."""
     import contextlib
     import fcntl
     import hashlib
@@ -199,7 +200,7 @@ def calibrated(variant: str = "falling") -> tuple[Profile, str]:
     page = spec_page(variant)
     code = ROOT / "plugins" / "speedmatrix"
     h = hashlib.sha256(page.encode())
-    for f in sorted([*code.glob("sim/*.py"), *code.glob("report/*.py"), *code.glob("cli/*.py")]):
+    for f in sorted(code.rglob("*.py")):
         h.update(f.read_bytes())
     folder = Path(tempfile.gettempdir()) / "speedmatrix-specdec-calibrations"
     folder.mkdir(exist_ok=True)
