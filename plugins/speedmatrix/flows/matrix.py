@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from speedmatrix import __version__
-from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease, LeaseLost
+from speedmatrix.engine.lease import HostLease, LeaseLost
 from speedmatrix.flows import progress
 from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cell
 from speedmatrix.flows.fresh_stack import on_fresh_stack
@@ -57,6 +57,7 @@ from speedmatrix.records import (
     from_wire,
     to_wire,
 )
+from speedmatrix.settings import settings
 
 if TYPE_CHECKING:
     from speedmatrix.loadgen import CellConfig
@@ -79,7 +80,7 @@ def _spec(resolved: Resolved) -> MatrixSpec:
 def api_key(resolved: Resolved) -> str | None:
     """The server's API key from the worker's environment (variable named by the recipe)."""
     name = resolved.get("api_key_env")
-    return os.environ.get(name) if name else None
+    return settings().secret_named(name) if name else None
 
 
 def secrets_of(resolved: Resolved) -> list[str]:
@@ -107,7 +108,7 @@ def host_lease(
     return HostLease(
         host_of(resolved),
         resolved["holder"],
-        ttl_s=DEFAULT_TTL_S,  # the deployment's (SPEEDMATRIX_LEASE_TTL_S), never a conf's
+        ttl_s=settings().lease_ttl_s,  # the deployment's (SPEEDMATRIX_LEASE_TTL_S), never a conf's
         owner_pid=owner_pid,
         origin=origin,
     )

@@ -49,6 +49,7 @@ import pandas as pd
 from speedmatrix.commits import commit_label
 from speedmatrix.records import COMPARABILITY_FIELDS
 from speedmatrix.report.slugs import slug
+from speedmatrix.settings import settings
 
 log = logging.getLogger("speedmatrix.site")
 
@@ -114,7 +115,7 @@ def recipe_page(recipe_id: str | None) -> str:
 def default_site_dir(warehouse_root: str) -> str:
     """``$SPEEDMATRIX_SITE_DIR``, else ``site/`` beside the warehouse directory (not inside
     it: the warehouse holds data, and its readers glob its directories)."""
-    env = os.environ.get("SPEEDMATRIX_SITE_DIR")
+    env = settings().site_dir
     if env:
         return env
     root = warehouse_root.rstrip("/")
