@@ -11,7 +11,7 @@ mark); docs/settings.md is the same table, held equal to this one by a test.
 How to read them: :func:`settings` (the process environment, built once for a given set of
 values) or ``Settings.from_env(mapping)`` (a test's, a child's). Modules take a value from
 here or a parameter passed down from here; they never read ``os.environ`` themselves. An
-empty variable counts as unset, as it always has for these variables.
+empty (or blank) variable counts as unset, as it always has for these variables.
 
 What is not here, on purpose:
 
@@ -278,7 +278,7 @@ class Settings:
         sources: dict[str, str] = {}
         for f in _fields():
             meta = f.metadata
-            name = next((n for n in meta["env"] if env.get(n)), None)
+            name = next((n for n in meta["env"] if (env.get(n) or "").strip()), None)
             if name is None:
                 continue
             raw = env[name]
