@@ -87,12 +87,23 @@ def _addresses(raw: str) -> tuple[str, ...]:
     return tuple(a for a in (p.strip() for p in raw.split(",")) if a)
 
 
+_KINDS: dict[Callable[[str], Any], str] = {
+    _text: "text",
+    _path: "path",
+    _positive_float: "number > 0",
+    _positive_int: "whole number > 0",
+    _addresses: "comma-separated list",
+}
+"""What each parser takes, as the table of settings says it."""
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         if raw not in allowed:
             raise ValueError("must be one of " + ", ".join(allowed))
         return raw
 
+    _KINDS[parse] = " or ".join(allowed)
     return parse
 
 
@@ -102,12 +113,23 @@ def _setting(
     *,
     parse: Callable[[str], Any] = _text,
     default: Any = None,
+    default_doc: str | None = None,
     secret: bool = False,
 ) -> Any:
     """One setting: the variable(s) it is read from (the first one set wins), its description,
-    its parser (raises ValueError with the reason) and its default (None: unset)."""
+    its parser (raises ValueError with the reason), its default (None: unset) and, for a
+    default computed when the settings are built, what it is (``default_doc``)."""
     names = (env,) if isinstance(env, str) else env
-    meta = {"env": names, "doc": doc, "parse": parse, "secret": secret}
+    if default_doc is None:
+        default_doc = UNSET if default in (None, ()) else str(default)
+    meta = {
+        "env": names,
+        "doc": doc,
+        "parse": parse,
+        "kind": _KINDS[parse],
+        "default_doc": default_doc,
+        "secret": secret,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -122,8 +144,9 @@ class Settings:
     # The warehouse and where its pages go
     warehouse: str = _setting(
         "SPEEDMATRIX_WAREHOUSE",
-        "The warehouse root: a local path or s3://bucket/prefix. Default: warehouse/ in the "
-        "checkout (else in the working directory). --warehouse and a run's conf override it.",
+        "The warehouse root: a local path or s3://bucket/prefix. --warehouse and a run's "
+        "conf override it.",
+        default_doc="warehouse/ in the checkout (else in the working directory)",
     )
     object_store_endpoint: str | None = _setting(
         ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
@@ -143,7 +166,7 @@ class Settings:
     site_url: str | None = _setting(
         "SPEEDMATRIX_SITE_URL",
         "Where the site directory is published (a static web server); the site task's link "
-        "is <url>/runs/<run>.html. Unset: the page's file:// URL.",
+        "is URL/runs/RUN.html. Unset: the page's file:// URL.",
     )
     site_max_run_pages: int = _setting(
         "SPEEDMATRIX_SITE_MAX_RUN_PAGES",
@@ -154,7 +177,7 @@ class Settings:
     report_base_url: str | None = _setting(
         "SPEEDMATRIX_REPORT_BASE_URL",
         "Where the warehouse's artifacts/ directory is published; alerts link "
-        "<url>/<run>/report.html. Unset: the report's path.",
+        "URL/RUN/report.html. Unset: the report's path.",
     )
     gpu_prices: Path | None = _setting(  # noqa: RUF009 (a field specifier: it returns field())
         "SPEEDMATRIX_GPU_PRICES",
@@ -166,15 +189,15 @@ class Settings:
     # Recipes, the schedule and the upstream sources (trusted: never a run's conf)
     recipes_dir: Path = _setting(  # noqa: RUF009 (a field specifier: it returns field())
         "SPEEDMATRIX_RECIPES",
-        "The recipes folder; a recipe id is looked up inside it only. Default: "
-        "include/recipes in the checkout.",
+        "The recipes folder; a recipe id is looked up inside it only.",
         parse=_path,
+        default_doc="include/recipes in the checkout",
     )
     schedule: Path = _setting(  # noqa: RUF009 (a field specifier: it returns field())
         "SPEEDMATRIX_SCHEDULE",
-        "The schedule config (nightly cron, commit watch, the GitHub API). Default: "
-        "_schedule.yaml in the recipes folder.",
+        "The schedule config (nightly cron, commit watch, the GitHub API).",
         parse=_path,
+        default_doc="_schedule.yaml in the recipes folder",
     )
     github_api_url: str | None = _setting(
         "SPEEDMATRIX_GITHUB_API_URL",
@@ -323,6 +346,8 @@ class Settings:
                     value=_shown(value, f.metadata["secret"]),
                     source=f"env {source}" if source else "default",
                     secret=f.metadata["secret"],
+                    kind=f.metadata["kind"],
+                    default=f.metadata["default_doc"],
                     doc=f.metadata["doc"],
                 )
             )
@@ -331,13 +356,16 @@ class Settings:
 
 @dataclass(frozen=True)
 class SettingRow:
-    """One setting as shown: its field, variable(s), redacted value, source and description."""
+    """One setting as shown: its field, variable(s), redacted value, source, what it takes,
+    its default and its description."""
 
     field: str
     env: tuple[str, ...]
     value: str
     source: str
     secret: bool
+    kind: str
+    default: str
     doc: str
 
     def as_dict(self) -> dict[str, Any]:
