@@ -20,6 +20,7 @@ from typing import Any
 from speedmatrix.recipes import load_recipe_id, wheel_index_for
 from speedmatrix.records import parse_cell, parse_context
 from speedmatrix.settings import settings
+from speedmatrix.store.protocol import WarehouseReader
 from speedmatrix.upstream.github import GitHubClient
 from speedmatrix.upstream.schedule import github_api_url
 from speedmatrix.upstream.wheels import wheel_published
@@ -282,7 +283,7 @@ def choose_step(job: dict, step: int, salt: str = "") -> dict | None:
     return {"job": job, "commit": commit, "conf": conf, "trigger_run_id": run_id}
 
 
-def judge_step(chosen: dict, warehouse: Any | None = None) -> dict:
+def judge_step(chosen: dict, warehouse: WarehouseReader | None = None) -> dict:
     """Read the step's landed run, compare the regressed cells with the good run, record."""
     # pandas and pyarrow come with these: the bisect DAG file imports this module when it is
     # parsed, and parsing must stay light (tests/dags: no heavy imports)

@@ -34,6 +34,7 @@ from typing import Any
 from speedmatrix.records import cell_name
 from speedmatrix.settings import Settings
 from speedmatrix.settings import settings as deployment_settings
+from speedmatrix.store.protocol import WarehouseReader
 
 log = logging.getLogger("speedmatrix.notify")
 # The warehouse and verdict imports sit inside the functions: they bring pandas and pyarrow,
@@ -105,7 +106,7 @@ class RunSummary:
         return bool(self.regressions or self.status == "failed" or self.reason)
 
 
-def report_link(warehouse: Any, run_id: str, base_url: str | None = None) -> str:
+def report_link(warehouse: WarehouseReader, run_id: str, base_url: str | None = None) -> str:
     """The run page's URL under the published ``artifacts/`` base, else its path/URI."""
     if base_url:
         from speedmatrix.store.layout import file_name
@@ -116,7 +117,7 @@ def report_link(warehouse: Any, run_id: str, base_url: str | None = None) -> str
 
 
 def summarize_run(
-    warehouse: Any,
+    warehouse: WarehouseReader,
     run_id: str,
     *,
     base_url: str | None = None,

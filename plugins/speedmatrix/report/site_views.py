@@ -20,6 +20,7 @@ from speedmatrix.analysis.pareto import choose_series, model_of
 from speedmatrix.report.pareto import build_view, models, render_pareto_html
 from speedmatrix.report.slugs import slug
 from speedmatrix.report.versus import render_versus_html, side_label
+from speedmatrix.store.protocol import WarehouseReader
 
 log = logging.getLogger("speedmatrix.site")
 
@@ -59,7 +60,7 @@ class ViewsResult:
 
 
 def write_views(
-    wh: Any,
+    wh: WarehouseReader,
     root: Path,
     runs: Sequence[Mapping[str, Any]],
     *,
