@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,34 @@ def test_the_docs_link_the_settings_page_and_the_config_command():
     assert "docs/settings.md" in (ROOT / "README.md").read_text(encoding="utf-8")
     assert "speedmatrix config" in (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     assert "settings.md" in (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+
+
+# Variables of the scripts speedmatrix runs on a GPU host (engine/provision/scripts.py, the
+# server's probes): that host's environment, not this process's settings.
+HOST_SCRIPT_VARIABLES = {
+    "SPEEDMATRIX_PROBE_KEY",
+    "SPEEDMATRIX_FORCE",
+    "SPEEDMATRIX_INSTALL_HASH",
+    "SPEEDMATRIX_MARKER",
+    "SPEEDMATRIX_MARKER_NAME",
+    "SPEEDMATRIX_REF",
+}
+# Read by the deployment's shell scripts and its tests' probe, not by the library.
+DEPLOYMENT_SCRIPT_VARIABLES = {"SPEEDMATRIX_AIRFLOW_ENV", "SPEEDMATRIX_WORKER_NAME"}
+_NAME = re.compile(r"(?<![A-Z0-9_])SPEEDMATRIX_[A-Z0-9_]+")
+
+
+def test_every_variable_the_code_and_the_env_files_name_is_a_setting():
+    """A variable added where it is used, not here, is found: the code and deploy/'s env files
+    name only settings (and the host scripts' and deployment scripts' own variables)."""
+    named_in_code = {
+        m
+        for top in ("plugins", "dags")
+        for p in (ROOT / top).rglob("*.py")
+        for m in _NAME.findall(p.read_text(encoding="utf-8"))
+    }
+    assert named_in_code - set(ENV_NAMES) - HOST_SCRIPT_VARIABLES == set()
+    named_in_env_files = {
+        m for p in (ROOT / "deploy").glob("*.env.example") for m in _NAME.findall(p.read_text())
+    }
+    assert named_in_env_files - set(ENV_NAMES) - DEPLOYMENT_SCRIPT_VARIABLES == set()
