@@ -104,7 +104,7 @@ def speed_matrix_bisect():
             # latency per step is nothing next to a matrix run (SPEEDMATRIX_BISECT_POLL_S in
             # the DAG processor's environment changes it; the deployment test uses 5 s).
             deferrable=True,
-            poke_interval=bisection.POLL_S,
+            poke_interval=bisection.poll_s(),
             allowed_states=["success", "failed"],  # a failed run is judged "skip"
             failed_states=[],
             # Bounds the trigger call and the resumed completion only: Airflow 3.3 puts no

@@ -33,6 +33,7 @@ from speedmatrix.records import (
     RUN_FIELDS,
 )
 from speedmatrix.redact import SECRET_PATTERNS, redact
+from speedmatrix.store.protocol import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -486,7 +487,7 @@ def run_status(cells: Sequence[dict], quarantined: int = 0) -> str:
 
 
 def check_for_landing(
-    warehouse: Any,
+    warehouse: Warehouse,
     run: dict,
     cells: Sequence[dict],
     requests: Sequence[dict],

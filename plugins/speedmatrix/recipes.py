@@ -28,13 +28,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from speedmatrix.plan import MatrixSpec, PlanError, fits_model, repeat_keys
 from speedmatrix.records import check_quantity, parse_context
 from speedmatrix.redact import REDACTED, SECRET_FLAGS, is_secret_name, looks_like_secret
+from speedmatrix.settings import settings
 
 # vLLM's per-commit wheel index, and the variable a deployment sets to redirect every recipe
 DEFAULT_WHEEL_INDEX = "https://wheels.vllm.ai"
 ENV_WHEEL_INDEX = "SPEEDMATRIX_WHEEL_INDEX"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RECIPES_DIR = Path(os.environ.get("SPEEDMATRIX_RECIPES", REPO_ROOT / "include" / "recipes"))
+
+
+def recipes_dir() -> Path:
+    """The recipes folder (``SPEEDMATRIX_RECIPES``, else include/recipes), read at call time."""
+    return settings().recipes_dir
+
 
 PLACEHOLDERS = (
     "env_dir",
@@ -566,11 +572,12 @@ def check_recipe_id(rid: Any) -> str:
     the worker (and fail only in setup, after the host lease is taken). File paths are for the
     CLI (``speedmatrix recipes validate PATH``), never for a conf."""
     text = str(rid)
-    inside = os.path.normpath(os.path.join(RECIPES_DIR, f"{text}.yaml"))
+    root = recipes_dir()
+    inside = os.path.normpath(os.path.join(root, f"{text}.yaml"))
     if (
         not isinstance(rid, str)
         or not RECIPE_ID_RE.match(text)
-        or not inside.startswith(os.path.join(os.path.normpath(RECIPES_DIR), ""))
+        or not inside.startswith(os.path.join(os.path.normpath(root), ""))
     ):
         looks_like_path = text.startswith(("/", ".")) or text.endswith((".yaml", ".yml"))
         hint = " (a file path)" if looks_like_path else ""
@@ -591,7 +598,7 @@ def recipe_path(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -
     if not ids_only and p.suffix in (".yaml", ".yml") and p.is_file():
         return p
     rid = check_recipe_id(id_or_path if ids_only else os.fspath(id_or_path))
-    candidate = RECIPES_DIR / f"{rid}.yaml"
+    candidate = recipes_dir() / f"{rid}.yaml"
     if candidate.is_file():
         return candidate
     known = ", ".join(list_recipe_ids()[:20]) or "none"
@@ -600,14 +607,14 @@ def recipe_path(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -
 
 def recipe_id_for(path: Path) -> str:
     try:
-        rel = path.resolve().relative_to(RECIPES_DIR.resolve())
+        rel = path.resolve().relative_to(recipes_dir().resolve())
     except ValueError:
         return path.stem
     return str(rel.with_suffix(""))
 
 
 def list_recipe_ids() -> list[str]:
-    return sorted(recipe_id_for(p) for p in RECIPES_DIR.rglob("*.yaml") if _is_recipe_file(p))
+    return sorted(recipe_id_for(p) for p in recipes_dir().rglob("*.yaml") if _is_recipe_file(p))
 
 
 def _is_recipe_file(p: Path) -> bool:
@@ -689,7 +696,7 @@ def wheel_index_for(recipe: Recipe, wheel_index: str | None = None) -> str:
     check the very index provisioning installs from."""
     return (
         wheel_index
-        or os.environ.get(ENV_WHEEL_INDEX)
+        or settings().wheel_index
         or recipe.engine.install.wheel_index
         or DEFAULT_WHEEL_INDEX
     )

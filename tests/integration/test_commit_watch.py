@@ -224,7 +224,7 @@ class Sandbox:
 
 def _write_recipes(root: Path) -> None:
     """Two per-commit recipes (one also nightly) and one nightly-only, from the CPU recipe."""
-    src = (Path(recipes_mod.RECIPES_DIR) / "cpu" / "tiny" / "llama-tiny.yaml").read_text()
+    src = (Path(recipes_mod.recipes_dir()) / "cpu" / "tiny" / "llama-tiny.yaml").read_text()
     flags = {"a": (True, True), "b": (False, True), "n": (True, False), "off": (False, False)}
     (root / "t").mkdir(parents=True)
     for name, (nightly, per_commit) in flags.items():

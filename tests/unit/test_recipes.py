@@ -42,7 +42,7 @@ def test_render_cli_prints_only_the_command() -> None:
 
 
 def test_shipped_recipes_validate() -> None:
-    good, problems = recipes.validate_paths([recipes.RECIPES_DIR])
+    good, problems = recipes.validate_paths([recipes.recipes_dir()])
     assert problems == []
     ids = {r.id for r in good}
     assert set(PUBLISHED) | {CPU} <= ids
@@ -104,7 +104,7 @@ def _write(tmp_path: Path, data: dict, name: str = "r.yaml") -> Path:
 
 
 def _cpu_data() -> dict:
-    return yaml.safe_load((recipes.RECIPES_DIR / f"{CPU}.yaml").read_text())
+    return yaml.safe_load((recipes.recipes_dir() / f"{CPU}.yaml").read_text())
 
 
 def test_every_problem_reported_at_once(tmp_path: Path) -> None:
@@ -210,7 +210,7 @@ def test_shell_metacharacters_stay_one_argument(tmp_path: Path) -> None:
 
 def test_recipe_id_and_path_both_accepted() -> None:
     by_id = load_recipe(CPU)
-    by_path = load_recipe(recipes.RECIPES_DIR / f"{CPU}.yaml")
+    by_path = load_recipe(recipes.recipes_dir() / f"{CPU}.yaml")
     assert by_id == by_path
     assert by_id.id == CPU
 
@@ -219,7 +219,7 @@ def test_ref_placeholder_is_the_engine_ref_being_served(tmp_path: Path) -> None:
     """A simulator recipe picks its profile per commit with {ref} (how a bisection test plants
     a regression at one commit); without a run's ref it is the recipe's own engine.ref."""
     data = yaml.safe_load(
-        (recipes.RECIPES_DIR / "sim/kimi-k2.7-nvfp4-rtxpro6k-x8.yaml").read_text()
+        (recipes.recipes_dir() / "sim/kimi-k2.7-nvfp4-rtxpro6k-x8.yaml").read_text()
     )
     data["serve"]["command"][-1] = "/profiles/{ref}.yaml"
     r = load_recipe(_write(tmp_path, data))

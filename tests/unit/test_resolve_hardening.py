@@ -16,7 +16,7 @@ import pytest
 
 from speedmatrix.flows import resolution
 from speedmatrix.flows.resolution import ResolveError
-from speedmatrix.recipes import RECIPES_DIR, RecipeError, load_recipe_id
+from speedmatrix.recipes import RecipeError, load_recipe_id, recipes_dir
 
 WHEN = dt.datetime(2026, 11, 29, 20, 30, 5, tzinfo=dt.UTC)
 SIM = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
@@ -32,14 +32,14 @@ def outside_recipe(tmp_path):
     """A valid recipe file outside include/recipes (what `..` or an absolute path reaches)."""
     path = tmp_path / "elsewhere" / "evil.yaml"
     path.parent.mkdir()
-    shutil.copy(RECIPES_DIR / f"{CPU}.yaml", path)
+    shutil.copy(recipes_dir() / f"{CPU}.yaml", path)
     return path
 
 
 def test_a_recipe_id_cannot_leave_the_recipes_tree(outside_recipe):
     import os
 
-    up = os.path.relpath(outside_recipe.with_suffix(""), RECIPES_DIR)
+    up = os.path.relpath(outside_recipe.with_suffix(""), recipes_dir())
     assert up.startswith("..")
     for rid in (up, str(outside_recipe.with_suffix("")), str(outside_recipe)):
         with pytest.raises(RecipeError, match="recipe id"):
@@ -52,7 +52,7 @@ def test_resolve_takes_recipe_ids_only(outside_recipe, how):
     import os
 
     rid = {
-        "dotdot": os.path.relpath(outside_recipe.with_suffix(""), RECIPES_DIR),
+        "dotdot": os.path.relpath(outside_recipe.with_suffix(""), recipes_dir()),
         "absolute": str(outside_recipe.with_suffix("")),
         "file": str(outside_recipe),
     }[how]

@@ -213,7 +213,7 @@ def test_schedule_config_defaults_file_and_env(tmp_path, monkeypatch):
     monkeypatch.delenv("SPEEDMATRIX_GITHUB_API_URL", raising=False)
     missing = T.load_schedule_config(tmp_path / "none.yaml")
     assert missing.nightly.cron == "0 2 * * *" and missing.github.repo == "vllm-project/vllm"
-    shipped = T.load_schedule_config(Path(recipes_mod.RECIPES_DIR) / "_schedule.yaml")
+    shipped = T.load_schedule_config(Path(recipes_mod.recipes_dir()) / "_schedule.yaml")
     assert shipped.nightly.cron == "0 2 * * *"
     f = tmp_path / "s.yaml"
     f.write_text("commit_watch:\n  max_commits_per_poll: 3\n")
@@ -227,7 +227,7 @@ def test_schedule_config_defaults_file_and_env(tmp_path, monkeypatch):
 
 
 def test_scheduled_recipes_reads_the_recipe_flags(tmp_path, monkeypatch, caplog):
-    src = (Path(recipes_mod.RECIPES_DIR) / "cpu" / "tiny" / "llama-tiny.yaml").read_text()
+    src = (Path(recipes_mod.recipes_dir()) / "cpu" / "tiny" / "llama-tiny.yaml").read_text()
     (tmp_path / "t").mkdir()
     flags = {"both": (True, True), "night": (True, False), "none": (False, False)}
     for name, (nightly, per_commit) in flags.items():
@@ -236,7 +236,7 @@ def test_scheduled_recipes_reads_the_recipe_flags(tmp_path, monkeypatch, caplog)
         (tmp_path / "t" / f"{name}.yaml").write_text(body)
     (tmp_path / "t" / "broken.yaml").write_text(textwrap.dedent("schedule: {nightly: true}\n"))
     (tmp_path / "_schedule.yaml").write_text("nightly: {cron: '0 3 * * *'}\n")  # not a recipe
-    monkeypatch.setattr(recipes_mod, "RECIPES_DIR", tmp_path)
+    monkeypatch.setenv("SPEEDMATRIX_RECIPES", str(tmp_path))
     assert [r.id for r in T.scheduled_recipes("nightly")] == ["t/both", "t/night"]
     assert [r.id for r in T.scheduled_recipes("per_commit")] == ["t/both"]
     assert T.scheduled_recipes("per_commit")[0].host == "local"

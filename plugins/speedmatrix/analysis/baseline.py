@@ -19,6 +19,7 @@ from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD
 from speedmatrix.commits import same_commit
 from speedmatrix.recipes import load_recipe
 from speedmatrix.store.extra import read_extra
+from speedmatrix.store.protocol import WarehouseReader
 
 SCHEDULED_TRIGGERS = ("nightly", "commit")
 
@@ -103,7 +104,7 @@ def recipe_threshold(recipe_id: str | None) -> float:
 
 
 def read_history(
-    warehouse: Any, recipe_id: str | None, host: str | None = None
+    warehouse: WarehouseReader, recipe_id: str | None, host: str | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, NoiseModel]:
     """(runs, cells, comparisons, between-run noise model) of one recipe (and host).
 

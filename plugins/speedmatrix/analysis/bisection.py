@@ -13,13 +13,14 @@ is found in at most ceil(log2(N)) measurements, as long as no measurement says "
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from speedmatrix.recipes import load_recipe_id, wheel_index_for
 from speedmatrix.records import parse_cell, parse_context
+from speedmatrix.settings import settings
+from speedmatrix.store.protocol import WarehouseReader
 from speedmatrix.upstream.github import GitHubClient
 from speedmatrix.upstream.schedule import github_api_url
 from speedmatrix.upstream.wheels import wheel_published
@@ -164,9 +165,13 @@ def bisect(
 
 MAX_STEPS = 10
 """Unrolled steps of the DAG: 2**10 = 1024 commits with wheels between good and bad."""
-POLL_S = float(os.environ.get("SPEEDMATRIX_BISECT_POLL_S", "30"))
-"""How often the triggerer polls a step's speed_matrix run, in seconds. Read when the DAG file
-is parsed, so it is set in the DAG processor's environment; a bad value fails the parse."""
+
+
+def poll_s() -> float:
+    """How often the triggerer polls a step's speed_matrix run, in seconds (the
+    ``bisect_poll_s`` setting). The DAG file asks when it is parsed, so it is set in the DAG
+    processor's environment; a bad value fails the parse, naming the variable."""
+    return settings().bisect_poll_s
 
 
 def _decode_and_prefill(cells: Sequence[str]) -> tuple[list[tuple[str, str, int]], dict]:
@@ -278,7 +283,7 @@ def choose_step(job: dict, step: int, salt: str = "") -> dict | None:
     return {"job": job, "commit": commit, "conf": conf, "trigger_run_id": run_id}
 
 
-def judge_step(chosen: dict, warehouse: Any | None = None) -> dict:
+def judge_step(chosen: dict, warehouse: WarehouseReader | None = None) -> dict:
     """Read the step's landed run, compare the regressed cells with the good run, record."""
     # pandas and pyarrow come with these: the bisect DAG file imports this module when it is
     # parsed, and parsing must stay light (tests/dags: no heavy imports)

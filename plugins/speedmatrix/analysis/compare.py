@@ -33,6 +33,7 @@ from speedmatrix.analysis.verdict import (
     regression_rows,
 )
 from speedmatrix.store.extra import land_extra
+from speedmatrix.store.protocol import Warehouse, WarehouseReader
 from speedmatrix.upstream.github import github_repo
 
 log = logging.getLogger("speedmatrix.compare")
@@ -47,7 +48,7 @@ class ComparisonResult:
 
 
 def comparison_for_run(
-    warehouse: Any,
+    warehouse: WarehouseReader,
     run_id: str,
     *,
     baseline_ref: str | None = None,
@@ -87,7 +88,7 @@ def comparison_for_run(
     return ComparisonResult(run, b_run, rows, noise_table_rows)
 
 
-def comparison_for_run_or_none(warehouse: Any, run_id: str) -> ComparisonResult | None:
+def comparison_for_run_or_none(warehouse: WarehouseReader, run_id: str) -> ComparisonResult | None:
     """The run's comparison (:func:`comparison_for_run`), or None, logged, when it cannot be
     made: `land` lands the run anyway, `report` writes its page without one, and
     `regressions`, handed none, makes it again and fails where it belongs."""
@@ -99,7 +100,7 @@ def comparison_for_run_or_none(warehouse: Any, run_id: str) -> ComparisonResult 
 
 
 def judge_regressions(
-    warehouse: Any,
+    warehouse: Warehouse,
     run_id: str,
     *,
     baseline_ref: str | None = None,

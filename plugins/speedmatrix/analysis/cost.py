@@ -22,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from speedmatrix.settings import Settings, settings
 
 PRICES_ENV = "SPEEDMATRIX_GPU_PRICES"
 
@@ -68,10 +69,10 @@ def load_prices(environ: Mapping[str, str] | None = None) -> Prices | None:
     """The deployment's prices (``SPEEDMATRIX_GPU_PRICES``), or None when it sets none."""
     import yaml
 
-    env = os.environ if environ is None else environ
-    path = env.get(PRICES_ENV, "").strip()
-    if not path:
+    s = settings() if environ is None else Settings.from_env(environ)
+    if s.gpu_prices is None:
         return None
+    path = str(s.gpu_prices)
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)

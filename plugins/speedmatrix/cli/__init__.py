@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "site": ("speedmatrix.cli.site", "write the static site over the warehouse"),
     "export": ("speedmatrix.cli.tables", "write a plain Parquet snapshot of the warehouse"),
     "warehouse": ("speedmatrix.cli.tables", "maintain (compact, vacuum) or migrate the warehouse"),
+    "config": ("speedmatrix.cli.config", "print the effective settings (secrets redacted)"),
 }
 
 

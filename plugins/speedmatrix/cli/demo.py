@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from speedmatrix.settings import settings
+
 REPO = Path(__file__).resolve().parents[3]  # the checkout (plugins/speedmatrix/cli/demo.py)
 RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
 SHORT = {
@@ -310,7 +312,7 @@ def _summary(result: dict, airflow_log: str | None = None) -> str:
     report = _xcom(result, "report") or {}
     resolved = _xcom(result, "resolve") or {}
     run_id = landed.get("run_id") or resolved.get("run_id")
-    wh = landed.get("warehouse") or os.environ.get("SPEEDMATRIX_WAREHOUSE", "warehouse")
+    wh = landed.get("warehouse") or settings().warehouse
     lines = [
         "",
         f"speed_matrix finished: {result['state']} in {result['wall_s']:.0f} s "

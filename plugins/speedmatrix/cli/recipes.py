@@ -20,7 +20,10 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         "Prints each problem as FILE: FIELD: REASON and exits 1 when there is any.",
     )
     v.add_argument(
-        "paths", nargs="*", metavar="PATH", help=f"files or folders (default {recipes.RECIPES_DIR})"
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="files or folders (default $SPEEDMATRIX_RECIPES, else include/recipes)",
     )
     v.set_defaults(func=_validate)
 
@@ -41,7 +44,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    paths = args.paths or [str(recipes.RECIPES_DIR)]
+    paths = args.paths or [str(recipes.recipes_dir())]
     good, problems = recipes.validate_paths(paths)
     for problem in problems:
         print(problem, file=sys.stderr)

@@ -37,6 +37,7 @@ from speedmatrix.cli.interrupts import finishing, terminate_as_interrupt
 from speedmatrix.cli.verdict import EXIT_REGRESSION, run_verdict, verdict_text
 from speedmatrix.flows.contracts import Landing, Planned, ServerHandoff, ServerInfo
 from speedmatrix.flows.resolved import Resolved
+from speedmatrix.settings import settings
 
 # The matrix of a server already running when the command line names none: the published
 # reports' smallest contexts (those that fit the model), a few concurrencies.
@@ -225,7 +226,7 @@ def _conf(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     if args.port is not None:
         raise CliError("--port is for a recipe's server (--base-url names the server's)")
     url = args.base_url.rstrip("/")
-    key = os.environ.get(args.api_key_env) or None
+    key = settings().secret_named(args.api_key_env)
     version, max_len = server_facts(url, args.model, key)
     ref = args.engine_ref or ref_of(version)
     recipe = existing_recipe(url, args.model, ref, max_len, args.api_key_env if key else None)
@@ -254,7 +255,11 @@ def _sim_key(recipe_id: str) -> None:
     except (RecipeError, FileNotFoundError):
         return  # resolve says why, in the DAG's words
     name = recipe.serve.api_key_secret
-    if recipe.engine.install.kind == "sim" and recipe.has_api_key and not os.environ.get(name):
+    if (
+        recipe.engine.install.kind == "sim"
+        and recipe.has_api_key
+        and not settings().secret_named(name)
+    ):
         os.environ[name] = "sk-run-" + secrets.token_hex(12)
 
 

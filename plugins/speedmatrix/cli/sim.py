@@ -11,7 +11,6 @@ from __future__ import annotations
 # CliError comes from speedmatrix.cli, which imports this module (a cycle if at the top).
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -85,14 +84,16 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from speedmatrix.settings import settings
     from speedmatrix.sim.profile import load_profile
     from speedmatrix.sim.runner import serve
 
     if args.time_scale <= 0:
         raise ValueError("--time-scale must be positive")
-    key = args.api_key if args.api_key is not None else os.environ.get("VLLM_API_KEY") or None
+    s = settings()
+    key = args.api_key if args.api_key is not None else s.vllm_api_key
     if args.api_key_env:
-        key = os.environ.get(args.api_key_env) or None
+        key = s.secret_named(args.api_key_env)
         if key is None:
             raise ValueError(f"--api-key-env {args.api_key_env} is not set")
     faults = None

@@ -9,16 +9,15 @@ cells with their reasons, and the baseline (or why there is none).
 
 from __future__ import annotations
 
-from typing import Any
-
 from speedmatrix.flows.notify import MAX_LISTED, RunSummary, _cell, _change_line, summarize_run
+from speedmatrix.store.protocol import WarehouseReader
 
 EXIT_REGRESSION = 3
 """`speedmatrix run --fail-on-regression`'s exit code when a figure regressed beyond noise
 (0: landed, 1: landed as failed, 2: bad input)."""
 
 
-def run_verdict(warehouse: Any, run_id: str) -> RunSummary:
+def run_verdict(warehouse: WarehouseReader, run_id: str) -> RunSummary:
     """The landed run's verdict (KeyError when the run is not in the warehouse)."""
     return summarize_run(warehouse, run_id)
 

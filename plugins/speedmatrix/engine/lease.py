@@ -34,7 +34,6 @@ run that disappears with its server stops renewing and its lease expires after `
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shlex
 import threading
@@ -43,12 +42,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from speedmatrix.engine.hosts import Host
+from speedmatrix.settings import settings
 
 log = logging.getLogger("speedmatrix.lease")
 
 MACHINE_DIR = "/var/tmp/speedmatrix"
 DIR_ENV = "SPEEDMATRIX_LEASE_DIR"
-DEFAULT_TTL_S = float(os.environ.get("SPEEDMATRIX_LEASE_TTL_S", "900"))
 _SAFE = re.compile(r"[^A-Za-z0-9._:+@=/~-]")
 HOLDER_MAX = 200  # a holder id's length at most (holder_id cuts a longer one)
 
@@ -208,7 +207,7 @@ def _shell_path(path: str) -> str:
 def deployment_dir() -> str:
     """The machine-wide directory a host uses when its own environment names none: the
     deployment's ``SPEEDMATRIX_LEASE_DIR`` (the workers' env), else :data:`MACHINE_DIR`."""
-    return os.environ.get(DIR_ENV) or MACHINE_DIR
+    return settings().lease_dir or MACHINE_DIR
 
 
 def dir_args(lease_dir: str | None = None) -> str:
@@ -244,12 +243,13 @@ class HostLease:
         self,
         host: Host,
         holder: str,
-        ttl_s: float = DEFAULT_TTL_S,
+        ttl_s: float | None = None,
         lease_dir: str | None = None,
         owner_pid: int | None = None,
         origin: str | None = None,
     ):
-        """``lease_dir`` None: the machine-wide directory (see the module docstring).
+        """``ttl_s`` None: the deployment's (the ``lease_ttl_s`` setting, never a run's conf).
+        ``lease_dir`` None: the machine-wide directory (see the module docstring).
         ``owner_pid``: the process on the host whose life is the holder's (one process runs the
         whole run: `speedmatrix run`, dag.test); once it is gone, the lease is void.
         ``origin``: a token naming where this holder's run can be looked up (an Airflow
@@ -259,7 +259,7 @@ class HostLease:
             raise ValueError(f"holder must match [A-Za-z0-9._:+@=/~-]+, got {holder!r}")
         self.host = host
         self.holder = holder
-        self.ttl_s = int(max(1, ttl_s))
+        self.ttl_s = int(max(1, settings().lease_ttl_s if ttl_s is None else ttl_s))
         self.lease_dir = lease_dir
         self.owner_pid = owner_pid
         if origin is not None and (not origin or _SAFE.search(origin)):

@@ -13,13 +13,13 @@ the lease) says when it is gone, and nothing else.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from typing import Any
 
 from speedmatrix.engine.lease import HOLDER_MAX
 from speedmatrix.flows import matrix
 from speedmatrix.flows.resolved import Resolved
+from speedmatrix.settings import settings
 
 RUN_LIVE_STATES = frozenset({"queued", "running"})
 """DAG run states whose run may still use its host; any other (success, failed) has ended."""
@@ -53,7 +53,7 @@ def airflow_origin() -> str:
     ``SPEEDMATRIX_DEPLOYMENT`` when set, else a digest of the execution API's URL (the API
     server every task of the deployment asks). Two deployments measuring one host name
     themselves apart by it, so neither judges the other's runs by its own DAG runs."""
-    name = os.environ.get(ORIGIN_ENV)
+    name = settings().deployment
     if not name:
         from airflow.sdk.configuration import conf
 

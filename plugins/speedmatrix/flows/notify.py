@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import html
 import logging
-import os
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -33,6 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedmatrix.records import cell_name
+from speedmatrix.settings import Settings
+from speedmatrix.settings import settings as deployment_settings
+from speedmatrix.store.protocol import WarehouseReader
 
 log = logging.getLogger("speedmatrix.notify")
 # The warehouse and verdict imports sit inside the functions: they bring pandas and pyarrow,
@@ -56,15 +58,15 @@ class NotifySettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NotifySettings:
-        env = os.environ if env is None else env
-        to = tuple(a.strip() for a in env.get("SPEEDMATRIX_NOTIFY_EMAIL_TO", "").split(","))
+        """The alert settings of ``env`` (None: this process's settings)."""
+        s = deployment_settings() if env is None else Settings.from_env(env)
         return cls(
-            email_to=tuple(a for a in to if a),
-            email_from=env.get("SPEEDMATRIX_NOTIFY_EMAIL_FROM") or None,
-            smtp_conn_id=env.get("SPEEDMATRIX_NOTIFY_SMTP_CONN_ID") or "smtp_default",
-            webhook_url=env.get("SPEEDMATRIX_NOTIFY_WEBHOOK_URL") or None,
-            webhook_conn_id=env.get("SPEEDMATRIX_NOTIFY_WEBHOOK_CONN_ID") or None,
-            report_base_url=env.get("SPEEDMATRIX_REPORT_BASE_URL") or None,
+            email_to=s.notify_email_to,
+            email_from=s.notify_email_from,
+            smtp_conn_id=s.notify_smtp_conn_id,
+            webhook_url=s.notify_webhook_url,
+            webhook_conn_id=s.notify_webhook_conn_id,
+            report_base_url=s.report_base_url,
         )
 
     @property
@@ -104,7 +106,7 @@ class RunSummary:
         return bool(self.regressions or self.status == "failed" or self.reason)
 
 
-def report_link(warehouse: Any, run_id: str, base_url: str | None = None) -> str:
+def report_link(warehouse: WarehouseReader, run_id: str, base_url: str | None = None) -> str:
     """The run page's URL under the published ``artifacts/`` base, else its path/URI."""
     if base_url:
         from speedmatrix.store.layout import file_name
@@ -115,7 +117,7 @@ def report_link(warehouse: Any, run_id: str, base_url: str | None = None) -> str
 
 
 def summarize_run(
-    warehouse: Any,
+    warehouse: WarehouseReader,
     run_id: str,
     *,
     base_url: str | None = None,

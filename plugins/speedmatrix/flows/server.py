@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from speedmatrix.engine.lease import DEFAULT_TTL_S, HostLease
+from speedmatrix.engine.lease import HostLease
 from speedmatrix.flows import progress
 from speedmatrix.flows.contracts import ServerHandoff, ServerInfo
 from speedmatrix.flows.resolved import Resolved
+from speedmatrix.settings import settings
 
 log = logging.getLogger("speedmatrix.pipeline")
 
@@ -39,7 +40,7 @@ def recipe_of(resolved: Resolved):
 def api_key(resolved: Resolved) -> str | None:
     """The server's API key from the worker's environment (variable named by the recipe)."""
     name = resolved.get("api_key_env")
-    return os.environ.get(name) if name else None
+    return settings().secret_named(name) if name else None
 
 
 def secrets_of(resolved: Resolved) -> list[str]:
@@ -67,7 +68,7 @@ def host_lease(
     return HostLease(
         host_of(resolved),
         resolved["holder"],
-        ttl_s=DEFAULT_TTL_S,  # the deployment's (SPEEDMATRIX_LEASE_TTL_S), never a conf's
+        ttl_s=settings().lease_ttl_s,  # the deployment's (SPEEDMATRIX_LEASE_TTL_S), never a conf's
         owner_pid=owner_pid,
         origin=origin,
     )

@@ -24,7 +24,6 @@ will be once a later run's build succeeds).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,11 +31,11 @@ from typing import Any
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from speedmatrix.flows.fresh_stack import on_fresh_stack
+from speedmatrix.settings import settings
 
 log = logging.getLogger("speedmatrix.site")
 
 LINK_NAME = "Speed matrix site"
-DEFAULT_MAX_RUN_PAGES = 200
 
 
 def site_dir(resolved: Mapping[str, Any]) -> str:
@@ -51,7 +50,7 @@ def site_url(resolved: Mapping[str, Any], out: str | None = None) -> str:
     from speedmatrix.report.site import run_page
 
     page = run_page(resolved["run_id"])
-    base = os.environ.get("SPEEDMATRIX_SITE_URL")
+    base = settings().site_url
     if base:
         return f"{base.rstrip('/')}/{page}"
     return (Path(out or site_dir(resolved)).resolve() / page).as_uri()
@@ -67,7 +66,7 @@ def refresh(resolved: Mapping[str, Any], out: str | None = None) -> dict[str, An
     out = out or site_dir(resolved)
     wh = warehouse_of(resolved)
     try:
-        limit = int(os.environ.get("SPEEDMATRIX_SITE_MAX_RUN_PAGES") or DEFAULT_MAX_RUN_PAGES)
+        limit = settings().site_max_run_pages
         result = build_site(wh, out, max_run_pages=limit)
     finally:
         wh.close()

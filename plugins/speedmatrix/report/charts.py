@@ -27,6 +27,7 @@ import pandas as pd
 from speedmatrix.commits import commit_label
 from speedmatrix.records import cell_key, cell_name, cell_sort_key
 from speedmatrix.report import palette
+from speedmatrix.store.protocol import Warehouse, WarehouseReader
 
 _COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
@@ -323,7 +324,7 @@ def inline(svg: str) -> str:
 
 
 def trend_svgs(
-    warehouse: Any, result: Any, keys: Sequence[tuple[str, str, int]], *, title: str
+    warehouse: WarehouseReader, result: Any, keys: Sequence[tuple[str, str, int]], *, title: str
 ) -> list[tuple[str, str]]:
     """(cell name, SVG) of each cell's tok/s over the recipe's runs, verdicts marked; this
     run's verdicts (`result`, a compare.ComparisonResult) included, since the page draws them
@@ -355,7 +356,7 @@ def trend_svgs(
     return out
 
 
-def write_comparison_charts(warehouse: Any, result: Any) -> None:
+def write_comparison_charts(warehouse: Warehouse, result: Any) -> None:
     """comparison.svg (the diff heat map of total tok/s) and one trend-<cell>.svg per
     regressed cell, next to the run's report, for the alert's reader. Passed as `charts` to
     analysis.compare.judge_regressions."""
@@ -377,7 +378,7 @@ def write_comparison_charts(warehouse: Any, result: Any) -> None:
         warehouse.write_artifact(run_id, f"trend-{name.replace(' ', '-')}.svg", svg)
 
 
-def comparison_figures(warehouse: Any, result: Any) -> list[dict[str, str]]:
+def comparison_figures(warehouse: WarehouseReader, result: Any) -> list[dict[str, str]]:
     """The run page's comparison figures ({id, title, svg}): the diff heat map of total
     tok/s, then one trend per cell that changed beyond its noise (at most MAX_TREND_FIGURES)."""
     from speedmatrix.analysis.display import notable

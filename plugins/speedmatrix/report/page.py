@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedmatrix.store.protocol import Warehouse, WarehouseReader
+
 log = logging.getLogger("speedmatrix.report")
 
 # The run's charts, kept beside it by the pipeline's `report` task with the key they were
@@ -65,7 +67,7 @@ def deployment_prices() -> Any:
         return None
 
 
-def keep_charts(warehouse: Any, page: RunPage) -> str:
+def keep_charts(warehouse: Warehouse, page: RunPage) -> str:
     """Draw the page's charts and keep them beside the run with their key; returns the path."""
     from speedmatrix.report.render import run_charts
 
@@ -74,7 +76,7 @@ def keep_charts(warehouse: Any, page: RunPage) -> str:
     return warehouse.write_artifact(page.run["run_id"], CHARTS_ARTIFACT, json.dumps(kept))
 
 
-def kept_charts(warehouse: Any, page: RunPage) -> list[dict[str, str]] | None:
+def kept_charts(warehouse: WarehouseReader, page: RunPage) -> list[dict[str, str]] | None:
     """The charts kept beside the run when they were drawn from exactly this page's cells and
     baseline by this code; None (draw them) when none were kept or they were drawn from
     anything else (a run landed again, another baseline, a new chart design)."""
@@ -88,7 +90,7 @@ def kept_charts(warehouse: Any, page: RunPage) -> list[dict[str, str]] | None:
 
 
 def load_run_page(
-    warehouse: Any,
+    warehouse: Warehouse,
     run_id: str,
     *,
     baseline_ref: str | None = None,
@@ -161,7 +163,7 @@ def render_page(page: RunPage, *, links: Sequence[tuple[str, str]] = ()) -> str:
 
 
 def render_run_page(
-    warehouse: Any,
+    warehouse: Warehouse,
     run_id: str,
     *,
     baseline_ref: str | None = None,

@@ -27,6 +27,7 @@ from speedmatrix.analysis.pareto import (
     points_of,
 )
 from speedmatrix.report import palette
+from speedmatrix.store.protocol import WarehouseReader
 
 RUN_COLUMNS = (
     "run_id",
@@ -67,7 +68,7 @@ class ParetoView:
         return next((s.label for s in self.series if s.key == key), key)
 
 
-def warehouse_runs(wh: Any) -> list[dict[str, Any]]:
+def warehouse_runs(wh: WarehouseReader) -> list[dict[str, Any]]:
     """Every run's row with what the views group by (model, recipe, host, commit, GPUs)."""
     frame = wh.query(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs")
     rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
@@ -80,7 +81,7 @@ def models(runs: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def build_view(
-    wh: Any,
+    wh: WarehouseReader,
     model: str,
     *,
     by_commit: bool = False,

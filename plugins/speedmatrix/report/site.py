@@ -62,6 +62,7 @@ from speedmatrix.report.site_pages import (
     site_run_page,
 )
 from speedmatrix.report.site_text import clean, text
+from speedmatrix.settings import settings
 
 log = logging.getLogger("speedmatrix.site")
 
@@ -85,7 +86,7 @@ __all__ = [
 def default_site_dir(warehouse_root: str) -> str:
     """``$SPEEDMATRIX_SITE_DIR``, else ``site/`` beside the warehouse directory (not inside
     it: the warehouse holds data, and its readers glob its directories)."""
-    env = os.environ.get("SPEEDMATRIX_SITE_DIR")
+    env = settings().site_dir
     if env:
         return env
     root = warehouse_root.rstrip("/")

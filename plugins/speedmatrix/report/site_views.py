@@ -20,6 +20,7 @@ from speedmatrix.analysis.pareto import choose_series, model_of
 from speedmatrix.report.pareto import build_view, models, render_pareto_html
 from speedmatrix.report.slugs import slug
 from speedmatrix.report.versus import render_versus_html, side_label
+from speedmatrix.store.protocol import WarehouseReader
 
 log = logging.getLogger("speedmatrix.site")
 
@@ -85,7 +86,7 @@ _UP = "../"
 
 
 def write_views(
-    wh: Any,
+    wh: WarehouseReader,
     root: Path,
     runs: Sequence[Mapping[str, Any]],
     *,

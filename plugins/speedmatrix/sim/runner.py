@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from speedmatrix.settings import settings
 from speedmatrix.sim.faults import Faults
 from speedmatrix.sim.profile import Profile, load_profile
 from speedmatrix.sim.server import SimServer
@@ -30,7 +30,7 @@ from speedmatrix.sim.server import SimServer
 
 def _new_loop() -> asyncio.AbstractEventLoop:
     """uvloop where importable; SPEEDMATRIX_SIM_LOOP=asyncio picks the standard loop."""
-    if os.environ.get("SPEEDMATRIX_SIM_LOOP") == "asyncio":
+    if settings().sim_loop == "asyncio":
         return asyncio.new_event_loop()
     try:
         import uvloop

@@ -19,7 +19,6 @@ an ``http://`` endpoint (a server on the LAN or loopback) is allowed here explic
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from speedmatrix.settings import settings
 from speedmatrix.store.schemas import PARTITION_KEYS, WarehouseError
 
 T = TypeVar("T")
@@ -52,10 +52,10 @@ def storage_options(root: str) -> dict[str, str] | None:
     if not root.startswith(("s3://", "s3a://")):
         return None
     opts: dict[str, str] = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
-    if endpoint.startswith("http://"):
+    s = settings()
+    if (s.object_store_endpoint or "").startswith("http://"):
         opts["allow_http"] = "true"
-    if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
+    if not s.object_store_region:
         opts["region"] = "us-east-1"
     return opts
 

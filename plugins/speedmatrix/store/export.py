@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from typing import Any
 
+from speedmatrix.store.protocol import WarehouseReader
 from speedmatrix.store.schemas import PARTITION_KEYS, view_tables
 
 
-def export_parquet(warehouse: Any, out_dir: str | os.PathLike) -> dict[str, int]:
+def export_parquet(warehouse: WarehouseReader, out_dir: str | os.PathLike) -> dict[str, int]:
     """Write every table's current version under ``out_dir`` (a local path); returns the rows
     written per table (tables with no commit yet are skipped)."""
     import pyarrow.dataset as ds

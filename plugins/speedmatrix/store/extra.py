@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from speedmatrix.store.delta import delete_rows, sql_literal
 from speedmatrix.store.layout import run_month_of
+from speedmatrix.store.protocol import Warehouse, WarehouseReader
 from speedmatrix.store.schemas import (
     CELL_REPEATS_SCHEMA,
     SCHEMA_VERSION,
@@ -31,7 +32,7 @@ from speedmatrix.store.schemas import (
 )
 
 
-def landed_run_date(warehouse: Any, run: Mapping[str, Any]) -> date:
+def landed_run_date(warehouse: WarehouseReader, run: Mapping[str, Any]) -> date:
     """The date the run is filed under: its `run_date` when the row came from the warehouse,
     else the landed run's, else its start (finish) date, else today (what land_run does for a
     run without dates). Extra rows go into the run's partition."""
@@ -56,7 +57,7 @@ def landed_run_date(warehouse: Any, run: Mapping[str, Any]) -> date:
     return run_date_of(dict(run)) or datetime.now(UTC).date()
 
 
-def land_extra(warehouse: Any, table: str, run: Mapping[str, Any], data: pa.Table) -> str:
+def land_extra(warehouse: Warehouse, table: str, run: Mapping[str, Any], data: pa.Table) -> str:
     """Land one run's rows of an extra table (EXTRA_TABLES), replacing its older ones; returns
     the table's location."""
     if not data.schema.equals(extra_schema(table), check_metadata=False):
@@ -79,7 +80,7 @@ def land_extra(warehouse: Any, table: str, run: Mapping[str, Any], data: pa.Tabl
     return warehouse.table_uri(table)
 
 
-def delete_extra(warehouse: Any, table: str, run_id: str) -> int:
+def delete_extra(warehouse: Warehouse, table: str, run_id: str) -> int:
     """Remove a run's rows of an extra table (one commit); returns how many there were."""
     return delete_rows(
         warehouse.table_uri(table), f"run_id = {sql_literal(run_id)}", warehouse.root
@@ -87,7 +88,11 @@ def delete_extra(warehouse: Any, table: str, run_id: str) -> int:
 
 
 def read_extra(
-    warehouse: Any, table: str, *, run_id: str | None = None, recipe_id: str | None = None
+    warehouse: WarehouseReader,
+    table: str,
+    *,
+    run_id: str | None = None,
+    recipe_id: str | None = None,
 ) -> pd.DataFrame:
     """The rows of an extra table (EXTRA_TABLES) of one run, one recipe, or all, with the
     table's own columns (extra_schema)."""
@@ -139,7 +144,7 @@ def cell_repeats_table(run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
 
 
 def land_cell_repeats(
-    warehouse: Any, run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+    warehouse: Warehouse, run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
 ) -> str | None:
     """Land a run's repeats in `cell_repeats` (after the run itself: the file goes next to
     the run's). No rows: the run's older file, if any, is removed (landing again replaces,

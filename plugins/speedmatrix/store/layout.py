@@ -9,23 +9,18 @@ by the migration.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import urllib.parse
-from pathlib import Path
+
+from speedmatrix.settings import settings
 
 QUARANTINE = "_quarantine"
 ARTIFACTS = "artifacts"
 
 
 def default_root() -> str:
-    """``$SPEEDMATRIX_WAREHOUSE``, else ``warehouse/`` in the checkout (else in the cwd)."""
-    env = os.environ.get("SPEEDMATRIX_WAREHOUSE")
-    if env:
-        return env
-    checkout = Path(__file__).resolve().parents[3]
-    if (checkout / "pyproject.toml").exists():
-        return str(checkout / "warehouse")
-    return str(Path.cwd() / "warehouse")
+    """``$SPEEDMATRIX_WAREHOUSE``, else ``warehouse/`` in the checkout (else in the cwd): the
+    ``warehouse`` setting."""
+    return settings().warehouse
 
 
 def run_month_of(run_date: dt.date) -> str:

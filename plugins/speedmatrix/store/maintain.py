@@ -27,6 +27,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from speedmatrix.store.delta import with_retries
+from speedmatrix.store.protocol import Warehouse
 from speedmatrix.store.schemas import view_tables
 
 RETENTION_HOURS = 24
@@ -37,7 +38,7 @@ def _count_files(delta: Any) -> int:
     return len(delta.file_uris())
 
 
-def maintain(warehouse: Any, retention_hours: float = RETENTION_HOURS) -> dict[str, dict]:
+def maintain(warehouse: Warehouse, retention_hours: float = RETENTION_HOURS) -> dict[str, dict]:
     """Compact, checkpoint and vacuum every table of ``warehouse``; returns per table: files
     before / after compaction, files vacuumed, the version, and seconds taken."""
     report: dict[str, dict] = {}

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from speedmatrix.store.delta import replace_rows, sql_literal
 from speedmatrix.store.legacy import legacy_files, read_legacy_file
+from speedmatrix.store.protocol import Warehouse
 from speedmatrix.store.schemas import EXTRA_TABLES, WarehouseError, view_schema
 
 ORDER = ("cells", "requests", *EXTRA_TABLES, "runs")
@@ -48,7 +48,7 @@ def _open_old(source: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(source)
 
 
-def migrate(warehouse: Any, source: str, batch_runs: int = BATCH_RUNS) -> dict[str, dict]:
+def migrate(warehouse: Warehouse, source: str, batch_runs: int = BATCH_RUNS) -> dict[str, dict]:
     """Import the older-layout warehouse at ``source`` into ``warehouse``; returns per table
     the runs, rows and checksum migrated. Raises WarehouseError when a table's rows differ."""
     fs, base = _open_old(source)

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from speedmatrix.recipes import RECIPES_DIR
+from speedmatrix.settings import settings
 from speedmatrix.upstream.github import DEFAULT_API_URL
 
 
@@ -54,11 +54,9 @@ class ScheduleConfig(_Strict):
 
 
 def schedule_config_path() -> Path:
-    """`$SPEEDMATRIX_SCHEDULE`, else `_schedule.yaml` beside the recipes."""
-    env = os.environ.get("SPEEDMATRIX_SCHEDULE")
-    if env:
-        return Path(env)
-    return Path(RECIPES_DIR) / "_schedule.yaml"
+    """`$SPEEDMATRIX_SCHEDULE`, else `_schedule.yaml` beside the recipes (the `schedule`
+    setting)."""
+    return settings().schedule
 
 
 def load_schedule_config(path: str | os.PathLike[str] | None = None) -> ScheduleConfig:
@@ -74,7 +72,7 @@ def load_schedule_config(path: str | os.PathLike[str] | None = None) -> Schedule
             raise ValueError(f"{p}: expected a mapping at the top level")
         data = loaded
     cfg = ScheduleConfig.model_validate(data)
-    env_url = os.environ.get("SPEEDMATRIX_GITHUB_API_URL")
+    env_url = settings().github_api_url
     if env_url:
         cfg = cfg.model_copy(update={"github": cfg.github.model_copy(update={"api_url": env_url})})
     return cfg

@@ -8,12 +8,12 @@ time, so tests point them at loopback and a deployment at its mirrors.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from collections.abc import Callable
 
 from speedmatrix.engine.provision.contract import ProvisionError
+from speedmatrix.settings import child_environ, settings
 
 DEFAULT_REPO_URL = "https://github.com/vllm-project/vllm.git"
 
@@ -73,7 +73,7 @@ def _ls_remote(repo_url: str, ref: str, timeout_s: float) -> str:
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+            env=child_environ(GIT_TERMINAL_PROMPT="0"),
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -90,4 +90,4 @@ def _ls_remote(repo_url: str, ref: str, timeout_s: float) -> str:
 def repo_url_for(repo_url: str | None = None) -> str:
     """The vLLM git repository: the argument, else ``$SPEEDMATRIX_VLLM_REPO_URL``, else
     GitHub's. Read at call time, so a deployment points its hosts at a mirror without code."""
-    return repo_url or os.environ.get(ENV_REPO_URL) or DEFAULT_REPO_URL
+    return repo_url or settings().vllm_repo_url or DEFAULT_REPO_URL

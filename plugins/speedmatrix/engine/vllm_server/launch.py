@@ -9,7 +9,6 @@ its own that records its identity, PID and machine-wide registry entry itself.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shlex
 import time
@@ -32,6 +31,7 @@ from speedmatrix.engine.vllm_server.ready import wait_ready
 from speedmatrix.engine.vllm_server.registry import OURS, RECORD_IDENTITY, records_in
 from speedmatrix.engine.vllm_server.stop import stop_server
 from speedmatrix.recipes import Recipe
+from speedmatrix.settings import settings
 
 log = logging.getLogger("speedmatrix.server")
 
@@ -52,7 +52,7 @@ def _api_key_value(recipe: Recipe, api_key: str | None) -> str | None:
     if api_key is not None:
         return api_key
     name = recipe.serve.api_key_secret or DEFAULT_API_KEY_ENV
-    value = os.environ.get(name)
+    value = settings().secret_named(name)
     if not value:
         raise ServerError(
             f"recipe {recipe.id} needs an API key: set the environment variable {name}"
