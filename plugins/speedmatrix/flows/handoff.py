@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from speedmatrix.records import Field, from_wire, to_wire
+from speedmatrix.store.protocol import Warehouse, WarehouseReader
 
 COMPARISON_HANDOFF = "comparison"
 """The run's artifacts folder where `land` leaves the comparison for `report` and `regressions`:
@@ -23,7 +24,7 @@ rows.parquet and noise.parquet (the comparisons / noise tables' schemas: typed, 
 included) and meta.json (the baseline, and the run's landed_at the comparison was made of)."""
 
 
-def hand_on_comparison(wh: Any, run_id: str, result: Any) -> None:
+def hand_on_comparison(wh: Warehouse, run_id: str, result: Any) -> None:
     """Leave the comparison made by `land` for `report` and `regressions` (COMPARISON_HANDOFF);
     None leaves a marker saying there is none, so a comparison of an earlier landing of the
     run is never taken for this one's."""
@@ -56,7 +57,7 @@ def hand_on_comparison(wh: Any, run_id: str, result: Any) -> None:
 _LANDED_AT = Field("landed_at", "timestamp", True, "the landing a comparison was made of")
 
 
-def handed_on_comparison(wh: Any, run_id: str):
+def handed_on_comparison(wh: WarehouseReader, run_id: str):
     """The comparison `land` made of this landing of the run (a ComparisonResult), or None
     when there is none to take: not made, not found, or made of an earlier landing."""
     import io

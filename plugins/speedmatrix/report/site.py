@@ -63,6 +63,7 @@ from speedmatrix.report.site_pages import (
 )
 from speedmatrix.report.site_text import clean, text
 from speedmatrix.settings import settings
+from speedmatrix.store.protocol import WarehouseReader
 
 log = logging.getLogger("speedmatrix.site")
 
@@ -171,7 +172,7 @@ class _Build:
     """One build: where it writes, what the last build left (its manifest, emptied when the
     code or the prices changed), and what this one has written so far."""
 
-    wh: Any
+    wh: WarehouseReader
     root: Path
     code: str  # the renderer's code and the deployment's prices: part of every fingerprint
     prices: Any
@@ -201,7 +202,7 @@ def claim_site_dir(root: Path) -> None:
 
 
 def build_site(
-    warehouse: Any,
+    warehouse: WarehouseReader,
     out: str | os.PathLike[str],
     *,
     force: bool = False,
@@ -226,7 +227,7 @@ def build_site(
 
 
 def _build(
-    warehouse: Any, root: Path, *, force: bool, max_run_pages: int | None, t0: float
+    warehouse: WarehouseReader, root: Path, *, force: bool, max_run_pages: int | None, t0: float
 ) -> SiteResult:
     b = _start(warehouse, root, force=force)
     runs, summary, hits = load_fleet(warehouse)
@@ -266,7 +267,7 @@ def _build(
     return b.result
 
 
-def _start(warehouse: Any, root: Path, *, force: bool) -> _Build:
+def _start(warehouse: WarehouseReader, root: Path, *, force: bool) -> _Build:
     """The build's state: the last manifest, kept only when the code and prices are the
     same (else every page is rendered again)."""
     from speedmatrix.report.page import deployment_prices

@@ -16,6 +16,7 @@ import pandas as pd
 
 from speedmatrix.records import COMPARABILITY_FIELDS, cell_name, cell_sort_key
 from speedmatrix.report.site_text import clean, text
+from speedmatrix.store.protocol import WarehouseReader
 from speedmatrix.store.schemas import COMPARISON_FIELDS
 
 RUN_COLUMNS = (
@@ -63,7 +64,7 @@ COMPARISON_COLUMNS = (
 # reading the warehouse
 
 
-def load_fleet(wh: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def load_fleet(wh: WarehouseReader) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(runs oldest first, per run the count, newest time and baseline of its comparison
     rows, the comparison rows with a regression or an improvement): what every build needs."""
     cols = ", ".join(RUN_COLUMNS)
@@ -80,7 +81,7 @@ def load_fleet(wh: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     return runs, summary, hits
 
 
-def run_comparisons(wh: Any, run_id: str) -> pd.DataFrame | None:
+def run_comparisons(wh: WarehouseReader, run_id: str) -> pd.DataFrame | None:
     """One run's comparison rows, every field (None when it has none), for its page: the
     page's summary shows each change's values, interval and threshold, as the pipeline's
     page does from the same rows."""
@@ -89,7 +90,7 @@ def run_comparisons(wh: Any, run_id: str) -> pd.DataFrame | None:
     return rows if len(rows) else None
 
 
-def recipe_comparisons(wh: Any, recipe: str | None) -> pd.DataFrame:
+def recipe_comparisons(wh: WarehouseReader, recipe: str | None) -> pd.DataFrame:
     """One recipe's comparison rows (its partition), for its page's trends."""
     cols = ", ".join(COMPARISON_COLUMNS)
     return wh.query(
@@ -97,7 +98,7 @@ def recipe_comparisons(wh: Any, recipe: str | None) -> pd.DataFrame:
     )
 
 
-def recipe_rows(wh: Any, table: str, recipe: str | None) -> pd.DataFrame:
+def recipe_rows(wh: WarehouseReader, table: str, recipe: str | None) -> pd.DataFrame:
     """One recipe's rows of `table` (the recipe_id partition: DuckDB reads only its files)."""
     cols = ", ".join(CELL_COLUMNS)
     return wh.query(f"SELECT {cols} FROM {table} WHERE recipe_id IS NOT DISTINCT FROM ?", [recipe])
@@ -114,7 +115,7 @@ class RecipeHistory:
     threshold: float
 
 
-def read_recipe(wh: Any, recipe: str | None, rruns: pd.DataFrame) -> RecipeHistory:
+def read_recipe(wh: WarehouseReader, recipe: str | None, rruns: pd.DataFrame) -> RecipeHistory:
     """The history of `recipe` over its runs `rruns` (the runs the site lists)."""
     from speedmatrix.analysis.baseline import recipe_threshold
     from speedmatrix.analysis.noise import NoiseModel, between_run_noise

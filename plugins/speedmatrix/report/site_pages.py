@@ -28,6 +28,7 @@ from speedmatrix.report.site_fleet import RecipeHistory, Verdict
 from speedmatrix.report.site_text import clean, engine, gpu, text, when
 from speedmatrix.report.site_trend import fmt_value, trend_svg
 from speedmatrix.report.slugs import slug
+from speedmatrix.store.protocol import WarehouseReader
 
 MAX_POINTS = 120  # points per trend chart: the most recent runs (the run table has them all)
 LATEST_RUNS = 25  # runs listed on the index
@@ -47,7 +48,7 @@ def recipe_page(recipe_id: str | None) -> str:
 
 
 def render_landed_run_page(
-    wh: Any, run_id: str, recipe_id: str | None, rows: pd.DataFrame | None
+    wh: WarehouseReader, run_id: str, recipe_id: str | None, rows: pd.DataFrame | None
 ) -> str:
     """The run's page, the pipeline's own (report.page.render_page: verdict summary first),
     from the baseline and the verdicts the `regressions` task landed (`rows`: read, not

@@ -63,7 +63,7 @@ class ViewsResult:
 class _Views:
     """One build's views: what every model's pages are written with."""
 
-    wh: Any
+    wh: WarehouseReader
     root: Path
     prices: Any
     fingerprint: Callable[..., str]
