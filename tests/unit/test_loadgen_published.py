@@ -1,15 +1,18 @@
 """The `published` measurement profile's prompts and bodies (issue #35 part 3): the published
-tool's definitions, read from llm_decode_bench.py, without a server."""
+tool's definitions, read from llm_decode_bench.py, without a server (a decode cell's figures
+from a scripted stream timeline)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from test_loadgen_stream import END, HEAD, chunked, run_feed, sse, usage_only
 
-from speedmatrix.loadgen import DecodeConfig, PrefillConfig
+from speedmatrix.loadgen import DecodeConfig, PrefillConfig, published
 from speedmatrix.loadgen import published_prompt as pp
-from speedmatrix.loadgen.stream import _choice_text
+from speedmatrix.loadgen.stats import median, rate_median
+from speedmatrix.loadgen.stream import Window, _choice_text
 
 
 def test_the_body_asks_what_the_tool_asks():
@@ -59,3 +62,65 @@ def test_the_profile_is_checked_and_the_warm_up_is_its_own():
         PrefillConfig(
             base_url="http://x", model="m", context=8, global_warmup_context=8192
         ).validate()
+
+
+def _request(monkeypatch, window, arrivals, max_tokens, done=True):
+    """One request fed through the stream parser: `arrivals` is [(t, usage tokens so far)],
+    the response head arriving with the first; it ends with usage and [DONE] at the last
+    arrival when `done`, else the connection drops (a stream cut while it waits)."""
+    t0 = arrivals[0][0]
+    reads = [(t0, HEAD + chunked(sse(0, text="")))]
+    reads += [
+        (t, chunked(sse(n, finish="length" if n == max_tokens else None))) for t, n in arrivals if n
+    ]
+    if done:
+        last = arrivals[-1][0]
+        reads.append((last, chunked(usage_only(max_tokens)) + chunked(b"data: [DONE]\n\n") + END))
+    return run_feed(reads, max_tokens, window=window, monkeypatch=monkeypatch)
+
+
+def test_a_window_ending_in_a_restarts_first_token_wait_is_measured_to_the_last_token(
+    monkeypatch,
+):
+    """C=1, window (2, 12] s. Request 0 (the ramp) has 5 tokens 0.25 s apart, 0.5-1.5 s, all
+    before the window; request 1 has 49 tokens 0.125 s apart, 2.5-8.5 s, all inside it;
+    request 2 starts at 8.5 s and is still waiting for its first token when the window ends.
+
+    The tool (llm_decode_bench.py) divides the window's 49 usage tokens by the time from the
+    window's start to the last of them, 8.5 - 2 = 6.5 s (its usage_measure_end, recorded as
+    "Measured for"): 7.538 tok/s, per request the same (total / C), and its time between
+    tokens is the median over every request, the ramp's too: (0.25 + 0.125) / 2 = 187.5 ms.
+    Our default divides by the 10 s window (4.9 tok/s) and takes the in-window requests'
+    intervals only: 125 ms, 8.0 tok/s per request."""
+    window = Window()
+    window.ws, window.we = 2.0, 12.0
+    ramp = _request(monkeypatch, window, [(0.5 + 0.25 * k, k + 1) for k in range(5)], 5)
+    inside = _request(monkeypatch, window, [(2.5 + 0.125 * k, k + 1) for k in range(49)], 49)
+    waiting = _request(monkeypatch, window, [(9.0, 0)], 4096, done=False)
+    reqs = [ramp, inside, waiting]
+    assert [r.w_tokens for r in reqs] == [0, 49, 0] and waiting.first_at is None
+
+    tool = published.decode_figures(reqs, window, 1)
+    assert tool["output_tokens"] == 49
+    assert tool["measured_s"] == pytest.approx(6.5)
+    assert tool["total_tok_s"] == pytest.approx(49 / 6.5)  # 7.538
+    assert tool["per_request_tok_s"] == pytest.approx(49 / 6.5)
+    assert tool["tbt_ms"] == pytest.approx(187.5)
+
+    # the default profile's rules on the same timeline (loadgen/decode.py)
+    window_s = window.we - window.ws
+    tbts = [x for x in (r.window_tbt() for r in reqs if r.w_tokens > 0) if x]
+    assert sum(r.w_tokens for r in reqs) / window_s == pytest.approx(4.9)
+    assert 1000 * median(tbts) == pytest.approx(125.0)
+    assert rate_median(tbts) == pytest.approx(8.0)
+
+
+def test_the_tools_interval_divides_by_the_usage_tokens_less_one(monkeypatch):
+    """A first arrival carrying 3 tokens (a speculative step), then 1 token every 0.5 s to 6:
+    the tool's (2.5 - 1.0) / (6 - 1) = 0.3 s, where our default's whole-request interval
+    counts the tokens after the first arrival, 1.5 / 3 = 0.5 s."""
+    req = _request(monkeypatch, Window(), [(1.0, 3), (1.5, 4), (2.0, 5), (2.5, 6)], 6)
+    assert published.request_tbt(req) == pytest.approx(0.3)
+    assert req.tbt() == pytest.approx(0.5)
+    single = _request(monkeypatch, Window(), [(1.0, 4)], 4)  # one arrival: no interval
+    assert published.request_tbt(single) is None

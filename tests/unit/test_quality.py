@@ -127,6 +127,23 @@ def test_broken_decode_cell_is_quarantined_alone(name):
     assert v.run_ok
 
 
+def test_a_published_cell_is_measured_up_to_its_window():
+    """The published tool measures to the window's last token: 27.4 s of a 30 s window lands
+    for a `published` cell (a restart's first-token wait after the last token is not measured)
+    and is quarantined for a default one; over the window is quarantined for either."""
+    short = dict(
+        measured_s=27.4, output_tokens=1504, total_tok_s=1504 / 27.4, per_request_tok_s=1504 / 27.4
+    )
+    cells = good_cells()
+    cells[1] = decode(c=1, measurement_profile="published", **short)
+    assert validate_run(run_row(), cells).bad_cells == []
+    cells[1] = decode(c=1, **short)
+    assert [c["concurrency"] for c in validate_run(run_row(), cells).bad_cells] == [1]
+    over = dict(measured_s=31.0, output_tokens=1702, total_tok_s=1702 / 31.0)
+    cells[1] = decode(c=1, measurement_profile="published", **over)
+    assert [c["concurrency"] for c in validate_run(run_row(), cells).bad_cells] == [1]
+
+
 def test_warm_up_is_a_decode_figure():
     """warmup_s (issue #19): a decode cell's measured warm-up lands; a prefill cell has none
     (its cold request is the measurement), so a prefill row carrying one is quarantined."""

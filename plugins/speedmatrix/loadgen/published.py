@@ -13,10 +13,14 @@ What llm-inference-bench (``llm_decode_bench.py``) does, read line by line, and 
   then starts C streams; its window opens once, at least 2 s in, the server has had
   ``running >= C`` with nothing waiting and every stream its first token for 3 s (read about
   once a second), and lasts the cell's duration;
-- total tok/s = tokens in the window / the window; per-request tok/s = total / C ("derive
-  per-request from aggregate"); time between tokens = median over every request of the cell
-  (the ramp's too) of (last token - first token) / (tokens - 1); TTFT = median over every
-  request; a prefill's tok/s = ``usage.prompt_tokens`` / TTFT.
+- total tok/s = the tokens whose usage rose inside the window / the time from the window's
+  start to the last of them (the tool's ``usage_measure_end``, which is also what it records
+  as the cell's measured time, the page's "Measured for"), not / the window: a window that
+  ends while a restart waits for its first token leaves that wait out; per-request tok/s =
+  total / C ("derive per-request from aggregate"); time between tokens = median over every
+  request of the cell (the ramp's too) that has two token arrivals of (last token - first
+  token) / (usage tokens - 1); TTFT = median over every request; a prefill's tok/s =
+  ``usage.prompt_tokens`` / TTFT (``decode_figures``).
 
 Our safeguards that change no figure stay (queueing, preemption and active-request checks make
 a cell invalid; the window is exact). The record carries the prompt the server counted in
@@ -26,6 +30,7 @@ a cell invalid; the window is exact). The record carries the prompt the server c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from time import perf_counter
 
@@ -48,6 +53,44 @@ POLL_S = 1.0
 WARMUP_SHORT_TOKENS = 64
 WARMUP_DECODE_TOKENS = 32
 """The global warm-up's short request and short decode (output tokens)."""
+
+
+def request_tbt(req: Request) -> float | None:
+    """The tool's time between tokens of one request: (its last token's arrival - its first's)
+    / (its usage tokens - 1), the first arrival's tokens included however many it carried;
+    none for a request with fewer than two arrivals (the tool's median drops a zero)."""
+    if req.first_at is None or req.last_at is None or req.tokens < 2:
+        return None
+    if req.last_at <= req.first_at:
+        return None
+    return (req.last_at - req.first_at) / (req.tokens - 1)
+
+
+def decode_figures(
+    reqs: Sequence[Request], window: Window, concurrency: int
+) -> dict[str, float | None]:
+    """A decode cell's window figures by the tool's definitions (module docstring).
+
+    measured_s runs from the window's start to the last arrival that raised a request's usage
+    inside the window: the tool stamps every usage rise and divides by the last stamp's
+    distance from the start, so time after the last token (a restart still waiting for its
+    first) is not measured. With no token in the window it is the window (the tool then falls
+    back to the server's counters, which we do not use: the cell has no rate).
+    """
+    tokens = sum(r.w_tokens for r in reqs)
+    arrivals = [
+        r.w_last if r.w_last is not None else r.w_first for r in reqs if r.w_first is not None
+    ]
+    last = max(arrivals, default=None)
+    measured = last - window.ws if tokens and last is not None else window.we - window.ws
+    total = tokens / measured if measured > 0 else 0.0
+    return {
+        "measured_s": measured,
+        "output_tokens": tokens,
+        "total_tok_s": total,
+        "per_request_tok_s": total / concurrency,
+        "tbt_ms": ms(median([x for x in map(request_tbt, reqs) if x is not None])),
+    }
 
 
 def _record(cfg: PrefillConfig | DecodeConfig, phase: str, concurrency: int) -> CellRecord:
@@ -309,11 +352,7 @@ class _PublishedDecode:
         cfg, cell, w = self.cfg, self.cell, self.window
         reqs = self.requests
         ttfts = [r.first_at - r.sent_at for r in reqs if r.first_at and r.sent_at]
-        itls = [
-            (r.last_at - r.first_at) / (r.tokens - 1)
-            for r in reqs
-            if r.first_at is not None and r.last_at is not None and r.tokens > 1
-        ]
+        itls = [x for x in map(request_tbt, reqs) if x is not None]
         counted = {r.prompt_tokens for r in reqs if r.prompt_tokens}
         cell.update(
             requests_started=len(reqs),
@@ -325,16 +364,12 @@ class _PublishedDecode:
         if counted:
             cell["context_tokens"] = max(counted)
         if w.ws != INF and self.failure is None:
-            tokens = sum(r.w_tokens for r in reqs)
-            total = tokens / (w.we - w.ws)
+            figures = decode_figures(reqs, w, self.C)
             inside = [s for s in self.readings if w.ws <= s.at <= w.we + 0.05]
             running = [v for v in (s.get("running") for s in inside) if v is not None]
             waiting = [v for v in (s.get("waiting") for s in inside) if v is not None]
             cell.update(
-                measured_s=w.we - w.ws,
-                output_tokens=tokens,
-                total_tok_s=total,
-                per_request_tok_s=total / self.C,
+                **figures,
                 completed_requests=sum(
                     1 for r in reqs if r.finished and w.ws < (r.ended_at or 0) <= w.we
                 ),
