@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 # Tolerances: active requests within 10% of C; measured seconds within 2% of the
-# window (a published-profile cell's: up to the window, _window_ratio); output tokens = total tok/s x window up to rounding; per-request tok/s vs 1/TBT within
+# window (a published-profile cell's: up to the window, _window_ratio); output tokens =
+# total tok/s x window up to rounding; per-request tok/s vs 1/TBT within
 # 10% (a median of reciprocals is not the reciprocal of a median for even counts); prefill
 # tok/s x TTFT = prompt tokens within 2% (a cell measured here); a published page's prefill
 # row (metric_version 0) is held to its label by what the published tool's own accounting and

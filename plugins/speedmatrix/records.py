@@ -87,7 +87,12 @@ CELL_FIELDS: tuple[Field, ...] = (
     ),
     Field("completed_requests", "int", True, "requests that finished inside the window"),
     Field("output_tokens", "int", True, "output tokens inside the window"),
-    Field("measured_s", "float", True, "the window's length"),
+    Field(
+        "measured_s",
+        "float",
+        True,
+        "the window's length; the published profile's: to the window's last token",
+    ),
     Field("error", "str", True, "why a cell is failed / invalid (null when valid)"),
     # --- beyond the contract ---
     Field("metric_version", "int", False, "METRIC_VERSION of the code that measured the cell"),
