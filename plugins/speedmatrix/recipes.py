@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from speedmatrix.plan import MatrixSpec, PlanError, fits_model, repeat_keys
 from speedmatrix.records import check_quantity, parse_context
 from speedmatrix.redact import REDACTED, SECRET_FLAGS, is_secret_name, looks_like_secret
+from speedmatrix.refs import classify_ref, ref_slug
 from speedmatrix.settings import settings
 
 # vLLM's per-commit wheel index, and the variable a deployment sets to redirect every recipe
@@ -61,47 +62,12 @@ simulator recipe can stand in for different commits by picking a profile per com
 regression is planted at one commit to test a bisection)."""
 
 
-_RELEASE = re.compile(r"^v\d+\.\d+\.\d+([.\-+]?[0-9A-Za-z.]+)?$")
-_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
-_PR = re.compile(r"^pr/(\d+)$")
-
-
 class RecipeError(ValueError):
     """A recipe that cannot be used; ``problems`` lists each one as 'file: field: reason'."""
 
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("\n".join(problems))
-
-
-def classify_ref(ref: str) -> tuple[Literal["release", "commit", "pr", "main"], str]:
-    """Tell what kind of engine ref this is; raise ValueError on anything else."""
-    ref = str(ref).strip()
-    if ref == "main":
-        return "main", ref
-    if _RELEASE.match(ref):
-        return "release", ref
-    if m := _PR.match(ref):
-        return "pr", m.group(1)
-    if _COMMIT.match(ref):
-        return "commit", ref
-    raise ValueError(
-        f"engine ref {ref!r} is none of: a release (v0.29.0), a commit (7 to 40 hex digits), "
-        "pr/<number>, main"
-    )
-
-
-def ref_slug(ref: str) -> str:
-    """The ref as it appears in env directory names: v0.29.0 -> v0290, pr/60762 -> pr-60762,
-    a commit -> its first 12 hex digits (as the published env names use them)."""
-    kind, value = classify_ref(ref)
-    if kind == "release":
-        return re.sub(r"[^0-9A-Za-z]", "", ref)
-    if kind == "pr":
-        return f"pr-{value}"
-    if kind == "commit":
-        return value[:12]
-    return "main"
 
 
 class _Strict(BaseModel):

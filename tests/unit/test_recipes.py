@@ -12,7 +12,8 @@ import yaml
 
 from speedmatrix import recipes
 from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
-from speedmatrix.recipes import RecipeError, classify_ref, load_recipe, ref_slug
+from speedmatrix.recipes import RecipeError, load_recipe
+from speedmatrix.refs import classify_ref, ref_slug
 
 PUBLISHED = {
     "nvidia-rtxpro6k/moonshotai/kimi-k2.7-code-nvfp4": 'env VLLM_USE_V2_MODEL_RUNNER=1 "$HOME/env_rtxpro6k-nvidia-vllm-pr-9fedd24fa864/bin/vllm" serve nvidia/Kimi-K2.7-Code-NVFP4 --served-model-name Kimi-K2.7-Code-NVFP4 --trust-remote-code --tensor-parallel-size 8 --reasoning-parser kimi_k2 --enable-auto-tool-choice --tool-call-parser kimi_k2 --max-model-len 262144 --gpu-memory-utilization 0.90 --host 0.0.0.0 --port 8000 --api-key <redacted> --attention-backend TRITON_MLA --moe-backend flashinfer_cutlass',

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speedmatrix import recipes
+from speedmatrix import recipes, refs
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
@@ -59,7 +59,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _render(args: argparse.Namespace) -> int:
     recipe = recipes.load_recipe(args.recipe)
     if args.ref:
-        recipes.classify_ref(args.ref)
+        refs.classify_ref(args.ref)
     print(recipe.render_launch_command(args.ref))
     return 0
 

@@ -316,7 +316,8 @@ def existing_recipe(url: str, model: str, ref: str, max_model_len: int, key_env:
     and model, so its runs compare with each other), hardware unknown (the run row takes
     what `inspect` reads from this machine). Never provisioned: its install kind and launch
     command are placeholders that `setup` does not reach for a run with a base URL."""
-    from speedmatrix.recipes import Engine, Hardware, Install, Model, Recipe, Serve, classify_ref
+    from speedmatrix.recipes import Engine, Hardware, Install, Model, Recipe, Serve
+    from speedmatrix.refs import classify_ref
 
     try:
         classify_ref(ref)

@@ -318,7 +318,7 @@ def run_row(
     status: str,
 ) -> dict[str, Any]:
     """The `runs` row: recipe facts, what the server reported, and the redacted launch line."""
-    from speedmatrix.recipes import classify_ref
+    from speedmatrix.refs import classify_ref
     from speedmatrix.upstream.commits import engine_commit
 
     recipe = recipe_of(resolved)

@@ -42,7 +42,7 @@ def make_run_id(recipe_id: str, ref: str, trigger: str, when: dt.datetime, dag_r
     before. It is the DAG run's, so a retried task of one run lands under the same id again."""
     import hashlib
 
-    from speedmatrix.recipes import ref_slug
+    from speedmatrix.refs import ref_slug
 
     stamp = when.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     tag = hashlib.sha256(dag_run.encode()).hexdigest()[:8]
@@ -73,7 +73,8 @@ def resolve(
     and `teardown` never stops; `source` names the run's origin in the runs row.
     """
     from speedmatrix.flows.runconf import conf_problems, normalise_conf
-    from speedmatrix.recipes import RecipeError, classify_ref, load_recipe_id
+    from speedmatrix.recipes import RecipeError, load_recipe_id
+    from speedmatrix.refs import classify_ref
 
     recipe_name = conf.get("recipe")
     if not recipe_name:

@@ -27,7 +27,8 @@ from speedmatrix.engine.provision.resolve import (
     resolve_commit,
     resolve_pr_head,
 )
-from speedmatrix.recipes import Recipe, classify_ref, wheel_index_for
+from speedmatrix.recipes import Recipe, wheel_index_for
+from speedmatrix.refs import classify_ref
 from speedmatrix.upstream import wheels
 
 # Paths whose change in a PR means the precompiled binaries of the merge base do not fit.
