@@ -106,6 +106,31 @@ VARIANTS: dict[str, dict] = {
         "max_model_len": 65536 + 4096,
         "accounting": "aggregate",
     },
+    # the same shape with seed 49: its 2K x 8 cell also has a median far faster than its mean
+    # (evenly spaced streams; with one outlier stream that cell's TBT was 3.83% off)
+    "streams-apart-49": {
+        "mean": [(1024, 5.2), (65536, 7.0)],
+        "spread": 0.8,
+        "seed": 49,
+        "prefill": [[1024, 0.2], [8192, 1.8], [16384, 4.0], [65536, 22.0]],
+        "base_s": 0.008,
+        "contexts": [*CONTEXTS, 65536],
+        "num_gpu_blocks": 4500,
+        "max_model_len": 65536 + 4096,
+        "accounting": "aggregate",
+    },
+    # and seed 51, whose cells all fit alike-but-one streams
+    "high-acceptance-51": {
+        "mean": [(1024, 5.2), (65536, 7.0)],
+        "spread": 0.8,
+        "seed": 51,
+        "prefill": [[1024, 0.2], [8192, 1.8], [16384, 4.0], [65536, 22.0]],
+        "base_s": 0.008,
+        "contexts": [*CONTEXTS, 65536],
+        "num_gpu_blocks": 4500,
+        "max_model_len": 65536 + 4096,
+        "accounting": "aggregate",
+    },
     # k = 8 (the DFlash page's draft length), acceptance falling with context, C=2 per-request
     # exactly total / 2
     "eight-drafts": {

@@ -298,3 +298,8 @@ def test_a_cells_streams_alike_but_one_or_evenly_spaced():
     assert [key for key, c in decode.items() if cal._streams_even(c)] == [(2048, 8)]
     fitted, _ = calibrated_page("many-streams-apart")
     assert fitted.spec_decode.even_cells == [(2050, 8)]
+    decode = _decode(spec_page("streams-apart-49"))
+    assert [key for key, c in decode.items() if cal._streams_even(c)] == [(2048, 8)]
+    # the published-tool shapes of other seeds fit alike-but-one streams everywhere
+    for variant in ("high-acceptance-long", "high-acceptance-51", "eight-drafts", "falling"):
+        assert not any(cal._streams_even(c) for c in _decode(spec_page(variant)).values())
