@@ -31,8 +31,10 @@ known): the step-time model is fitted as if every cell accepted that much, and w
 needs beyond it is that cell's acceptance length (``spec_decode.acceptance_length.cells``), not
 a step-time correction (which is used only where the acceptance would leave [1, k + 1]). The
 cell's rate is read off its total tok/s (written to 4-5 digits) rather than its time between
-tokens (0.1 ms, a few percent at 2 ms); an outlier stream (the cell's spread) is fitted only to
-a TBT outside what its display rounding hides (``TBT_DEADBAND``). On
+tokens (0.1 ms, a few percent at 2 ms); the cell's spread is fitted only to a TBT outside what
+its display rounding hides (``TBT_DEADBAND``): one outlier stream among alike ones, or, where
+the median is faster than C - 1 alike streams allow within the total, C streams evenly spaced
+(``_streams_even``: the fast ones restart more often and hold more of the median's requests). On
 real hardware one prompt decides a C=1 cell's acceptance, so the per-cell part is what
 reproduces the page; the smooth part for cells the page does not have is the mean acceptance
 length as a line in log2(context) (fitted to the cells weighted by C, since a cell of C streams
