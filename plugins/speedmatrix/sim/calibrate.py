@@ -200,7 +200,7 @@ def _smooth_acceptance(
 def _secant(
     tried: list[tuple[float, float]], x: float, err: float, k: int, first: float | None = None
 ) -> float:
-    """Next signed spread of a two-stream cell from the (spread, error) pairs tried so far: a
+    """Next signed outlier spread of a cell from the (spread, error) pairs tried so far: a
     secant step through the last two (at most 1 token, or |first| when larger: the median
     moves in jumps), a first step to `first` (else of 1 token), and the best so far when a
     step would not move; within [-k, k]."""
