@@ -31,8 +31,10 @@ known): the step-time model is fitted as if every cell accepted that much, and w
 needs beyond it is that cell's acceptance length (``spec_decode.acceptance_length.cells``), not
 a step-time correction (which is used only where the acceptance would leave [1, k + 1]). The
 cell's rate is read off its total tok/s (written to 4-5 digits) rather than its time between
-tokens (0.1 ms, a few percent at 2 ms); an outlier stream (the cell's spread) is fitted only to
-a TBT outside what its display rounding hides (``TBT_DEADBAND``). On
+tokens (0.1 ms, a few percent at 2 ms); the cell's spread is fitted only to a TBT outside what
+its display rounding hides (``TBT_DEADBAND``): one outlier stream among alike ones, or, where
+the median is faster than C - 1 alike streams allow within the total, C streams evenly spaced
+(``_streams_even``: the fast ones restart more often and hold more of the median's requests). On
 real hardware one prompt decides a C=1 cell's acceptance, so the per-cell part is what
 reproduces the page; the smooth part for cells the page does not have is the mean acceptance
 length as a line in log2(context) (fitted to the cells weighted by C, since a cell of C streams
@@ -164,7 +166,7 @@ def spec_tokens_of(run: dict[str, Any]) -> int | None:
 
 
 def _smooth_acceptance(
-    acc: dict[tuple[int, int], tuple[float, float]], k: int
+    acc: dict[tuple[int, int], tuple[float, float]], k: int, even: list[tuple[int, int]]
 ) -> tuple[list[tuple[int, float]], float]:
     """The mean acceptance length as a line in log2(context), weighted by C, and the spread of
     a request around it: from the cells' means (a C-stream cell's mean scatters by
@@ -183,7 +185,12 @@ def _smooth_acceptance(
         return min(max(my + slope * (x - mx), 1.0), k + 1.0)
 
     var = [w * (y - line(x)) ** 2 for w, x, y in zip(ws, xs, ys, strict=True)]
-    var += [sd**2 for (_, c), (_, sd) in acc.items() if c > 1]
+    # a cell's C streams evenly spaced over sd end to end scatter by sd x sqrt((C+1) / 12(C-1))
+    var += [
+        sd**2 * ((c + 1) / (12 * (c - 1)) if key in even else 1.0)
+        for key, (_, sd) in acc.items()
+        if (c := key[1]) > 1
+    ]
     spread = math.sqrt(sum(var) / len(var))
     ctxs = sorted({ctx for ctx, _ in acc})
     ends = [ctxs[0], ctxs[-1]] if len(ctxs) > 1 else ctxs
@@ -210,17 +217,70 @@ def _secant(
     return min(max(nxt, -float(k)), float(k))
 
 
-def _spread_from_page(cell: dict[str, Any], mean: float) -> float:
-    """The outlier spread a C-stream cell implies when its median TBT is a non-outlier
-    stream's and every stream is busy: those streams run at 1 / TBT each, the outlier at the
-    rest of the total, and a stream's rate is in proportion to its acceptance, so
-    spread = mean x C x (1 - C / (total x TBT)). At C=2 a fast stream that restarts inside the
-    window while a slow one does not has 2 of the 3 requests, so the median is its TBT, below
-    C / total (0.81 x on a 507K page's 1K x 2 cell, streams of 4.6 and 2.8 accepted): the fit's
-    first step goes to this spread instead of 1 token, which never left that median."""
+def _bracket(tried: list[tuple[float, float]], x: float, err: float, k: int, first: float) -> float:
+    """Next even spread of a cell of more than two streams from the (spread, error) pairs
+    tried so far: the larger the spread the faster the median (the fast streams restart more),
+    in jumps, so a bisection between the largest spread whose median was slow (err > 0) and
+    the smallest whose median was fast; newest first, and a pair that contradicts newer ones
+    is left out (it was tried while the cell's mean acceptance was elsewhere). With no fast
+    pair yet, `first` (the spread the page implies) or 1 token more than the slow one; with
+    no slow pair, half the fast one. Within [0, k]."""
+    tried.append((x, err))
+    slow: float | None = None
+    fast: float | None = None
+    for sd, e in reversed(tried):
+        if e > 0 and (fast is None or sd < fast):
+            slow = sd if slow is None else max(slow, sd)
+        elif e < 0 and (slow is None or sd > slow):
+            fast = sd if fast is None else min(fast, sd)
+    if slow is not None and fast is not None:
+        nxt = (slow + fast) / 2
+    elif slow is not None:
+        nxt = max(first, slow + 1.0)
+    else:
+        nxt = (fast or 0.0) / 2
+    return min(max(nxt, 0.0), float(k))
+
+
+def _median_against_mean(cell: dict[str, Any]) -> float:
+    """r = total x TBT / C: the streams' mean rate against the median request's (below 1: the
+    median is faster than the mean)."""
+    return cell["total_tok_s"] * cell["tbt_ms"] / 1000.0 / cell["concurrency"]
+
+
+def _streams_even(cell: dict[str, Any]) -> bool:
+    """Whether a cell's streams are fitted evenly spaced rather than alike but one outlier:
+    when its median is faster than the outlier model can give. With one outlier the median is
+    a non-outlier stream's, and C - 1 streams at the median's rate must not exceed the total:
+    r >= (C - 1) / C. Below that (the seed-47 page's 2K x 8 cell: r = 0.85 < 7 / 8) the median
+    is over more requests than streams, the fast streams, restarting more often inside the
+    window, holding more of them: streams that scatter evenly do that in the twin too."""
     b = cell["concurrency"]
-    r = cell["total_tok_s"] * cell["tbt_ms"] / 1000.0 / b
-    return mean * b * (1.0 - 1.0 / r) if r > 0 else 0.0
+    return b > 2 and _median_against_mean(cell) < (b - 1) / b
+
+
+def _spread_from_page(cell: dict[str, Any], mean: float) -> float:
+    """The spread a C-stream cell implies when every stream is busy and a stream's rate is in
+    proportion to its acceptance, from r (``_median_against_mean``).
+
+    One outlier, the median a non-outlier stream's TBT: those streams run at 1 / TBT each, the
+    outlier at the rest of the total, so the signed spread = mean x C x (1 - 1 / r). At C=2 a
+    fast stream that restarts inside the window while a slow one does not has 2 of the 3
+    requests, so the median is its TBT, below C / total (0.81 x on a 507K page's 1K x 2 cell,
+    streams of 4.6 and 2.8 accepted): the fit's first step goes to this spread instead of 1
+    token, which never left that median.
+
+    Evenly spaced streams (``_streams_even``): the fast half restarts more often inside the
+    window and holds more of the requests, so the median is about the stream three quarters up
+    the range, mean + spread / 4 = mean / r: spread = 4 x mean x (1 / r - 1). On the seed-47
+    page's 2K x 8 cell (r = 0.85) that is about 4 tokens, where a hand check of even streams
+    met its median."""
+    r = _median_against_mean(cell)
+    if r <= 0:
+        return 0.0
+    if _streams_even(cell):
+        return max(4.0 * mean * (1.0 / r - 1.0), 0.0)
+    return mean * cell["concurrency"] * (1.0 - 1.0 / r)
 
 
 SETTLE_ROUNDS = 8
@@ -356,6 +416,7 @@ def calibrate(
             for c in decode
         }
     decode_by_key = {(c["context_tokens"], c["concurrency"]): c for c in decode}
+    even = sorted(key for key, c in decode_by_key.items() if k and _streams_even(c))
     desc = (
         f"Calibrated by `speedmatrix sim calibrate` from {source or 'a published report'}. "
         f"KV blocks fitted from the Over-capacity boundary (block size {block_size} assumed); "
@@ -408,6 +469,7 @@ def calibrate(
                 mean_length=smooth,
                 spread=spread,
                 cells=[(c, n, v, sd) for (c, n), (v, sd) in sorted(acc.items())],
+                even_cells=list(even),
             )
             if k
             else None,
@@ -441,7 +503,9 @@ def calibrate(
                     # streams that differ move the median TBT against the total; only a TBT
                     # outside what its display rounding hides moves them (chasing the rounding
                     # set two streams 25% apart, and their restarts then jumped the median)
-                    sd = _secant(
+                    # one outlier: signed (a fast or a slow one); even streams: its size only
+                    fit = _bracket if (ctx, b) in even else _secant
+                    sd = fit(
                         tried.setdefault((ctx, b), []), sd, tbt_err, k, _spread_from_page(c, got)
                     )
                 acc[(ctx, b)] = (got, sd)
@@ -493,7 +557,7 @@ def calibrate(
                 ),
             )
         profile.spec_decode.mean_length[:], profile.spec_decode.spread = _smooth_acceptance(
-            {(c, n): (v, sd) for c, n, v, sd in profile.spec_decode.cells}, k
+            {(c, n): (v, sd) for c, n, v, sd in profile.spec_decode.cells}, k, even
         )
         profile = Profile.from_dict(profile.to_dict(), origin=profile.name)
     profile.raw = {"calibration_worst_error_by_iteration": log}

@@ -554,7 +554,7 @@ class Engine:
                     if cell is not None:
                         if ranks is None:
                             ranks = _cell_ranks(plan)
-                        length = spec.cell_length(cell[0], cell[1], *ranks[r])
+                        length = spec.cell_length(cell[0], cell[1], *ranks[r], cell[2])
                     survival = spec.survival(length)
                     r.weyl = u = (r.weyl + GOLDEN) % 1.0
                     acc = 0

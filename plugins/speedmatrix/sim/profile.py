@@ -46,7 +46,10 @@ Keys (all optional except where noted; defaults in ``Profile``):
   within 1% of that context while the engine holds exactly that many requests: its streams,
   ranked by their prompts, take ``length`` but one, which is ``spread`` (signed) apart from the
   others (the cell's mean kept), so a cell's streams differ as on the page they were fitted to,
-  whose total tok/s and median time between tokens disagree when they do). A step's draw
+  whose total tok/s and median time between tokens disagree when they do; with ``streams:
+  even`` all its streams are evenly spaced over ``spread`` end to end around ``length``
+  instead, which a cell of many streams whose median is far faster than its mean needs: the
+  fast streams restart more often and hold more of the requests). A step's draw
   scales the shape (p_i ** theta) so that its mean is the request's acceptance length.
 - ``natural_stop_tokens``: null, or after how many output tokens a request without
   ``ignore_eos`` emits EOS (finish_reason "stop"), at the earliest token ``min_tokens + 1``
@@ -140,6 +143,14 @@ CELL_CONTEXT_TOLERANCE = 0.01
 label's exact token count, or one token short at max_model_len, never a neighbouring label."""
 
 
+OUTLIER = "outlier"
+EVEN = "even"
+CELL_STREAMS = (OUTLIER, EVEN)
+"""How a calibrated cell's ``spread`` places its streams (a cell's ``streams`` key):
+``outlier``, one stream apart from the others (a cell without the key), or ``even``, all evenly
+spaced over the spread."""
+
+
 @dataclass
 class SpecDecode:
     """Speculative decoding: the shape of one step's draw and each request's acceptance."""
@@ -151,6 +162,8 @@ class SpecDecode:
     mean_length: list[tuple[int, float]] = field(default_factory=list)
     spread: float = 0.0
     cells: list[tuple[int, int, float, float]] = field(default_factory=list)
+    even_cells: list[tuple[int, int]] = field(default_factory=list)
+    """(context, concurrency) of the cells whose streams are evenly spaced (CELL_STREAMS)."""
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -165,7 +178,8 @@ class SpecDecode:
         pts = sorted(self.mean_length)
         self._mxs = [math.log2(c) for c, _ in pts]
         self._mys = [v for _, v in pts]
-        self._cells = {(c, n): (v, sd) for c, n, v, sd in self.cells}
+        even = set(self.even_cells)
+        self._cells = {(c, n): (v, sd, (c, n) in even) for c, n, v, sd in self.cells}
         self._cell_ctxs = sorted({c for c, _, _, _ in self.cells})
         self._survival: dict[float, list[float]] = {}
 
@@ -202,16 +216,25 @@ class SpecDecode:
         best = min(self._cell_ctxs, key=lambda c: abs(math.log(context / c)))
         return best if abs(context / best - 1.0) <= CELL_CONTEXT_TOLERANCE else None
 
-    def cell(self, cell_context: int | None, concurrency: int) -> tuple[float, float] | None:
-        """A calibrated cell's (mean acceptance length, spread); None: not a published cell."""
+    def cell(self, cell_context: int | None, concurrency: int) -> tuple[float, float, bool] | None:
+        """A calibrated cell's (mean acceptance length, spread, streams evenly spaced); None:
+        not a published cell."""
         if cell_context is None:
             return None
         return self._cells.get((cell_context, concurrency))
 
-    def cell_length(self, mean: float, spread: float, rank: int, streams: int) -> float:
+    def cell_length(
+        self, mean: float, spread: float, rank: int, streams: int, even: bool = False
+    ) -> float:
         """The acceptance length of the stream ranked `rank` of `streams` in a calibrated cell."""
         if spread == 0 or streams <= 1:
             return mean
+        if even:
+            # every stream evenly spaced over `spread` (signed) end to end around the cell's
+            # mean, as C prompts' acceptances scatter: the fast streams finish and restart more
+            # often, so they hold more of the requests the median time between tokens is over
+            place = spread * (rank / (streams - 1) - 0.5)
+            return min(max(mean + place, 1.0), self.num_speculative_tokens + 1.0)
         # one stream (the last ranked) apart from the others, the cell's mean kept: a fast
         # outlier (spread > 0) or a slow one (< 0), which moves the median time between tokens
         # against the total either way, as one prompt unlike the others does on real hardware
@@ -262,10 +285,24 @@ class SpecDecode:
                 "spread": round(self.spread, 6),
                 "cells": [
                     {"context": c, "concurrency": n, "length": round(v, 6), "spread": round(sd, 6)}
+                    # the key only where not the default: a profile without even cells is
+                    # written as before
+                    | ({"streams": EVEN} if (c, n) in self.even_cells else {})
                     for c, n, v, sd in self.cells
                 ],
             }
         return data
+
+
+def _cell_streams(cell: dict[str, Any]) -> str:
+    """A profile cell's ``streams`` (CELL_STREAMS; absent: ``outlier``)."""
+    streams = str(cell.get("streams") or OUTLIER)
+    if streams not in CELL_STREAMS:
+        raise ProfileError(
+            f"spec_decode.acceptance_length.cells: streams is one of {CELL_STREAMS}, "
+            f"not {streams!r}"
+        )
+    return streams
 
 
 @dataclass
@@ -408,6 +445,11 @@ class Profile:
                                 float(m.get("spread") or 0.0),
                             )
                             for m in al.get("cells") or []
+                        ],
+                        even_cells=[
+                            (int(m["context"]), int(m["concurrency"]))
+                            for m in al.get("cells") or []
+                            if _cell_streams(m) == EVEN
                         ],
                     )
                 except ProfileError as exc:
