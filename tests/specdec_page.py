@@ -25,6 +25,20 @@ CONCURRENCIES = [1, 2, 4, 8]
 WINDOW_S = 10.0
 
 
+# The high-acceptance shape (k = 7, acceptance rising to 7.0 at 64K, the published tool's
+# accounting: per-request = total / C), of which several seeds are pages below
+HIGH_ACCEPTANCE_LONG: dict = {
+    "mean": [(1024, 5.2), (65536, 7.0)],
+    "spread": 0.8,
+    "seed": 41,
+    "prefill": [[1024, 0.2], [8192, 1.8], [16384, 4.0], [65536, 22.0]],
+    "base_s": 0.008,
+    "contexts": [*CONTEXTS, 65536],
+    "num_gpu_blocks": 4500,
+    "max_model_len": 65536 + 4096,
+    "accounting": "aggregate",
+}
+
 VARIANTS: dict[str, dict] = {
     # k = 7, acceptance falling with context, prompt rates under 10K tok/s
     "falling": {},
@@ -63,17 +77,7 @@ VARIANTS: dict[str, dict] = {
     # issue #35's harder page: the published tool's shapes with a very high acceptance at the
     # longest context (7 of 8 at 64K), another seed; before the fit read display rounding, its
     # 1K x 2 total tok/s missed by 13.9% and its 4K x 2 time between tokens by 11%
-    "high-acceptance-long": {
-        "mean": [(1024, 5.2), (65536, 7.0)],
-        "spread": 0.8,
-        "seed": 41,
-        "prefill": [[1024, 0.2], [8192, 1.8], [16384, 4.0], [65536, 22.0]],
-        "base_s": 0.008,
-        "contexts": [*CONTEXTS, 65536],
-        "num_gpu_blocks": 4500,
-        "max_model_len": 65536 + 4096,
-        "accounting": "aggregate",
-    },
+    "high-acceptance-long": HIGH_ACCEPTANCE_LONG,
     # a very long context at C=1 only (507K, as the DeepSeek DSpark page's 512K row sent), its
     # prefill 92 s and its API-server delay growing with the prompt (seconds at 507K), in 30 s
     # windows: the 507K request finishes and restarts inside the window, each restart waiting
@@ -95,42 +99,12 @@ VARIANTS: dict[str, dict] = {
     # high-acceptance-long with seed 47: its 2K x 8 median TBT is 0.85 x C / total, which one
     # outlier stream cannot give (seven streams at the median's rate would already exceed the
     # total): the fit spaces that cell's streams evenly (5.55% -> under 1% on that cell)
-    "many-streams-apart": {
-        "mean": [(1024, 5.2), (65536, 7.0)],
-        "spread": 0.8,
-        "seed": 47,
-        "prefill": [[1024, 0.2], [8192, 1.8], [16384, 4.0], [65536, 22.0]],
-        "base_s": 0.008,
-        "contexts": [*CONTEXTS, 65536],
-        "num_gpu_blocks": 4500,
-        "max_model_len": 65536 + 4096,
-        "accounting": "aggregate",
-    },
+    "many-streams-apart": {**HIGH_ACCEPTANCE_LONG, "seed": 47},
     # the same shape with seed 49: its 2K x 8 cell also has a median far faster than its mean
     # (evenly spaced streams; with one outlier stream that cell's TBT was 3.83% off)
-    "streams-apart-49": {
-        "mean": [(1024, 5.2), (65536, 7.0)],
-        "spread": 0.8,
-        "seed": 49,
-        "prefill": [[1024, 0.2], [8192, 1.8], [16384, 4.0], [65536, 22.0]],
-        "base_s": 0.008,
-        "contexts": [*CONTEXTS, 65536],
-        "num_gpu_blocks": 4500,
-        "max_model_len": 65536 + 4096,
-        "accounting": "aggregate",
-    },
+    "streams-apart-49": {**HIGH_ACCEPTANCE_LONG, "seed": 49},
     # and seed 51, whose cells all fit alike-but-one streams
-    "high-acceptance-51": {
-        "mean": [(1024, 5.2), (65536, 7.0)],
-        "spread": 0.8,
-        "seed": 51,
-        "prefill": [[1024, 0.2], [8192, 1.8], [16384, 4.0], [65536, 22.0]],
-        "base_s": 0.008,
-        "contexts": [*CONTEXTS, 65536],
-        "num_gpu_blocks": 4500,
-        "max_model_len": 65536 + 4096,
-        "accounting": "aggregate",
-    },
+    "high-acceptance-51": {**HIGH_ACCEPTANCE_LONG, "seed": 51},
     # k = 8 (the DFlash page's draft length), acceptance falling with context, C=2 per-request
     # exactly total / 2
     "eight-drafts": {
