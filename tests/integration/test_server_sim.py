@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -710,6 +711,7 @@ class _Stranger:
             check=True,
         )
         self.pid = int(out.stdout)
+        self.ticks = processes.start_ticks(self.pid)
 
     def alive(self) -> bool:
         return processes.alive(self.pid)
@@ -718,8 +720,18 @@ class _Stranger:
         return processes.wait_gone(self.pid, within_s)
 
     def kill(self) -> None:
+        """SIGKILL the sleep if it still runs, and never another process: once a test has
+        stopped it its PID is free, and a neighbour test's process (a provisioning attempt
+        beside this file under xdist) may hold it by now. The pidfd pins the process the PID
+        names while its start time is checked, so the signal cannot reach a newcomer."""
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, 9)
+            fd = os.pidfd_open(self.pid)
+            try:
+                fields = processes.stat_fields(self.pid)
+                if fields and fields[19] == self.ticks:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            finally:
+                os.close(fd)
 
 
 @pytest.fixture
