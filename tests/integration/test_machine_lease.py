@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import processes
 import pytest
 
 from speedmatrix.engine.hosts import HostConnectionError, get_host
@@ -195,9 +196,17 @@ esac
 
 
 def _kill_recorded(home: Path) -> None:
+    """SIGKILL what the recorded servers left, and only that: a group the teardown stopped has
+    freed its number, which a neighbour's new session (a provisioning attempt beside this file
+    under xdist) may hold by now, so a group is killed only while its leader's start time is
+    the recorded one."""
     for pid_file in (home / ".speedmatrix" / "servers").glob("*/pid"):
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.killpg(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+        identity = pid_file.with_name("pid.identity")
+        with contextlib.suppress(ProcessLookupError, ValueError, OSError):
+            pid = int(pid_file.read_text().split()[0])
+            fields = processes.stat_fields(pid)
+            if fields and fields[19] == identity.read_text().split()[0]:
+                os.killpg(pid, signal.SIGKILL)
 
 
 def test_a_setup_failed_after_the_launch_is_torn_down_from_the_hosts_records(tmp_path, monkeypatch):
