@@ -19,10 +19,11 @@ def running(pids: list[int]) -> list[int]:
 def stat_fields(pid: int) -> list[str] | None:
     """/proc/PID/stat after the command name (which may hold spaces and parentheses): field 0
     is the state (Z for a zombie), field 19 the start time in clock ticks after boot; None
-    once the PID is gone."""
+    once the PID is gone. A process that exits between the open and the read fails the read
+    with ESRCH (ProcessLookupError), not ENOENT: both mean gone."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
 
 

@@ -16,6 +16,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import processes
 import pytest
 from gitrepo import upstream_with_pr
 
@@ -222,15 +223,6 @@ def _stub_dir(tmp_path: Path, **scripts: str) -> Path:
     return bin_dir
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, dead but not yet reaped, is not running)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_a_provisioning_over_its_timeout_is_killed_with_the_log_tail(tmp_path):
     """The install hangs (a stand-in python3.11 whose `-m venv` never returns): past its
     timeout the attempt's process group is killed, the error carries the log's tail, no marker
@@ -250,7 +242,7 @@ def test_a_provisioning_over_its_timeout_is_killed_with_the_log_tail(tmp_path):
     assert "stand-in python3.11: hanging" in exc.value.log_tail
     assert "last lines of" in str(exc.value)
     pid = int((home / "hung.pid").read_text())
-    assert not _alive(pid)
+    assert not processes.alive(pid)
     env_dir = Path(host.resolve(recipe.env_dir()))
     assert not (env_dir / MARKER).exists()
     with open(f"{env_dir}.speedmatrix/lock") as lock:
