@@ -27,6 +27,14 @@ def stat_fields(pid: int) -> list[str] | None:
         return None
 
 
+def cmdline(pid: int) -> bytes:
+    """/proc/PID/cmdline (arguments NUL-separated); empty once the PID is gone or a zombie."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
 def state(pid: int) -> str | None:
     fields = stat_fields(pid)
     return fields[0] if fields else None

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+import processes
 import pytest
 import yaml
 from deploy_env import SSH_CONN_ID, Env
@@ -313,7 +314,7 @@ def test_worker_killed_mid_decode_cell(env: Env) -> None:
     assert tis[("stop_server", -1)]["state"] == "success"
     assert tis[("land", -1)]["state"] == "success"
     assert not _port_open(port), "teardown left the server running"
-    servers = [p for p in dep.leftovers() if b"sim" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    servers = [p for p in dep.leftovers() if b"sim" in processes.cmdline(p)]
     assert not servers, f"simulated servers still running: {servers}"
     assert _lease_free(env.root / "machine-local"), "host lease not released"
 
