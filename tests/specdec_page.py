@@ -51,8 +51,8 @@ VARIANTS: dict[str, dict] = {
         "seed": 11,
         "base_s": 0.015,
     },
-    # k = 7, high acceptance, wide spread, prompt rates near 10K tok/s (the page's renderer
-    # and parser do not agree above 10K yet: issue 15 section 2's "12.3K" format)
+    # k = 7, high acceptance, wide spread, prompt rates near 10K tok/s (the last ones the
+    # page writes to the unit, "9,102"; from 10K on it writes "12.3K")
     "fast-prefill": {
         "mean": [(1024, 5.0), (16384, 6.0)],
         "spread": 1.2,
