@@ -152,7 +152,8 @@ passing fails the run, so the entry goes)."""
 def test_calibration_meets_pages_it_was_not_tuned_on(variant):
     """Other ground truths (k = 5 with a low acceptance rising with context; k = 7 with a high,
     wide one and prompts near 10K tok/s; issue #35's published-tool shapes: per-request =
-    total / C, 7.0 accepted at 64K, 507K at C=1 cut inside a restart's first-token wait, k = 8):
+    total / C, 7.0 accepted at 64K, 507K at C=1 cut inside a restart's first-token wait, k = 8;
+    k = 7 with a low (1.6 -> 1.3) and a middling (2.6 -> 2.2) acceptance):
     every figure within 5%, statuses identical. Before the first-token output latency, 7 TTFTs
     of each of the first pages stayed 9-15% off (a first token waits for the step under way);
     before the fit read each cell's rate off its total tok/s (TBT is written to 0.1 ms), the

@@ -70,7 +70,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         type=float,
         default=None,
         help="mean acceptance length the step-time model assumes for a speculative-decoding "
-        "report (default 1 + k/2; the server's measured value when known)",
+        "report (default 1 + k/2, lowered where its steps would not fit the page's TTFTs; "
+        "the server's measured value when known)",
     )
     cal.set_defaults(func=_calibrate)
 

@@ -27,7 +27,12 @@ Speculative decoding (the launch command's ``num_speculative_tokens`` = k, or ``
 a page's time between tokens is a step's time divided by the tokens a step emits (the mean
 acceptance length), and a page does not say which is which. So the split is anchored by one
 assumption, ``acceptance_length`` (default 1 + k / 2; the measured value of that server when
-known): the step-time model is fitted as if every cell accepted that much, and what each cell
+known). The page does bound it: the front end's levers only add to a first token, so the
+engine's own part of a cell's TTFT (the step under way, then the first token's step) must fit
+within the published TTFT; where the default's steps are too long for that (low acceptance:
+ngram drafts or a weak draft model accept 1.2-2 of 7, and a step of 1 + k / 2 TBTs put C=2-8
+TTFTs 36-144% over), the default is lowered to 0.9 x what fits (``FIRST_TOKEN_ROOM``). The
+step-time model is fitted as if every cell accepted the anchor, and what each cell
 needs beyond it is that cell's acceptance length (``spec_decode.acceptance_length.cells``), not
 a step-time correction (which is used only where the acceptance would leave [1, k + 1]). The
 cell's rate is read off its total tok/s (written to 4-5 digits) rather than its time between
@@ -283,6 +288,14 @@ def _spread_from_page(cell: dict[str, Any], mean: float) -> float:
     return mean * cell["concurrency"] * (1.0 - 1.0 / r)
 
 
+ANCHOR_ROUNDS = 4
+"""Rounds of lowering the assumed acceptance length until the page's first tokens fit."""
+
+FIRST_TOKEN_ROOM = 0.9
+"""Share of the room a lowered anchor leaves to a cell's first token: a TTFT median moves in
+steps, so the engine's own part is kept a little under the page's, the front end's levers take
+the rest."""
+
 SETTLE_ROUNDS = 8
 """Rounds of the first-token settling after a speculative fit (each predicts every cell)."""
 
@@ -417,18 +430,7 @@ def calibrate(
         }
     decode_by_key = {(c["context_tokens"], c["concurrency"]): c for c in decode}
     even = sorted(key for key, c in decode_by_key.items() if k and _streams_even(c))
-    desc = (
-        f"Calibrated by `speedmatrix sim calibrate` from {source or 'a published report'}. "
-        f"KV blocks fitted from the Over-capacity boundary (block size {block_size} assumed); "
-        f"max_model_len {sim_mml} = "
-        f"{'the launch command' if mml else 'the largest published context'}'s."
-    )
-    if k:
-        desc += (
-            f" Speculative decoding, k = {k}: the step-time model assumes a mean acceptance "
-            f"length of {anchor:g} (the page cannot tell step time from acceptance); each "
-            f"published cell's acceptance length is in spec_decode.acceptance_length.cells."
-        )
+    desc = ""
 
     def build() -> Profile:
         points = sorted(pf.items())
@@ -473,6 +475,51 @@ def calibrate(
             )
             if k
             else None,
+        )
+
+    lowered = False
+    if k and acceptance_length is None:
+        # The front end's levers (delay, first-token output latency) only add to a first token:
+        # the engine's own part of a cell's TTFT (the step under way, then the first token's
+        # step) must fit within the published one. A step is the anchor x the page's TBT, so
+        # where the default anchor makes a step longer than the page's first tokens allow (low
+        # acceptance: ngram drafts or a weak draft model), it is lowered until they fit.
+        for _ in range(ANCHOR_ROUNDS):
+            levers = delay_ms, output_ms
+            delay_ms, output_ms = dict.fromkeys(delay_ms, 0.0), dict.fromkeys(delay_ms, 0.0)
+            bare = build()
+            delay_ms, output_ms = levers
+            fits = min(
+                c["ttft_ms"]
+                / predict_decode(
+                    bare, *key, window_s=window, max_output=max_out, accounting=accounting
+                )["ttft_ms"]
+                for key, c in decode_by_key.items()
+            )
+            if fits >= 1.0 or anchor <= 1.0:
+                break
+            anchor, lowered = max(anchor * fits * FIRST_TOKEN_ROOM, 1.0), True
+            base, per_seq, per_kv = _fit_decode(decode, anchor)
+            min_step = min(base, 0.5 * min(c["ttft_ms"] for c in decode) / 1000.0)
+            acc = {key: (anchor, 0.0) for key in correction}
+            delay_ms = {
+                key: max(c["ttft_ms"] - 2.0 * anchor * c["tbt_ms"], 0.0)
+                for key, c in decode_by_key.items()
+            }
+
+    desc = (
+        f"Calibrated by `speedmatrix sim calibrate` from {source or 'a published report'}. "
+        f"KV blocks fitted from the Over-capacity boundary (block size {block_size} assumed); "
+        f"max_model_len {sim_mml} = "
+        f"{'the launch command' if mml else 'the largest published context'}'s."
+    )
+    if k:
+        desc += (
+            f" Speculative decoding, k = {k}: the step-time model assumes a mean acceptance "
+            f"length of {anchor:g}"
+            f"{' (1 + k/2 lowered: its steps did not fit the TTFTs)' if lowered else ''} "
+            f"(the page cannot tell step time from acceptance); each "
+            f"published cell's acceptance length is in spec_decode.acceptance_length.cells."
         )
 
     profile = build()
