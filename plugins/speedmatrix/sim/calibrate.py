@@ -15,7 +15,11 @@ The report is parsed with the ingest code (``speedmatrix.published.parse``). The
   Speculating, a step is several TBTs long and a first token waits for the step under way, so
   that delay moves a TTFT in whole steps only: it starts two steps short of the published TTFT
   and the first token's output latency (``frontend.first_token_output_ms``, continuous) takes
-  the rest; the delay gives way only where the latency would go below zero.
+  the rest; the delay gives way only where the latency would go below zero. A cell of more
+  than two streams starts its delay no higher than its context's next smaller cell's: its
+  requests arrive one after another and see the delay between the two nodes.
+- Running streams: a page whose average active requests sit at a ceiling below a cell's C
+  shows the server's max_num_seqs (``fit_max_num_seqs``); the profile takes it.
 - Prefill: the cumulative prefill time P(n) at each prefill context is the published TTFT minus
   the front end's delay at that context.
 
@@ -146,7 +150,7 @@ def _fit_decode(
     rows, target = [], []
     for c in cells:
         tbt = c["tbt_ms"] / 1000.0 * tokens_per_step
-        b = c["concurrency"]
+        b = _running(c)
         kv = b * (c["context_tokens"] + (c["output_tokens"] or 0) / (2 * b))
         rows.append([1.0 / tbt, (b - 1) / tbt, kv / tbt])
         target.append(1.0)
@@ -155,6 +159,27 @@ def _fit_decode(
     if per_seq < 0 or per_kv < 0:  # keep the model physical; the corrections do the rest
         per_seq, per_kv = max(per_seq, 0.0), max(per_kv, 0.0)
     return max(base, 1e-4), per_seq, per_kv
+
+
+def fit_max_num_seqs(run: dict[str, Any], decode: list[dict[str, Any]]) -> int | None:
+    """The server's max_num_seqs when the page shows it: the launch command's
+    ``--max-num-seqs``, else the ceiling its busy cells' average active requests sit at. A cell
+    of more streams than the server runs at once holds the rest waiting (each waits for a
+    running request to finish: TTFTs of tens of seconds), its average active requests at that
+    ceiling rather than at C; None when no cell shows one (the twin runs every stream)."""
+    m = re.search(r"--max-num-seqs[ =](\d+)", run.get("launch_command") or "")
+    if m:
+        return int(m.group(1))
+    active = [c["avg_active_requests"] for c in decode if c.get("avg_active_requests")]
+    if not active:
+        return None
+    ceiling = max(active)
+    capped = [
+        c
+        for c in decode
+        if c["concurrency"] > ceiling + 0.5 and (c.get("avg_active_requests") or 0) > ceiling - 0.5
+    ]
+    return round(ceiling) if capped else None
 
 
 def _max_model_len(run: dict[str, Any]) -> int | None:
@@ -247,10 +272,16 @@ def _bracket(tried: list[tuple[float, float]], x: float, err: float, k: int, fir
     return min(max(nxt, 0.0), float(k))
 
 
+def _running(cell: dict[str, Any]) -> int:
+    """The streams of a cell the server runs at once: C, or its max_num_seqs when C is more
+    (``fit_max_num_seqs``; the rest wait, neither decoding nor in the median)."""
+    return min(cell["concurrency"], cell.get("max_num_seqs") or cell["concurrency"])
+
+
 def _median_against_mean(cell: dict[str, Any]) -> float:
     """r = total x TBT / C: the streams' mean rate against the median request's (below 1: the
-    median is faster than the mean)."""
-    return cell["total_tok_s"] * cell["tbt_ms"] / 1000.0 / cell["concurrency"]
+    median is faster than the mean); C the streams running (``_running``)."""
+    return cell["total_tok_s"] * cell["tbt_ms"] / 1000.0 / _running(cell)
 
 
 def _streams_even(cell: dict[str, Any]) -> bool:
@@ -259,8 +290,15 @@ def _streams_even(cell: dict[str, Any]) -> bool:
     a non-outlier stream's, and C - 1 streams at the median's rate must not exceed the total:
     r >= (C - 1) / C. Below that (the seed-47 page's 2K x 8 cell: r = 0.85 < 7 / 8) the median
     is over more requests than streams, the fast streams, restarting more often inside the
-    window, holding more of them: streams that scatter evenly do that in the twin too."""
-    b = cell["concurrency"]
+    window, holding more of them: streams that scatter evenly do that in the twin too. Only
+    a cell where requests finished inside the window (its completed requests, when the page
+    has them) restarts streams at all: without restarts each stream is one request, evenly
+    spaced streams have their median at the mean (r = 1 however wide the spread: a C=16 cell
+    fitted so ran its spread to k and its TBT missed by 7%), and one slow outlier comes
+    closest."""
+    b = _running(cell)
+    if cell.get("completed_requests") == 0:
+        return False
     return b > 2 and _median_against_mean(cell) < (b - 1) / b
 
 
@@ -285,7 +323,7 @@ def _spread_from_page(cell: dict[str, Any], mean: float) -> float:
         return 0.0
     if _streams_even(cell):
         return max(4.0 * mean * (1.0 / r - 1.0), 0.0)
-    return mean * cell["concurrency"] * (1.0 - 1.0 / r)
+    return mean * _running(cell) * (1.0 - 1.0 / r)
 
 
 ANCHOR_ROUNDS = 4
@@ -295,6 +333,24 @@ FIRST_TOKEN_ROOM = 0.9
 """Share of the room a lowered anchor leaves to a cell's first token: a TTFT median moves in
 steps, so the engine's own part is kept a little under the page's, the front end's levers take
 the rest."""
+
+
+def _spec_start_delays(decode: list[dict[str, Any]], anchor: float) -> dict[tuple[int, int], float]:
+    """Each speculating cell's starting first-token delay: about two steps (anchor x TBT each)
+    short of its published TTFT, so that the cell's first-token output latency takes the rest.
+    A cell of more than two streams starts no higher than its context's next smaller cell: its
+    requests arrive one after another, most while fewer are held, and see the delay between the
+    two nodes (a node above the smaller cell's leaks into its ramp)."""
+    delay_ms = {
+        (c["context_tokens"], c["concurrency"]): max(c["ttft_ms"] - 2.0 * anchor * c["tbt_ms"], 0.0)
+        for c in decode
+    }
+    for ctx, b in sorted(delay_ms):
+        below = [n for c2, n in delay_ms if c2 == ctx and n < b]
+        if b > 2 and below:
+            delay_ms[(ctx, b)] = min(delay_ms[(ctx, b)], delay_ms[(ctx, max(below))])
+    return delay_ms
+
 
 SETTLE_ROUNDS = 8
 """Rounds of the first-token settling after a speculative fit (each predicts every cell)."""
@@ -399,6 +455,11 @@ def calibrate(
             raise CalibrationError(f"acceptance length {anchor} is not in [1, {k + 1}] (k = {k})")
     elif acceptance_length is not None:
         raise CalibrationError("an acceptance length needs speculative decoding (k unknown)")
+    max_seqs = fit_max_num_seqs(run, decode)
+    if max_seqs:
+        decode = [c | {"max_num_seqs": max_seqs} for c in decode]
+    else:
+        max_seqs = max(256, max(c["concurrency"] for c in cells))
     base, per_seq, per_kv = _fit_decode(decode, anchor)
 
     correction = {(c["context_tokens"], c["concurrency"]): 1.0 for c in decode}
@@ -422,14 +483,13 @@ def calibrate(
     # would go below zero.
     output_ms = {key: 0.0 for key in delay_ms}
     if k:
-        delay_ms = {
-            (c["context_tokens"], c["concurrency"]): max(
-                c["ttft_ms"] - 2.0 * anchor * c["tbt_ms"], 0.0
-            )
-            for c in decode
-        }
+        delay_ms = _spec_start_delays(decode, anchor)
     decode_by_key = {(c["context_tokens"], c["concurrency"]): c for c in decode}
     even = sorted(key for key, c in decode_by_key.items() if k and _streams_even(c))
+    # cells of more streams than the server runs: their first tokens wait for running requests
+    # to finish (tens of seconds), which the engine forms; a first-token lever taking that wait
+    # held slots idle (16 s of output latency on a C=128 cell: its TBT 21% fast)
+    queued = {key for key, c in decode_by_key.items() if c["concurrency"] > _running(c)}
     desc = ""
 
     def build() -> Profile:
@@ -447,7 +507,7 @@ def calibrate(
             model=run.get("model") or run.get("served_model") or "sim/model",
             version=run.get("engine_version") or "0.0.0+sim",
             max_model_len=sim_mml,
-            max_num_seqs=max(256, max(c["concurrency"] for c in cells)),
+            max_num_seqs=max_seqs,
             max_num_batched_tokens=8192,
             vocab_size=163840,
             block_size=block_size,
@@ -495,6 +555,7 @@ def calibrate(
                     bare, *key, window_s=window, max_output=max_out, accounting=accounting
                 )["ttft_ms"]
                 for key, c in decode_by_key.items()
+                if key not in queued  # a queued first token waits for a running request
             )
             if fits >= 1.0 or anchor <= 1.0:
                 break
@@ -502,10 +563,7 @@ def calibrate(
             base, per_seq, per_kv = _fit_decode(decode, anchor)
             min_step = min(base, 0.5 * min(c["ttft_ms"] for c in decode) / 1000.0)
             acc = {key: (anchor, 0.0) for key in correction}
-            delay_ms = {
-                key: max(c["ttft_ms"] - 2.0 * anchor * c["tbt_ms"], 0.0)
-                for key, c in decode_by_key.items()
-            }
+            delay_ms = _spec_start_delays(decode, anchor)
 
     desc = (
         f"Calibrated by `speedmatrix sim calibrate` from {source or 'a published report'}. "
@@ -561,7 +619,9 @@ def calibrate(
             else:
                 correction[(ctx, b)] *= ratio
             diff = c["ttft_ms"] - pred["ttft_ms"]
-            if k:  # the cell's own first-token latency takes it; the delay what it cannot
+            if (ctx, b) in queued:
+                pass  # its first tokens wait in the server's queue: the engine forms that TTFT
+            elif k:  # the cell's own first-token latency takes it; the delay what it cannot
                 held = output_ms[(ctx, b)] + diff
                 output_ms[(ctx, b)] = max(held, 0.0)
                 if held < 0:
@@ -596,7 +656,7 @@ def calibrate(
             profile = _settle_first_tokens(
                 best,
                 build,
-                decode_by_key,
+                {key: c for key, c in decode_by_key.items() if key not in queued},
                 delay_ms,
                 output_ms,
                 lambda p, ctx, b: predict_decode(
