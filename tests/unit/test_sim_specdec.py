@@ -271,9 +271,9 @@ def test_a_cells_streams_alike_but_one_or_evenly_spaced():
     """A calibrated cell's spread places its streams one of two ways: alike but one outlier (a
     cell without ``streams``, as every profile written before had) or, with ``streams: even``,
     evenly spaced end to end around the cell's mean; the key round-trips, and only even cells
-    carry it. Which one a fit takes follows the page (``calibrate._streams_even``): even only
+    carry it. Which one a fit takes follows the page (``spec_cells.streams_even``): even only
     where the median is faster than C - 1 alike streams allow within the total."""
-    from speedmatrix.sim import calibrate as cal
+    from speedmatrix.sim import spec_cells
     from speedmatrix.sim.profile import ProfileError
 
     data = truth_profile().to_dict()
@@ -296,11 +296,11 @@ def test_a_cells_streams_alike_but_one_or_evenly_spaced():
         Profile.from_dict(data)
     # the seed-47 page's 2K x 8 cell (r = 0.85) is the one even cell of that page
     decode = _decode(spec_page("many-streams-apart"))
-    assert [key for key, c in decode.items() if cal._streams_even(c)] == [(2048, 8)]
+    assert [key for key, c in decode.items() if spec_cells.streams_even(c)] == [(2048, 8)]
     fitted, _ = calibrated_page("many-streams-apart")
     assert fitted.spec_decode.even_cells == [(2050, 8)]
     decode = _decode(spec_page("streams-apart-49"))
-    assert [key for key, c in decode.items() if cal._streams_even(c)] == [(2048, 8)]
+    assert [key for key, c in decode.items() if spec_cells.streams_even(c)] == [(2048, 8)]
     # the published-tool shapes of other seeds fit alike-but-one streams everywhere
     for variant in ("high-acceptance-long", "high-acceptance-51", "eight-drafts", "falling"):
-        assert not any(cal._streams_even(c) for c in _decode(spec_page(variant)).values())
+        assert not any(spec_cells.streams_even(c) for c in _decode(spec_page(variant)).values())

@@ -43,7 +43,7 @@ cell's rate is read off its total tok/s (written to 4-5 digits) rather than its 
 tokens (0.1 ms, a few percent at 2 ms); the cell's spread is fitted only to a TBT outside what
 its display rounding hides (``TBT_DEADBAND``): one outlier stream among alike ones, or, where
 the median is faster than C - 1 alike streams allow within the total, C streams evenly spaced
-(``_streams_even``: the fast ones restart more often and hold more of the median's requests). On
+(``streams_even``: the fast ones restart more often and hold more of the median's requests). On
 real hardware one prompt decides a C=1 cell's acceptance, so the per-cell part is what
 reproduces the page; the smooth part for cells the page does not have is the mean acceptance
 length as a line in log2(context) (fitted to the cells weighted by C, since a cell of C streams
@@ -71,6 +71,15 @@ from typing import Any
 from speedmatrix.published.formats import ms_half_unit
 from speedmatrix.sim.predict import AGGREGATE, PER_STREAM, predict_decode, predict_prefill
 from speedmatrix.sim.profile import Profile, SpecDecode
+from speedmatrix.sim.spec_cells import (
+    bracket_step,
+    running_streams,
+    secant_step,
+    smooth_acceptance,
+    spread_from_page,
+    start_delays,
+    streams_even,
+)
 
 SPEC_SHAPE = 0.8
 """Per-position conditional acceptance of a calibrated profile's shape (the page does not show
@@ -150,7 +159,7 @@ def _fit_decode(
     rows, target = [], []
     for c in cells:
         tbt = c["tbt_ms"] / 1000.0 * tokens_per_step
-        b = _running(c)
+        b = running_streams(c)
         kv = b * (c["context_tokens"] + (c["output_tokens"] or 0) / (2 * b))
         rows.append([1.0 / tbt, (b - 1) / tbt, kv / tbt])
         target.append(1.0)
@@ -195,137 +204,6 @@ def spec_tokens_of(run: dict[str, Any]) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _smooth_acceptance(
-    acc: dict[tuple[int, int], tuple[float, float]], k: int, even: list[tuple[int, int]]
-) -> tuple[list[tuple[int, float]], float]:
-    """The mean acceptance length as a line in log2(context), weighted by C, and the spread of
-    a request around it: from the cells' means (a C-stream cell's mean scatters by
-    spread / sqrt(C)) and from the spread within the cells of several streams, pooled."""
-    xs = [math.log2(ctx) for ctx, _ in acc]
-    ws = [float(c) for _, c in acc]
-    ys = [v[0] for v in acc.values()]
-    wsum = sum(ws)
-    mx = sum(w * x for w, x in zip(ws, xs, strict=True)) / wsum
-    my = sum(w * y for w, y in zip(ws, ys, strict=True)) / wsum
-    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs, strict=True))
-    sxy = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys, strict=True))
-    slope = sxy / sxx if sxx > 0 else 0.0
-
-    def line(x: float) -> float:
-        return min(max(my + slope * (x - mx), 1.0), k + 1.0)
-
-    var = [w * (y - line(x)) ** 2 for w, x, y in zip(ws, xs, ys, strict=True)]
-    # a cell's C streams evenly spaced over sd end to end scatter by sd x sqrt((C+1) / 12(C-1))
-    var += [
-        sd**2 * ((c + 1) / (12 * (c - 1)) if key in even else 1.0)
-        for key, (_, sd) in acc.items()
-        if (c := key[1]) > 1
-    ]
-    spread = math.sqrt(sum(var) / len(var))
-    ctxs = sorted({ctx for ctx, _ in acc})
-    ends = [ctxs[0], ctxs[-1]] if len(ctxs) > 1 else ctxs
-    return [(c, line(math.log2(c))) for c in ends], spread
-
-
-def _secant(
-    tried: list[tuple[float, float]], x: float, err: float, k: int, first: float | None = None
-) -> float:
-    """Next signed outlier spread of a cell from the (spread, error) pairs tried so far: a
-    secant step through the last two (at most 1 token, or |first| when larger: the median
-    moves in jumps), a first step to `first` (else of 1 token), and the best so far when a
-    step would not move; within [-k, k]."""
-    tried.append((x, err))
-    cap = max(1.0, abs(first)) if first is not None else 1.0
-    if len(tried) == 1:
-        nxt = first if first is not None and first != x else x + (-1.0 if err > 0 else 1.0)
-    else:
-        (x0, e0), (x1, e1) = tried[-2], tried[-1]
-        if e1 == e0 or x1 == x0:
-            nxt = min(tried, key=lambda t: abs(t[1]))[0]
-        else:
-            nxt = x1 + min(max(-e1 * (x1 - x0) / (e1 - e0), -cap), cap)
-    return min(max(nxt, -float(k)), float(k))
-
-
-def _bracket(tried: list[tuple[float, float]], x: float, err: float, k: int, first: float) -> float:
-    """Next even spread of a cell of more than two streams from the (spread, error) pairs
-    tried so far: the larger the spread the faster the median (the fast streams restart more),
-    in jumps, so a bisection between the largest spread whose median was slow (err > 0) and
-    the smallest whose median was fast; newest first, and a pair that contradicts newer ones
-    is left out (it was tried while the cell's mean acceptance was elsewhere). With no fast
-    pair yet, `first` (the spread the page implies) or 1 token more than the slow one; with
-    no slow pair, half the fast one. Within [0, k]."""
-    tried.append((x, err))
-    slow: float | None = None
-    fast: float | None = None
-    for sd, e in reversed(tried):
-        if e > 0 and (fast is None or sd < fast):
-            slow = sd if slow is None else max(slow, sd)
-        elif e < 0 and (slow is None or sd > slow):
-            fast = sd if fast is None else min(fast, sd)
-    if slow is not None and fast is not None:
-        nxt = (slow + fast) / 2
-    elif slow is not None:
-        nxt = max(first, slow + 1.0)
-    else:
-        nxt = (fast or 0.0) / 2
-    return min(max(nxt, 0.0), float(k))
-
-
-def _running(cell: dict[str, Any]) -> int:
-    """The streams of a cell the server runs at once: C, or its max_num_seqs when C is more
-    (``fit_max_num_seqs``; the rest wait, neither decoding nor in the median)."""
-    return min(cell["concurrency"], cell.get("max_num_seqs") or cell["concurrency"])
-
-
-def _median_against_mean(cell: dict[str, Any]) -> float:
-    """r = total x TBT / C: the streams' mean rate against the median request's (below 1: the
-    median is faster than the mean); C the streams running (``_running``)."""
-    return cell["total_tok_s"] * cell["tbt_ms"] / 1000.0 / _running(cell)
-
-
-def _streams_even(cell: dict[str, Any]) -> bool:
-    """Whether a cell's streams are fitted evenly spaced rather than alike but one outlier:
-    when its median is faster than the outlier model can give. With one outlier the median is
-    a non-outlier stream's, and C - 1 streams at the median's rate must not exceed the total:
-    r >= (C - 1) / C. Below that (the seed-47 page's 2K x 8 cell: r = 0.85 < 7 / 8) the median
-    is over more requests than streams, the fast streams, restarting more often inside the
-    window, holding more of them: streams that scatter evenly do that in the twin too. Only
-    a cell where requests finished inside the window (its completed requests, when the page
-    has them) restarts streams at all: without restarts each stream is one request, evenly
-    spaced streams have their median at the mean (r = 1 however wide the spread: a C=16 cell
-    fitted so ran its spread to k and its TBT missed by 7%), and one slow outlier comes
-    closest."""
-    b = _running(cell)
-    if cell.get("completed_requests") == 0:
-        return False
-    return b > 2 and _median_against_mean(cell) < (b - 1) / b
-
-
-def _spread_from_page(cell: dict[str, Any], mean: float) -> float:
-    """The spread a C-stream cell implies when every stream is busy and a stream's rate is in
-    proportion to its acceptance, from r (``_median_against_mean``).
-
-    One outlier, the median a non-outlier stream's TBT: those streams run at 1 / TBT each, the
-    outlier at the rest of the total, so the signed spread = mean x C x (1 - 1 / r). At C=2 a
-    fast stream that restarts inside the window while a slow one does not has 2 of the 3
-    requests, so the median is its TBT, below C / total (0.81 x on a 507K page's 1K x 2 cell,
-    streams of 4.6 and 2.8 accepted): the fit's first step goes to this spread instead of 1
-    token, which never left that median.
-
-    Evenly spaced streams (``_streams_even``): the fast half restarts more often inside the
-    window and holds more of the requests, so the median is about the stream three quarters up
-    the range, mean + spread / 4 = mean / r: spread = 4 x mean x (1 / r - 1). On the seed-47
-    page's 2K x 8 cell (r = 0.85) that is about 4 tokens, where a hand check of even streams
-    met its median."""
-    r = _median_against_mean(cell)
-    if r <= 0:
-        return 0.0
-    if _streams_even(cell):
-        return max(4.0 * mean * (1.0 / r - 1.0), 0.0)
-    return mean * _running(cell) * (1.0 - 1.0 / r)
-
-
 ANCHOR_ROUNDS = 4
 """Rounds of lowering the assumed acceptance length until the page's first tokens fit."""
 
@@ -333,23 +211,6 @@ FIRST_TOKEN_ROOM = 0.9
 """Share of the room a lowered anchor leaves to a cell's first token: a TTFT median moves in
 steps, so the engine's own part is kept a little under the page's, the front end's levers take
 the rest."""
-
-
-def _spec_start_delays(decode: list[dict[str, Any]], anchor: float) -> dict[tuple[int, int], float]:
-    """Each speculating cell's starting first-token delay: about two steps (anchor x TBT each)
-    short of its published TTFT, so that the cell's first-token output latency takes the rest.
-    A cell of more than two streams starts no higher than its context's next smaller cell: its
-    requests arrive one after another, most while fewer are held, and see the delay between the
-    two nodes (a node above the smaller cell's leaks into its ramp)."""
-    delay_ms = {
-        (c["context_tokens"], c["concurrency"]): max(c["ttft_ms"] - 2.0 * anchor * c["tbt_ms"], 0.0)
-        for c in decode
-    }
-    for ctx, b in sorted(delay_ms):
-        below = [n for c2, n in delay_ms if c2 == ctx and n < b]
-        if b > 2 and below:
-            delay_ms[(ctx, b)] = min(delay_ms[(ctx, b)], delay_ms[(ctx, max(below))])
-    return delay_ms
 
 
 SETTLE_ROUNDS = 8
@@ -483,13 +344,13 @@ def calibrate(
     # would go below zero.
     output_ms = {key: 0.0 for key in delay_ms}
     if k:
-        delay_ms = _spec_start_delays(decode, anchor)
+        delay_ms = start_delays(decode, anchor)
     decode_by_key = {(c["context_tokens"], c["concurrency"]): c for c in decode}
-    even = sorted(key for key, c in decode_by_key.items() if k and _streams_even(c))
+    even = sorted(key for key, c in decode_by_key.items() if k and streams_even(c))
     # cells of more streams than the server runs: their first tokens wait for running requests
     # to finish (tens of seconds), which the engine forms; a first-token lever taking that wait
     # held slots idle (16 s of output latency on a C=128 cell: its TBT 21% fast)
-    queued = {key for key, c in decode_by_key.items() if c["concurrency"] > _running(c)}
+    queued = {key for key, c in decode_by_key.items() if c["concurrency"] > running_streams(c)}
     desc = ""
 
     def build() -> Profile:
@@ -563,7 +424,7 @@ def calibrate(
             base, per_seq, per_kv = _fit_decode(decode, anchor)
             min_step = min(base, 0.5 * min(c["ttft_ms"] for c in decode) / 1000.0)
             acc = {key: (anchor, 0.0) for key in correction}
-            delay_ms = _spec_start_delays(decode, anchor)
+            delay_ms = start_delays(decode, anchor)
 
     desc = (
         f"Calibrated by `speedmatrix sim calibrate` from {source or 'a published report'}. "
@@ -609,9 +470,9 @@ def calibrate(
                     # outside what its display rounding hides moves them (chasing the rounding
                     # set two streams 25% apart, and their restarts then jumped the median)
                     # one outlier: signed (a fast or a slow one); even streams: its size only
-                    fit = _bracket if (ctx, b) in even else _secant
+                    fit = bracket_step if (ctx, b) in even else secant_step
                     sd = fit(
-                        tried.setdefault((ctx, b), []), sd, tbt_err, k, _spread_from_page(c, got)
+                        tried.setdefault((ctx, b), []), sd, tbt_err, k, spread_from_page(c, got)
                     )
                 acc[(ctx, b)] = (got, sd)
                 worst = max(worst, abs(ratio - 1), max(abs(tbt_err) - _tbt_half(c), 0.0))
@@ -663,7 +524,7 @@ def calibrate(
                     p, ctx, b, window_s=window, max_output=max_out, accounting=accounting
                 ),
             )
-        profile.spec_decode.mean_length[:], profile.spec_decode.spread = _smooth_acceptance(
+        profile.spec_decode.mean_length[:], profile.spec_decode.spread = smooth_acceptance(
             {(c, n): (v, sd) for c, n, v, sd in profile.spec_decode.cells}, k, even
         )
         profile = Profile.from_dict(profile.to_dict(), origin=profile.name)
