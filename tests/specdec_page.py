@@ -155,6 +155,7 @@ def truth_profile(variant: str = "falling") -> Profile:
     data = yaml.safe_load(SYNTHETIC.read_text())
     # our own copy: the shipped file's edges are not ours to move
     data["max_model_len"] = v.get("max_model_len", 32768)
+    data["max_num_seqs"] = v.get("max_num_seqs", data["max_num_seqs"])
     data["kv"]["num_gpu_blocks"] = v.get("num_gpu_blocks", 6000)  # 8K x 8 over, the rest runs
     data["prefill"]["points"] = v.get("prefill", [[1024, 0.2], [8192, 1.8], [16384, 4.0]])
     data["decode"]["base_s"] = v.get("base_s", 0.02)
