@@ -17,7 +17,9 @@ The report is parsed with the ingest code (``speedmatrix.published.parse``). The
   and the first token's output latency (``frontend.first_token_output_ms``, continuous) takes
   the rest; the delay gives way only where the latency would go below zero. A cell of more
   than two streams starts its delay no higher than its context's next smaller cell's: its
-  requests arrive one after another and see the delay between the two nodes.
+  requests arrive one after another and see the delay between the two nodes; where its own
+  levers reach zero and its TTFT is still high, the smaller cell's delay gives way by the rest
+  (that cell's output latency takes it back).
 - Running streams: a page whose average active requests sit at a ceiling below a cell's C
   shows the server's max_num_seqs (``fit_max_num_seqs``); the profile takes it.
 - Prefill: the cumulative prefill time P(n) at each prefill context is the published TTFT minus
@@ -486,7 +488,15 @@ def calibrate(
                 held = output_ms[(ctx, b)] + diff
                 output_ms[(ctx, b)] = max(held, 0.0)
                 if held < 0:
-                    delay_ms[(ctx, b)] = max(delay_ms[(ctx, b)] + held, 0.0)
+                    rest = delay_ms[(ctx, b)] + held
+                    delay_ms[(ctx, b)] = max(rest, 0.0)
+                    below = [n for c2, n in delay_ms if c2 == ctx and n < b]
+                    if rest < 0 and b > 2 and below and (ctx, max(below)) not in queued:
+                        # its own levers at zero, its requests still see the smaller cell's
+                        # delay (they arrive while fewer are held): that node gives way, and
+                        # the smaller cell's output latency takes it back
+                        low = (ctx, max(below))
+                        delay_ms[low] = max(delay_ms[low] + rest, 0.0)
             else:
                 delay_ms[(ctx, b)] = max(delay_ms[(ctx, b)] + diff, 0.0)
             if not k:
