@@ -101,3 +101,22 @@ def test_predict_cli_checks_a_profile_against_a_report(capsys):
     assert "BAD" not in out and out.count("\n") == 55 + 7 * 2 + 16 * 4
     # With zero tolerance every residual (up to 1.8%) is flagged, and the exit code says so.
     assert main(["sim", "predict", str(REPORT), "--profile", str(PROFILE), "--tolerance", "0"]) == 1
+
+
+def test_max_num_seqs_is_read_off_the_launch_command_or_the_active_requests_ceiling():
+    """A page shows the server's max_num_seqs by its launch command's flag or by busy cells
+    whose average active requests sit at one ceiling below their C (the rest of the streams
+    wait); a page whose active requests follow C shows none (the twin runs every stream)."""
+    from speedmatrix.sim.calibrate import fit_max_num_seqs
+
+    def cell(c: int, active: float | None) -> dict:
+        return {"concurrency": c, "avg_active_requests": active}
+
+    following = [cell(1, 1.0), cell(32, 31.8), cell(64, 63.6), cell(128, 127.2)]
+    capped = [cell(1, 1.0), cell(32, 31.8), cell(64, 63.9), cell(128, 64.0)]
+    assert fit_max_num_seqs({}, following) is None
+    assert fit_max_num_seqs({}, capped) == 64
+    assert fit_max_num_seqs({}, [cell(8, None)]) is None  # no figure: nothing to read
+    launch = {"launch_command": "vllm serve m --max-num-seqs 48 --port 8000"}
+    assert fit_max_num_seqs(launch, following) == 48
+    assert fit_max_num_seqs({"launch_command": "vllm serve m --max-num-seqs=96"}, []) == 96

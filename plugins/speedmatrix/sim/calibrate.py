@@ -172,6 +172,10 @@ def _fit_decode(
     return max(base, 1e-4), per_seq, per_kv
 
 
+CAP_SHARE = 0.9
+"""At most this share of a cell's C may be running for its active requests to show a cap."""
+
+
 def fit_max_num_seqs(run: dict[str, Any], decode: list[dict[str, Any]]) -> int | None:
     """The server's max_num_seqs when the page shows it: the launch command's
     ``--max-num-seqs``, else the ceiling its busy cells' average active requests sit at. A cell
@@ -185,10 +189,15 @@ def fit_max_num_seqs(run: dict[str, Any], decode: list[dict[str, Any]]) -> int |
     if not active:
         return None
     ceiling = max(active)
+    # a cell at the ceiling must sit clearly under its C: an average of running requests falls
+    # a little short of C anyway (a stream between its requests), and a page whose active
+    # requests follow C (127.2 at C=128) shows no cap
     capped = [
         c
         for c in decode
-        if c["concurrency"] > ceiling + 0.5 and (c.get("avg_active_requests") or 0) > ceiling - 0.5
+        if c["concurrency"] > ceiling + 0.5
+        and ceiling <= CAP_SHARE * c["concurrency"]
+        and (c.get("avg_active_requests") or 0) > ceiling - 0.5
     ]
     return round(ceiling) if capped else None
 
