@@ -276,11 +276,14 @@ def check_quantity(value: float, text: object) -> float:
 
 """Tokens per `K` in a context label: the published reports count in 1024s (8K = 8192)."""
 
-_CONTEXT_RE = re.compile(r"(\d+)\s*([kK]?)")
+# ASCII digits only (re.ASCII): `\d` alone also reads `١٢` (Arabic-Indic) or `１` (full-width)
+# as numbers, which no page or recipe means.
+_CONTEXT_RE = re.compile(r"([0-9]+)\s*([kK]?)", re.ASCII)
+_COUNT_RE = re.compile(r"[0-9]+", re.ASCII)
 _CELL_RE = re.compile(
     r"^\s*(?:(?P<prefill>prefill)[\s@:]*(?P<pctx>\d+\s*K?)"
     r"|(?P<ctx>\d+\s*K?)\s*[xX\u00d7]\s*(?P<conc>\d+))\s*$",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,
 )
 _PHASE_RANK = {"prefill": 0, "decode": 1}
 
@@ -321,6 +324,25 @@ def parse_context(value: int | str) -> int:
     tokens = int(match.group(1)) * (K if match.group(2) else 1)
     check_quantity(tokens, value)
     return tokens
+
+
+def parse_concurrency(value: int | str) -> int:
+    """`16` / 16 -> 16: the one reading of a concurrency (a number of requests in flight).
+
+    Written in ASCII digits only: `int()` alone reads `+1`, ` 2 ` and Arabic-Indic `١` as
+    numbers, and a `K` is a context's unit, not a count's. Ranges (positive, at most
+    plan.MAX_CONCURRENCY) are the matrix's to check (plan.matrix_problems), so a plan names every
+    problem at once. ValueError otherwise.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a number of requests: {value!r}")
+    if isinstance(value, int):
+        check_quantity(value, value)
+        return value
+    text = str(value).strip()
+    if not isinstance(value, str) or _COUNT_RE.fullmatch(text) is None:
+        raise ValueError(f"not a number of requests: {value!r} (write ASCII digits: 16)")
+    return int(check_quantity(int(text), value))
 
 
 # A list written as text, where a form or a flag gives one field for many values:
@@ -365,7 +387,11 @@ def parse_cell(spec: str) -> CellKey:
         raise ValueError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
     if m.group("prefill"):
         return "prefill", context_label(parse_context(m.group("pctx"))), 1
-    return "decode", context_label(parse_context(m.group("ctx"))), int(m.group("conc"))
+    return (
+        "decode",
+        context_label(parse_context(m.group("ctx"))),
+        parse_concurrency(m.group("conc")),
+    )
 
 
 def cell_key(cell: Mapping[str, object]) -> CellKey:
