@@ -9,6 +9,7 @@ Airflow or pandas.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import re
 import sys
@@ -86,6 +87,31 @@ def unknown_arguments(parser: argparse.ArgumentParser, extra: Sequence[str]) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command's exit code: 0, 2 for an expected error (one line), 130 when interrupted,
+    whatever the moment (an error an interrupt causes on its way out is the interrupt's)."""
+    from speedmatrix.cli.interrupts import (
+        EXIT_INTERRUPTED,
+        catch_interrupts,
+        interrupted,
+        restore,
+    )
+
+    handlers = catch_interrupts()
+    try:
+        return _main(argv)
+    except (KeyboardInterrupt, Exception) as exc:
+        if not isinstance(exc, KeyboardInterrupt) and not interrupted():
+            raise
+        with contextlib.suppress(KeyboardInterrupt, OSError):
+            print("speedmatrix: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        restore(handlers)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from speedmatrix.cli.interrupts import interrupted
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     # a mistyped flag is the subcommand's error, with its usage and a suggestion (argparse
@@ -109,11 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         rc = func(args)
-    except KeyboardInterrupt:
-        print("speedmatrix: interrupted", file=sys.stderr)
-        return 130
     # OSError: a missing file, a refused permission, a full disk (ENOSPC): one line each
     except (CliError, ValueError, OSError) as exc:
+        if interrupted():  # an error the interrupt caused: main says it was interrupted
+            raise
         message = str(exc).strip() or exc.__class__.__name__
         print(f"speedmatrix {args.command}: {message}", file=sys.stderr)
         return 2
