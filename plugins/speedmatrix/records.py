@@ -445,15 +445,39 @@ every entry point (resolve, so the DAG and `speedmatrix run`; `speedmatrix inges
 first with :func:`path_field_problems`."""
 
 
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.~:+@=-]*", re.ASCII)
+"""What a run id is made of: ours (`<recipe with ~ for />__<ref>__<trigger>__<stamp>__<tag>`,
+`ingest-<hex>`) and any a person would choose; never a path (no `/`), never hidden."""
+_NAME_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def path_field_problems(values: Mapping[str, Any]) -> list[str]:
-    """One line per PATH_FIELDS value in `values` that is too long for a file name, naming the
-    field, its length and the limit; [] when every one fits (absent / None ones are skipped)."""
+    """One line per PATH_FIELDS value in `values` that cannot be part of a file name: a control
+    character, a part that is hidden or `..`, a run id that is not a name (RUN_ID_RE), or too
+    long (naming its length and the limit); [] when every one fits (absent / None ones are
+    skipped). The one check of names at every entry point: resolve, ingest, migrate."""
     out = []
     for name in PATH_FIELDS:
         value = values.get(name)
         if value is None:
             continue
-        written = len(urllib.parse.quote(str(value), safe="-_.~"))
+        text = str(value)
+        if _NAME_CONTROL.search(text):
+            out.append(f"{name} must not hold control characters (newline, NUL…): {text[:60]!r}")
+            continue
+        if any(part.startswith(".") or not part for part in text.split("/")):
+            out.append(
+                f"{name} must not have a part that is empty or starts with '.' "
+                f"(hidden, `..`): {text[:60]!r}"
+            )
+            continue
+        if name == "run_id" and not RUN_ID_RE.fullmatch(text):
+            out.append(
+                f"run_id must be letters, digits and _ . ~ : + @ = - (no /), starting with a "
+                f"letter or digit: {text[:60]!r}"
+            )
+            continue
+        written = len(urllib.parse.quote(text, safe="-_.~"))
         if written > MAX_PATH_VALUE:
             out.append(
                 f"{name} is too long to be part of a file name: {len(str(value))} characters "
