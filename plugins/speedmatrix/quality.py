@@ -489,7 +489,7 @@ def validate_run(
 
 def number_problems(row: dict, fields: Sequence[records.Field]) -> list[str]:
     """A reason per number of `row` that cannot be a figure: not finite, past
-    records.MAX_QUANTITY (records.check_quantity, the one bound), a GPU count below one."""
+    records.MAX_QUANTITY (records.check_quantity, the one bound), a negative GPU count."""
     out = []
     for f in fields:
         value = row.get(f.name)
@@ -500,8 +500,8 @@ def number_problems(row: dict, fields: Sequence[records.Field]) -> list[str]:
         except (TypeError, ValueError):
             out.append(f"finite_and_at_most_1e15({f.name})")
             continue
-        if f.name == "hardware_gpu_count" and value < 1:
-            out.append(f"at_least_one({f.name}): {value}")
+        if f.name == "hardware_gpu_count" and value < 0:  # 0: not known (a server of another's)
+            out.append(f"not_negative({f.name}): {value}")
     return out
 
 

@@ -77,3 +77,20 @@ def test_an_error_an_interrupt_causes_is_still_an_interrupt(monkeypatch, capsys)
     monkeypatch.setattr(warehouse_cli, "cmd_query", failing)
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["query", "SELECT 1"])
+
+
+def test_the_process_end_closes_every_warehouse_connection(tmp_path) -> None:
+    """Issue #42 item 14: what a command opened is closed before the process exits
+    (cli.exiting.close_native), a DuckDB connection first among them."""
+    from speedmatrix.cli.exiting import close_native
+    from speedmatrix.store import query
+    from speedmatrix.store.warehouse import Warehouse
+
+    a, b = Warehouse(str(tmp_path / "a")), Warehouse(str(tmp_path / "b"))
+    assert a.query_arrow("SELECT 1 AS one").num_rows == 1
+    assert b.query_arrow("SELECT 2 AS two").num_rows == 1
+    assert a._con is not None and b._con is not None
+    close_native()
+    assert a._con is None and b._con is None and len(query._OPEN) == 0
+    assert a.query_arrow("SELECT 1 AS one").num_rows == 1  # a later query opens anew
+    a.close()

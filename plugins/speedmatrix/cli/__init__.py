@@ -14,6 +14,7 @@ import importlib
 import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 # command name -> (module providing register(subparsers), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -84,6 +85,27 @@ def unknown_arguments(parser: argparse.ArgumentParser, extra: Sequence[str]) -> 
             hints.append(f"{flag}: did you mean {close[0]}?")
     message = "unrecognized arguments: " + " ".join(extra)
     return message + ("; " + "; ".join(hints) if hints else "")
+
+
+def entry() -> NoReturn:
+    """The process's entry point (`speedmatrix`, `python -m speedmatrix`): main, then the
+    process's end (cli.exiting: what is open closed in order, no native destructor left to
+    abort the exit). An interrupt from the first import to the exit is exit code 130."""
+    from speedmatrix.cli.exiting import end_process
+    from speedmatrix.cli.interrupts import EXIT_INTERRUPTED, interrupted, note_only
+
+    try:
+        rc = main()
+    except KeyboardInterrupt:  # before main could catch it
+        with contextlib.suppress(KeyboardInterrupt, OSError):
+            print("speedmatrix: interrupted", file=sys.stderr)
+        rc = EXIT_INTERRUPTED
+    except SystemExit as exc:  # argparse's usage errors and --help
+        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    note_only()
+    end_process(EXIT_INTERRUPTED if interrupted() else rc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

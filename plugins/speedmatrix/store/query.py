@@ -41,6 +41,19 @@ _DUCK_TYPES = {
 }
 
 
+_OPEN: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+"""Every query layer with a DuckDB connection open, for :func:`close_all`."""
+
+
+def close_all() -> int:
+    """Close every open DuckDB connection of this process's warehouses (the process's end:
+    cli.exiting); returns how many were open."""
+    layers = list(_OPEN.values())
+    for layer in layers:
+        layer.close()
+    return len(layers)
+
+
 class QueryLimitError(WarehouseError):
     """A query stopped by its timeout or its memory limit."""
 
@@ -157,6 +170,7 @@ class WarehouseQueries:
         with self._lock:
             if self._con is None:
                 self._con = self.connect(only=only)
+                _OPEN[id(self)] = self
             else:
                 self._define_views(self._con, only)
             con = self._con
@@ -209,6 +223,7 @@ class WarehouseQueries:
                     timer.join()
 
     def close(self) -> None:
+        _OPEN.pop(id(self), None)
         if self._con is not None:
             self._con.close()
             self._con = None
