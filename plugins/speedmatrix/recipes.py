@@ -349,17 +349,22 @@ class Recipe(_Strict):
         }
 
     # ---------------------------------------------------------------- semantic checks
-    def _repeat_problems(self) -> Iterator[tuple[str, str]]:
+    def _spec(self) -> MatrixSpec:
+        """The recipe's matrix as plan's rules read it."""
         m = self.matrix
-        if m.repeats < 2:
-            yield "matrix.repeat_cells", "names cells to repeat but repeats is 1"
-        spec = MatrixSpec.build(
+        return MatrixSpec.build(
             prefill_contexts=m.prefill_contexts,
             contexts=m.contexts,
             concurrencies=m.concurrencies,
             max_output_tokens=m.max_output_tokens,
             window_s=m.window_s,
         )
+
+    def _repeat_problems(self) -> Iterator[tuple[str, str]]:
+        m = self.matrix
+        if m.repeats < 2:
+            yield "matrix.repeat_cells", "names cells to repeat but repeats is 1"
+        spec = self._spec()
         try:
             repeat_keys(spec, m.repeat_cells)
         except PlanError as exc:
@@ -372,14 +377,7 @@ class Recipe(_Strict):
             yield "matrix", "empty matrix: no prefill_contexts and no contexts"
         if m.contexts and not m.concurrencies:
             yield "matrix.concurrencies", "decode contexts given but no concurrencies"
-        size = MatrixSpec.build(
-            prefill_contexts=m.prefill_contexts,
-            contexts=m.contexts,
-            concurrencies=m.concurrencies,
-            max_output_tokens=m.max_output_tokens,
-            window_s=m.window_s,
-        )
-        for problem in matrix_size_problems(size):
+        for problem in matrix_size_problems(self._spec()):
             yield "matrix", problem
         for i, c in enumerate(m.concurrencies):
             if c < 1:
