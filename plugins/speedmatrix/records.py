@@ -436,12 +436,21 @@ def path_field_problems(values: Mapping[str, Any]) -> list[str]:
     return out
 
 
-COMPARABILITY_FIELDS: tuple[str, ...] = ("metric_version", "workload", "measurement_profile")
+COMPARABILITY_FIELDS: tuple[str, ...] = (
+    "metric_version",
+    "workload",
+    "measurement_profile",
+    "prompt_mode",
+    "max_output_tokens",
+    "window_s",
+)
 """What two cells must share for their figures to be compared, trended or pooled at all: the
 metric's definition, the decode workload (an article and a continuation measure different
-things on a speculative decoder, docs/measurement.md rule 11) and the measurement profile (our
-definitions or the published tool's). The one rule of what may be compared, for verdicts,
-trends, the site and bisection alike; extend it here."""
+things on a speculative decoder, docs/measurement.md rule 11), the measurement profile (our
+definitions or the published tool's), the prompt mode (shared prompts hit the prefix cache),
+the output tokens asked per request and the window's length (a shorter window counts a
+larger share of ramp-up). The one rule of what may be compared, for verdicts, noise, trends,
+the site and bisection alike (:func:`not_comparable_reason`); extend it here."""
 
 _READ_MISSING_AS = {"measurement_profile": DEFAULT_MEASUREMENT_PROFILE}
 """A field recorded only since some point: a cell landed before it was measured by what is

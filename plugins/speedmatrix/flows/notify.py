@@ -95,6 +95,7 @@ class RunSummary:
     regressions: list[dict[str, Any]] = field(default_factory=list)
     improvements: list[dict[str, Any]] = field(default_factory=list)
     bad_cells: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
     report: str | None = None
     reason: str | None = None
     dag_run_id: str | None = None
@@ -146,6 +147,7 @@ def summarize_run(
         regressions=[r for r in rows if r.get("verdict") == "regression"],
         improvements=[r for r in rows if r.get("verdict") == "improvement"],
         bad_cells=bad,
+        rows=rows,
         report=report_link(warehouse, run_id, base_url),
         reason=reason,
         dag_run_id=dag_run_id,
