@@ -85,6 +85,22 @@ def _land(wh, run_id, commit, day, *, slow=None, seed=0, status="success", **kw)
     return run
 
 
+def quiet_noise(run, cells, sd=0.002, dof=9):
+    """A noise model that knows every figure of `cells` on `run`'s recipe and host: a quiet
+    host with a long history (a figure without any history is unverified)."""
+    import pandas as pd
+
+    rows = [
+        {"recipe_id": run.get("recipe_id") or "", "host": run.get("host") or "",
+         "phase": c["phase"], "context_tokens": c["context_tokens"],
+         "concurrency": c["concurrency"], "metric": m, "rel_sd": sd, "dof": dof,
+         "runs": dof + 1, "engines": dof + 1}
+        for c in cells
+        for m in ("total_tok_s", "per_request_tok_s", "ttft_ms", "tbt_ms", "spec_acceptance_length")
+    ]  # fmt: skip
+    return NoiseModel(pd.DataFrame(rows))
+
+
 @pytest.fixture
 def wh(tmp_path):
     w = Warehouse(str(tmp_path / "wh"))

@@ -311,7 +311,7 @@ def compare_runs(
                 change_abs=va - vb,
                 change_pct=change * 100 if math.isfinite(change) else None,
                 threshold_pct=t * 100,
-                noise_pct=combined * 100 if rel_sd is not None else None,
+                noise_pct=combined * 100 if sources else None,
                 ci_low=ci_a.low if ci_a else None,
                 ci_high=ci_a.high if ci_a else None,
                 baseline_ci_low=ci_b.low if ci_b else None,
