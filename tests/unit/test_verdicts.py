@@ -370,3 +370,29 @@ def test_compare_runs_without_history_is_unverified_in_the_pure_rule():
     old, _ = _cells(rng)
     rows = compare_runs(run, new, base, old)
     assert {r["verdict"] for r in rows if r["phase"] != "run"} <= {"unverified", "noise"}
+
+
+def test_the_runs_own_repeats_are_noise_but_the_step_to_it_is_not(wh):
+    """A first run with repeats has noise of its own (its repeats measure the host at its
+    time); the step from the history to the run is never one of the differences."""
+    from speedmatrix.store.extra import land_extra
+    from speedmatrix.store.schemas import CELL_REPEATS_SCHEMA
+
+    _land(wh, "r0", "a" * 40, 0, seed=0)
+    run = _land(wh, "r1", "a" * 40, 1, seed=1, slow={(8192, 4): 0.5})
+    _, cells, _ = wh.read_run("r1")
+    primary = next(c for c in cells if c["concurrency"] == 4)
+    reps = [
+        {**primary, "repeat": k, "total_tok_s": primary["total_tok_s"] * f}
+        for k, f in ((1, 1.01), (2, 0.99), (3, 1.005))
+    ]
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist(
+        [{n: r.get(n) for n in CELL_REPEATS_SCHEMA.names} for r in reps],
+        schema=CELL_REPEATS_SCHEMA,
+    )
+    land_extra(wh, "cell_repeats", run, table)
+    total = _row(comparison_for_run(wh, "r1").rows, 8192, 4, "total_tok_s")
+    assert "between-cell" in total["noise_source"], total
+    assert total["between_rel_sd"] < 0.03 and total["verdict"] == "regression", total

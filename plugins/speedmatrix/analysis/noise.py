@@ -343,6 +343,11 @@ def between_run_noise(
     :func:`robust_rel_sd`): `rel_sd` is one measurement's relative sd, `dof` the number of
     differences it rests on, `runs` the measurements, `engines` the distinct engine commits."""
     diffs = between_run_diffs(runs, cells, repeats, columns=columns, before=before, window=window)
+    return per_cell_noise(diffs)
+
+
+def per_cell_noise(diffs: pd.DataFrame) -> pd.DataFrame:
+    """BETWEEN_COLUMNS rows out of :func:`between_run_diffs`' differences, one per cell figure."""
     if diffs.empty:
         return pd.DataFrame(columns=list(BETWEEN_COLUMNS))
     keys = ["recipe_id", "host", *CELL_KEY, "metric"]
@@ -396,8 +401,18 @@ class NoiseModel:
         """The noise a verdict on run `before` may use: its recipe/host history strictly
         before it (None: the whole history, as a trend or the site reads it)."""
         diffs = between_run_diffs(runs, cells, repeats, before=before, window=window)
-        table = between_run_noise(runs, cells, repeats, before=before, window=window)
-        return cls(table, pooled_noise(diffs))
+        own_runs = [
+            r
+            for r in frame(runs).to_dict("records")
+            if r.get("run_id") == (before or {}).get("run_id")
+        ]
+        if own_runs and not frame(repeats).empty:
+            # the run's own repeats: measurements of its engine on its host at its time, so
+            # their spread is the host's noise and cannot hold the run's change (the step from
+            # the history to the run is never one of these differences)
+            own = between_run_diffs(own_runs, cells, repeats, window=window)
+            diffs = pd.concat([d for d in (diffs, own) if not d.empty], ignore_index=True)
+        return cls(per_cell_noise(diffs), pooled_noise(diffs))
 
     def lookup(
         self,
