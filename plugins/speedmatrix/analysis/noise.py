@@ -7,13 +7,15 @@ Two estimates, because neither alone is enough:
   are its share of the throughput; requests of one stream are not independent), the median
   time-between-tokens and TTFT by *request*. This sees sampling noise only, and nothing when a
   cell has one stream or one request (prefill, C=1 decode).
-* **Between runs** (repeated runs, or repeated cells, of an unchanged engine on the same recipe
-  and host): the pooled relative standard deviation of each cell figure. This sees what the
-  window cannot: server warm-up, clocks, thermal state, placement. Runs count as "unchanged"
-  when recipe, host and engine commit (else engine version) are equal. The repeats a
-  `speed_matrix` run makes of its own cells (`repeats` / `repeat_cells`, the `cell_repeats`
-  table) are measurements of that same unchanged engine, a pass or more after the primary, so
-  they count like runs: one run with repeats already gives a cell its own spread.
+* **Between runs** (issue #40): a robust spread of the cell's recent history on the same
+  recipe and host, whatever the engine commits: the log ratios of consecutive measurements
+  over the last WINDOW comparable ones (records.not_comparable_reason), scaled by their median
+  absolute value (1.4826 x median / sqrt 2: one measurement's relative sd). A main branch with
+  a new commit every night has noise; one outlier or one regressed run is one or two large
+  differences among many and barely moves the median; old runs age out of the window. A
+  verdict reads only the history strictly before its run (and the run's own repeats, which
+  measure the host at its time and cannot hold the run's change). This sees what the window
+  cannot: server warm-up, clocks, thermal state, placement, a loaded host.
 
 Both are expressed relative to the value (a fraction), so compare.py can combine them and
 weigh them against a relative threshold. scipy (a pinned dependency of great-expectations)

@@ -1,17 +1,20 @@
 """Cell-by-cell comparison of a run with its baseline, with a noise-aware verdict per figure.
 
 A change is a `regression` or an `improvement` only when it exceeds BOTH the relative
-threshold (recipe-configurable, default 3%) AND the combined noise of the two cells; otherwise
-it is `noise`. Each cell's noise is the larger of its within-window bootstrap half-width and
-1.96 x the between-run relative spread (noise.py), and for decode total tok/s at least the
-counting resolution (one token per stream at the window's edges); the combined noise of a
-difference is the root-sum-square of the two sides (the half-width of the difference's
-interval). Where within-window intervals exist, neither value may lie inside the other's
-interval either (a skewed spread, e.g. a median TTFT over a few requests, fools the symmetric
-half-width). Verdicts are direction-aware: lower TTFT / time-between-tokens is better, higher
-tok/s, acceptance and KV capacity are better. A KV-capacity change shows twice: as a run-level
-`kv_cache_tokens` row and as `status` rows for the cells it turned over capacity (a
-regression) or back (an improvement).
+threshold (recipe-configurable, default 3%) AND the noise band of a run-to-run difference:
+the widest of Z_VERDICT (3) x sqrt(2) x the figure's between-run relative sd (noise.py: a
+robust spread of its recent history on this recipe and host, strictly before the run), the
+root-sum-square of the two cells' within-window bootstrap half-widths, and for decode total
+tok/s the counting resolution (one token per stream at the window's edges). Where
+within-window intervals exist, neither value may lie inside the other's interval either (a
+skewed spread, e.g. a median TTFT over a few requests, fools the symmetric half-width). A
+figure with no between-run estimate (no history on this host yet) that moved beyond the
+threshold is `unverified`: its change is shown, it never gates. A regression at the same
+engine commit says so (SAME_COMMIT): the host or its environment got slower. Verdicts are
+direction-aware: lower TTFT / time-between-tokens is better, higher tok/s, acceptance and KV
+capacity are better. A KV-capacity change shows twice: as a run-level `kv_cache_tokens` row
+and as `status` rows for the cells it turned over capacity (a regression) or back (an
+improvement).
 
 Everything here works on plain rows (dicts or DataFrames with records.py names), so it is
 testable without a warehouse; `comparisons_table` turns rows into the Parquet table.
