@@ -457,6 +457,15 @@ _READ_MISSING_AS = {"measurement_profile": DEFAULT_MEASUREMENT_PROFILE}
 now its default (a cell without a measurement profile was measured by our definitions)."""
 
 
+_UNRECORDED_IS_UNKNOWN = frozenset({"prompt_mode", "max_output_tokens", "window_s"})
+"""Fields a cell may lack (a prefill cell has no prompt mode; an ingested page or a cell
+landed by hand records none): a side that did not record one cannot be told apart by it."""
+
+
+def _empty(v: object) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
+
+
 def _same_value(a: object, b: object) -> bool:
     # a warehouse read gives NaN where a field is empty: two empties are the same
     def empty(v: object) -> bool:
@@ -470,6 +479,8 @@ def not_comparable_reason(cell: Mapping[str, Any], baseline: Mapping[str, Any]) 
     or None when they may (COMPARABILITY_FIELDS all equal)."""
     for name in COMPARABILITY_FIELDS:
         a, b = _comparable_value(cell, name), _comparable_value(baseline, name)
+        if name in _UNRECORDED_IS_UNKNOWN and (_empty(a) or _empty(b)):
+            continue
         if not _same_value(a, b):
             return f"{name} {b} -> {a}"
     return None

@@ -245,6 +245,8 @@ def test_prompt_mode_output_tokens_and_window_are_in_the_one_comparability_rule(
     assert not_comparable_reason(a, {**a, "max_output_tokens": 256}) is not None
     assert not_comparable_reason(a, {**a, "window_s": 10.0}) is not None
     assert not_comparable_reason(a, dict(a)) is None
+    # a side that did not record one (a cell landed before, an ingested page) is not told apart
+    assert not_comparable_reason(a, {**a, "prompt_mode": None, "window_s": float("nan")}) is None
 
 
 def test_each_cell_is_judged_against_its_latest_comparable_cell(wh):
