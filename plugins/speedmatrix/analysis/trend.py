@@ -5,6 +5,12 @@ comparison decided, against its own baseline); otherwise each point is compared 
 previous point of the trend using the same rule as compare.py (threshold AND between-run
 noise). The first valid point's verdict is `first`; a point whose cell did not run valid
 carries its status (`failed`, `over_capacity`…). The charts of a trend are drawn by speedmatrix.report.charts (analysis does not draw).
+
+A partial run's valid cells are history like a successful run's (issue 40): its points are in
+the trend, marked by `run_status`; a failed run's are not (it measured nothing to keep).
+Each point also says whether a change point of the whole series starts at it
+(analysis.changepoints: the step's verdict, size and p-value), so a slowdown spread over
+several commits, each of which read "noise" against the run before, is still reported.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from speedmatrix.analysis.changepoints import CHANGE_POINT_COLUMNS, change_points, mark
 from speedmatrix.analysis.noise import Z_95, NoiseModel, frame
 from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD, METRIC_BY_NAME, verdict_for
 from speedmatrix.records import COMPARABILITY_FIELDS, not_comparable_reason, parse_cell
@@ -25,11 +32,16 @@ TREND_COLUMNS = (
     "engine_commit",
     "engine_version",
     "host",
+    "run_status",
     "status",
     "value",
     "change_pct",
     "verdict",
+    *CHANGE_POINT_COLUMNS,
 )
+HISTORY_RUN_STATUSES = ("success", "partial")
+"""Runs whose valid cells are history: a partial run's measured cells are as good as a
+successful run's (the run is partial because of other cells)."""
 
 
 def _column_for(metric: str, phase: str) -> str:
@@ -53,7 +65,8 @@ def trend(
     threshold: float = DEFAULT_THRESHOLD,
     noise: NoiseModel | None = None,
 ) -> pd.DataFrame:
-    """Rows (TREND_COLUMNS) of one cell's `metric` over the recipe's successful runs, oldest first.
+    """Rows (TREND_COLUMNS) of one cell's `metric` over the recipe's successful and partial
+    runs, oldest first.
 
     `metric` is a compare.METRICS name; prefill cells use `prefill_tok_s`.
     """
@@ -95,7 +108,8 @@ def trends(
     rdf, cdf = frame(runs), frame(cells)
     if rdf.empty or cdf.empty:
         return {name: pd.DataFrame(columns=list(TREND_COLUMNS)) for name in wanted}
-    rdf = rdf[(rdf["recipe_id"] == recipe) & (rdf["status"] == "success")]
+    rdf = rdf[(rdf["recipe_id"] == recipe) & rdf["status"].isin(HISTORY_RUN_STATUSES)]
+    rdf = rdf.assign(run_status=rdf["status"])
     if host is not None:
         rdf = rdf[rdf["host"] == host]
     rdf = rdf[[c for c in _RUN_KEEP if c in rdf]].copy()
@@ -123,7 +137,7 @@ def trends(
         judged = m if phase != "prefill" else "prefill_tok_s"
         if judged not in known:
             known[judged] = _known_verdicts(comparisons, judged)
-        out[name] = _points(
+        points = _points(
             groups.get((phase, label, conc), []),
             recipe=recipe,
             cell=(phase, label, conc),
@@ -133,6 +147,8 @@ def trends(
             threshold=threshold,
             noise=noise,
         )
+        higher = METRIC_BY_NAME[m].higher_is_better
+        out[name] = mark(points, change_points(points, higher_is_better=higher))
     return out
 
 
@@ -175,7 +191,7 @@ def noise_band(
     return band, ("threshold" if band == threshold else source)
 
 
-_RUN_KEEP = ("run_id", "started_at", "engine_commit", "engine_version", "host")
+_RUN_KEEP = ("run_id", "started_at", "engine_commit", "engine_version", "host", "run_status")
 
 
 def _points(
@@ -229,7 +245,7 @@ def _points(
         )
         if value is not None:
             prev, prev_row = value, row
-    return pd.DataFrame(out, columns=list(TREND_COLUMNS))
+    return pd.DataFrame(out, columns=[c for c in TREND_COLUMNS if c not in CHANGE_POINT_COLUMNS])
 
 
 def _known_verdicts(
