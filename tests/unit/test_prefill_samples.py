@@ -63,14 +63,15 @@ def test_a_prefill_cell_is_three_cold_prompts_by_default(sim_url):
 def test_the_last_sample_is_the_runs_own_prompt_so_the_decode_finds_it_cached(sim_url):
     """The prefill warms stream 0's decode prompt (loadgen/prefill.py): the run's own tag goes
     last, after the fresh tags, so nothing sent after it can push it out of the cache."""
-    _, _, sent = _prefill(sim_url, context=2048, run_tag="pfw", samples=3)
+    first, _, sent = _prefill(sim_url, context=2048, run_tag="pfw", samples=3)
+    assert first["status"] == "valid" and [r["cached_tokens"] for r in sent] == [0, 0, 0]
     again, _, resent = _prefill(sim_url, context=2048, run_tag="pfw", samples=1)
     assert resent[0]["cached_tokens"] > 0 and again["status"] == "invalid"  # warm: refused
 
 
 def test_samples_is_a_setting_of_at_least_one(sim_url):
     cell, rows, sent = _prefill(sim_url, context=2048, run_tag="pf5", samples=5)
-    assert cell["samples"] == 5 and len(sent) == 5 and cell["status"] == "valid"
+    assert cell["samples"] == 5 and len(sent) == len(rows) == 5 and cell["status"] == "valid"
     with pytest.raises(ValueError, match="samples"):
         PrefillConfig(base_url=sim_url, model=MODEL, context=2048, samples=0).validate()
 
