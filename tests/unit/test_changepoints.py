@@ -146,3 +146,48 @@ def test_trend_command_marks_each_change_point_with_its_commit_range(tmp_path, c
     assert main([*args, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["change_point"] for r in doc if r["change_point"]] == ["regression"]
+
+
+def _stepped_points():
+    runs, cells = _nights([1000.0] * 10 + [950.0] * 10, seed=4, statuses={5: "partial"})
+    return trend(runs, cells, recipe="sim/x", cell="8Kx4")
+
+
+def test_the_site_chart_marks_the_change_point_its_range_and_partial_runs():
+    from speedmatrix.report.site_trend import trend_svg
+
+    pts = _stepped_points()
+    svg = trend_svg(pts, 0.03, title="8Kx4", link={}, total=len(pts))
+    assert svg.count('class="cp"') == 1
+    tip = re.search(r'<g class="cp-mark"><title>([^<]*)</title>', svg).group(1)
+    assert "change point" in tip and "09cccccccccc..10cccccccccc" in tip and "-5." in tip
+    assert svg.count('class="pt partial"') == 1
+    quiet = trend_svg(trend(*_nights([1000.0] * 20), recipe="sim/x", cell="8Kx4"), 0.03,
+                      title="8Kx4", link={}, total=20)  # fmt: skip
+    assert 'class="cp"' not in quiet and "partial" not in quiet
+
+
+def test_the_report_chart_marks_the_change_point():
+    from speedmatrix.report.charts import trend_chart_svg
+
+    svg = trend_chart_svg(_stepped_points(), title="8Kx4", ylabel="tok/s")
+    assert "change point 09cccccccccc..10cccccccccc" in svg
+    assert "partial run" in svg  # its legend entry
+
+
+def test_the_recipe_page_names_each_change_point_and_shows_partial_runs(tmp_path):
+    from speedmatrix.report.site import build_site, recipe_page
+    from speedmatrix.store.warehouse import Warehouse
+
+    runs, cells = _nights([1000.0] * 8 + [950.0] * 8, seed=2, statuses={3: "partial"})
+    wh = Warehouse(str(tmp_path / "wh"))
+    for run, cell in zip(runs, cells, strict=True):
+        row = run | {"trigger": "nightly", "engine_repository": "github.com/vllm-project/vllm"}
+        wh.land_run(row, [{k: v for k, v in cell.items() if k != "run_id"}], [])
+    build_site(wh, tmp_path / "site", max_run_pages=0)
+    wh.close()
+    page = (tmp_path / "site" / recipe_page("sim/x")).read_text()
+    chart = re.search(r'<figure class="cell" id="cell-8Kx4">(.*?)</figure>', page, re.S).group(1)
+    assert chart.count('class="cp"') == 1 and chart.count('class="pt partial"') == 1
+    caption = re.search(r"<figcaption>(.*?)</figcaption>", chart, re.S).group(1)
+    assert re.search(r"change point ▼ -[456]\.\d% 07cccccccccc\.\.08cccccccccc", caption)

@@ -145,6 +145,19 @@ def mark(points: pd.DataFrame, found: Sequence[ChangePoint]) -> pd.DataFrame:
     return out
 
 
+def describe(row: Mapping[str, Any]) -> str:
+    """A trend row's change point as the trend, the pages and the alerts write it:
+    `▼ -4.8% <commit before>..<this run's commit>` (▲ an improvement); empty where none."""
+    from speedmatrix.commits import commit_label
+
+    verdict = row.get("change_point")
+    if not isinstance(verdict, str) or not verdict:
+        return ""
+    arrow = "▼" if verdict == "regression" else "▲"
+    since = commit_label({"engine_commit": row.get("change_point_since")})
+    return f"{arrow} {float(row['change_point_pct']):+.1f}% {since}..{commit_label(row)}"
+
+
 def _stretches(rows: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
     """The measured points, cut where the trend says a point is not comparable with the one
     before it (the comparability rule's word, not a rule of ours)."""

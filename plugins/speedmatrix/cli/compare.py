@@ -195,20 +195,9 @@ def _numeric(text: str) -> bool:
     return True
 
 
-def _change_point_text(row: dict[str, Any]) -> str:
-    """A step that starts at this run: its direction, size and commit range (the last run at
-    the old level's commit .. this run's); empty where none."""
-    from speedmatrix.commits import commit_label
-
-    if not row.get("change_point"):
-        return ""
-    arrow = "▼" if row["change_point"] == "regression" else "▲"
-    before = commit_label({"engine_commit": row.get("change_point_since")})
-    return f"{arrow} {row['change_point_pct']:+.1f}% {before}..{commit_label(row)}"
-
-
 def run_trend(args: argparse.Namespace) -> int:
     from speedmatrix.analysis.baseline import read_history
+    from speedmatrix.analysis.changepoints import describe
     from speedmatrix.analysis.trend import trend
     from speedmatrix.commits import commit_label
     from speedmatrix.report.charts import trend_chart_svg
@@ -248,7 +237,7 @@ def run_trend(args: argparse.Namespace) -> int:
             "Change": "—"
             if r["change_pct"] is None or r["change_pct"] != r["change_pct"]
             else f"{r['change_pct']:+.1f}%",
-            "Change point": _change_point_text(r),
+            "Change point": describe(r),
             "Verdict": str(r["verdict"] or ""),
         }
         for r in points.to_dict("records")
