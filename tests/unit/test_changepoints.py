@@ -191,3 +191,38 @@ def test_the_recipe_page_names_each_change_point_and_shows_partial_runs(tmp_path
     assert chart.count('class="cp"') == 1 and chart.count('class="pt partial"') == 1
     caption = re.search(r"<figcaption>(.*?)</figcaption>", chart, re.S).group(1)
     assert re.search(r"change point ▼ -[456]\.\d% 07cccccccccc\.\.08cccccccccc", caption)
+
+
+def _landed_nights(root, levels, **kw):
+    from speedmatrix.store.warehouse import Warehouse
+
+    runs, cells = _nights(levels, **kw)
+    wh = Warehouse(str(root))
+    for run, cell in zip(runs, cells, strict=True):
+        row = run | {"trigger": "nightly", "engine_repository": "github.com/vllm-project/vllm"}
+        wh.land_run(row, [{k: v for k, v in cell.items() if k != "run_id"}], [])
+    return wh
+
+
+def test_the_run_that_makes_a_change_point_detectable_alerts_once(tmp_path):
+    """Nightly: 10 nights at one level, then 3% slower for good. No single run regressed
+    beyond the threshold against the run before; the run with which the step becomes
+    significant says so (a new change point), the runs after it do not say it again."""
+    from speedmatrix.flows.notify import message_text, subject, summarize_run
+
+    wh = _landed_nights(tmp_path / "wh", [1000.0] * 10 + [970.0] * 10, seed=1, noise=0.003)
+    alerts = {}
+    for i in range(20):
+        s = summarize_run(wh, f"n{i:02d}")
+        if s.change_points:
+            alerts[i] = s
+    wh.close()
+    assert len(alerts) == 1, sorted(alerts)
+    ((night, s),) = alerts.items()
+    assert 12 <= night <= 16 and s.alarming  # three nights at the new level at least
+    cp = s.change_points[0]
+    assert cp["cell"] == "8Kx4" and cp["run_id"] == "n10" and cp["verdict"] == "regression"
+    text = message_text(s)
+    assert "New change point" in text and "8Kx4" in text
+    assert "09cccccccccc..10cccccccccc" in text and "-3." in text
+    assert "new change point" in subject(s)

@@ -21,10 +21,10 @@ from typing import Any
 
 import pandas as pd
 
-from speedmatrix.analysis.changepoints import CHANGE_POINT_COLUMNS, change_points, mark
+from speedmatrix.analysis.changepoints import CHANGE_POINT_COLUMNS, change_points, describe, mark
 from speedmatrix.analysis.noise import Z_95, NoiseModel, frame
 from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD, METRIC_BY_NAME, verdict_for
-from speedmatrix.records import COMPARABILITY_FIELDS, not_comparable_reason, parse_cell
+from speedmatrix.records import COMPARABILITY_FIELDS, cell_name, not_comparable_reason, parse_cell
 
 TREND_COLUMNS = (
     "run_id",
@@ -262,3 +262,65 @@ def _known_verdicts(
         key = (r["run_id"], r["phase"], r["context_label"], int(r["concurrency"]))
         out[key] = (r["verdict"], change)
     return out
+
+
+def new_change_points(
+    runs: pd.DataFrame | Iterable[Mapping[str, Any]],
+    cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    *,
+    recipe: str,
+    run_id: str,
+    host: str | None = None,
+    comparisons: pd.DataFrame | Iterable[Mapping[str, Any]] | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    noise: NoiseModel | None = None,
+) -> list[dict[str, Any]]:
+    """The change points of the run's cells (their throughput: total tok/s, prefill tok/s)
+    that the history up to `run_id` shows and the history before it did not: what the run
+    newly makes detectable, for its alert. Each: the cell, the step's first run, its verdict,
+    size, p-value and `text` (changepoints.describe).
+
+    Why "new" is judged, not "at this run": a step is significant only once a few runs sit
+    at its new level, so it is found a few runs after the commit that made it; and a step
+    found once is found again by every later run, which must not alert again. A step the
+    earlier history placed one run away counts as the same step (the detector may move it
+    by one as the runs after it come in)."""
+    rdf, cdf = frame(runs), frame(cells)
+    if rdf.empty or run_id not in set(rdf["run_id"]):
+        return []
+    at = rdf.loc[rdf["run_id"] == run_id, "started_at"].iloc[0]
+    upto = rdf[rdf["started_at"] <= at]
+    before = upto[upto["run_id"] != run_id]
+    mine = cdf[(cdf["run_id"] == run_id) & (cdf["status"] == "valid")]
+    names = sorted({_name(r) for r in mine.to_dict("records")})
+    if not names or before.empty:
+        return []
+    kw = {"recipe": recipe, "names": names, "host": host, "comparisons": comparisons,
+          "threshold": threshold, "noise": noise}  # fmt: skip
+    now, then = trends(upto, cdf, **kw), trends(before, cdf, **kw)
+    out = []
+    for name in names:
+        pts, old = now[name], then[name]
+        seen = [(i, v) for i, v in enumerate(old.get("change_point", pd.Series(dtype=object))) if v]
+        for i, row in enumerate(pts.to_dict("records")):
+            verdict = row.get("change_point")
+            if not isinstance(verdict, str) or not verdict:
+                continue
+            if any(abs(i - j) <= 1 and v == verdict for j, v in seen):
+                continue
+            out.append(
+                {
+                    "cell": name,
+                    "run_id": row["run_id"],
+                    "verdict": verdict,
+                    "change_pct": row["change_point_pct"],
+                    "pvalue": row["change_point_pvalue"],
+                    "text": describe(row),
+                }
+            )
+    return out
+
+
+def _name(row: Mapping[str, Any]) -> str:
+    """A cell row's name as trends() takes it (records.cell_name)."""
+    return cell_name(row["phase"], row["context_label"], int(row["concurrency"]))
