@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import itertools
 import json
 import statistics
 import time
@@ -118,7 +119,7 @@ def judge(runs: list[dict], cells: list[dict], cell: str) -> dict[str, Any]:
     at = [int(cp.run_id[-2:]) for cp in found]
     values = [v for v in pts["value"] if v == v and v is not None]
     flat = values[:STEP_NIGHT]
-    rel = [abs(b / a - 1) for a, b in zip(flat, flat[1:], strict=False)]
+    rel = [abs(b / a - 1) for a, b in itertools.pairwise(flat)]
 
     def near(n: int) -> int | None:
         hits = [a for a in at if abs(a - n) <= 1]
