@@ -127,6 +127,9 @@ def test_run_repeats_the_cells_it_names_as_the_dag_does(sim_url, tmp_path, capsy
         ("prefill", "8K")
     ]
     assert "[3/3]" in err  # the repeat is a cell of the run's progress too
+    # the prefill's samples and their spread land with the cell (issue 40, item 3)
+    pre = next(c for c in cells if c["phase"] == "prefill")
+    assert pre["samples"] == pre["ttft_samples"] == 3 and pre["ttft_spread_pct"] is not None
 
 
 def test_run_a_recipe_on_this_host(tmp_path, capsys, monkeypatch) -> None:
