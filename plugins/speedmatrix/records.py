@@ -107,7 +107,13 @@ CELL_FIELDS: tuple[Field, ...] = (
     Field("tokens_per_chunk", "float", True, "mean output tokens per content chunk"),
     Field("requests_started", "int", True, "requests started in the cell (window and warm-up)"),
     Field("requests_failed", "int", True, "requests that failed in the cell"),
-    Field("samples", "int", True, "requests contributing a time-between-tokens sample"),
+    Field(
+        "samples",
+        "int",
+        True,
+        "decode: requests contributing a time-between-tokens sample; prefill: cold prompts "
+        "measured (docs/measurement.md, prefill)",
+    ),
     Field(
         "active_source",
         "str",
@@ -168,6 +174,20 @@ CELL_FIELDS: tuple[Field, ...] = (
         True,
         "default or published (MEASUREMENT_PROFILES: whose definitions measured the cell); "
         "null: landed before it was recorded (default)",
+    ),
+    Field(
+        "ttft_samples",
+        "int",
+        True,
+        "requests whose TTFT the cell's ttft_ms is the median of (prefill: its cold prompts); "
+        "null: landed before it was recorded",
+    ),
+    Field(
+        "ttft_spread_pct",
+        "float",
+        True,
+        "(max - min) / median of those TTFTs, percent: how far the samples of this one cell "
+        "disagreed (null with fewer than 2)",
     ),
 )
 
@@ -552,6 +572,8 @@ class CellRecord(TypedDict):
     copy_share: float | None
     warmup_s: float | None
     measurement_profile: str | None
+    ttft_samples: int | None
+    ttft_spread_pct: float | None
 
 
 # ------------------------------------------------------------------- the one validity rule set

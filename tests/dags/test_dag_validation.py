@@ -273,7 +273,11 @@ def test_speed_matrix_alerts_and_verdict_assets(dagbag):
     callbacks = dag.on_failure_callback
     assert isinstance(callbacks, list) and any(isinstance(c, RunNotifier) for c in callbacks)
     assert all(isinstance(c, BaseNotifier) for c in callbacks)
-    assert not dag.on_success_callback  # a clean run sends nothing
+    # a run that succeeded calls it too (issue 40): a new change point fails no run, and is
+    # alerted; a clean run sends nothing (notify.deliver: only an alarming summary is sent)
+    success = dag.on_success_callback
+    assert isinstance(success, list) and any(isinstance(c, RunNotifier) for c in success)
+    assert [c.on for c in success] == ["success"] and {c.on for c in callbacks} == {"failure"}
     t = dag.task_dict
     assert t["verdicts"].upstream_task_ids == {"regressions", "resolve"}
     assert t["verdicts"].is_teardown and not t["verdicts"].on_failure_fail_dagrun

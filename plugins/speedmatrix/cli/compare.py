@@ -58,7 +58,10 @@ def register(subparsers: argparse._SubParsersAction, name: str) -> None:
         p = subparsers.add_parser(
             "trend",
             help="one cell's figure over a recipe's runs, with verdicts",
-            description="One cell's figure over the successful runs of a recipe, oldest first.",
+            description="One cell's figure over the successful and partial runs of a recipe, "
+            "oldest first, with each run's verdict and the change points of the whole history "
+            "(Apache Otava's e-divisive means, p < 0.001: docs/measurement.md): a step's "
+            "direction, size and commit range.",
         )
         p.add_argument(
             "--recipe", required=True, help="recipe id, e.g. sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
@@ -243,6 +246,7 @@ def _numeric(text: str) -> bool:
 
 def run_trend(args: argparse.Namespace) -> int:
     from speedmatrix.analysis.baseline import read_history
+    from speedmatrix.analysis.changepoints import describe
     from speedmatrix.analysis.trend import trend
     from speedmatrix.commits import commit_label
     from speedmatrix.report.charts import trend_chart_svg
@@ -261,7 +265,9 @@ def run_trend(args: argparse.Namespace) -> int:
         noise=noise,
     )
     if points.empty:
-        raise ValueError(f"no successful runs of recipe {args.recipe} with cell {args.cell}")
+        raise ValueError(
+            f"no successful or partial runs of recipe {args.recipe} with cell {args.cell}"
+        )
     if args.chart:
         svg = trend_chart_svg(points, title=f"{args.recipe} {args.cell}", ylabel=args.metric)
         with open(args.chart, "w", encoding="utf-8") as fh:
@@ -273,13 +279,14 @@ def run_trend(args: argparse.Namespace) -> int:
         {
             "Started": str(r["started_at"])[:19],
             "Run": str(r["run_id"]),
-            "Commit": commit_label(r),
+            "Commit": commit_label(r) + (" (partial run)" if r["run_status"] == "partial" else ""),
             args.metric: "—"
             if r["value"] is None or r["value"] != r["value"]
             else f"{r['value']:,.1f}",
             "Change": "—"
             if r["change_pct"] is None or r["change_pct"] != r["change_pct"]
             else f"{r['change_pct']:+.1f}%",
+            "Change point": describe(r),
             "Verdict": str(r["verdict"] or ""),
         }
         for r in points.to_dict("records")
