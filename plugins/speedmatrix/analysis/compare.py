@@ -32,6 +32,7 @@ from speedmatrix.analysis.verdict import (
     fail_on_regressions,
     regression_rows,
 )
+from speedmatrix.errors import InputError
 from speedmatrix.store.extra import land_extra
 from speedmatrix.store.protocol import Warehouse, WarehouseReader
 from speedmatrix.upstream.github import github_repo
@@ -68,7 +69,7 @@ def comparison_for_run(
     noise = read_history(warehouse, run.get("recipe_id"), run.get("host"))[3]
     if baseline is None:
         if baseline_ref is not None:
-            raise ValueError(f"no baseline {baseline_ref!r} for run {run_id}")
+            raise InputError(f"no baseline {baseline_ref!r} for run {run_id}")
         rows = noise_rows(run, cells, requests, noise) if with_noise else []
         return ComparisonResult(run, None, [], rows)
     b_run, b_cells, b_requests = warehouse.read_run(baseline["run_id"])

@@ -17,6 +17,7 @@ import pandas as pd
 
 from speedmatrix.analysis.noise import Z_95, NoiseModel, frame
 from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD, METRIC_BY_NAME, verdict_for
+from speedmatrix.errors import InputError
 from speedmatrix.records import COMPARABILITY_FIELDS, not_comparable_reason, parse_cell
 
 TREND_COLUMNS = (
@@ -35,9 +36,9 @@ TREND_COLUMNS = (
 def _column_for(metric: str, phase: str) -> str:
     spec = METRIC_BY_NAME.get(metric)
     if spec is None:
-        raise ValueError(f"unknown metric {metric!r}: one of {', '.join(METRIC_BY_NAME)}")
+        raise InputError(f"unknown metric {metric!r}: one of {', '.join(METRIC_BY_NAME)}")
     if phase not in spec.phases:
-        raise ValueError(f"metric {metric} does not apply to {phase} cells")
+        raise InputError(f"metric {metric} does not apply to {phase} cells")
     return spec.column
 
 

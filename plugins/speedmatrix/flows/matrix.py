@@ -369,6 +369,7 @@ def run_row(
         workload=resolved["matrix"].get("workload"),
         sim_profile=said.get("sim_profile"),
         measurement_profile=resolved["matrix"].get("measurement_profile") or "default",
+        recipe_sha256=resolved["recipe_sha256"],
         launch_command=said.get("launch_command") or launch,
         kv_cache_tokens=said.get("kv_cache_tokens"),
         kv_block_size=said.get("kv_block_size"),

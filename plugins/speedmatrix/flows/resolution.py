@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from speedmatrix.engine.lease import holder_id
+from speedmatrix.errors import InputError
 from speedmatrix.flows.resolved import Resolved
 from speedmatrix.plan import MatrixSpec, check_matrix
 from speedmatrix.records import cell_name, path_field_problems
@@ -21,7 +23,7 @@ from speedmatrix.records import cell_name, path_field_problems
 DAG_ID = "speed_matrix"
 
 
-class ResolveError(ValueError):
+class ResolveError(InputError):
     """The conf cannot become a run (unknown recipe, bad ref, impossible matrix)."""
 
 
@@ -122,6 +124,9 @@ def resolve(
     }
     if problems := path_field_problems(named):
         raise ResolveError("; ".join(problems))
+    # the recipe as it is now, pinned for the whole run: every later task reads this copy,
+    # never the file again (an edit or a redeploy mid-run changes nothing of this run)
+    pinned = recipe.model_dump(mode="json")
     return {
         "run_id": run_id,
         "dag_run_id": dag_run_id,
@@ -149,11 +154,20 @@ def resolve(
         },
         "repeats": repeats,
         "repeat_cells": repeat_cells,
-        # speedmatrix run only: the server already running, its in-memory recipe, the origin
+        # the recipe pinned for the run (later tasks never read the file again), its hash
+        "recipe": pinned,
+        "recipe_sha256": recipe_hash(pinned),
+        # speedmatrix run only: the server already running, the run's origin
         "base_url": base_url,
-        "recipe": given.model_dump(mode="json") if given is not None else None,
         "source": source,
     }
+
+
+def recipe_hash(recipe: Mapping[str, Any]) -> str:
+    """The sha256 of a recipe's content (its validated model, keys sorted): the `runs` row's
+    `recipe_sha256`, which tells two contents of one recipe id apart."""
+    canonical = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _repeats(conf: Mapping[str, Any], m: Any, spec: MatrixSpec) -> tuple[int, list[str] | None]:

@@ -45,10 +45,13 @@ class Resolved(TypedDict):
     matrix: MatrixConf
     repeats: int  # passes over the repeated cells (1: no repeats)
     repeat_cells: list[str] | None  # canonical names of the cells to repeat; None: all
-    # `speedmatrix run` only (never from a conf): a server already running, the recipe made in
-    # memory for it (Recipe.model_dump), and the run's origin for the runs row; else None
+    # the recipe as `resolve` read it (Recipe.model_dump): every later task uses this copy, so a
+    # recipe edited mid-run changes nothing of the run; its content's hash lands in `runs`
+    recipe: dict
+    recipe_sha256: str
+    # `speedmatrix run` only (never from a conf): a server already running, and the run's
+    # origin for the runs row; else None
     base_url: str | None
-    recipe: dict | None
     source: str | None
 
 

@@ -29,12 +29,11 @@ log = logging.getLogger("speedmatrix.pipeline")
 
 
 def recipe_of(resolved: Resolved):
-    """The run's recipe: the one its id names, or the one `speedmatrix run --base-url` made."""
-    from speedmatrix.recipes import Recipe, load_recipe_id
+    """The run's recipe, as `resolve` pinned it (never the file again: a recipe edited or
+    redeployed mid-run must not make the server run one recipe and the row record another)."""
+    from speedmatrix.recipes import Recipe
 
-    if resolved.get("recipe"):  # made in memory by `speedmatrix run --base-url`
-        return Recipe.model_validate(resolved["recipe"])
-    return load_recipe_id(resolved["recipe_id"])
+    return Recipe.model_validate(resolved["recipe"])
 
 
 def api_key(resolved: Resolved) -> str | None:
