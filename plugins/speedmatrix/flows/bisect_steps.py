@@ -11,15 +11,64 @@ judge compares the landed cells with the good run (compare.py's rule) to get the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, with_config
+from typing_extensions import TypedDict
 
 from speedmatrix.analysis.bisection import BisectState
+from speedmatrix.flows.contracts import CHECKED, Contract
 from speedmatrix.recipes import load_recipe_id, wheel_index_for
 from speedmatrix.records import parse_cell, parse_context
 from speedmatrix.settings import settings
 from speedmatrix.store.protocol import WarehouseReader
 from speedmatrix.upstream.commits import commits_between
 from speedmatrix.upstream.wheels import wheel_published
+
+Commit = Annotated[str, Field(pattern=r"^[0-9a-f]{7,40}$")]
+
+
+@with_config(CHECKED)
+class BisectStateDict(TypedDict):
+    """`BisectState.to_dict()`: the search between the known-good and the known-bad commit."""
+
+    commits: list[str]
+    candidates: list[str]  # the commits with a wheel: the ones measured
+    no_wheel: list[str]
+    lo: int
+    hi: int
+    measured: list[list[str]]  # [commit, verdict] pairs
+    skipped: list[str]
+
+
+@with_config(CHECKED)
+class BisectJob(TypedDict):
+    """What `prepare` hands the steps and each `judge` the next: the search and its run."""
+
+    recipe: str
+    host: str
+    good: str
+    bad: str
+    cells: list[str]
+    good_run_id: str
+    threshold: Annotated[float, Field(gt=0)]  # a fraction: 0.03 is 3 %
+    warehouse: str | None
+    conf: dict[str, Any]  # the speed_matrix conf of a step's run (regressed cells only)
+    state: BisectStateDict
+
+
+@with_config(CHECKED)
+class BisectStep(TypedDict):
+    """What `choose` hands the step's trigger and `judge`: the commit and its run."""
+
+    job: BisectJob
+    commit: Commit
+    conf: dict[str, Any]
+    trigger_run_id: str
+
+
+BISECT_JOB: Contract[BisectJob] = Contract("bisection job (prepare/judge)", BisectJob)
+BISECT_STEP: Contract[BisectStep] = Contract("bisection step (choose)", BisectStep)
 
 MAX_STEPS = 10
 """Unrolled steps of the DAG: 2**10 = 1024 commits with wheels between good and bad."""
@@ -96,30 +145,33 @@ def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) ->
         raise ValueError(f"no successful run of {recipe.id} on {host} at the good commit {good}")
     state = BisectState.start(commits, has_wheel or wheel_check(recipe))
     threshold = params.get("threshold_pct")
-    return {
-        "recipe": recipe.id,
-        "host": host,
-        "good": good,
-        "bad": bad,
-        "cells": cells,
-        "good_run_id": good_run["run_id"],
-        "threshold": threshold / 100 if threshold is not None else recipe_threshold(recipe.id),
-        "warehouse": params.get("warehouse"),
-        "conf": {
+    return BISECT_JOB.to_wire(
+        {
             "recipe": recipe.id,
-            "ssh_conn_id": host,
+            "host": host,
+            "good": good,
+            "bad": bad,
+            "cells": cells,
+            "good_run_id": good_run["run_id"],
+            "threshold": threshold / 100 if threshold is not None else recipe_threshold(recipe.id),
             "warehouse": params.get("warehouse"),
-            "duration_s": params.get("duration_s"),
-            "max_output_tokens": params.get("max_output_tokens"),
-            **conf,
-        },
-        "state": state.to_dict(),
-    }
+            "conf": {
+                "recipe": recipe.id,
+                "ssh_conn_id": host,
+                "warehouse": params.get("warehouse"),
+                "duration_s": params.get("duration_s"),
+                "max_output_tokens": params.get("max_output_tokens"),
+                **conf,
+            },
+            "state": state.to_dict(),
+        }
+    )
 
 
 def choose_step(job: dict, step: int, salt: str = "") -> dict | None:
     """The next commit and the speed_matrix conf and run id for it; None when finished.
     `salt` (the bisect DAG run's id) keeps two bisections of one range apart."""
+    job = BISECT_JOB.from_wire(job)
     state = BisectState.from_dict(job["state"])
     commit = state.next_commit()
     if commit is None:
@@ -130,7 +182,9 @@ def choose_step(job: dict, step: int, salt: str = "") -> dict | None:
     tag = hashlib.sha1(salt.encode()).hexdigest()[:8]
     # good-bad, not git's good..bad: Airflow refuses a run id holding ".." (path traversal).
     run_id = f"bisect__{job['good'][:12]}-{job['bad'][:12]}__{tag}__{step:02d}__{commit[:12]}"
-    return {"job": job, "commit": commit, "conf": conf, "trigger_run_id": run_id}
+    return BISECT_STEP.to_wire(
+        {"job": job, "commit": commit, "conf": conf, "trigger_run_id": run_id}
+    )
 
 
 def judge_step(chosen: dict, warehouse: WarehouseReader | None = None) -> dict:
@@ -141,6 +195,7 @@ def judge_step(chosen: dict, warehouse: WarehouseReader | None = None) -> dict:
     from speedmatrix.analysis.verdict import compare_runs
     from speedmatrix.store.warehouse import Warehouse
 
+    chosen = BISECT_STEP.from_wire(chosen)
     job, commit = chosen["job"], chosen["commit"]
     wh = warehouse or Warehouse(job["warehouse"])
     found = wh.query(
@@ -183,7 +238,7 @@ def judge_step(chosen: dict, warehouse: WarehouseReader | None = None) -> dict:
         else:
             verdict = "regression" if any(r["verdict"] == "regression" for r in rows) else "noise"
     state.record(commit, verdict)
-    return {**job, "state": state.to_dict()}
+    return BISECT_JOB.to_wire({**job, "state": state.to_dict()})
 
 
 def conclude_job(jobs: Sequence[dict | None]) -> dict:
@@ -191,6 +246,7 @@ def conclude_job(jobs: Sequence[dict | None]) -> dict:
     job = next((j for j in reversed(list(jobs)) if j), None)
     if job is None:
         raise ValueError("no bisection state")
+    job = BISECT_JOB.from_wire(job)
     state = BisectState.from_dict(job["state"])
     if not state.done:
         raise RuntimeError(

@@ -21,7 +21,7 @@ from typing import Any
 
 from speedmatrix.engine.lease import HostLease
 from speedmatrix.flows import progress
-from speedmatrix.flows.contracts import ServerHandoff, ServerInfo
+from speedmatrix.flows.contracts import TEARDOWN, ServerHandoff, ServerInfo, TornDown
 from speedmatrix.flows.resolved import Resolved
 from speedmatrix.settings import settings
 
@@ -276,7 +276,7 @@ def inspect(resolved: Resolved, server: ServerHandoff) -> ServerInfo:
     return info
 
 
-def teardown(resolved: Resolved, server: ServerHandoff | None) -> dict[str, Any]:
+def teardown(resolved: Resolved, server: ServerHandoff | None) -> TornDown:
     """Stop every server of this run, then release the lease. Idempotent; always runs.
 
     The servers are the one in the setup's handle and those the host recorded as started by
@@ -334,7 +334,7 @@ def teardown(resolved: Resolved, server: ServerHandoff | None) -> dict[str, Any]
     except Exception as exc:
         raise RuntimeError(f"lease release failed: {exc}") from exc
     log.info("teardown: %s", out)
-    return out
+    return TEARDOWN.to_wire(out)
 
 
 def server_health(resolved: Resolved, server: ServerHandoff) -> str | None:
