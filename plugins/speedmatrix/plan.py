@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from speedmatrix.errors import InputError
 from speedmatrix.records import (
     DEFAULT_MEASUREMENT_PROFILE,
     DEFAULT_WORKLOAD,
@@ -33,7 +34,7 @@ MAX_REPEATS = 10
 """Upper bound of the `repeats` option: each pass costs a whole matrix's worth of windows."""
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """The requested matrix cannot be run (empty, non-positive, longer than the model allows)."""
 
 

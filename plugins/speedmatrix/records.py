@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from speedmatrix.errors import InputError
+
 METRIC_VERSION = 2
 """Bumped whenever the way a figure is measured changes, so trends never mix definitions.
 2: decode prompts are the declared `workload` (default `article`, a chat conversation asking
@@ -270,6 +272,12 @@ RUN_FIELDS: tuple[Field, ...] = (
         True,
         "default or published: whose definitions measured the run (null: default)",
     ),
+    Field(
+        "recipe_sha256",
+        "str",
+        True,
+        "sha256 of the recipe's content as the run used it (null: ingested or landed before)",
+    ),
 )
 
 
@@ -330,14 +338,14 @@ def parse_context(value: int | str) -> int:
     caller's to check, so a plan can name every problem at once. ValueError otherwise.
     """
     if isinstance(value, bool):
-        raise ValueError(f"not a token count: {value!r}")
+        raise InputError(f"not a token count: {value!r}")
     if isinstance(value, int):
         check_quantity(value, value)
         return value
     text = str(value).strip().replace(",", "").replace("_", "")
     match = _CONTEXT_RE.fullmatch(text)
     if match is None:
-        raise ValueError(f"not a token count: {value!r} (write 8192 or 8K)")
+        raise InputError(f"not a token count: {value!r} (write 8192 or 8K)")
     tokens = int(match.group(1)) * (K if match.group(2) else 1)
     check_quantity(tokens, value)
     return tokens
@@ -382,7 +390,7 @@ def parse_cell(spec: str) -> CellKey:
     """
     m = _CELL_RE.match(spec) if isinstance(spec, str) else None
     if not m:
-        raise ValueError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
+        raise InputError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
     if m.group("prefill"):
         return "prefill", context_label(parse_context(m.group("pctx"))), 1
     return "decode", context_label(parse_context(m.group("ctx"))), int(m.group("conc"))

@@ -26,12 +26,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedmatrix.errors import InputError
 from speedmatrix.settings import Settings, settings
 
 PRICES_ENV = "SPEEDMATRIX_GPU_PRICES"
 
 
-class PriceError(ValueError):
+class PriceError(InputError):
     """The deployment's price file cannot be used (unreadable, not a mapping, a bad price)."""
 
 

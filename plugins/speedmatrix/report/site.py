@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedmatrix.errors import InputError
 from speedmatrix.report.site_fleet import (
     Verdict,
     fleet_verdicts,
@@ -92,7 +93,7 @@ def default_site_dir(warehouse_root: str) -> str:
         return env
     root = warehouse_root.rstrip("/")
     if "://" in root:
-        raise ValueError(
+        raise InputError(
             "the warehouse is not a local path: set SPEEDMATRIX_SITE_DIR (or --out) to a "
             "local directory for the site"
         )
@@ -194,7 +195,7 @@ def claim_site_dir(root: Path) -> None:
     if (root / MARKER).exists() or (root / MANIFEST).exists():
         return
     if any(root.iterdir()):
-        raise ValueError(
+        raise InputError(
             f"{root} is not a speedmatrix site (no {MARKER} in it) and is not empty: "
             "the site is written only into an empty folder or its own"
         )
