@@ -60,9 +60,7 @@ def test_a_site_folder_is_not_an_export_folder(warehouse, tmp_path, capsys):
     assert (site / "runs" / "a0.html").read_text() == "<p>page</p>"
 
 
-def test_a_new_or_empty_folder_becomes_ours_and_is_exported_into_again(
-    warehouse, tmp_path, capsys
-):
+def test_a_new_or_empty_folder_becomes_ours_and_is_exported_into_again(warehouse, tmp_path, capsys):
     for out in (tmp_path / "new" / "deeper", tmp_path / "empty"):
         if out.name == "empty":
             out.mkdir()
