@@ -114,7 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     # OSError: a missing file, a refused permission, a full disk (ENOSPC): one line each
     except (CliError, ValueError, OSError) as exc:
-        message = str(exc).strip() or exc.__class__.__name__
+        from speedmatrix.redact import redact
+
+        message = redact(str(exc).strip()) or exc.__class__.__name__
         print(f"speedmatrix {args.command}: {message}", file=sys.stderr)
         return 2
     return int(rc or 0)
