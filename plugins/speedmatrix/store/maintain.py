@@ -39,7 +39,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
-from speedmatrix.store.delta import MAX_WAIT_S, with_retries
+from speedmatrix.store.delta import MAX_WAIT_S, damaged_log, with_retries
 from speedmatrix.store.protocol import Warehouse
 from speedmatrix.store.schemas import view_tables
 
@@ -160,7 +160,8 @@ def maintain(
                 continue
             report[table] = _maintain_table(warehouse, table, retention_hours, force)
         except Exception as exc:
-            report[table] = {"error": _one_line(exc)}
+            damaged = damaged_log(exc, warehouse.table_uri(table), table, warehouse.storage_options)
+            report[table] = {"error": _one_line(damaged or exc)}
         finally:
             warehouse.forget(table)
     return report
