@@ -105,10 +105,15 @@ def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
 def _redacting_factory(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make(*args, **kwargs)
-        if record.name == "speedmatrix" or record.name.startswith("speedmatrix."):
+        name = record.name or ""  # None in logging.makeLogRecord's blank record
+        if name != "speedmatrix" and not name.startswith("speedmatrix."):
+            return record
+        try:
             record.msg, record.args = redact(record.getMessage()), None
             if record.exc_info and not record.exc_text:
                 record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        except Exception:  # a bad format string is the handler's to report, as without us
+            pass
         return record
 
     factory.redacts = True  # type: ignore[attr-defined]

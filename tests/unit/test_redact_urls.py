@@ -133,3 +133,12 @@ def test_alerts_show_no_credential():
     )
     for text in (notify.subject(s), notify.message_text(s), notify.message_html(s)):
         assert C not in text, text
+
+
+def test_log_redaction_never_breaks_logging():
+    """Airflow's structlog formatter remakes records with logging.makeLogRecord (a blank record
+    first, its name None), and a bad format string is the handler's to report: neither may
+    raise where the code logs."""
+    remade = logging.makeLogRecord({"name": "speedmatrix.x", "msg": "plain", "args": None})
+    assert remade.getMessage() == "plain"
+    logging.getLogger("speedmatrix.x").warning("%d items", "not a number")  # no exception

@@ -84,7 +84,8 @@ def damaged_log(
     exc: BaseException, uri: str, table: str, storage_options: dict[str, str] | None
 ) -> DamagedLogError | None:
     """``exc`` as a :class:`DamagedLogError` when it says the table's log cannot be read (a
-    delta-rs error about its JSON or checkpoint, not a conflict); None otherwise."""
+    delta-rs error about its JSON, not a conflict) and an entry of the log is indeed not JSON
+    lines (the entry it names); None otherwise."""
     from deltalake.exceptions import DeltaError
 
     if not isinstance(exc, DeltaError) or is_conflict(exc):
@@ -97,9 +98,10 @@ def damaged_log(
         entry = _damaged_entry(uri, storage_options)
     except OSError:
         entry = None
-    where = f"its log entry {uri}/{entry}" if entry else f"its log ({uri}/_delta_log)"
+    if entry is None:  # no entry of the log is damaged: some other error, shown as it is
+        return None
     return DamagedLogError(
-        f"table {table}: {where} cannot be read ({first}); the table is not read or "
+        f"table {table}: its log entry {uri}/{entry} cannot be read ({first}); the table is not read or "
         "written until it is repaired: see warehouse/README.md, 'A damaged log' (move the "
         "entry aside: the table's earlier version)"
     )
