@@ -141,4 +141,8 @@ def test_log_redaction_never_breaks_logging():
     raise where the code logs."""
     remade = logging.makeLogRecord({"name": "speedmatrix.x", "msg": "plain", "args": None})
     assert remade.getMessage() == "plain"
-    logging.getLogger("speedmatrix.x").warning("%d items", "not a number")  # no exception
+    make = logging.getLogRecordFactory()
+    bad = make("speedmatrix.x", logging.INFO, __file__, 1, "%d items", ("x",), None)
+    assert bad.msg == "%d items" and bad.args == ("x",)  # left for the handler to report
+    good = make("speedmatrix.x", logging.INFO, __file__, 1, "at %s", (HOSTILE["glpat"],), None)
+    assert C not in good.getMessage()
