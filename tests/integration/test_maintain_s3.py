@@ -5,8 +5,6 @@ maintain every table, no landing fails, and the vacuumed count is the objects re
 from __future__ import annotations
 
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -19,6 +17,7 @@ pytestmark = pytest.mark.integration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
+from test_maintain_faults import relanding_writers  # noqa: E402
 from test_warehouse import make_cells, make_requests, make_run  # noqa: E402
 
 
@@ -31,36 +30,10 @@ def test_maintenance_beside_writers_on_s3_and_the_count_is_what_went(s3_warehous
     wh = Warehouse(s3_warehouse)
     for i in range(3):
         wh.land_run(make_run(f"a{i}", day=1 + i), make_cells(), make_requests(1))
-    stop = threading.Event()
-    landed: set[str] = set()
-    errors: list[BaseException] = []
-
-    def writer(w: int) -> None:
-        mine = Warehouse(s3_warehouse)
-        i = 0
-        while not stop.is_set():
-            run_id = f"w{w}-{i % 2}"
-            try:
-                mine.land_run(make_run(run_id, day=1 + i % 2), make_cells(), make_requests(1))
-                landed.add(run_id)
-            except BaseException as exc:
-                errors.append(exc)
-            i += 1
-
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(2)]
-    for t in threads:
-        t.start()
     reports = []
-    try:
-        while len(landed) < 2:
-            time.sleep(0.05)
+    with relanding_writers(s3_warehouse, writers=2, runs_each=2) as landed:
         for _ in range(3):
             reports.append(maintain(Warehouse(s3_warehouse), MIN_RETENTION_HOURS))
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert not errors, errors[:2]
     for report in reports:
         assert not [r["error"] for r in report.values() if r.get("error")], report
         assert set(report) == {"runs", "cells", "requests"}

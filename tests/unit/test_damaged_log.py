@@ -75,3 +75,19 @@ def test_the_documented_recovery_gives_the_earlier_version(damaged, capsys):
     Warehouse(root).land_run(make_run("a1", day=2), make_cells(), make_requests(1))
     rows = Warehouse(root).query("SELECT run_id, count(*) AS n FROM cells GROUP BY 1 ORDER BY 1")
     assert rows.values.tolist() == [["a0", 5], ["a1", 5]]
+
+
+def test_the_maintenance_task_fails_after_maintaining_the_other_tables(damaged, caplog):
+    import logging
+
+    from speedmatrix.flows.maintenance import run_maintenance
+
+    root, entry = damaged
+    with (
+        caplog.at_level(logging.INFO, logger="speedmatrix.flows.maintenance"),
+        pytest.raises(RuntimeError, match=r"1 of 3 tables not maintained \(cells: table cells"),
+    ):
+        run_maintenance(str(root))
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("runs: ") and "vacuumed" in m for m in logged), logged
+    assert any(m.startswith("requests: ") and "vacuumed" in m for m in logged), logged

@@ -6,10 +6,12 @@ has a floor (below it only with --force), keeps fractions and leaves delta-rs's 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -50,12 +52,12 @@ def _untracked_file(root: Path, table: str, name: str, age_hours: float) -> Path
     return dead
 
 
-def test_maintenance_beside_landing_writers_retries_every_commit(root):
-    """Threads land and land again the same runs without pause (each landing removes the
-    run's older files) while maintenance passes run, each pass with a dead writer's file to
-    vacuum in every table: the vacuum's own commit races the landings (on today's code 63 of
-    99 passes failed so, "a concurrent transaction deleted data this operation read"), and
-    every pass maintains every table, every landing lands."""
+@contextlib.contextmanager
+def relanding_writers(root: str, writers: int, runs_each: int) -> Iterator[set[str]]:
+    """Threads landing and landing again runs ``w<writer>-<0..runs_each-1>`` into ``root``
+    without pause (each landing removes the run's older files), under way when the body
+    starts; yields the run ids landed so far, and on leaving stops them and checks that
+    every landing landed."""
     stop = threading.Event()
     landed: set[str] = set()
     errors: list[BaseException] = []
@@ -64,7 +66,7 @@ def test_maintenance_beside_landing_writers_retries_every_commit(root):
         wh = Warehouse(root)
         i = 0
         while not stop.is_set():
-            run_id = f"w{w}-{i % 3}"
+            run_id = f"w{w}-{i % runs_each}"
             try:
                 wh.land_run(make_run(run_id, day=1 + i % 3), make_cells(), make_requests(1))
                 landed.add(run_id)
@@ -72,21 +74,31 @@ def test_maintenance_beside_landing_writers_retries_every_commit(root):
                 errors.append(exc)
             i += 1
 
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
     for t in threads:
         t.start()
-    reports, dead = [], []
     try:
-        while len(landed) < 3:  # writers under way
+        while len(landed) < writers and not errors:  # writers under way
             time.sleep(0.01)
-        for n in range(6):
-            dead += [_untracked_file(root, t, f"dead{n}", 3) for t in ("runs", "cells")]
-            reports.append(maintain(Warehouse(root), MIN_RETENTION_HOURS))
+        yield landed
     finally:
         stop.set()
         for t in threads:
             t.join()
     assert not errors, errors[:3]
+
+
+def test_maintenance_beside_landing_writers_retries_every_commit(root):
+    """Threads land and land again the same runs without pause (each landing removes the
+    run's older files) while maintenance passes run, each pass with a dead writer's file to
+    vacuum in every table: the vacuum's own commit races the landings (on today's code 63 of
+    99 passes failed so, "a concurrent transaction deleted data this operation read"), and
+    every pass maintains every table, every landing lands."""
+    reports, dead = [], []
+    with relanding_writers(str(root), writers=3, runs_each=3) as landed:
+        for n in range(6):
+            dead += [_untracked_file(root, t, f"dead{n}", 3) for t in ("runs", "cells")]
+            reports.append(maintain(Warehouse(root), MIN_RETENTION_HOURS))
     for report in reports:
         assert set(report) == {"runs", "cells", "requests"}, report
         failed = {t: r["error"] for t, r in report.items() if r.get("error")}
