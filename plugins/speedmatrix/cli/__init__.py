@@ -118,7 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     # OSError: a missing file, a refused permission, a full disk (ENOSPC): one line each
     except (InputError, OSError) as exc:
-        message = str(exc).strip() or exc.__class__.__name__
+        from speedmatrix.redact import redact
+
+        message = redact(str(exc).strip()) or exc.__class__.__name__
         print(f"speedmatrix {args.command}: {message}", file=sys.stderr)
         return 2
     except Exception:  # a bug: where it happened matters more than a tidy line
