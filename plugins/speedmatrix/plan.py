@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from speedmatrix.errors import InputError
 from speedmatrix.records import (
     DEFAULT_MEASUREMENT_PROFILE,
     DEFAULT_WORKLOAD,
@@ -46,7 +47,7 @@ MAX_CONTEXT_TOKENS = 16 * 1024 * 1024
 """The longest context (tokens) a cell may ask for: 16M, past every served model's length."""
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """The requested matrix cannot be run (empty, non-positive, longer than the model allows)."""
 
 

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from speedmatrix.errors import InputError
 from speedmatrix.plan import MatrixSpec, PlanError, fits_model, matrix_size_problems, repeat_keys
 from speedmatrix.records import check_quantity, parse_concurrency, parse_context
 from speedmatrix.redact import REDACTED, SECRET_FLAGS, is_secret_name, looks_like_secret
@@ -62,7 +63,7 @@ simulator recipe can stand in for different commits by picking a profile per com
 regression is planted at one commit to test a bisection)."""
 
 
-class RecipeError(ValueError):
+class RecipeError(InputError):
     """A recipe that cannot be used; ``problems`` lists each one as 'file: field: reason'."""
 
     def __init__(self, problems: list[str]):

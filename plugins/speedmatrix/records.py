@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from speedmatrix.errors import InputError
+
 METRIC_VERSION = 2
 """Bumped whenever the way a figure is measured changes, so trends never mix definitions.
 2: decode prompts are the declared `workload` (default `article`, a chat conversation asking
@@ -107,7 +109,13 @@ CELL_FIELDS: tuple[Field, ...] = (
     Field("tokens_per_chunk", "float", True, "mean output tokens per content chunk"),
     Field("requests_started", "int", True, "requests started in the cell (window and warm-up)"),
     Field("requests_failed", "int", True, "requests that failed in the cell"),
-    Field("samples", "int", True, "requests contributing a time-between-tokens sample"),
+    Field(
+        "samples",
+        "int",
+        True,
+        "decode: requests contributing a time-between-tokens sample; prefill: cold prompts "
+        "measured (docs/measurement.md, prefill)",
+    ),
     Field(
         "active_source",
         "str",
@@ -168,6 +176,20 @@ CELL_FIELDS: tuple[Field, ...] = (
         True,
         "default or published (MEASUREMENT_PROFILES: whose definitions measured the cell); "
         "null: landed before it was recorded (default)",
+    ),
+    Field(
+        "ttft_samples",
+        "int",
+        True,
+        "requests whose TTFT the cell's ttft_ms is the median of (prefill: its cold prompts); "
+        "null: landed before it was recorded",
+    ),
+    Field(
+        "ttft_spread_pct",
+        "float",
+        True,
+        "(max - min) / median of those TTFTs, percent: how far the samples of this one cell "
+        "disagreed (null with fewer than 2)",
     ),
 )
 
@@ -250,6 +272,12 @@ RUN_FIELDS: tuple[Field, ...] = (
         True,
         "default or published: whose definitions measured the run (null: default)",
     ),
+    Field(
+        "recipe_sha256",
+        "str",
+        True,
+        "sha256 of the recipe's content as the run used it (null: ingested or landed before)",
+    ),
 )
 
 
@@ -313,14 +341,14 @@ def parse_context(value: int | str) -> int:
     caller's to check, so a plan can name every problem at once. ValueError otherwise.
     """
     if isinstance(value, bool):
-        raise ValueError(f"not a token count: {value!r}")
+        raise InputError(f"not a token count: {value!r}")
     if isinstance(value, int):
         check_quantity(value, value)
         return value
     text = str(value).strip().replace(",", "").replace("_", "")
     match = _CONTEXT_RE.fullmatch(text)
     if match is None:
-        raise ValueError(f"not a token count: {value!r} (write 8192 or 8K)")
+        raise InputError(f"not a token count: {value!r} (write 8192 or 8K)")
     tokens = int(match.group(1)) * (K if match.group(2) else 1)
     check_quantity(tokens, value)
     return tokens
@@ -335,13 +363,13 @@ def parse_concurrency(value: int | str) -> int:
     problem at once. ValueError otherwise.
     """
     if isinstance(value, bool):
-        raise ValueError(f"not a number of requests: {value!r}")
+        raise InputError(f"not a number of requests: {value!r}")
     if isinstance(value, int):
         check_quantity(value, value)
         return value
     text = str(value).strip()
     if not isinstance(value, str) or _COUNT_RE.fullmatch(text) is None:
-        raise ValueError(f"not a number of requests: {value!r} (write ASCII digits: 16)")
+        raise InputError(f"not a number of requests: {value!r} (write ASCII digits: 16)")
     return int(check_quantity(int(text), value))
 
 
@@ -384,7 +412,7 @@ def parse_cell(spec: str) -> CellKey:
     """
     m = _CELL_RE.match(spec) if isinstance(spec, str) else None
     if not m:
-        raise ValueError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
+        raise InputError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
     if m.group("prefill"):
         return "prefill", context_label(parse_context(m.group("pctx"))), 1
     return (
@@ -486,16 +514,34 @@ def path_field_problems(values: Mapping[str, Any]) -> list[str]:
     return out
 
 
-COMPARABILITY_FIELDS: tuple[str, ...] = ("metric_version", "workload", "measurement_profile")
+COMPARABILITY_FIELDS: tuple[str, ...] = (
+    "metric_version",
+    "workload",
+    "measurement_profile",
+    "prompt_mode",
+    "max_output_tokens",
+    "window_s",
+)
 """What two cells must share for their figures to be compared, trended or pooled at all: the
 metric's definition, the decode workload (an article and a continuation measure different
-things on a speculative decoder, docs/measurement.md rule 11) and the measurement profile (our
-definitions or the published tool's). The one rule of what may be compared, for verdicts,
-trends, the site and bisection alike; extend it here."""
+things on a speculative decoder, docs/measurement.md rule 11), the measurement profile (our
+definitions or the published tool's), the prompt mode (shared prompts hit the prefix cache),
+the output tokens asked per request and the window's length (a shorter window counts a
+larger share of ramp-up). The one rule of what may be compared, for verdicts, noise, trends,
+the site and bisection alike (:func:`not_comparable_reason`); extend it here."""
 
 _READ_MISSING_AS = {"measurement_profile": DEFAULT_MEASUREMENT_PROFILE}
 """A field recorded only since some point: a cell landed before it was measured by what is
 now its default (a cell without a measurement profile was measured by our definitions)."""
+
+
+_UNRECORDED_IS_UNKNOWN = frozenset({"prompt_mode", "max_output_tokens", "window_s"})
+"""Fields a cell may lack (a prefill cell has no prompt mode; an ingested page or a cell
+landed by hand records none): a side that did not record one cannot be told apart by it."""
+
+
+def _empty(v: object) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
 
 
 def _same_value(a: object, b: object) -> bool:
@@ -511,6 +557,8 @@ def not_comparable_reason(cell: Mapping[str, Any], baseline: Mapping[str, Any]) 
     or None when they may (COMPARABILITY_FIELDS all equal)."""
     for name in COMPARABILITY_FIELDS:
         a, b = _comparable_value(cell, name), _comparable_value(baseline, name)
+        if name in _UNRECORDED_IS_UNKNOWN and (_empty(a) or _empty(b)):
+            continue
         if not _same_value(a, b):
             return f"{name} {b} -> {a}"
     return None
@@ -582,6 +630,8 @@ class CellRecord(TypedDict):
     copy_share: float | None
     warmup_s: float | None
     measurement_profile: str | None
+    ttft_samples: int | None
+    ttft_spread_pct: float | None
 
 
 # ------------------------------------------------------------------- the one validity rule set

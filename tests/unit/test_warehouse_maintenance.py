@@ -71,7 +71,9 @@ def test_maintain_compacts_checkpoints_and_vacuums(landed, capsys):
     before = wh.query("SELECT run_id, sum(total_tok_s) AS s FROM cells GROUP BY 1 ORDER BY 1")
     assert len(DeltaTable(landed / "cells").file_uris()) == 6
     assert len(parquet_on_disk(landed, "cells")) == 7  # a0's first file: no longer current
-    rc = cli.main(["warehouse", "maintain", "--warehouse", str(landed), "--retention-hours", "0"])
+    rc = cli.main(
+        ["warehouse", "maintain", "--warehouse", str(landed), "--retention-hours", "0", "--force"]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "cells: 6 -> 2 files" in out, out
     # one file per recipe and month now, on disk too (older ones vacuumed), a checkpoint

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedmatrix.errors import InputError
 from speedmatrix.settings import Settings, settings
 
 PRICES_ENV = "SPEEDMATRIX_GPU_PRICES"
@@ -44,7 +45,7 @@ MAX_COST = 1e9
 _CURRENCY = re.compile(r"[^\W\d]{1,8}|[$€£¥]")
 
 
-class PriceError(ValueError):
+class PriceError(InputError):
     """The deployment's price file cannot be used (unreadable, not a mapping, a bad price)."""
 
 

@@ -1,8 +1,9 @@
 """The `speedmatrix` command.
 
 Each subcommand group lives next to the code it drives (``<module>.register(subparsers)``), so
-this file only wires them together and turns expected errors into a one-line reason and a
-non-zero exit. Modules are imported lazily so that `speedmatrix loadgen --help` does not pay for
+this file only wires them together and turns a user's mistake (an :class:`InputError`, or an
+``OSError``: a missing file, a full disk) into a one-line reason and exit 2; anything else is a
+bug, shown with its traceback (exit 1). Modules are imported lazily so that `speedmatrix loadgen --help` does not pay for
 Airflow or pandas.
 """
 
@@ -13,8 +14,11 @@ import contextlib
 import importlib
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
+
+from speedmatrix.errors import InputError
 
 # command name -> (module providing register(subparsers), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,8 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class CliError(Exception):
-    """An expected failure: printed as one line, exit code 2."""
+class CliError(InputError):
+    """A mistake in the command's arguments: printed as one line, exit code 2."""
 
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -158,12 +162,20 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         rc = func(args)
     # OSError: a missing file, a refused permission, a full disk (ENOSPC): one line each
-    except (CliError, ValueError, OSError) as exc:
+    except (InputError, OSError) as exc:
         if interrupted():  # an error the interrupt caused: main says it was interrupted
             raise
-        message = str(exc).strip() or exc.__class__.__name__
+        from speedmatrix.redact import redact
+
+        message = redact(str(exc).strip()) or exc.__class__.__name__
         print(f"speedmatrix {args.command}: {message}", file=sys.stderr)
         return 2
+    except Exception:  # a bug: where it happened matters more than a tidy line
+        if interrupted():  # unless an interrupt caused it
+            raise
+        traceback.print_exc()
+        print(f"speedmatrix {args.command}: internal error (traceback above)", file=sys.stderr)
+        return 1
     return int(rc or 0)
 
 

@@ -112,6 +112,20 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
         "running: the ref it was built from (default: read from its /version, else main)",
     )
     g.add_argument("--port", type=int, help="recipe: the port its server listens on")
+    g.add_argument(
+        "--repeats",
+        type=int,
+        metavar="N",
+        help="measure the cells to repeat N times in the run (1-10), each pass after the whole "
+        "matrix; the first lands in cells, the others in cell_repeats (default: the recipe's)",
+    )
+    g.add_argument(
+        "--repeat-cells",
+        nargs="+",
+        metavar="CELL",
+        help="the cells to repeat, named as `trend --cell` names them: 64Kx16, 'prefill 64K' "
+        "(default: every cell)",
+    )
     g.add_argument("--warehouse", metavar="W", help="default $SPEEDMATRIX_WAREHOUSE or ./warehouse")
     p.add_argument(
         "--fail-on-regression",

@@ -38,7 +38,14 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         "--retention-hours",
         type=float,
         default=None,
-        help="vacuum only files no version of the last N hours needs (default 24)",
+        help="vacuum only files no version of the last N hours needs, and files no version "
+        "ever referenced once N hours old (default 24; at least 1, the longest a landing "
+        "takes, unless --force; delta-rs counts whole hours: a fraction is rounded up)",
+    )
+    m.add_argument(
+        "--force",
+        action="store_true",
+        help="allow a retention below the floor (a landing under way may lose its files)",
     )
     m.set_defaults(func=cmd_maintain)
     g = actions.add_parser(
@@ -60,11 +67,28 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from speedmatrix.store.maintain import RETENTION_HOURS, format_report, maintain
+    from speedmatrix.store.maintain import (
+        MIN_RETENTION_HOURS,
+        RETENTION_HOURS,
+        failure_line,
+        format_report,
+        maintain,
+    )
     from speedmatrix.store.warehouse import Warehouse
 
     hours = RETENTION_HOURS if args.retention_hours is None else args.retention_hours
-    sys.stdout.write(format_report(maintain(Warehouse(args.warehouse), hours)))
+    report = maintain(Warehouse(args.warehouse), hours, force=args.force)
+    if hours < MIN_RETENTION_HOURS:
+        print(
+            f"speedmatrix warehouse maintain: --force: vacuum retention {hours:g} h is below "
+            f"the floor of {MIN_RETENTION_HOURS:g} h (delta-rs's retention check off)",
+            file=sys.stderr,
+        )
+    sys.stdout.write(format_report(report))
+    failed = failure_line(report)
+    if failed:
+        print(f"speedmatrix warehouse maintain: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 

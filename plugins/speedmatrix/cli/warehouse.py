@@ -13,6 +13,8 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 
+from speedmatrix.errors import InputError
+
 DEFAULT_TIMEOUT_S = 180.0
 """A query stops after three minutes unless --timeout says otherwise: an
 analyst's mistake (a join without its condition) must not hold a shared host for hours."""
@@ -30,11 +32,11 @@ _UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 def parse_size(text: str) -> int:
     """`500MB` -> 500,000,000; `1GiB` -> 2**30: a size as DuckDB reads its memory_limit
-    (KB, MB, GB in 1000s; KiB, MiB, GiB in 1024s). ValueError otherwise."""
+    (KB, MB, GB in 1000s; KiB, MiB, GiB in 1024s). InputError otherwise."""
     m = _SIZE.fullmatch(text or "")
     size = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()] if m else 0
     if not m or not 0 < size < 2**62:
-        raise ValueError(f"--memory-limit must be a size like 2GB or 512MiB, got {text!r}")
+        raise InputError(f"--memory-limit must be a size like 2GB or 512MiB, got {text!r}")
     return int(size)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from speedmatrix.errors import InputError
 from speedmatrix.published import formats as F
 from speedmatrix.redact import redact
 
@@ -69,7 +70,7 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
 }
 
 
-class ReportParseError(ValueError):
+class ReportParseError(InputError):
     """A page that is not a well-formed Speed test matrix report; names the line."""
 
     def __init__(self, message: str, line: int | None = None, source: str | None = None):

@@ -198,7 +198,8 @@ def content_run_id(run: dict, cells: list[dict]) -> str:
     """``ingest-`` + 16 hex of a SHA-256 over the parsed content (not the raw text, not the
     source path): the same page, wherever it lies and however it is laid out, is the same run.
     The published workload (`article`) is left out of the hash, so pages ingested before the
-    workload was recorded keep their ids."""
+    workload was recorded keep their ids; so is `recipe_sha256` (always null for a page: no
+    recipe of ours ran it), added to the runs row after pages were ingested."""
 
     def hashed(row: dict, drop: tuple[str, ...] = ()) -> dict:
         return {
@@ -207,7 +208,7 @@ def content_run_id(run: dict, cells: list[dict]) -> str:
             if k not in drop and not (k == "workload" and v == DEFAULT_WORKLOAD)
         }
 
-    keep_run = hashed(run, ("run_id", "source"))
+    keep_run = hashed(run, ("run_id", "source", "recipe_sha256"))
     payload = json.dumps(
         {"run": keep_run, "cells": [hashed(c) for c in cells]},
         sort_keys=True,

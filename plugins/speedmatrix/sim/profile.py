@@ -67,10 +67,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedmatrix.errors import InputError
+
 PROFILE_DIR = Path(__file__).resolve().parents[3] / "include" / "sim-profiles"
 
 
-class ProfileError(ValueError):
+class ProfileError(InputError):
     """A profile file that cannot be used; the message names the file and key."""
 
 
