@@ -41,6 +41,11 @@ DEFAULT_WORKLOAD = "article"
 # stable, per-request tok/s = total / C). Never compared, trended or pooled across.
 MEASUREMENT_PROFILES = ("default", "published")
 DEFAULT_MEASUREMENT_PROFILE = "default"
+# How a decode window's length is decided (loadgen/adaptive.py, docs/measurement.md "Adaptive
+# windows"): fixed, window_s exactly; adaptive, until the cell's throughput interval is tight
+# enough for its verdict, after a minimum, window_s the cap. And how it ended.
+WINDOW_MODES = ("fixed", "adaptive")
+WINDOW_STOPS = ("cap", "converged", "cap_not_steady", "cap_not_converged")
 TRIGGERS = ("nightly", "commit", "manual", "ingest")
 RUN_STATUSES = ("success", "failed", "partial")
 # A valid decode cell's average running requests lie within this share of C: the load
@@ -169,6 +174,33 @@ CELL_FIELDS: tuple[Field, ...] = (
         "default or published (MEASUREMENT_PROFILES: whose definitions measured the cell); "
         "null: landed before it was recorded (default)",
     ),
+    Field(
+        "window_mode",
+        "str",
+        True,
+        "decode: fixed (the window ran window_s) or adaptive (it could stop once its figures "
+        "were tight enough, window_s its cap); null for prefill and cells landed before it",
+    ),
+    Field(
+        "window_stop",
+        "str",
+        True,
+        "decode: how the window ended (WINDOW_STOPS): cap, converged, cap_not_steady, "
+        "cap_not_converged",
+    ),
+    Field(
+        "window_halfwidth_pct",
+        "float",
+        True,
+        "decode: 95% batch-means half-width of total tok/s over the window, % of the rate",
+    ),
+    Field(
+        "adaptive_target_pct",
+        "float",
+        True,
+        "decode, adaptive: the half-width (%) that was tight enough for this cell's verdict",
+    ),
+    Field("window_note", "str", True, "decode, adaptive: what the window saw when it ended"),
 )
 
 # One row per request of a measured cell (distributions); keyed by run_id + cell keys.
@@ -532,6 +564,11 @@ class CellRecord(TypedDict):
     copy_share: float | None
     warmup_s: float | None
     measurement_profile: str | None
+    window_mode: str | None
+    window_stop: str | None
+    window_halfwidth_pct: float | None
+    adaptive_target_pct: float | None
+    window_note: str | None
 
 
 # ------------------------------------------------------------------- the one validity rule set
@@ -544,6 +581,8 @@ ALLOWED_VALUES: dict[str, dict[str, tuple[str, ...]]] = {
         "phase": PHASES,
         "workload": WORKLOADS,
         "measurement_profile": MEASUREMENT_PROFILES,
+        "window_mode": WINDOW_MODES,
+        "window_stop": WINDOW_STOPS,
     },
     "requests": {"phase": PHASES},
     "runs": {

@@ -133,9 +133,32 @@ class DecodeConfig(CellConfig):
     copy_check: bool = True
     max_copy_share: float = 0.2
     keep_requests: bool = True
+    # Adaptive windows (loadgen/adaptive.py): stop once total tok/s's 95% interval is within
+    # `adaptive_target_pct` of it, after `adaptive_min_s`, duration_s being the cap; a window
+    # that trends, queues or preempts runs to the cap. Checkpoints every `window_check_s`
+    # (simulated seconds on a simulator), in fixed windows too: every cell records its interval.
+    adaptive: bool = False
+    adaptive_target_pct: float = 1.0
+    adaptive_min_s: float = 10.0
+    window_check_s: float = 0.25
 
     def validate(self) -> None:
         super().validate()
+        if self.adaptive:
+            if self.measurement_profile == "published":
+                raise ValueError(
+                    "adaptive windows are not the published tool's: its window is fixed "
+                    "(measurement profile 'published')"
+                )
+            if not self.adaptive_target_pct > 0:
+                raise ValueError("adaptive_target_pct must be positive")
+            if not 0 < self.adaptive_min_s <= self.duration_s:
+                raise ValueError(
+                    f"adaptive_min_s ({self.adaptive_min_s:g}) must be positive and at most the "
+                    f"window's cap, duration_s ({self.duration_s:g})"
+                )
+        if not self.window_check_s > 0:
+            raise ValueError("window_check_s must be positive")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.duration_s <= 0:

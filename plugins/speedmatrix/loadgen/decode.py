@@ -21,6 +21,7 @@ from time import perf_counter
 
 from speedmatrix.records import CellRecord, context_label, empty_cell
 
+from .adaptive import STOP_CAP, AdaptiveWindow
 from .common import Progress, Watchdog, check_model, progress_enabled, request_row
 from .config import DecodeConfig
 from .control import ControlClient, MetricsUnavailable, reading_times
@@ -91,6 +92,12 @@ class _DecodeCell:
         self.nonce = secrets.token_hex(3)
         self.notes: list[str] = []
         self.active_basis = ""
+        # checkpoints of the window's tokens: the throughput's interval for every cell, and
+        # for an adaptive window the decision to stop (loadgen/adaptive.py)
+        self.meter = AdaptiveWindow(
+            cfg.adaptive_target_pct, min(cfg.adaptive_min_s, cfg.duration_s), cfg.duration_s
+        )
+        self.stopped_early = False
         self.cell = empty_cell(
             phase="decode",
             context_tokens=cfg.context,
@@ -275,16 +282,43 @@ class _DecodeCell:
             )
 
     async def _hold_window(self) -> None:
-        remaining = self.window.we - perf_counter()
-        if remaining > 0:
+        """Hold the window to its end, checkpointing its tokens; an adaptive window ends
+        early, at a checkpoint, once its figures are tight enough (loadgen/adaptive.py).
+
+        An early end moves the window's end to that checkpoint: tokens count when
+        ws < t <= we, and every token stamped so far arrived before it."""
+        w, cfg = self.window, self.cfg
+        step = cfg.window_check_s / cfg.time_scale
+        self.meter.checkpoint(0.0, 0)
+        while not self.stop.is_set():
+            remaining = w.we - perf_counter()
+            if remaining <= 0:
+                break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), remaining)
+                await asyncio.wait_for(self.stop.wait(), min(step, remaining))
+            now = perf_counter()
+            self.meter.checkpoint(
+                (min(now, w.we) - w.ws) * cfg.time_scale, sum(r.w_tokens for r in self.requests)
+            )
+            self._watch_steady(w.ws, now)
+            if cfg.adaptive and now < w.we and self.meter.converged():
+                w.we = now
+                self.stopped_early = True
+                break
         self.stopping = True
         if self.failure is None:
             self.snap_end = await self._reading("end")
         self.monitor.end_window()
         if self._snap_task is not None:
             self.snap_start = await self._snap_task
+
+    def _watch_steady(self, ws: float, now: float) -> None:
+        """Queueing or preemption inside the window: not a steady state, no early stop."""
+        inside = [s for s in self.samples if ws <= s.at <= now]
+        if any((s.get("waiting") or 0) > 0 for s in inside):
+            self.meter.mark_unsteady("requests queued on the server")
+        if len(inside) > 1 and (rise(inside[0], inside[-1], "preemptions") or 0) > 0:
+            self.meter.mark_unsteady("preemptions on the server")
 
     def _cut_all(self, t: float) -> None:
         for conn in self.conns:
@@ -336,8 +370,9 @@ class _DecodeCell:
     def _sample_interval(self) -> float:
         """The configured interval, shortened so the window gets `min_window_readings`."""
         cfg = self.cfg
-        window = cfg.duration_s / cfg.time_scale
-        return min(cfg.metrics_interval_s, window / cfg.min_window_readings)
+        # an adaptive window may end at its minimum: it gets its readings by then
+        shortest = min(cfg.adaptive_min_s, cfg.duration_s) if cfg.adaptive else cfg.duration_s
+        return min(cfg.metrics_interval_s, shortest / cfg.time_scale / cfg.min_window_readings)
 
     def _progress_line(self) -> str:
         w = self.window
@@ -404,6 +439,7 @@ class _DecodeCell:
                 completed_requests=len(completed),
             )
             self._server_figures(w.ws, end)
+            self._window_figures()
         outputs = ["".join(r.text_parts) for r in reqs if r.text_parts]
         if cfg.copy_check and outputs:
             cell["copy_share"] = CopyCheck(self.builder.prompts.text).share(outputs)
@@ -418,6 +454,18 @@ class _DecodeCell:
         for row in rows:
             scale_times(row, cfg.time_scale, rows=True)
         return cell, rows if cfg.keep_requests else []
+
+    def _window_figures(self) -> None:
+        """How the window ended and how tight its throughput was (every decode cell)."""
+        cell, iv = self.cell, self.meter.last
+        cell["window_mode"] = "adaptive" if self.cfg.adaptive else "fixed"
+        cell["window_halfwidth_pct"] = None if iv is None else iv.half_width_pct
+        if self.cfg.adaptive:
+            cell["window_stop"] = self.meter.stop_reason(self.stopped_early)
+            cell["window_note"] = self.meter.explain(self.stopped_early)
+            cell["adaptive_target_pct"] = self.cfg.adaptive_target_pct
+        else:
+            cell["window_stop"] = STOP_CAP
 
     def _server_figures(self, ws: float, we: float) -> None:
         cell = self.cell

@@ -287,6 +287,7 @@ class Engine:
         self.step_end: float | None = None
         self.step_plan: list[tuple[Request, int, bool]] = []
         self.max_running = max_running
+        self.step_scale = 1.0  # faults.slow_steps_pct: a slower engine from now on
         self.on_emit = on_emit
         self.live: dict[str, Request] = {}
         self.finished: OrderedDict[str, Request] = OrderedDict()
@@ -525,7 +526,7 @@ class Engine:
             self.step_plan = []
             return
         duration = p.decode_step_time(dec_b, dec_t, dec_p) + prefill_cost
-        duration = max(duration, p.min_step_s)
+        duration = max(duration, p.min_step_s) * self.step_scale
         self.step_plan = plan
         self.step_end = self.now + duration
         self.counters.steps += 1

@@ -131,6 +131,7 @@ class SimServer:
             on_emit=self._on_emit,
             keep_finished=keep_finished,
         )
+        self.engine.step_scale = 1.0 + self.faults.slow_steps_pct / 100.0
         self.tokenizer = Tokenizer(profile.vocab_size)
         self.lag = LagMonitor()
         self.step_cpu: deque[float] = deque(maxlen=20_000)
@@ -222,6 +223,7 @@ class SimServer:
         self.faults = Faults.coerce(faults)
         self._metrics_reads = 0  # metrics_error_reads counts from here
         self.engine.max_running = self.faults.max_running
+        self.engine.step_scale = 1.0 + self.faults.slow_steps_pct / 100.0
         if self.faults.engine_dead:
             for req in list(self._streams):
                 w = req.waiter
