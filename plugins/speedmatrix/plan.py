@@ -79,6 +79,11 @@ def fits(
     return need <= capacity.num_blocks - 1
 
 
+ADAPTIVE_MIN_S = 10.0
+"""An adaptive decode window's least length by default (seconds): ten checkpoint batches of one
+second each, long enough for a batch-means interval (loadgen/adaptive.py)."""
+
+
 @dataclass(frozen=True)
 class MatrixSpec:
     """The matrix a run asks for, after conf overrides; checked by `check_matrix`."""
@@ -92,6 +97,10 @@ class MatrixSpec:
     workload: str = DEFAULT_WORKLOAD
     # whose definitions measure the run (records.MEASUREMENT_PROFILES)
     measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE
+    # adaptive windows (loadgen/adaptive.py): window_s is each decode window's cap, and a
+    # window may stop after adaptive_min_s (at most window_s) once its figures are tight
+    adaptive: bool = False
+    adaptive_min_s: float = ADAPTIVE_MIN_S
 
     @classmethod
     def build(
@@ -105,6 +114,8 @@ class MatrixSpec:
         prompt_mode: str = "distinct",
         workload: str = DEFAULT_WORKLOAD,
         measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE,
+        adaptive: bool = False,
+        adaptive_min_s: float = ADAPTIVE_MIN_S,
     ) -> MatrixSpec:
         return cls(
             prefill_contexts=tuple(_tokens(c) for c in prefill_contexts),
@@ -115,6 +126,8 @@ class MatrixSpec:
             prompt_mode=prompt_mode,
             workload=workload,
             measurement_profile=measurement_profile,
+            adaptive=bool(adaptive),
+            adaptive_min_s=float(adaptive_min_s),
         )
 
 
@@ -151,6 +164,10 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
             f"measurement profile must be one of {list(MEASUREMENT_PROFILES)}, "
             f"got {spec.measurement_profile!r}"
         )
+    if spec.adaptive and spec.measurement_profile == "published":
+        problems.append("adaptive windows are not the published tool's: its windows are fixed")
+    if spec.adaptive and not spec.adaptive_min_s > 0:
+        problems.append(f"adaptive_min_s must be > 0, got {spec.adaptive_min_s:g}")
     if max_model_len:
         out = spec.max_output_tokens
         too_long = [c for c in spec.contexts if not fits_model(c, out, max_model_len)]
@@ -244,7 +261,13 @@ def _planned(spec: MatrixSpec, phase: str, context: int, concurrency: int) -> di
         "workload": spec.workload,
         "measurement_profile": spec.measurement_profile,
         "repeat": 0,
+        **({} if phase == "prefill" or not spec.adaptive else _adaptive(spec)),
     }
+
+
+def _adaptive(spec: MatrixSpec) -> dict[str, object]:
+    """An adaptive decode cell's settings: its minimum, never past its cap."""
+    return {"adaptive": True, "adaptive_min_s": min(spec.adaptive_min_s, spec.window_s)}
 
 
 def check_repeats(repeats: object) -> int:

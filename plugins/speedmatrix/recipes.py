@@ -198,6 +198,11 @@ class Matrix(_Strict):
     # the chosen cells (null: all) `repeats` times in one run, interleaved (plan.plan_matrix).
     repeats: int = Field(default=1, ge=1, le=10)
     repeat_cells: tuple[str, ...] | None = None
+    # Adaptive windows (docs/measurement.md, "Adaptive windows"): a decode cell stops once its
+    # throughput's interval is tight enough for its verdict, after `adaptive_min_s` (at most
+    # window_s), window_s being the cap. Off: every window runs window_s.
+    adaptive: bool = False
+    adaptive_min_s: float = Field(default=10.0, gt=0)
 
     @field_validator("prefill_contexts", "contexts", mode="before")
     @classmethod

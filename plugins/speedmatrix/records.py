@@ -257,7 +257,7 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("model_revision", "str", True, "model revision"),
     Field("bench_tool", "str", True, "speedmatrix, llm-inference-bench…"),
     Field("bench_tool_version", "str", True, "its version"),
-    Field("decode_test", "str", True, "Fixed duration"),
+    Field("decode_test", "str", True, "Fixed duration, or Adaptive duration (measure_s the cap)"),
     Field("prefill_mode", "str", True, "Measured during decode warm-up"),
     Field("measure_s", "float", True, "time per measurement, s"),
     Field("max_output_tokens", "int", True, "max output tokens per request"),

@@ -85,6 +85,14 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     g.add_argument("--concurrencies", nargs="+", type=int, metavar="C", help="e.g. 1 2 4")
     g.add_argument("--prefill-contexts", nargs="+", metavar="N", help="prefill contexts")
     g.add_argument("--duration-s", type=float, metavar="S", help="decode window, seconds")
+    g.add_argument(
+        "--adaptive",
+        action="store_true",
+        default=None,
+        help="adaptive windows: a decode cell stops once its throughput's interval is tight "
+        "enough for its verdict (after the recipe's adaptive_min_s), --duration-s being the "
+        "cap (docs/measurement.md, 'Adaptive windows')",
+    )
     g.add_argument("--max-output-tokens", type=int, metavar="T", help="output tokens per request")
     g.add_argument("--prompt-mode", choices=("distinct", "shared"))
     g.add_argument("--workload", choices=("article", "continuation"))

@@ -264,7 +264,19 @@ def _loadgen_config(
         duration_s=float(cell["window_s"]),
         max_output_tokens=int(cell["max_output_tokens"]),
         prompt_mode=str(cell["prompt_mode"]),
+        **_adaptive_settings(cell),
     )
+
+
+def _adaptive_settings(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """An adaptive cell's window settings (plan._adaptive), its target where the plan set one
+    from the cell's noise; {} for a fixed window."""
+    if not cell.get("adaptive"):
+        return {}
+    out: dict[str, Any] = {"adaptive": True, "adaptive_min_s": float(cell["adaptive_min_s"])}
+    if cell.get("adaptive_target_pct"):
+        out["adaptive_target_pct"] = float(cell["adaptive_target_pct"])
+    return out
 
 
 def measure(
@@ -361,7 +373,9 @@ def run_row(
         model_revision=recipe.model.revision,
         bench_tool="speedmatrix",
         bench_tool_version=__version__,
-        decode_test="Fixed duration",
+        # adaptive: each window stopped when tight enough, measure_s its cap; every cell's
+        # "Measured" is the window it used and window_stop why it ended
+        decode_test="Adaptive duration" if resolved["matrix"].get("adaptive") else "Fixed duration",
         prefill_mode="Measured during decode warm-up",
         measure_s=resolved["matrix"]["window_s"],
         max_output_tokens=resolved["matrix"]["max_output_tokens"],

@@ -172,6 +172,16 @@ def speed_matrix_params() -> dict[str, Any]:
             description=f"Seconds measured per decode cell. {FROM_RECIPE}",
             section=MATRIX,
         ),
+        "adaptive": Param(
+            None,
+            type=["null", "boolean"],
+            title="Adaptive windows",
+            description="Stop each decode window once its throughput's interval is tight "
+            "enough for the cell's verdict (after the recipe's adaptive_min_s), the window "
+            "above being the cap; a window that trends, queues or preempts runs to the cap. "
+            f"{FROM_RECIPE}",
+            section=MATRIX,
+        ),
         "max_output_tokens": Param(
             None,
             type=["null", "integer"],

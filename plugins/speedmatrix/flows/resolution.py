@@ -103,6 +103,8 @@ def resolve(
             prompt_mode=_override(conf, "prompt_mode", m.prompt_mode),
             workload=_override(conf, "workload", m.workload),
             measurement_profile=_override(conf, "measurement_profile", m.profile),
+            adaptive=_override(conf, "adaptive", m.adaptive),
+            adaptive_min_s=m.adaptive_min_s,
         )
         check_matrix(spec, recipe.model.max_model_len)
     except ValueError as exc:
@@ -146,6 +148,8 @@ def resolve(
             "prompt_mode": spec.prompt_mode,
             "workload": spec.workload,
             "measurement_profile": spec.measurement_profile,
+            "adaptive": spec.adaptive,
+            "adaptive_min_s": spec.adaptive_min_s,
         },
         "repeats": repeats,
         "repeat_cells": repeat_cells,

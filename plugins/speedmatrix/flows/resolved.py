@@ -23,6 +23,8 @@ class MatrixConf(TypedDict):
     prompt_mode: str
     workload: str
     measurement_profile: str  # default or published (records.MEASUREMENT_PROFILES)
+    adaptive: bool  # adaptive decode windows, window_s their cap (loadgen/adaptive.py)
+    adaptive_min_s: float  # an adaptive window's least length
 
 
 class Resolved(TypedDict):

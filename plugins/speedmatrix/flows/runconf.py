@@ -40,6 +40,7 @@ CONF_KEYS = (
     "port",
     "repeats",
     "repeat_cells",
+    "adaptive",
 )
 _REMOVED = {
     "lease_ttl_s": "the lease's time to live is the deployment's, not a run's: "
@@ -195,6 +196,8 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
             f"measurement_profile must be one of {list(MEASUREMENT_PROFILES)}, "
             f"got {conf['measurement_profile']!r}"
         )
+    if given("adaptive") and not isinstance(conf["adaptive"], bool):
+        problems.append(f"adaptive must be true or false, got {conf['adaptive']!r}")
     if given("repeats") and not _is_int(conf["repeats"]):
         problems.append(f"repeats must be an integer, got {conf['repeats']!r}")
     if given("repeat_cells"):
