@@ -120,9 +120,13 @@ def _nan_if_none(value: float | None) -> float:
 def _window_ratio(row: dict) -> float:
     """measured_s / window_s, bounded by WINDOW_TOL. A `published` cell is measured by the
     published tool's rule, from the window's start to its last token (docs/measurement.md,
-    the published profile): any part of the window up to all of it reads as 1."""
+    the published profile): any part of the window up to all of it reads as 1. So does an
+    adaptive window that converged (loadgen/adaptive.py: it stops before its cap, window_s);
+    one that ran to its cap is held to it like a fixed window."""
     ratio = _ratio(row["measured_s"], row["window_s"])
     if row.get("measurement_profile") == "published" and 0 < ratio <= 1:
+        return 1.0
+    if row.get("window_stop") == "converged" and 0 < ratio <= 1:
         return 1.0
     return ratio
 

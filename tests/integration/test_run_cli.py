@@ -110,6 +110,30 @@ def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None
     assert _healthy(sim_url), "a server already running is not ours to stop"
 
 
+def test_an_adaptive_run_stops_windows_early_and_says_so(sim_url, tmp_path, capsys) -> None:
+    """`run --adaptive` (issue #45): each decode window ends once tight (the simulator is
+    steady), its cap being --duration-s; the cell records the window it used and why it
+    stopped, the run that its decode test was adaptive, and the page shows both."""
+    wh = tmp_path / "wh"
+    rc = main(["run", "--base-url", sim_url, "--model", MODEL, "--contexts", "8K",
+               "--concurrencies", "4", "--prefill-contexts", "8K", "--duration-s", "20",
+               "--adaptive", "--adaptive-min-s", "3", "--max-output-tokens", "4096",
+               "--warehouse", str(wh)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    run, cells, page = _landed(wh, out)
+    assert run["decode_test"] == "Adaptive duration" and run["measure_s"] == 20.0
+    decode = [c for c in cells if c["phase"] == "decode"]
+    assert len(decode) == 1, (cells, err)
+    cell = decode[0]
+    assert cell["status"] == "valid", cell["error"]
+    assert (cell["window_mode"], cell["window_stop"]) == ("adaptive", "converged")
+    assert 3.0 <= cell["measured_s"] < 20.0, cell["window_note"]
+    assert cell["window_halfwidth_pct"] <= cell["adaptive_target_pct"]
+    html = page.read_text()
+    assert "Adaptive duration" in html
+
+
 def test_run_a_recipe_on_this_host(tmp_path, capsys, monkeypatch) -> None:
     home, wh = tmp_path / "home", tmp_path / "wh"
     home.mkdir()

@@ -70,3 +70,13 @@ def test_a_recipe_may_ask_for_adaptive_windows() -> None:
         recipe=recipe.model_copy(update={"matrix": m}),
     )  # fmt: skip
     assert (r["matrix"]["adaptive"], r["matrix"]["adaptive_min_s"]) == (True, 4.0)
+
+
+def test_conf_sets_the_minimum_and_a_bad_one_is_named() -> None:
+    r = _resolve(contexts=["8K"], concurrencies=[1], adaptive=True, duration_s=30.0,
+                 adaptive_min_s=3.5)  # fmt: skip
+    assert r["matrix"]["adaptive_min_s"] == 3.5
+    decode, _ = _decode_cells(r)
+    assert {c["adaptive_min_s"] for c in decode} == {3.5}
+    problems = conf_problems({"recipe": SIM, "adaptive_min_s": -1})
+    assert any("adaptive_min_s must be a positive number of seconds" in p for p in problems)

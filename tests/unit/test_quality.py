@@ -144,6 +144,23 @@ def test_a_published_cell_is_measured_up_to_its_window():
     assert [c["concurrency"] for c in validate_run(run_row(), cells).bad_cells] == [1]
 
 
+def test_an_adaptive_window_that_converged_lands_short_of_its_cap():
+    """Issue #45: an adaptive window that converged stops before window_s (its cap) and lands;
+    one that says it ran to its cap is held to the cap, like a fixed window."""
+    short = dict(
+        measured_s=11.2, output_tokens=615, total_tok_s=615 / 11.2, per_request_tok_s=615 / 11.2
+    )
+    adaptive = dict(window_mode="adaptive", adaptive_target_pct=1.0, **short)
+    cells = good_cells()
+    cells[1] = decode(c=1, window_stop="converged", **adaptive)
+    assert validate_run(run_row(), cells).bad_cells == []
+    cells[1] = decode(c=1, window_stop="cap_not_steady", **adaptive)
+    assert [c["concurrency"] for c in validate_run(run_row(), cells).bad_cells] == [1]
+    cells[1] = decode(c=1, window_stop="stopped whenever", **adaptive)
+    bad = validate_run(run_row(), cells).bad_cells
+    assert "expect_column_values_to_be_in_set(window_stop)" in bad[0]["quarantine_reasons"]
+
+
 def test_warm_up_is_a_decode_figure():
     """warmup_s (issue #19): a decode cell's measured warm-up lands; a prefill cell has none
     (its cold request is the measurement), so a prefill row carrying one is quarantined."""

@@ -93,6 +93,12 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
         "enough for its verdict (after the recipe's adaptive_min_s), --duration-s being the "
         "cap (docs/measurement.md, 'Adaptive windows')",
     )
+    g.add_argument(
+        "--adaptive-min-s",
+        type=float,
+        metavar="S",
+        help="adaptive: a window's least length in seconds (default the recipe's, 10)",
+    )
     g.add_argument("--max-output-tokens", type=int, metavar="T", help="output tokens per request")
     g.add_argument("--prompt-mode", choices=("distinct", "shared"))
     g.add_argument("--workload", choices=("article", "continuation"))

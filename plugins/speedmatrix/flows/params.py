@@ -182,6 +182,15 @@ def speed_matrix_params() -> dict[str, Any]:
             f"{FROM_RECIPE}",
             section=MATRIX,
         ),
+        "adaptive_min_s": Param(
+            None,
+            type=["null", "number"],
+            exclusiveMinimum=0,
+            title="Adaptive: least window (s)",
+            description="An adaptive window's least length, at most the window above. "
+            f"{FROM_RECIPE}",
+            section=MATRIX,
+        ),
         "max_output_tokens": Param(
             None,
             type=["null", "integer"],

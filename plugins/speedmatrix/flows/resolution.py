@@ -104,7 +104,7 @@ def resolve(
             workload=_override(conf, "workload", m.workload),
             measurement_profile=_override(conf, "measurement_profile", m.profile),
             adaptive=_override(conf, "adaptive", m.adaptive),
-            adaptive_min_s=m.adaptive_min_s,
+            adaptive_min_s=_override(conf, "adaptive_min_s", m.adaptive_min_s),
         )
         check_matrix(spec, recipe.model.max_model_len)
     except ValueError as exc:

@@ -41,6 +41,7 @@ CONF_KEYS = (
     "repeats",
     "repeat_cells",
     "adaptive",
+    "adaptive_min_s",
 )
 _REMOVED = {
     "lease_ttl_s": "the lease's time to live is the deployment's, not a run's: "
@@ -198,6 +199,13 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
         )
     if given("adaptive") and not isinstance(conf["adaptive"], bool):
         problems.append(f"adaptive must be true or false, got {conf['adaptive']!r}")
+    if given("adaptive_min_s") and not (
+        _is_number(conf["adaptive_min_s"]) and 0 < conf["adaptive_min_s"] <= MAX_WINDOW_S
+    ):
+        problems.append(
+            f"adaptive_min_s must be a positive number of seconds up to {MAX_WINDOW_S:g}, "
+            f"got {conf['adaptive_min_s']!r}"
+        )
     if given("repeats") and not _is_int(conf["repeats"]):
         problems.append(f"repeats must be an integer, got {conf['repeats']!r}")
     if given("repeat_cells"):
