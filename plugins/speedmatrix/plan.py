@@ -83,6 +83,19 @@ ADAPTIVE_MIN_S = 10.0
 """An adaptive decode window's least length by default (seconds): ten checkpoint batches of one
 second each, long enough for a batch-means interval (loadgen/adaptive.py)."""
 
+ADAPTIVE_TARGET_PCT = 1.0
+"""An adaptive window's target half-width (%) when none is derived (adaptive_target_pct)."""
+
+
+def adaptive_target_pct(regression_threshold_pct: float) -> float:
+    """How tight an adaptive window's throughput interval must be: a third of the smallest
+    change the verdict calls (the recipe's regression threshold). Independent errors add in
+    quadrature, so the window's own interval then widens a comparison's by at most
+    sqrt(1 + 1/9) - 1 = 5%, below what the noise model can tell apart; a tighter window costs
+    host time and buys the verdict nothing. Floored at 0.25% (a threshold of 0 would never
+    stop: the window runs to its cap)."""
+    return max(0.25, float(regression_threshold_pct) / 3.0)
+
 
 @dataclass(frozen=True)
 class MatrixSpec:
@@ -101,6 +114,7 @@ class MatrixSpec:
     # window may stop after adaptive_min_s (at most window_s) once its figures are tight
     adaptive: bool = False
     adaptive_min_s: float = ADAPTIVE_MIN_S
+    adaptive_target_pct: float = ADAPTIVE_TARGET_PCT
 
     @classmethod
     def build(
@@ -116,6 +130,7 @@ class MatrixSpec:
         measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE,
         adaptive: bool = False,
         adaptive_min_s: float = ADAPTIVE_MIN_S,
+        adaptive_target_pct: float = ADAPTIVE_TARGET_PCT,
     ) -> MatrixSpec:
         return cls(
             prefill_contexts=tuple(_tokens(c) for c in prefill_contexts),
@@ -128,6 +143,7 @@ class MatrixSpec:
             measurement_profile=measurement_profile,
             adaptive=bool(adaptive),
             adaptive_min_s=float(adaptive_min_s),
+            adaptive_target_pct=float(adaptive_target_pct),
         )
 
 
@@ -267,7 +283,11 @@ def _planned(spec: MatrixSpec, phase: str, context: int, concurrency: int) -> di
 
 def _adaptive(spec: MatrixSpec) -> dict[str, object]:
     """An adaptive decode cell's settings: its minimum, never past its cap."""
-    return {"adaptive": True, "adaptive_min_s": min(spec.adaptive_min_s, spec.window_s)}
+    return {
+        "adaptive": True,
+        "adaptive_min_s": min(spec.adaptive_min_s, spec.window_s),
+        "adaptive_target_pct": spec.adaptive_target_pct,
+    }
 
 
 def check_repeats(repeats: object) -> int:

@@ -47,7 +47,7 @@ def test_conf_adaptive_reaches_every_decode_cell_with_its_minimum_under_its_cap(
     # the recipe's 10 s minimum, clamped to the 6 s cap: a window never exceeds its cap
     assert {c["adaptive_min_s"] for c in decode} == {6.0}
     assert all("adaptive" not in c for c in prefill)  # one cold request: no window
-    cfg = _loadgen_config(r, SERVER, {**decode[0], "adaptive_target_pct": 0.4})
+    cfg = _loadgen_config(r, SERVER, {**decode[0], "adaptive_target_pct": 0.4})  # as set
     assert (cfg.adaptive, cfg.adaptive_min_s, cfg.duration_s) == (True, 6.0, 6.0)  # type: ignore[attr-defined]
     assert cfg.adaptive_target_pct == 0.4  # type: ignore[attr-defined]
     cfg.validate()
@@ -80,3 +80,17 @@ def test_conf_sets_the_minimum_and_a_bad_one_is_named() -> None:
     assert {c["adaptive_min_s"] for c in decode} == {3.5}
     problems = conf_problems({"recipe": SIM, "adaptive_min_s": -1})
     assert any("adaptive_min_s must be a positive number of seconds" in p for p in problems)
+
+
+def test_the_target_is_a_third_of_the_verdicts_threshold() -> None:
+    """The sim recipe's regression threshold (3% unless it says otherwise) -> a 1% target;
+    a stricter threshold asks a tighter window, never below 0.25%."""
+    from speedmatrix.plan import adaptive_target_pct
+
+    threshold = load_recipe_id(SIM).schedule.regression_threshold_pct
+    r = _resolve(contexts=["8K"], concurrencies=[1], adaptive=True)
+    assert r["matrix"]["adaptive_target_pct"] == pytest.approx(threshold / 3)
+    decode, _ = _decode_cells(r)
+    assert all(c["adaptive_target_pct"] == pytest.approx(threshold / 3) for c in decode)
+    assert adaptive_target_pct(1.5) == pytest.approx(0.5)
+    assert adaptive_target_pct(0.0) == 0.25

@@ -15,7 +15,7 @@ from typing import Any
 
 from speedmatrix.engine.lease import holder_id
 from speedmatrix.flows.resolved import Resolved
-from speedmatrix.plan import MatrixSpec, check_matrix
+from speedmatrix.plan import MatrixSpec, adaptive_target_pct, check_matrix
 from speedmatrix.records import cell_name, path_field_problems
 
 DAG_ID = "speed_matrix"
@@ -105,6 +105,7 @@ def resolve(
             measurement_profile=_override(conf, "measurement_profile", m.profile),
             adaptive=_override(conf, "adaptive", m.adaptive),
             adaptive_min_s=_override(conf, "adaptive_min_s", m.adaptive_min_s),
+            adaptive_target_pct=adaptive_target_pct(recipe.schedule.regression_threshold_pct),
         )
         check_matrix(spec, recipe.model.max_model_len)
     except ValueError as exc:
@@ -150,6 +151,7 @@ def resolve(
             "measurement_profile": spec.measurement_profile,
             "adaptive": spec.adaptive,
             "adaptive_min_s": spec.adaptive_min_s,
+            "adaptive_target_pct": spec.adaptive_target_pct,
         },
         "repeats": repeats,
         "repeat_cells": repeat_cells,

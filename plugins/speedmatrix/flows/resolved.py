@@ -25,6 +25,7 @@ class MatrixConf(TypedDict):
     measurement_profile: str  # default or published (records.MEASUREMENT_PROFILES)
     adaptive: bool  # adaptive decode windows, window_s their cap (loadgen/adaptive.py)
     adaptive_min_s: float  # an adaptive window's least length
+    adaptive_target_pct: float  # its throughput interval's target (plan.adaptive_target_pct)
 
 
 class Resolved(TypedDict):
