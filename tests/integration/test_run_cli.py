@@ -132,6 +132,7 @@ def test_an_adaptive_run_stops_windows_early_and_says_so(sim_url, tmp_path, caps
     assert cell["window_halfwidth_pct"] <= cell["adaptive_target_pct"]
     html = page.read_text()
     assert "Adaptive duration" in html
+    assert "<th>Window</th>" in html and "early: ±" in html
 
 
 def test_run_a_recipe_on_this_host(tmp_path, capsys, monkeypatch) -> None:
