@@ -300,6 +300,25 @@ def context_label(tokens: int) -> str:
     return str(tokens)
 
 
+def label_span(label: str | int) -> tuple[int, int]:
+    """The token counts (first, last) that ``context_label`` names `label`: the inverse of the
+    one labelling rule, read off it (`64K` -> 65,024..66,048; `1K` -> 1,024..1,535, below
+    1,024 a count is its own label). Why: a cell measured anywhere its label reaches (a recipe's
+    context shortened to fit max_model_len keeps its label: plan.sent_context) is that
+    label's cell, wherever a rule asks which cell a token count belongs to."""
+    tokens = parse_context(label)
+    if tokens < K:
+        return tokens, tokens
+    label = context_label(tokens)  # `64k`, `65536`: written as the rule writes it
+    n = round(tokens / K)
+    lo, hi = n * K - K // 2, n * K + K // 2
+    while context_label(lo) != label:
+        lo += 1
+    while context_label(hi) != label:
+        hi -= 1
+    return lo, hi
+
+
 def parse_context(value: int | str) -> int:
     """`8K` / `8k` / `8 K` -> 8192, `4096` / `4,096` / `4_096` / 4096 -> 4096.
 

@@ -44,6 +44,9 @@ def test_published_profile_cells_on_the_simulator() -> None:
                     duration_s=10.0,
                     run_tag="pubp",
                     measurement_profile="published",
+                    # rule 8 holds in this profile too: a CPU shared with other tests
+                    max_loop_lag_ms=50.0,
+                    max_client_cpu_pct=100.0,
                 )
             )
         )
@@ -68,6 +71,10 @@ def test_published_profile_cells_on_the_simulator() -> None:
     assert (published["measurement_profile"], published["prompt_mode"]) == ("published", "shared")
     assert published["context_tokens"] == prefill["context_tokens"]  # one prompt per label
     assert published["per_request_tok_s"] == pytest.approx(published["total_tok_s"] / 2)
+    # what every cell records (rule 8 and the percentiles), this profile's too (issue #43)
+    for key in ("client_cpu_pct", "loop_lag_p99_ms", "ttft_p90_ms", "ttft_p99_ms", "tbt_p99_ms"):
+        assert published[key] is not None, key
+    assert prefill["ttft_p99_ms"] == prefill["ttft_ms"]
     # the window opened after 2 s + 3 s of running == C (simulated seconds), not at the
     # first token as ours does
     assert min(r["start_offset_s"] for r in rows) <= -5.0

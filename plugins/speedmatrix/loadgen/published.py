@@ -40,8 +40,9 @@ from . import published_prompt as pp
 from .common import check_model, request_row
 from .config import DecodeConfig, PrefillConfig
 from .control import ControlClient, MetricsUnavailable
+from .monitor import ClientMonitor
 from .promtext import Snapshot, rise
-from .stats import median, ms, scale_times
+from .stats import median, ms, percentile, scale_times
 from .stream import INF, Endpoint, Request, StreamConnection, Window, connect
 
 PROFILE = "published"
@@ -211,6 +212,8 @@ async def run_published_prefill(cfg: PrefillConfig) -> tuple[CellRecord, list[di
     cell.update(
         context_tokens=tokens or cfg.context,
         ttft_ms=ms(ttft),
+        ttft_p90_ms=ms(ttft),  # one request: its percentiles are its TTFT, as a default cell's
+        ttft_p99_ms=ms(ttft),
         total_tok_s=tokens / ttft if tokens and ttft > 0 else None,
         completed_requests=1,
         samples=1,
@@ -249,6 +252,7 @@ class _PublishedDecode:
         self.stopping = False
         self.failure: str | None = None
         self.sampler: asyncio.Future[None] | None = None
+        self.monitor = ClientMonitor()  # rule 8, as in every cell: the client's own load
         self.cell = _record(cfg, "decode", self.C)
         self.cell.update(
             prompt_mode="shared", max_output_tokens=cfg.max_output_tokens, window_s=cfg.duration_s
@@ -274,12 +278,15 @@ class _PublishedDecode:
             self.client.close()
             return self._finish()
         streams = [asyncio.ensure_future(self._stream(i)) for i in range(self.C)]
+        self.monitor.start()
         try:
             opened = await self._open_window(perf_counter())
             if opened:
                 await asyncio.sleep(max(self.window.we - perf_counter(), 0.0))
                 self.snap_end = await self._read()
+                self.monitor.end_window()
         finally:
+            await self.monitor.stop()
             self.stopping = True
             self.client.closing = True
             t = perf_counter()
@@ -336,6 +343,7 @@ class _PublishedDecode:
                 self.snap_start = snap
                 self.window.ws = now
                 self.window.we = now + self.cfg.duration_s / self.cfg.time_scale
+                self.monitor.begin_window()
                 self.sampler = asyncio.ensure_future(self._sample())
                 return True
         return False
@@ -360,6 +368,12 @@ class _PublishedDecode:
             samples=len(itls),
             ttft_ms=ms(median(ttfts)),
             tbt_ms=ms(median(itls)),
+            ttft_p90_ms=ms(percentile(ttfts, 90)),
+            ttft_p99_ms=ms(percentile(ttfts, 99)),
+            tbt_p90_ms=ms(percentile(itls, 90)),
+            tbt_p99_ms=ms(percentile(itls, 99)),
+            client_cpu_pct=self.monitor.cpu_pct,
+            loop_lag_p99_ms=self.monitor.lag_p99_ms,
         )
         if counted:
             cell["context_tokens"] = max(counted)
@@ -398,8 +412,8 @@ class _PublishedDecode:
         return cell, rows if cfg.keep_requests else []
 
     def _judge(self) -> tuple[str, str | None]:
-        """Our safeguards, which change no figure: failures fail; a queue, a preemption or
-        fewer than C running in the window make the cell invalid."""
+        """Our safeguards, which change no figure: failures fail; a queue, a preemption, fewer
+        than C running in the window or a saturated client (rule 8) make the cell invalid."""
         cell = self.cell
         if self.failure is not None:
             return "failed", self.failure
@@ -416,4 +430,5 @@ class _PublishedDecode:
             and abs(active - self.C) > self.cfg.max_active_deviation * self.C
         ):
             reasons.append(f"average active requests {active:.2f} of C={self.C}")
+        reasons += self.monitor.saturation(self.cfg.max_loop_lag_ms, self.cfg.max_client_cpu_pct)
         return ("invalid", "; ".join(reasons)) if reasons else ("valid", None)
