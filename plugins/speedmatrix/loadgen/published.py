@@ -1,18 +1,21 @@
 """The `published` measurement profile's cells: the published tool's definitions.
 
-What llm-inference-bench (``llm_decode_bench.py``) does, read line by line, and done here:
+What llm-inference-bench (``llm_decode_bench.py``) does, read line by line, and done here
+(where ours differs, it says so):
 
 - prompts: one chat-text payload per context, sized by characters (``published_prompt``), the
   same for all C streams of a decode cell;
 - TTFT runs from before the request body is built, on a new client per cell: the first request
   of each stream also pays its TCP connect;
 - ``ignore_eos`` without ``min_tokens``;
-- a global warm-up before the run's first cell: a short request, a hidden 8K prefill, a short
-  C=1 decode at the largest context (``global_warmup``);
+- a global warm-up before the run's first cell: a short request, a hidden 8K prefill, and at
+  the largest context one 32-token request where the tool runs a hidden 3 s C=1 decode cell
+  (``global_warmup``; docs/measurement.md lists this and the other differences: the window's
+  edges, TTFT's client work, the prompt text);
 - a decode cell sends one ``max_tokens=1`` scout request (the prefill into the prefix cache),
   then starts C streams; its window opens once, at least 2 s in, the server has had
-  ``running >= C`` with nothing waiting and every stream its first token for 3 s (read about
-  once a second), and lasts the cell's duration;
+  ``running >= C`` with nothing waiting and every stream its first token for 3 s (ours reads
+  /metrics at every 0.5 s poll, the tool once a second), and lasts the cell's duration;
 - total tok/s = the tokens whose usage rose inside the window / the time from the window's
   start to the last of them (the tool's ``usage_measure_end``, which is also what it records
   as the cell's measured time, the page's "Measured for"), not / the window: a window that
