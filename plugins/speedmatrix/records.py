@@ -103,6 +103,13 @@ CELL_FIELDS: tuple[Field, ...] = (
     Field("ttft_p99_ms", "float", True, "p99 time to first token"),
     Field("tbt_p90_ms", "float", True, "p90 over requests of per-request time-between-tokens"),
     Field("tbt_p99_ms", "float", True, "p99 over requests of per-request time-between-tokens"),
+    Field(
+        "ttst_ms",
+        "float",
+        True,
+        "median over requests of their second token arrival - their first (the first decode "
+        "step apart from the prefill; the published tool's time to second token)",
+    ),
     Field("chunk_gap_ms", "float", True, "median gap between chunks that carried tokens"),
     Field("tokens_per_chunk", "float", True, "mean output tokens per content chunk"),
     Field("requests_started", "int", True, "requests started in the cell (window and warm-up)"),
@@ -532,6 +539,7 @@ class CellRecord(TypedDict):
     ttft_p99_ms: float | None
     tbt_p90_ms: float | None
     tbt_p99_ms: float | None
+    ttst_ms: float | None
     chunk_gap_ms: float | None
     tokens_per_chunk: float | None
     requests_started: int | None

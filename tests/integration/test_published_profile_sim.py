@@ -75,6 +75,10 @@ def test_published_profile_cells_on_the_simulator() -> None:
     for key in ("client_cpu_pct", "loop_lag_p99_ms", "ttft_p90_ms", "ttft_p99_ms", "tbt_p99_ms"):
         assert published[key] is not None, key
     assert prefill["ttft_p99_ms"] == prefill["ttft_ms"]
+    # time to the second token, beside TTFT, in both profiles (issue #43 item 10): the first
+    # decode step, a fraction of the first token's wait on a warm prompt and about one TBT
+    for cell in (published, default):
+        assert cell["ttst_ms"] is not None and 0 < cell["ttst_ms"] < 10 * cell["tbt_ms"]
     # the window opened after 2 s + 3 s of running == C (simulated seconds), not at the
     # first token as ours does
     assert min(r["start_offset_s"] for r in rows) <= -5.0

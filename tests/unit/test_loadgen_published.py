@@ -162,3 +162,28 @@ def test_a_published_cell_records_what_every_cell_records_and_a_saturated_client
     record, _ = cell._finish()
     assert record["status"] == "invalid"
     assert "event-loop lag p90" in record["error"] and "95% CPU" in record["error"]
+
+
+def test_time_to_the_second_token_is_recorded_per_cell(monkeypatch):
+    """Issue #43 item 10: beside TTFT, each decode cell records the median time from a
+    request's first token arrival to its second (the tool's time to second token: the first
+    decode step, apart from the prefill). A first arrival of 3 tokens (a speculative step)
+    then one every 0.25 s: 0.25 s; a request whose tokens came in one arrival has none."""
+    req = _request(monkeypatch, Window(), [(1.0, 3), (1.25, 4), (1.5, 5)], 5)
+    assert req.ttst() == pytest.approx(0.25)
+    assert _request(monkeypatch, Window(), [(1.0, 4)], 4).ttst() is None
+
+    window = Window()
+    window.ws, window.we = 2.0, 12.0
+    reqs = [
+        _request(monkeypatch, window, [(1.9, 1), *((2.0 + 0.1 * s + 0.25 * k, k + 2)
+                 for k in range(40))], 41)
+        for s in range(3)
+    ]  # fmt: skip
+    for r in reqs:
+        r.sent_at = 1.0
+    cfg = DecodeConfig(base_url="http://x", model="m", context=8192, concurrency=3)
+    cell = published._PublishedDecode(cfg, None, [])  # type: ignore[arg-type]
+    cell.window, cell.requests = window, reqs
+    record, _ = cell._finish()
+    assert record["ttst_ms"] == pytest.approx(200.0)  # 0.1, 0.2, 0.3 s: the median

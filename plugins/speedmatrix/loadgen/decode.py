@@ -382,6 +382,7 @@ class _DecodeCell:
             ttft_ms=ms(median(ttfts)),
             ttft_p90_ms=ms(percentile(ttfts, 90)),
             ttft_p99_ms=ms(percentile(ttfts, 99)),
+            ttst_ms=ms(median([x for x in (r.ttst() for r in reqs) if x is not None])),
             client_cpu_pct=self.monitor.cpu_pct,
             loop_lag_p99_ms=self.monitor.lag_p99_ms,
         )

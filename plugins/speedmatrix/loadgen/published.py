@@ -386,6 +386,7 @@ class _PublishedDecode:
             tbt_ms=ms(median(itls)),
             ttft_p90_ms=ms(percentile(ttfts, 90)),
             ttft_p99_ms=ms(percentile(ttfts, 99)),
+            ttst_ms=ms(median([x for x in (r.ttst() for r in reqs) if x is not None])),
             tbt_p90_ms=ms(percentile(itls, 90)),
             tbt_p99_ms=ms(percentile(itls, 99)),
             client_cpu_pct=self.monitor.cpu_pct,
