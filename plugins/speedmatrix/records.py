@@ -105,6 +105,13 @@ CELL_FIELDS: tuple[Field, ...] = (
     Field("ttft_p99_ms", "float", True, "p99 time to first token"),
     Field("tbt_p90_ms", "float", True, "p90 over requests of per-request time-between-tokens"),
     Field("tbt_p99_ms", "float", True, "p99 over requests of per-request time-between-tokens"),
+    Field(
+        "ttst_ms",
+        "float",
+        True,
+        "median over requests of their second token arrival - their first (the first decode "
+        "step apart from the prefill; the published tool's time to second token)",
+    ),
     Field("chunk_gap_ms", "float", True, "median gap between chunks that carried tokens"),
     Field("tokens_per_chunk", "float", True, "mean output tokens per content chunk"),
     Field("requests_started", "int", True, "requests started in the cell (window and warm-up)"),
@@ -329,6 +336,25 @@ def context_label(tokens: int) -> str:
     if tokens >= K:
         return f"{round(tokens / K)}K"
     return str(tokens)
+
+
+def label_span(label: str | int) -> tuple[int, int]:
+    """The token counts (first, last) that ``context_label`` names `label`: the inverse of the
+    one labelling rule, read off it (`64K` -> 65,024..66,048; `1K` -> 1,024..1,535, below
+    1,024 a count is its own label). Why: a cell measured anywhere its label reaches (a recipe's
+    context shortened to fit max_model_len keeps its label: plan.sent_context) is that
+    label's cell, wherever a rule asks which cell a token count belongs to."""
+    tokens = parse_context(label)
+    if tokens < K:
+        return tokens, tokens
+    label = context_label(tokens)  # `64k`, `65536`: written as the rule writes it
+    n = round(tokens / K)
+    lo, hi = n * K - K // 2, n * K + K // 2
+    while context_label(lo) != label:
+        lo += 1
+    while context_label(hi) != label:
+        hi -= 1
+    return lo, hi
 
 
 def parse_context(value: int | str) -> int:
@@ -611,6 +637,7 @@ class CellRecord(TypedDict):
     ttft_p99_ms: float | None
     tbt_p90_ms: float | None
     tbt_p99_ms: float | None
+    ttst_ms: float | None
     chunk_gap_ms: float | None
     tokens_per_chunk: float | None
     requests_started: int | None
