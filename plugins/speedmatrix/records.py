@@ -588,6 +588,14 @@ the output tokens asked per request and the window's length (a shorter window co
 larger share of ramp-up). The one rule of what may be compared, for verdicts, noise, trends,
 the site and bisection alike (:func:`not_comparable_reason`); extend it here."""
 
+WINDOW_LENGTH_FIGURES: tuple[str, ...] = ("completed_requests", "output_tokens")
+"""Figures whose definition depends on how long the window was (counts that grow with it), so
+never compared between two cells unless both measured the same seconds. Why the window's
+*mode* is not in COMPARABILITY_FIELDS: an adaptive window (window_s its cap) stops only on a
+steady stream, so its rates and per-token times (total and per-request tok/s, TTFT, TBT and
+their percentiles) are the same quantities as a fixed window's of that length, measured over
+fewer seconds (docs/measurement.md, "Adaptive windows"); the verdict judges only those."""
+
 _READ_MISSING_AS = {"measurement_profile": DEFAULT_MEASUREMENT_PROFILE}
 """A field recorded only since some point: a cell landed before it was measured by what is
 now its default (a cell without a measurement profile was measured by our definitions)."""

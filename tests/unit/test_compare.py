@@ -429,3 +429,43 @@ def test_cells_of_another_measurement_profile_are_not_comparable():
     assert status[key]["reason"] == "not compared: measurement_profile default -> published"
     others = [r for r in _by(rows, "total_tok_s") if r["verdict"] == "regression"]
     assert [(r["context_tokens"], r["concurrency"]) for r in others] == [(65536, 2)]
+
+
+def _adaptive(cells, measured_s=11.0, cap=30.0):
+    """The same matrix measured with adaptive windows: each decode window stopped at
+    `measured_s` (converged) of a `cap` second cap."""
+    out = []
+    for c in cells:
+        if c["phase"] == "decode":
+            c = {**c, "window_s": cap, "measured_s": measured_s, "window_mode": "adaptive",
+                 "window_stop": "converged", "adaptive_target_pct": 1.0}  # fmt: skip
+        out.append(c)
+    return out
+
+
+def test_an_adaptive_window_is_judged_against_a_fixed_one_of_its_cap():
+    """Issue #45 item 3: an adaptive cell's rates mean what a fixed window's do, so a run with
+    adaptive windows is judged against a fixed-window baseline of its cap (a 10% slowdown is a
+    regression, an unchanged cell noise), while a cap that differs is another window length."""
+    from speedmatrix.analysis.verdict import METRICS
+    from speedmatrix.records import WINDOW_LENGTH_FIGURES, not_comparable_reason
+
+    fixed = [{**c, "window_s": 30.0} if c["phase"] == "decode" else c for c in _matrix()]
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    adaptive = _adaptive(_matrix({(65536, 2): 0.90}))
+    rows = compare_runs(new, adaptive, base, fixed, noise=QUIET)
+    bad = [r for r in rows if r["verdict"] == "regression"]
+    assert {(r["context_tokens"], r["concurrency"]) for r in bad} == {(65536, 2)}
+    decode = [
+        r
+        for r in rows
+        if r["phase"] == "decode" and (r["context_tokens"], r["concurrency"]) != (65536, 2)
+    ]
+    assert decode and all(r["verdict"] == "noise" for r in decode)
+    # another cap is another window: not compared, and the reason says so
+    assert (
+        not_comparable_reason(_adaptive(_matrix(), cap=10.0)[2], fixed[2])
+        == "window_s 30.0 -> 10.0"
+    )
+    # no judged figure is one whose definition grows with the window
+    assert not {m.column for m in METRICS} & set(WINDOW_LENGTH_FIGURES)
