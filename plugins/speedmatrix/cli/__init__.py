@@ -171,6 +171,8 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"speedmatrix {args.command}: {message}", file=sys.stderr)
         return 2
     except Exception:  # a bug: where it happened matters more than a tidy line
+        if interrupted():  # unless an interrupt caused it: main says it was interrupted
+            raise
         traceback.print_exc()
         print(f"speedmatrix {args.command}: internal error (traceback above)", file=sys.stderr)
         return 1
