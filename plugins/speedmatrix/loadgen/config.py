@@ -123,6 +123,9 @@ class DecodeConfig(CellConfig):
     max_output_tokens: int = 4096
     prompt_mode: str = "distinct"
     warm_cache: bool = True
+    # C=1 only: requests of the cell's prompt with max_tokens=1 after the window, each a TTFT
+    # sample beside the window's (one long request fills a C=1 window: issue 40)
+    ttft_probes: int = 2
     # validity limits (docs/measurement.md rules 6-8)
     token_tolerance: float = 0.01
     max_loop_lag_ms: float = 10.0
@@ -161,5 +164,7 @@ class DecodeConfig(CellConfig):
             raise ValueError("min_window_readings must be at least 1")
         if self.max_output_tokens < 2:
             raise ValueError("max_output_tokens must be at least 2 (one interval)")
+        if not 0 <= self.ttft_probes <= 20:
+            raise ValueError(f"ttft_probes must be 0..20, got {self.ttft_probes}")
         if self.prompt_mode not in PROMPT_MODES:
             raise ValueError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")
