@@ -179,6 +179,29 @@ def test_a_model_the_server_does_not_serve_is_refused(sim_url, capsys) -> None:
     assert rc == 2 and f"does not serve 'other' (it serves: {MODEL})" in err
 
 
+def _plant_history(wh: Warehouse, run_id: str) -> None:
+    """Three earlier runs of the same engine on this host, each figure within 0.5% of the
+    run's own: a history whose noise is known (issue #40: a figure without one is unverified,
+    never a regression). Landed before the run in time, so the run stays the latest."""
+    from datetime import timedelta
+
+    run, cells, _ = wh.read_run(run_id)
+    for i, f in enumerate((1.004, 0.996, 1.002)):
+        earlier = {
+            **run,
+            "run_id": f"{run_id}-h{i}",
+            "started_at": run["started_at"] - timedelta(hours=3 - i),
+        }
+        scaled = [
+            {k: (v * f if k in ("total_tok_s", "per_request_tok_s") and v else
+                 v / f if k in ("ttft_ms", "tbt_ms") and v else v) for k, v in c.items()
+             if k not in ("run_id", "recipe_id", "run_date", "run_month", "schema_version")}
+            for c in cells
+        ]  # fmt: skip
+        wh.land_run(earlier, scaled, [])
+    wh.close()
+
+
 def test_a_regression_is_landed_shown_on_the_terminal_and_fails_the_job(tmp_path) -> None:
     """Issue #34 items 1-2, on a real terminal: two runs of one server, the second slower
     (the simulator at half speed). The second lands its comparisons and noise as the DAG
@@ -213,6 +236,7 @@ def test_a_regression_is_landed_shown_on_the_terminal_and_fails_the_job(tmp_path
         if speed == 1.0:
             assert rc == 0, term.text
             assert "verdict: not compared (no earlier successful run of external/" in term.text
+            _plant_history(Warehouse(str(wh)), run_ids[0])
     assert rc == 3, term.text
     verdict = term.expect(r"verdict: (\d+) regressions?, \d+ improvements? beyond noise "
                           r"against run (\S+)")  # fmt: skip

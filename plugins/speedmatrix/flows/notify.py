@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedmatrix.records import cell_name
+from speedmatrix.redact import redact
 from speedmatrix.settings import Settings
 from speedmatrix.settings import settings as deployment_settings
 from speedmatrix.store.protocol import WarehouseReader
@@ -95,6 +96,7 @@ class RunSummary:
     regressions: list[dict[str, Any]] = field(default_factory=list)
     improvements: list[dict[str, Any]] = field(default_factory=list)
     bad_cells: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
     # steps of the recipe's history on this host that this run newly makes detectable
     # (analysis.trend.new_change_points): a slowdown spread over commits, or one a regressed
     # baseline hid, that no one run's verdict reported
@@ -153,6 +155,7 @@ def summarize_run(
         regressions=[r for r in rows if r.get("verdict") == "regression"],
         improvements=[r for r in rows if r.get("verdict") == "improvement"],
         bad_cells=bad,
+        rows=rows,
         change_points=_new_change_points(warehouse, run),
         report=report_link(warehouse, run_id, base_url),
         reason=reason,
@@ -236,7 +239,7 @@ def subject(s: RunSummary) -> str:
         parts.append(f"{len(s.change_points)} new change point(s)")
     what = ", ".join(parts) or "run finished"
     return header_value(
-        f"[speedmatrix] {what}: {s.recipe_id or '?'} on {s.host or '?'} ({s.run_id or '?'})"
+        redact(f"[speedmatrix] {what}: {s.recipe_id or '?'} on {s.host or '?'} ({s.run_id or '?'})")
     )
 
 
@@ -286,7 +289,8 @@ def message_text(s: RunSummary) -> str:
         lines += ["", f"Airflow run {s.dag_run_id or '?'} failed{where}: {s.reason}"]
     if s.report:
         lines += ["", f"Report: {s.report}"]
-    return "\n".join(lines) + "\n"
+    # a server's error body, a conf value, an exception may hold a URL with a credential
+    return redact("\n".join(lines)) + "\n"
 
 
 def message_html(s: RunSummary) -> str:
