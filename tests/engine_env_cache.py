@@ -76,6 +76,12 @@ def provision_cached(recipe, host, **kwargs):
     missing = missing_files(host, result.python)
     if missing["count"] == 0:
         return result
+    # Another pytest process (an xdist worker, another clone) may have found the same damage
+    # and be rebuilding: provision() waits for its lock; look again before forcing a rebuild.
+    result = provision(recipe, host=host, **kwargs)
+    missing = missing_files(host, result.python)
+    if missing["count"] == 0:
+        return result
     print(
         f"\n[engine env cache] {result.env_dir} lacks {missing['count']} installed file(s) "
         f"(e.g. {missing['first'][:3]}): rebuilt"
