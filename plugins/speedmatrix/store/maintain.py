@@ -86,9 +86,7 @@ def _present(fs: Any, base: str, files: list[str]) -> set[str]:
     return {f for f, info in zip(files, infos, strict=True) if info.type != pafs.FileType.NotFound}
 
 
-def _maintain_table(
-    warehouse: Warehouse, table: str, retention_hours: float, force: bool
-) -> dict[str, Any]:
+def _maintain_table(warehouse: Warehouse, table: str, retention_hours: float) -> dict[str, Any]:
     import pyarrow.fs as pafs
 
     uri = warehouse.table_uri(table)
@@ -115,7 +113,7 @@ def _maintain_table(
 
     # delta-rs counts whole hours: a fraction is rounded up (never fewer hours than asked)
     hours = math.ceil(retention_hours)
-    below_floor = retention_hours < MIN_RETENTION_HOURS
+    below_floor = retention_hours < MIN_RETENTION_HOURS  # allowed by maintain() with force
 
     def vacuum(dry_run: bool) -> list[str]:
         delta.update_incremental()
@@ -158,7 +156,7 @@ def maintain(
         try:
             if warehouse.delta_table(table) is None:
                 continue
-            report[table] = _maintain_table(warehouse, table, retention_hours, force)
+            report[table] = _maintain_table(warehouse, table, retention_hours)
         except Exception as exc:
             damaged = damaged_log(exc, warehouse.table_uri(table), table, warehouse.storage_options)
             report[table] = {"error": _one_line(damaged or exc)}
