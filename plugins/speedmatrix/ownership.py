@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from speedmatrix.errors import InputError
+
 
 def marker_name(kind: str) -> str:
     """The marker file that says a folder holds speedmatrix output of ``kind``."""
@@ -32,7 +34,7 @@ def claim_dir(root: Path, kind: str, *, also_ours: Iterable[str] = ()) -> Path:
     if marker.exists() or any((root / name).exists() for name in also_ours):
         return marker
     if any(root.iterdir()):
-        raise ValueError(
+        raise InputError(
             f"{root} is not empty and not a speedmatrix {kind} folder (no {marker.name} in "
             f"it): {kind} output is written only into a new or empty folder or its own; "
             "nothing was written"

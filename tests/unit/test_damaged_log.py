@@ -82,7 +82,7 @@ def test_the_maintenance_task_fails_after_maintaining_the_other_tables(damaged, 
 
     from speedmatrix.flows.maintenance import run_maintenance
 
-    root, entry = damaged
+    root, _entry = damaged
     with (
         caplog.at_level(logging.INFO, logger="speedmatrix.flows.maintenance"),
         pytest.raises(RuntimeError, match=r"1 of 3 tables not maintained \(cells: table cells"),

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedmatrix.errors import InputError
 from speedmatrix.ownership import claim_dir, marker_name
 from speedmatrix.report.site_fleet import (
     Verdict,
@@ -93,7 +94,7 @@ def default_site_dir(warehouse_root: str) -> str:
         return env
     root = warehouse_root.rstrip("/")
     if "://" in root:
-        raise ValueError(
+        raise InputError(
             "the warehouse is not a local path: set SPEEDMATRIX_SITE_DIR (or --out) to a "
             "local directory for the site"
         )

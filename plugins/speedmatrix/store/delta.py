@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pyarrow as pa
+from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay
 
 from speedmatrix.settings import settings
 from speedmatrix.store.schemas import PARTITION_KEYS, WarehouseError
@@ -184,22 +185,23 @@ def with_retries(
     """Run ``commit`` until it does not lose to another writer: a conflict waits a jittered,
     growing moment (so racing writers spread out) and tries again on the newest version. Past
     ``attempts`` tries or ``max_wait_s`` seconds: :class:`CommitConflictError`."""
-    start = time.monotonic()
-    for attempt in range(1, attempts + 1):
-        try:
-            return commit()
-        except Exception as exc:
-            if not is_conflict(exc):
-                raise
-            waited = time.monotonic() - start
-            if attempt == attempts or waited > max_wait_s:
-                raise CommitConflictError(
-                    f"{what}: still losing to other writers' commits after {attempt} attempts "
-                    f"in {waited:.0f} s ({str(exc).splitlines()[0][:200]}); nothing of this "
-                    "commit landed: land it again"
-                ) from exc
-            sleep(random.uniform(0.05, 0.2) * min(2 ** (attempt // 4), 10))
-    raise AssertionError("unreachable")
+    retrying = Retrying(
+        stop=stop_after_attempt(attempts) | stop_after_delay(max_wait_s),
+        wait=lambda state: random.uniform(0.05, 0.2) * min(2 ** (state.attempt_number // 4), 10),
+        retry=retry_if_exception(is_conflict),
+        sleep=sleep,
+    )
+    try:
+        return retrying(commit)
+    except RetryError as gave_up:
+        exc = gave_up.last_attempt.exception()
+        tries = gave_up.last_attempt.attempt_number
+        waited = retrying.statistics.get("delay_since_first_attempt", 0.0)
+        raise CommitConflictError(
+            f"{what}: still losing to other writers' commits after {tries} attempts "
+            f"in {waited:.0f} s ({str(exc).splitlines()[0][:200]}); nothing of this "
+            "commit landed: land it again"
+        ) from exc
 
 
 def replace_rows(uri: str, data: pa.Table, predicate: str, root: str) -> None:
