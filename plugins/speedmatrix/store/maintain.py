@@ -39,6 +39,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from speedmatrix.errors import InputError
 from speedmatrix.store.delta import MAX_WAIT_S, damaged_log, with_retries
 from speedmatrix.store.protocol import Warehouse
 from speedmatrix.store.schemas import view_tables
@@ -147,10 +148,10 @@ def maintain(
     """Compact, checkpoint and vacuum every table of ``warehouse``; returns per table: files
     before / after compaction, files vacuumed, the version and seconds taken, or ``error``
     (one line) for a table that failed, after which the next table is maintained all the
-    same. A retention below the floor without ``force`` is a ValueError, before anything."""
+    same. A retention below the floor without ``force`` is an InputError, before anything."""
     problem = retention_problem(retention_hours, force)
     if problem:
-        raise ValueError(problem)
+        raise InputError(problem)
     report: dict[str, dict] = {}
     for table in view_tables():
         try:
