@@ -94,10 +94,14 @@ def _sim() -> Iterator[str]:
         proc.wait(10)
 
 
-def _run(target: list[str], matrix: list[str], wh: Path, adaptive: bool) -> dict[str, Any]:
+def _run(
+    target: list[str], matrix: list[str], wh: Path, adaptive: bool, min_s: float | None = None
+) -> dict[str, Any]:
     argv = ["run", *target, *matrix, "--warehouse", str(wh)]
     if adaptive:
         argv.append("--adaptive")
+        if min_s is not None:
+            argv += ["--adaptive-min-s", str(min_s)]
     out, err = io.StringIO(), io.StringIO()
     t0 = time.monotonic()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -118,11 +122,14 @@ def _run(target: list[str], matrix: list[str], wh: Path, adaptive: bool) -> dict
     return {"run_id": run_id, "wall_s": wall, "held_s": held, "cells": cells, "run": run}
 
 
-def _decode(cells: list[dict]) -> dict[tuple[int, int], dict]:
+def _decode(cells: list[dict], valid_only: bool = False) -> dict[tuple[int, int], dict]:
+    """The measured decode cells by key: valid and invalid (on a loaded host the client's own
+    guard marks cells invalid at random; their figures are still measured), or valid only."""
+    ok = ("valid",) if valid_only else ("valid", "invalid")
     return {
         (c["context_tokens"], c["concurrency"]): c
         for c in cells
-        if c["phase"] == "decode" and c["status"] == "valid"
+        if c["phase"] == "decode" and c["status"] in ok
     }
 
 
@@ -139,6 +146,7 @@ def bench(
     rounds: int,
     window_s: float | None = None,
     control: bool = False,
+    min_s: float | None = None,
 ) -> dict[str, Any]:
     e = ENGINES[engine]
     matrix = [
@@ -157,12 +165,12 @@ def bench(
             target = ["cpu/tiny/llama-tiny", "--port", str(_free_port())]
         for r in range(rounds):
             # a second fixed run (`control`) tells what two fixed runs differ by anyway
-            kinds = ["fixed", "adaptive"] if r % 2 == 0 else ["adaptive", "fixed"]
+            order = ["fixed", "adaptive"] if r % 2 == 0 else ["adaptive", "fixed"]
             if control:
-                kinds.append("control")
+                order.append("control")
             pair = {}
-            for kind in kinds:
-                res = _run(target, matrix, wh, kind == "adaptive")
+            for kind in order:
+                res = _run(target, matrix, wh, kind == "adaptive", min_s)
                 pair[kind] = res
                 print(
                     f"round {r + 1} {kind}: wall {res['wall_s']:.0f} s, held {res['held_s']:.0f} s",
@@ -192,6 +200,7 @@ def bench(
                     "fixed_s": f.get("measured_s"),
                     "adaptive_s": a.get("measured_s"),
                     "stop": a.get("window_stop"),
+                    "both_valid": f["status"] == a["status"] == "valid",
                     "halfwidth_pct": a.get("window_halfwidth_pct"),
                     **{f"d_{fig}_pct": v for fig, v in d.items()},
                 }
@@ -206,7 +215,9 @@ def bench(
                 "adaptive_held_s": p["adaptive"]["held_s"],
                 "held_ratio": p["adaptive"]["held_s"] / p["fixed"]["held_s"],
                 "wall_ratio": p["adaptive"]["wall_s"] / p["fixed"]["wall_s"],
-                "valid_decode": [len(_decode(p[k]["cells"])) for k in ("fixed", "adaptive")],
+                "valid_decode": [
+                    len(_decode(p[k]["cells"], valid_only=True)) for k in ("fixed", "adaptive")
+                ],
             }
             for p in results
         ],
@@ -261,6 +272,7 @@ def _args() -> argparse.Namespace:
     p.add_argument(
         "--control", action="store_true", help="a second fixed run per round (fixed vs fixed)"
     )
+    p.add_argument("--adaptive-min-s", type=float, help="adaptive: least window (recipe's)")
     p.add_argument("--out", type=Path, help="also write the JSON here")
     return p.parse_args()
 
@@ -269,8 +281,9 @@ if __name__ == "__main__":
     args = _args()
     os.environ.setdefault("SPEEDMATRIX_GITHUB_API_URL", "http://127.0.0.1:9")  # loopback only
     result = bench(
-        args.engine, args.contexts, args.concurrencies, args.rounds, args.window_s, args.control
-    )
+        args.engine, args.contexts, args.concurrencies, args.rounds, args.window_s,
+        args.control, args.adaptive_min_s,
+    )  # fmt: skip
     print(_table(result))
     text = json.dumps({k: v for k, v in result.items() if k != "cells"}, indent=2, default=str)
     print(text)

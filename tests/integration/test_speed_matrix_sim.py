@@ -226,7 +226,7 @@ def test_repeated_cell_lands_in_cell_repeats_and_gives_its_own_noise(migrated, t
         ("decode", "16K", 1, "valid"),
         ("decode", "8K", 1, "valid"),
         ("prefill", "16K", 1, "valid"),
-    ]
+    ], [c["error"] for c in landed]
     run = wh.read_run(run_id)[0]
     assert run["decode_test"] == "Adaptive duration"
     decode_cells = [c for c in landed if c["phase"] == "decode"]
