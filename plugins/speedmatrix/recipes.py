@@ -194,6 +194,10 @@ class Matrix(_Strict):
     # Whose definitions measure the run (records.MEASUREMENT_PROFILES): default (ours)
     # or published (the published tool's: loadgen/published.py); never compared across.
     profile: Literal["default", "published"] = "default"
+    # A manual KV cache size in tokens (`1M`, 983040), in place of what the server reports,
+    # for servers whose /metrics cannot tell their real capacity (context parallelism, DCP):
+    # the over-capacity rule uses it (plan.kv_capacity) and the run records it.
+    kv_budget: int | None = Field(default=None, gt=0)
     # Noise passes (speed_matrix `repeats` / `repeat_cells`, which override these): measure
     # the chosen cells (null: all) `repeats` times in one run, interleaved (plan.plan_matrix).
     repeats: int = Field(default=1, ge=1, le=10)
@@ -205,6 +209,11 @@ class Matrix(_Strict):
         if isinstance(v, list | tuple):
             return tuple(parse_context(x) for x in v)
         return v
+
+    @field_validator("kv_budget", mode="before")
+    @classmethod
+    def _kv_budget(cls, v: Any) -> Any:
+        return parse_context(v) if isinstance(v, str) else v
 
 
 class Schedule(_Strict):

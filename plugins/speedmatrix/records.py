@@ -241,6 +241,13 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("kv_cache_tokens", "int", True, "server KV capacity in tokens"),
     Field("kv_block_size", "int", True, "KV block size in tokens"),
     Field("kv_num_blocks", "int", True, "KV blocks"),
+    Field(
+        "kv_budget_tokens",
+        "int",
+        True,
+        "the manual KV budget the over-capacity rule used (--kv-budget, recipe matrix.kv_budget "
+        "or conf kv_budget); null: the server's own capacity",
+    ),
     Field("max_model_len", "int", True, "server max-model-len"),
     Field("host", "str", True, "Airflow connection id or local"),
     Field("source", "str", True, "where the run came from (report file name for ingest)"),

@@ -96,6 +96,13 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
         "tool's: docs/measurement.md, 'The published profile'); recorded per run and cell",
     )
     g.add_argument(
+        "--kv-budget",
+        metavar="TOKENS",
+        help="a manual KV cache size in tokens (983040 or 960K) for a server whose /metrics "
+        "cannot tell its capacity (context parallelism, DCP): the over-capacity rule uses it; "
+        "recorded with the run",
+    )
+    g.add_argument(
         "--engine-ref",
         help="recipe: the engine ref to install (default the recipe's); a server already "
         "running: the ref it was built from (default: read from its /version, else main)",

@@ -23,6 +23,7 @@ class MatrixConf(TypedDict):
     prompt_mode: str
     workload: str
     measurement_profile: str  # default or published (records.MEASUREMENT_PROFILES)
+    kv_budget: int | None  # a manual KV cache size in tokens (plan.kv_capacity); None: the server's
 
 
 class Resolved(TypedDict):

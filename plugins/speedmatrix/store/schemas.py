@@ -30,7 +30,8 @@ SCHEMA_VERSION = 4
 1: the first tables; 2: cells gained ``warmup_s`` (older files read it as null);
 3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES:
 ``default`` or ``published``; older files read it as null, which means ``default``);
-4: cells gained ``ttst_ms``, the time to the second token (older files read it as null)."""
+4: cells gained ``ttst_ms``, the time to the second token, and runs ``kv_budget_tokens``, a
+manual KV budget (older files read both as null)."""
 
 
 TABLES = ("runs", "cells", "requests")
