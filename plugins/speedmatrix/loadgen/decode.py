@@ -383,6 +383,12 @@ class _DecodeCell:
             ttft_p90_ms=ms(percentile(ttfts, 90)),
             ttft_p99_ms=ms(percentile(ttfts, 99)),
             ttst_ms=ms(median([x for x in (r.ttst() for r in reqs) if x is not None])),
+            ttft_samples=len(ttfts),
+            ttft_spread_pct=(
+                (max(ttfts) - min(ttfts)) / median(ttfts) * 100  # type: ignore[operator]
+                if len(ttfts) > 1 and median(ttfts)
+                else None
+            ),
             client_cpu_pct=self.monitor.cpu_pct,
             loop_lag_p99_ms=self.monitor.lag_p99_ms,
         )

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from time import perf_counter
 from urllib.parse import urlsplit
 
+from speedmatrix.errors import InputError
+
 try:  # orjson parses a typical 300-byte chunk several times faster than json
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - exercised only without orjson
@@ -141,7 +143,7 @@ class Endpoint:
     def __init__(self, base_url: str, api_key: str | None, path: str = "/v1/completions") -> None:
         parts = urlsplit(normalize_base_url(base_url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--base-url must be http(s)://host[:port], got {base_url!r}")
+            raise InputError(f"--base-url must be http(s)://host[:port], got {base_url!r}")
         self.host = parts.hostname
         self.tls = parts.scheme == "https"
         self.port = parts.port or (443 if self.tls else 80)

@@ -70,6 +70,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from speedmatrix.errors import InputError
 from speedmatrix.published.formats import ms_half_unit
 from speedmatrix.records import parse_context
 from speedmatrix.sim.predict import AGGREGATE, PER_STREAM, predict_decode, predict_prefill
@@ -106,7 +107,7 @@ def _tbt_half(cell: dict[str, Any]) -> float:
     return ms_half_unit(cell["tbt_ms"], 1) / cell["tbt_ms"]
 
 
-class CalibrationError(ValueError):
+class CalibrationError(InputError):
     """The report cannot be fitted (contradicting statuses, no valid cells...)."""
 
 

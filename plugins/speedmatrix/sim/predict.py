@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from speedmatrix.errors import InputError
 from speedmatrix.loadgen.stats import rate_median
 from speedmatrix.records import context_label, empty_cell
 from speedmatrix.sim.engine import Engine, Request, block_hashes
@@ -134,7 +135,7 @@ def predict_decode(
     `prompt_tag` the first prompt's tag (another tag: other prompts, as another client's).
     """
     if accounting not in ACCOUNTINGS:
-        raise ValueError(f"accounting must be one of {ACCOUNTINGS}, got {accounting!r}")
+        raise InputError(f"accounting must be one of {ACCOUNTINGS}, got {accounting!r}")
     prompt_mode = prompt_mode or default_prompt_mode(profile)
     cell = empty_cell(
         phase="decode",

@@ -69,12 +69,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedmatrix.errors import InputError
 from speedmatrix.records import context_label, label_span, parse_context
 
 PROFILE_DIR = Path(__file__).resolve().parents[3] / "include" / "sim-profiles"
 
 
-class ProfileError(ValueError):
+class ProfileError(InputError):
     """A profile file that cannot be used; the message names the file and key."""
 
 

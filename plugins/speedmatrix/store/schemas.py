@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from speedmatrix import records
+from speedmatrix.errors import InputError
 from speedmatrix.records import (
     CELL_FIELDS,
     REQUEST_FIELDS,
@@ -50,7 +51,7 @@ _PA_TYPES = {
 }
 
 
-class WarehouseError(ValueError):
+class WarehouseError(InputError):
     """Rows that do not fit the tables, or a warehouse that cannot be used; nothing landed."""
 
 
