@@ -26,13 +26,16 @@ from speedmatrix.records import (
     Field,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 6
 """Bumped when a table's columns change; stored in every row (``schema_version``).
 1: the first tables; 2: cells gained ``warmup_s`` (older files read it as null);
 3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES:
 ``default`` or ``published``; older files read it as null, which means ``default``);
-4: cells gained ``ttst_ms``, the time to the second token, and runs ``kv_budget_tokens``, a
-manual KV budget (older files read both as null)."""
+4: cells gained ``ttst_ms``, the time to the second token (older files read it as null);
+5: cells gained ``ttft_samples`` and ``ttft_spread_pct`` (issue 40: how many TTFTs a cell's
+figure is the median of, and how far apart; older files read them as null);
+6: runs gained ``kv_budget_tokens``, a manual KV budget (issue #43; older files read it as
+null: the server's own capacity was used)."""
 
 
 TABLES = ("runs", "cells", "requests")
