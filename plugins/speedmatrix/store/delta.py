@@ -153,6 +153,30 @@ def replace_rows(uri: str, data: pa.Table, predicate: str, root: str) -> None:
     with_retries(f"landing into {uri}", commit)
 
 
+def create_table(uri: str, schema: pa.Schema, root: str) -> bool:
+    """An empty Delta table at ``uri`` with ``schema`` (partitioned by PARTITION_KEYS) unless
+    one is there; True when this call made it. So that every table opens in every reader from
+    the first landing on (a scan of a table not yet written raises). Two writers creating it
+    at once: one commit wins, the other's is a conflict retried and then finds it."""
+    from deltalake import DeltaTable
+
+    opts = storage_options(root)
+
+    def commit() -> bool:
+        if DeltaTable.is_deltatable(uri, storage_options=opts):
+            return False
+        DeltaTable.create(
+            uri,
+            schema,
+            mode="ignore",
+            partition_by=[k for k in PARTITION_KEYS if k in schema.names],
+            storage_options=opts,
+        )
+        return True
+
+    return with_retries(f"creating {uri}", commit)
+
+
 def delete_rows(uri: str, predicate: str, root: str) -> int:
     """Delete the rows matching ``predicate`` in one commit; the count deleted (0 when the
     table does not exist yet)."""

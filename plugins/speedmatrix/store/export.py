@@ -39,6 +39,7 @@ def export_parquet(warehouse: WarehouseReader, out_dir: str | os.PathLike) -> di
             existing_data_behavior="error",
             max_rows_per_file=5_000_000,
         )
+        os.makedirs(aside, exist_ok=True)  # a table with no rows yet: an empty directory
         final = os.path.join(out, table)
         old = None
         if os.path.exists(final):
