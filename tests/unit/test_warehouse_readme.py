@@ -28,6 +28,15 @@ def blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
 
 
+def block(marker: str) -> str:
+    """The one Python block of the README that uses ``marker``."""
+    (found,) = [b for b in blocks("python") if marker in b]
+    return found
+
+
+DUCKDB, POLARS, PANDAS = "to_pyarrow_dataset()", "scan_delta", "to_pandas"
+
+
 def demo_run(recipe: str, when: dt.datetime) -> dict:
     """A run as the speed_matrix DAG lands it for `make demo`: its run id, a manual trigger,
     a 40-character commit, the local host."""
@@ -86,11 +95,9 @@ def run_block(code: str, cwd: Path, tail: str) -> str:
 
 def test_readme_has_the_four_questions_and_three_recipes():
     assert len(blocks("sql")) == 4
-    code = blocks("python")
-    assert len(code) == 3
-    assert "to_pyarrow_dataset()" in code[0] and "scan_delta" in code[1] and "to_pandas" in code[2]
-    for block in code:
-        assert "speedmatrix" not in block  # readers without the package
+    for code in blocks("python"):
+        assert "speedmatrix" not in code  # readers without the package
+    assert [block(m) for m in (DUCKDB, POLARS, PANDAS)]
 
 
 def test_readme_recipes_invent_no_ids_or_dates():
@@ -101,7 +108,7 @@ def test_readme_recipes_invent_no_ids_or_dates():
 
 
 def test_readme_recipes_read_only_the_columns_they_need():
-    polars, pandas_ = blocks("python")[1:]
+    polars, pandas_ = block(POLARS), block(PANDAS)
     for question in re.split(r"\n# \d\. ", polars)[1:]:
         assert ".select(" in question or ".agg(" in question, question
     for call in re.findall(r"to_pandas\((.*?)\)\s*$", pandas_, flags=re.S | re.M):
@@ -120,17 +127,17 @@ def test_readme_duckdb_recipe_runs_the_four_questions(checkout):
             " sorted({r[0] for r in q3}), len(q3))",
         ]
     )
-    out = run_block(blocks("python")[0], checkout, tail)
+    out = run_block(block(DUCKDB), checkout, tail)
     expected = [(TINY, 2), (RECIPE, YEAR_RUNS + 2)]
     assert out.splitlines()[-1] == (
         f"{expected} {YEAR_RUNS} 1 {CELLS} {[TINY, RECIPE]} {2 * DECODE_VALID}"
     )
 
 
-@pytest.mark.parametrize("which", [1, 2], ids=["polars", "pandas"])
+@pytest.mark.parametrize("which", [POLARS, PANDAS], ids=["polars", "pandas"])
 def test_readme_polars_and_pandas_recipes_run(checkout, which):
     out = run_block(
-        blocks("python")[which],
+        block(which),
         checkout,
         "print(len(present), len(trend), len(matrix), len(set(matrix['run_id'])),"
         " sorted(set(day['recipe_id'])), len(day))",

@@ -63,6 +63,7 @@ from speedmatrix.report.site_pages import (
 )
 from speedmatrix.report.site_text import clean, text
 from speedmatrix.settings import settings
+from speedmatrix.store.dictionary import dictionary
 from speedmatrix.store.protocol import WarehouseReader
 
 log = logging.getLogger("speedmatrix.site")
@@ -254,6 +255,10 @@ def _build(
         ),
     )
     _write(root / "site.css", b.env.get_template("site.css").render())
+    _write(
+        root / "data-dictionary.html",
+        b.env.get_template("data_dictionary.html.j2").render(tables=dictionary()),
+    )
     _remove_stale(b)
     _write(
         root / MANIFEST,

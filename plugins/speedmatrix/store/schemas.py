@@ -53,7 +53,9 @@ class WarehouseError(ValueError):
 
 
 def _field(f: Field) -> pa.Field:
-    return pa.field(f.name, _PA_TYPES[f.type], nullable=f.nullable, metadata={"doc": f.doc})
+    unit = records.unit_of(f.name)
+    meta = {"doc": f.doc, **({"unit": unit} if unit else {})}
+    return pa.field(f.name, _PA_TYPES[f.type], nullable=f.nullable, metadata=meta)
 
 
 _RUN_ID = Field("run_id", "str", False, "the run this row belongs to")
