@@ -130,7 +130,7 @@ def _json_rows(table) -> str:
         for key, value in row.items():
             if isinstance(value, float) and not math.isfinite(value):
                 row[key] = None
-    return json.dumps(rows, ensure_ascii=False, default=_json_value) + "\n"
+    return json.dumps(rows, ensure_ascii=False, separators=(",", ":"), default=_json_value) + "\n"
 
 
 def format_table(table, fmt: str) -> str:
