@@ -101,7 +101,11 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
         "running: the ref it was built from (default: read from its /version, else main)",
     )
     g.add_argument("--port", type=int, help="recipe: the port its server listens on")
-    g.add_argument("--warehouse", metavar="W", help="default $SPEEDMATRIX_WAREHOUSE or ./warehouse")
+    g.add_argument(
+        "--warehouse",
+        metavar="W",
+        help="default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/",
+    )
     p.add_argument(
         "--fail-on-regression",
         action="store_true",

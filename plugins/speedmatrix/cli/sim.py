@@ -29,8 +29,10 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     serve.add_argument(
         "--profile", required=True, help="profile file, or a name under include/sim-profiles/"
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)"
+    )
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.add_argument(
         "--api-key",
         default=None,
@@ -78,9 +80,16 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     pred = cmds.add_parser(
         "predict", help="predict every cell of a report's matrix with a profile and compare"
     )
-    pred.add_argument("report")
-    pred.add_argument("--profile", required=True)
-    pred.add_argument("--tolerance", type=float, default=0.05)
+    pred.add_argument("report", help="the published report text file to predict")
+    pred.add_argument(
+        "--profile", required=True, help="profile file, or a name under include/sim-profiles/"
+    )
+    pred.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="largest relative error of a cell counted as a match (default 0.05 = 5%%)",
+    )
     pred.set_defaults(func=_predict)
 
 

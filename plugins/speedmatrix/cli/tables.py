@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-_WAREHOUSE_HELP = "warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+_WAREHOUSE_HELP = "warehouse root (default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/)"
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:

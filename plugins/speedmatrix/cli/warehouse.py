@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     )
     p.add_argument("sql", help="the query")
     p.add_argument(
-        "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+        "--warehouse",
+        help="warehouse root (default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/)",
     )
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument(
