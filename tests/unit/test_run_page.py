@@ -57,7 +57,7 @@ def test_summary_comes_first_with_the_regression_and_the_invalid_reason():
     assert summary_at < matrix_at < page.index("<h2>All measurements</h2>")
     assert summary_at < page.index("<h3>Hardware</h3>")  # the details come after
     summary = page[summary_at : page.index("</section>", summary_at)]
-    assert "Slower than the baseline: 1 regression(s) in 1 cell(s)." in summary
+    assert "Slower than the baseline: 1 regression in 1 cell." in summary
     assert "Compared with baseline <strong>base</strong>" in summary
     row = next(
         r for r in re.findall(r"<tr class=\"regression\">(.*?)</tr>", summary) if "8Kx4" in r
@@ -88,7 +88,7 @@ def test_summary_without_baseline_and_markdown_unchanged():
     parsed = parse_report(REFERENCE.read_text(encoding="utf-8"))
     page = render_html(parsed.run, parsed.cells)
     summary = page[page.index('<section id="summary"') : page.index("</section>")]
-    assert "Baseline: none (no earlier successful run" in summary
+    assert "Not compared: no earlier successful run" in summary
     assert "Invalid and failed cells" in summary and "over capacity" in summary
     # the published Markdown does not move: the summary is the HTML page's
     md = render_markdown(parsed.run, parsed.cells)
@@ -201,7 +201,7 @@ def test_report_command_renders_the_run_page_with_its_baseline(wh, tmp_path):
         )
         == 0
     )
-    assert "Baseline: none (no earlier successful run" in out.read_text(encoding="utf-8")
+    assert "Not compared: no earlier successful run" in out.read_text(encoding="utf-8")
 
 
 def test_pipeline_report_task_writes_the_same_page(wh):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from speedmatrix.flows.notify import MAX_LISTED, RunSummary, _cell, _change_line, summarize_run
 from speedmatrix.store.protocol import WarehouseReader
+from speedmatrix.words import count
 
 EXIT_REGRESSION = 3
 """`speedmatrix run --fail-on-regression`'s exit code when a figure regressed beyond noise
@@ -29,10 +30,6 @@ def _listed(marker: str, lines: list[str]) -> list[str]:
     return out
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
 def verdict_text(s: RunSummary) -> str:
     """The verdict block: its first line is the answer, the lines after it the evidence."""
     if s.baseline_run_id:
@@ -42,8 +39,8 @@ def verdict_text(s: RunSummary) -> str:
             against += f" (engine commit {commit})"
         if s.regressions or s.improvements:
             head = (
-                f"verdict: {_plural(len(s.regressions), 'regression')}, "
-                f"{_plural(len(s.improvements), 'improvement')} beyond noise {against}"
+                f"verdict: {count(len(s.regressions), 'regression')}, "
+                f"{count(len(s.improvements), 'improvement')} beyond noise {against}"
             )
         else:
             head = f"verdict: no change beyond noise {against}"

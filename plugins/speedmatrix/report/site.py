@@ -65,6 +65,7 @@ from speedmatrix.report.site_text import clean, text
 from speedmatrix.settings import settings
 from speedmatrix.store.dictionary import dictionary
 from speedmatrix.store.protocol import WarehouseReader
+from speedmatrix.words import count
 
 log = logging.getLogger("speedmatrix.site")
 
@@ -121,7 +122,7 @@ class SiteResult:
 
     def summary(self) -> str:
         return (
-            f"site {self.out}: {self.runs} runs, {self.recipes} recipes; run pages "
+            f"site {self.out}: {count(self.runs, 'run')}, {count(self.recipes, 'recipe')}; run pages "
             f"{self.run_pages_written} written, {self.run_pages_kept} unchanged; recipe pages "
             f"{self.recipe_pages_written} written, {self.recipe_pages_kept} unchanged"
             + (f", {self.run_pages_deferred} left for later" if self.run_pages_deferred else "")

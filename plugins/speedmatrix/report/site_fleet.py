@@ -18,6 +18,7 @@ from speedmatrix.records import COMPARABILITY_FIELDS, cell_name, cell_sort_key
 from speedmatrix.report.site_text import clean, text
 from speedmatrix.store.protocol import WarehouseReader
 from speedmatrix.store.schemas import COMPARISON_FIELDS
+from speedmatrix.words import count
 
 RUN_COLUMNS = (
     "run_id",
@@ -176,9 +177,9 @@ def run_verdict(
         return Verdict("no baseline", "not compared (no baseline)", None)
     parts = []
     if reg:
-        parts.append(f"{len(reg)} cell{'s' if len(reg) != 1 else ''} regressed ({_few(reg)})")
+        parts.append(f"{count(len(reg), 'cell')} regressed ({_few(reg)})")
     if imp:
-        parts.append(f"{len(imp)} cell{'s' if len(imp) != 1 else ''} improved ({_few(imp)})")
+        parts.append(f"{count(len(imp), 'cell')} improved ({_few(imp)})")
     word = "mixed" if reg and imp else "regressed" if reg else "improved" if imp else "clean"
     text_ = ", ".join(parts) if parts else "no change beyond noise"
     if status == "partial":

@@ -17,6 +17,7 @@ from speedmatrix.analysis.verdict import KV_METRIC, METRIC_BY_NAME, STATUS_METRI
 from speedmatrix.published import formats as F
 from speedmatrix.records import cell_name
 from speedmatrix.report import palette
+from speedmatrix.words import count
 
 _ORDER = {"regression": 0, "improvement": 1}
 PROBLEM_STATUSES = ("invalid", "failed")
@@ -91,14 +92,17 @@ class Summary:
         elif self.regressions:
             n = len({c.cell for c in self.regressions})
             head = (
-                f"Slower than the baseline: {len(self.regressions)} regression(s) in {n} cell(s)."
+                f"Slower than the baseline: {count(len(self.regressions), 'regression')} in "
+                f"{count(n, 'cell')}."
             )
         elif self.improvements:
-            head = "No regression; " + f"{len(self.improvements)} improvement(s) beyond noise."
+            head = (
+                "No regression; " + f"{count(len(self.improvements), 'improvement')} beyond noise."
+            )
         else:
             head = "No change beyond noise against the baseline."
         if self.problems:
-            head += f" {len(self.problems)} cell(s) did not measure (invalid or failed)."
+            head += f" {count(len(self.problems), 'cell')} did not measure (invalid or failed)."
         return head
 
 
