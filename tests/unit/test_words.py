@@ -24,9 +24,10 @@ def test_no_message_writes_a_plural_in_brackets():
     found = []
     for path in (ROOT / "plugins" / "speedmatrix").rglob("*.py"):
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if re.search(r"\b[a-z]+\(s\)", line) and "http(s)" not in line:
-                if not line.lstrip().startswith("#") and ('f"' in line or "f'" in line):
-                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+            bracketed = re.search(r"\b[a-z]+\(s\)", line) and "http(s)" not in line
+            message = not line.lstrip().startswith("#") and ('f"' in line or "f'" in line)
+            if bracketed and message:
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not found, found
 
 
