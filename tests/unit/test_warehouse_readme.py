@@ -193,3 +193,24 @@ def test_the_readme_tour_query_says_which_run_and_phase(checkout, monkeypatch, c
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split(",")[:2] == ["run_id", "phase"]
     assert len(lines) - 1 == CELLS * (YEAR_RUNS + 2 + 2)
+
+
+def test_the_readme_tour_runs_a_recipe_at_a_vllm_commit():
+    """ "Run recipe X at vLLM commit Y", as the tour writes it, for the CLI and the DAG: the
+    command line parses to that recipe and ref, the conf passes the DAG's own checks."""
+    import json
+    import shlex
+
+    from speedmatrix.cli import build_parser
+    from speedmatrix.flows.runconf import conf_problems
+
+    tour = (ROOT / "README.md").read_text(encoding="utf-8").split("## A 5-minute tour")[1]
+    tour = tour.split("\n## ")[0]
+    line = re.search(r"uv run (speedmatrix run \S+ --engine-ref \S+)", tour).group(1)
+    argv = shlex.split(line)[1:]
+    args = build_parser(argv).parse_args(argv)
+    assert (args.recipe, args.engine_ref) == (RECIPE, "9fedd24fa864")
+    conf = json.loads(re.search(r"dags trigger speed_matrix --conf '(\{.*?\})'", tour).group(1))
+    assert conf == {"recipe": RECIPE, "engine_ref": "9fedd24fa864"}
+    assert conf_problems(conf) == []
+    assert "Trigger DAG w/ config" in tour or "trigger form" in tour
