@@ -57,3 +57,16 @@ def test_versus_says_a_shared_status_once_per_cell():
     page = render_versus_html(a, b)
     assert page.count("Over capacity") == 1, page.count("Over capacity")
     assert "A: Over capacity" not in page
+
+
+def test_the_site_trend_names_a_commit_once_and_says_one_run():
+    from speedmatrix.report.site_trend import trend_svg
+
+    same = trend_svg(points([COMMIT, COMMIT]), 0.03, title="t", link={}, total=2)
+    texts = re.findall(r"<text[^>]*>(.*?)</text>", same)
+    assert sum("9fedd24fa864" in t for t in texts) == 1, texts
+    lone = trend_svg(points([COMMIT]), 0.03, title="t", link={}, total=1)
+    assert "one run so far" in " ".join(re.findall(r"<text[^>]*>(.*?)</text>", lone)).lower()
+    two = trend_svg(points([COMMIT, "a" * 40]), 0.03, title="t", link={}, total=2)
+    texts = " ".join(re.findall(r"<text[^>]*>(.*?)</text>", two))
+    assert "9fedd24fa864" in texts and "aaaaaaaaaaaa" in texts
