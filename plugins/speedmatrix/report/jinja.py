@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 SHORT_ID = 32
 """Characters of a run id a table shows whole; a longer one is shortened (:func:`short_id`)."""
 
