@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from speedmatrix.cli import CliError
+from speedmatrix.cli.eta import DECODE_OVERHEAD_S, PREFILL_GUESS_S, CellCosts
 from speedmatrix.cli.interrupts import finishing, terminate_as_interrupt
 from speedmatrix.cli.verdict import EXIT_REGRESSION, run_verdict, verdict_text
 from speedmatrix.flows.contracts import Landing, Planned, ServerHandoff, ServerInfo
@@ -57,8 +58,6 @@ and print its verdict against the previous run.
 The matrix options override the recipe's. Exit codes: 0 landed, 1 landed as failed,
 2 bad input, 3 a figure regressed beyond noise (only with --fail-on-regression).
 """
-PREFILL_GUESS_S = 5.0  # ETA of a prefill cell before one was measured
-DECODE_OVERHEAD_S = 5.0  # a decode cell's warm-up and drain beyond its window, before measured
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignore[type-arg]
@@ -362,6 +361,23 @@ def _summary(landed: Landing, paths: Mapping[str, str], over: int) -> str:
     return "\n".join(lines)
 
 
+def shown_label(cell: Mapping[str, Any]) -> str:
+    """A cell as the run shows it: a prefill cell says so (`prefill 8K`; the plan labels the
+    first context's `8K`, which read as a decode cell)."""
+    label = str(cell.get("label") or "")
+    if cell.get("phase") == "prefill" and not label.startswith("prefill"):
+        return f"prefill {label}"
+    return label
+
+
+def rate_text(phase: str, rate: float | None) -> str:
+    """The live tok/s of the current cell: a decode cell's warm-up (its prompts prefilled,
+    no token generated yet) says warm-up, not 0 tok/s."""
+    if phase == "decode" and not rate:
+        return "warm-up"
+    return f"{rate:,.0f} tok/s" if rate is not None else ""
+
+
 def _figure(cell: Mapping[str, Any]) -> str:
     tok = cell.get("total_tok_s")
     what = f"{tok:,.1f} tok/s" if isinstance(tok, int | float) else "-"
@@ -376,13 +392,21 @@ class Display:
     cell (a log, a CI job). The tok/s is read beside the load generator, never from it, so
     the measurement is the DAG's to the byte."""
 
-    def __init__(self, resolved: Resolved, out: Any = None, prog: str = "speedmatrix run") -> None:
+    def __init__(
+        self,
+        resolved: Resolved,
+        out: Any = None,
+        prog: str = "speedmatrix run",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.clock = clock
         self.window_s = float(resolved["matrix"]["window_s"])
         self.out = out or sys.stderr
         self.prog = prog
         self.cells: list[Mapping[str, Any]] = []
         self.done = 0
         self.took: dict[str, list[float]] = {"prefill": [], "decode": []}
+        self.costs = CellCosts(self.window_s)
         self.started = 0.0
         self.meter: RateMeter | None = None
 
@@ -394,18 +418,11 @@ class Display:
         return (RichDisplay if tty else Display)(resolved, out=out, prog=prog)
 
     def eta_s(self, now: float | None = None) -> float:
-        """What is left: the cells not started at the mean time of their phase's measured
-        cells (a guess before one was), the current one's rest."""
-        left = 0.0
-        for cell in self.cells[self.done :]:
-            seen = self.took[cell["phase"]]
-            guess = (
-                PREFILL_GUESS_S if cell["phase"] == "prefill" else self.window_s + DECODE_OVERHEAD_S
-            )
-            left += sum(seen) / len(seen) if seen else guess
-        if self.started and self.done < len(self.cells):
-            left = max(0.0, left - ((now or time.monotonic()) - self.started))
-        return left
+        """What is left: each cell not done at what it will cost (cli/eta.py: its warm-up,
+        window and prefill time by context, learnt from the cells done), the current one's
+        rest."""
+        elapsed = ((now or self.clock()) - self.started) if self.started else 0.0
+        return self.costs.left(self.cells[self.done :], elapsed)
 
     def step(self, text: str) -> None:
         """What a step says it is doing (flows/progress.py), said as a note."""
@@ -419,27 +436,32 @@ class Display:
 
     def begin(self, cells: Sequence[Mapping[str, Any]], base_url: str) -> None:
         self.cells = list(cells)
+        self.costs.plan(self.cells)
         self.meter = RateMeter(base_url)
         self.note(f"{len(self.cells)} cells to measure at {base_url}")
 
     def cell_started(self, cell: Mapping[str, Any]) -> None:
-        self.started = time.monotonic()
+        self.started = self.clock()
         if self.meter:
             self.meter.start(cell["phase"])
 
-    def _count_done(self, cell: Mapping[str, Any]) -> None:
+    def _count_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
         """The bookkeeping of a finished cell (its time for the ETA, the meter stopped),
         shared by both displays; what they print differs."""
-        self.took[cell["phase"]].append(time.monotonic() - self.started)
+        took = self.clock() - self.started
+        self.took[cell["phase"]].append(took)
+        if not self.costs.new:  # cells set without begin (tests): their warm-ups, in order
+            self.costs.plan(self.cells)
+        self.costs.observe(cell, record, took)
         self.done += 1
         self.started = 0.0
         if self.meter:
             self.meter.stop()
 
     def cell_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
-        self._count_done(cell)
+        self._count_done(cell, record)
         print(
-            f"[{self.done}/{len(self.cells)}] {cell['label']}: {_figure(record)} "
+            f"[{self.done}/{len(self.cells)}] {shown_label(cell)}: {_figure(record)} "
             f"(ETA {_clock(self.eta_s())})",
             file=self.out,
             flush=True,
@@ -485,18 +507,19 @@ class RichDisplay(Display):
             rate = self.meter.rate() if self.meter else None
             self.progress.update(
                 self.task,
-                rate=f"{rate:,.0f} tok/s" if rate is not None else "",
+                rate=rate_text(getattr(self, "phase", ""), rate),
                 eta=_clock(self.eta_s()),
             )
             time.sleep(0.5)
 
     def cell_started(self, cell: Mapping[str, Any]) -> None:
         super().cell_started(cell)
-        self.progress.update(self.task, description=cell["label"])
+        self.progress.update(self.task, description=shown_label(cell))
+        self.phase = str(cell.get("phase"))
 
     def cell_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
-        self._count_done(cell)
-        self.progress.console.print(f"{cell['label']}: {_figure(record)}")
+        self._count_done(cell, record)
+        self.progress.console.print(f"{shown_label(cell)}: {_figure(record)}")
         self.progress.update(self.task, completed=self.done)
 
     def end(self) -> None:
