@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from speedmatrix.cli import CliError
-from speedmatrix.cli.eta import DECODE_OVERHEAD_S, PREFILL_GUESS_S, CellCosts
+from speedmatrix.cli.eta import CellCosts
 from speedmatrix.cli.interrupts import finishing, terminate_as_interrupt
 from speedmatrix.cli.verdict import EXIT_REGRESSION, run_verdict, verdict_text
 from speedmatrix.flows.contracts import Landing, Planned, ServerHandoff, ServerInfo
