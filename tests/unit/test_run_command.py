@@ -7,7 +7,8 @@ import io
 
 import pytest
 
-from speedmatrix.cli.run import DECODE_OVERHEAD_S, PREFILL_GUESS_S, Display, ref_of
+from speedmatrix.cli.eta import DECODE_OVERHEAD_S, PREFILL_GUESS_S
+from speedmatrix.cli.run import Display, ref_of
 
 
 @pytest.mark.parametrize(
