@@ -65,6 +65,7 @@ from speedmatrix.store.layout import (
 from speedmatrix.store.query import WarehouseQueries
 from speedmatrix.store.schemas import (
     EXTRA_TABLES,
+    RUN_ON_CELLS,
     SCHEMA_VERSION,
     WarehouseError,
     _clean,
@@ -261,9 +262,19 @@ class Warehouse(WarehouseQueries):
             "run_month": run_month,
             "schema_version": SCHEMA_VERSION,
         }
+        # every cell row carries the run's commit, host, trigger and model, and a prefill row
+        # its figure under its own name (schemas.RUN_ON_CELLS, prompt_tok_s)
+        on_cells = {k: _clean(run.get(k)) for k in RUN_ON_CELLS}
+        cell_rows = [
+            {
+                **c,
+                "prompt_tok_s": c.get("total_tok_s") if c.get("phase") == "prefill" else None,
+            }
+            for c in cells
+        ]
         return {
             "runs": build_table("runs", [run], fixed_run),
-            "cells": build_table("cells", list(cells), fixed),
+            "cells": build_table("cells", cell_rows, {**fixed, **on_cells}),
             "requests": build_table("requests", list(requests), fixed),
         }
 
