@@ -19,8 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from speedmatrix.analysis import bisection
-from speedmatrix.analysis.baseline import read_history, recipe_threshold, select_baseline
+from speedmatrix.analysis.baseline import (
+    baseline_cells,
+    read_history,
+    recipe_threshold,
+    select_baseline,
+)
 from speedmatrix.analysis.display import (
     comparison_markdown,
     verdict_counts,
@@ -32,8 +36,10 @@ from speedmatrix.analysis.verdict import (
     fail_on_regressions,
     regression_rows,
 )
+from speedmatrix.errors import InputError
 from speedmatrix.store.extra import land_extra
 from speedmatrix.store.protocol import Warehouse, WarehouseReader
+from speedmatrix.upstream import commits as upstream_commits
 from speedmatrix.upstream.github import github_repo
 
 log = logging.getLogger("speedmatrix.compare")
@@ -65,13 +71,26 @@ def comparison_for_run(
     run, cells, requests = warehouse.read_run(run_id)
     runs_all = warehouse.query("SELECT * FROM runs")
     baseline = select_baseline(runs_all, run, baseline_ref)
-    noise = read_history(warehouse, run.get("recipe_id"), run.get("host"))[3]
+    # the history strictly before the run: never the candidate itself, never a later run
+    h_runs, h_cells, _, noise = read_history(
+        warehouse, run.get("recipe_id"), run.get("host"), before=run
+    )
     if baseline is None:
         if baseline_ref is not None:
-            raise ValueError(f"no baseline {baseline_ref!r} for run {run_id}")
+            raise InputError(f"no baseline {baseline_ref!r} for run {run_id}")
         rows = noise_rows(run, cells, requests, noise) if with_noise else []
         return ComparisonResult(run, None, [], rows)
     b_run, b_cells, b_requests = warehouse.read_run(baseline["run_id"])
+    b_runs: dict[str, dict[str, Any]] = {}
+    if baseline_ref is None:
+        # each cell against its latest earlier comparable cell (the latest run may lack it)
+        b_cells, b_runs = baseline_cells(h_runs, h_cells, run, cells)
+        others = {str(c["run_id"]) for c in b_cells} - {str(b_run["run_id"])}
+        b_requests = [
+            *b_requests,
+            *(q for rid in sorted(others) for q in warehouse.read_run(rid)[2]),
+        ]
+        b_requests = _requests_of(b_requests, b_cells)
     if threshold is None:
         threshold = recipe_threshold(run.get("recipe_id"))
     rows = compare_runs(
@@ -83,9 +102,31 @@ def comparison_for_run(
         baseline_requests=b_requests,
         noise=noise,
         threshold=threshold,
+        baseline_runs=b_runs,
     )
     noise_table_rows = noise_rows(run, cells, requests, noise) if with_noise else []
     return ComparisonResult(run, b_run, rows, noise_table_rows)
+
+
+def _requests_of(
+    requests: Sequence[Mapping[str, Any]], cells: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The request rows of exactly the chosen baseline cells (each from its own run)."""
+    wanted = {
+        (str(c["run_id"]), c["phase"], int(c["context_tokens"]), int(c["concurrency"]))
+        for c in cells
+    }
+    return [
+        q
+        for q in requests
+        if (
+            str(q.get("run_id")),
+            q.get("phase"),
+            int(q.get("context_tokens") or 0),
+            int(q.get("concurrency") or 0),
+        )
+        in wanted
+    ]
 
 
 def comparison_for_run_or_none(warehouse: WarehouseReader, run_id: str) -> ComparisonResult | None:
@@ -150,14 +191,14 @@ def judge_regressions(
 def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str] | None:
     """Commits after the baseline's engine commit up to the run's, or None when unknown.
 
-    Through bisection.commits_between, the one caller of the GitHub client's compare API (the
+    Through upstream.commits.commits_between, the one caller of the GitHub client's compare API (the
     deployment's API, never a conf's)."""
     a, b = baseline.get("engine_commit"), run.get("engine_commit")
     repo = github_repo(run.get("engine_repository") or baseline.get("engine_repository"))
     if not a or not b or a == b or repo is None:
         return None
     try:
-        return bisection.commits_between(repo, str(a), str(b))
+        return upstream_commits.commits_between(repo, str(a), str(b))
     except Exception as exc:  # network, rate limit, unknown commit: the URL still names them
         log.warning("could not list commits %s...%s: %s", a, b, exc)
         return None

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from speedmatrix import records
+from speedmatrix.errors import InputError
 from speedmatrix.records import (
     CELL_FIELDS,
     REQUEST_FIELDS,
@@ -25,12 +26,13 @@ from speedmatrix.records import (
     Field,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Bumped when a table's columns change; stored in every row (``schema_version``).
 1: the first tables; 2: cells gained ``warmup_s`` (older files read it as null);
 3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES:
 ``default`` or ``published``; older files read it as null, which means ``default``);
-4: cells gained the run's ``engine_commit``, ``host``, ``trigger``, ``model`` (RUN_ON_CELLS)
+4: cells gained ``ttst_ms``, the time to the second token (older files read it as null);
+5: cells gained the run's ``engine_commit``, ``host``, ``trigger``, ``model`` (RUN_ON_CELLS)
 and ``prompt_tok_s`` (a prefill row's figure under its own name); older rows read null."""
 
 
@@ -50,7 +52,7 @@ _PA_TYPES = {
 }
 
 
-class WarehouseError(ValueError):
+class WarehouseError(InputError):
     """Rows that do not fit the tables, or a warehouse that cannot be used; nothing landed."""
 
 
