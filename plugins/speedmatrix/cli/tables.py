@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from speedmatrix.words import count
+
 _WAREHOUSE_HELP = "warehouse root (default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/)"
 
 
@@ -107,7 +109,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
     if refused:
         print(
-            f"speedmatrix warehouse migrate: {len(refused)} run(s) refused, quarantined under "
+            f"speedmatrix warehouse migrate: {count(len(refused), 'run')} refused, quarantined under "
             f"{wh.root}/_quarantine/runs",
             file=sys.stderr,
         )
