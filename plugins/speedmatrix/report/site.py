@@ -47,6 +47,7 @@ from typing import Any
 
 from speedmatrix.errors import InputError
 from speedmatrix.ownership import claim_dir, marker_name
+from speedmatrix.report import site_pages
 from speedmatrix.report.site_fleet import (
     Verdict,
     fleet_verdicts,
@@ -339,7 +340,8 @@ def _write_recipe_pages(
             b.recipes[recipe_key] = fp
             b.result.recipe_pages_kept += 1
             continue
-        history = read_recipe(b.wh, recipe, rruns)
+        # the trends' window (site_pages.MAX_POINTS, read now: a test narrows it)
+        history = read_recipe(b.wh, recipe, rruns, window=site_pages.MAX_POINTS + 1)
         html_text = render_recipe_page(b.env, recipe, rruns, history, verdicts, b.runs)
         _write(b.root / page, html_text)
         b.recipes[recipe_key] = fp
