@@ -83,7 +83,11 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     )
     g = p.add_argument_group("a server already running (instead of a recipe)")
     g.add_argument("--base-url", help="the server's root, e.g. http://127.0.0.1:8000")
-    g.add_argument("--model", help="its served model name")
+    g.add_argument(
+        "--model",
+        help="its served model name (default: the one model it serves); the model id is "
+        "read from its /v1/models (root) and recorded as the run's model",
+    )
     g.add_argument(
         "--api-key-env",
         default="SPEEDMATRIX_API_KEY",
@@ -249,15 +253,15 @@ def _conf(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         conf["recipe"] = args.recipe
         _sim_key(args.recipe)
         return conf, {"source": "cli:speedmatrix run"}
-    if not args.model:
-        raise CliError("--base-url needs --model (the served model name)")
     if args.port is not None:
         raise CliError("--port is for a recipe's server (--base-url names the server's)")
     url = args.base_url.rstrip("/")
     key = settings().secret_named(args.api_key_env)
-    version, max_len = server_facts(url, args.model, key)
+    version, max_len, served, model_id = server_facts(url, args.model, key)
     ref = args.engine_ref or ref_of(version)
-    recipe = existing_recipe(url, args.model, ref, max_len, args.api_key_env if key else None)
+    recipe = existing_recipe(
+        url, served, ref, max_len, args.api_key_env if key else None, model_id=model_id
+    )
     conf["recipe"] = recipe.id
     for k, default in EXISTING_DEFAULTS.items():
         if k not in conf:
@@ -294,9 +298,12 @@ def _sim_key(recipe_id: str) -> None:
 # --------------------------------------------------------------- a server already running
 
 
-def server_facts(url: str, model: str, key: str | None) -> tuple[str | None, int]:
-    """(its /version, the model's max_model_len) from the server, or CliError saying why not:
-    unreachable, not a vLLM server, or not serving `model`."""
+def server_facts(url: str, model: str | None, key: str | None) -> tuple[str | None, int, str, str]:
+    """(its /version, the model's max_model_len, its served name, its model id) from the
+    server, or CliError saying why not: unreachable, not a vLLM server, or not serving
+    `model`. No `model`: the one model the server serves. The model id is /v1/models' `root`
+    (what the server loaded: `nvidia/Kimi-K2.7-Code-NVFP4`), so a run against a server
+    already running names its model as a recipe run does, the served name kept apart."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise CliError(f"--base-url must be an http(s) URL such as http://127.0.0.1:8000: {url!r}")
@@ -317,13 +324,22 @@ def server_facts(url: str, model: str, key: str | None) -> tuple[str | None, int
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot reach a server at {url}: {getattr(exc, 'reason', exc)}") from None
     served = {m.get("id"): m for m in models if isinstance(m, dict)}
+    if model is None:
+        if len(served) != 1:
+            raise CliError(
+                f"{url} serves {len(served)} models ({', '.join(map(str, served))}): "
+                "name one with --model"
+            )
+        model = str(next(iter(served)))
     if model not in served:
         raise CliError(f"{url} does not serve {model!r} (it serves: {', '.join(map(str, served))})")
+    root = served[model].get("root")
+    model_id = root if isinstance(root, str) and root else model
     try:
         version = get("/version").get("version")
     except (OSError, ValueError, AttributeError):
         version = None
-    return version, int(served[model].get("max_model_len") or 0) or 1 << 30
+    return version, int(served[model].get("max_model_len") or 0) or 1 << 30, model, model_id
 
 
 def ref_of(version: str | None) -> str:
@@ -338,7 +354,15 @@ def ref_of(version: str | None) -> str:
     return "main"
 
 
-def existing_recipe(url: str, model: str, ref: str, max_model_len: int, key_env: str | None):
+def existing_recipe(
+    url: str,
+    model: str,
+    ref: str,
+    max_model_len: int,
+    key_env: str | None,
+    *,
+    model_id: str | None = None,
+):
     """The in-memory recipe of a server already running: what the run row needs (model,
     engine ref, max_model_len), its id `external/<host-port>/<model>` (one recipe per server
     and model, so its runs compare with each other), hardware unknown (the run row takes
@@ -360,7 +384,9 @@ def existing_recipe(url: str, model: str, ref: str, max_model_len: int, key_env:
             type="unknown", gpu="unknown", gpu_count=0, vram_gb=0, backend="unknown", slug="ext"
         ),
         engine=Engine(ref=ref, install=Install(kind="release")),
-        model=Model(id=model, served_name=model, slug=slug, max_model_len=max_model_len),
+        model=Model(
+            id=model_id or model, served_name=model, slug=slug, max_model_len=max_model_len
+        ),
         serve=Serve(
             command=("(already running)", "{model}"),
             args=("--port", "{port}", *(("--api-key", "{api_key}") if key_env else ())),
