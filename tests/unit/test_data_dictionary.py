@@ -98,3 +98,29 @@ def test_the_site_has_a_data_dictionary_page_linked_from_its_index(checkout, bro
         assert f'<h2 id="{table}">' in page.dom
     assert re.search(r"<td><code>ttft_ms</code></td>\s*<td>double</td>\s*<td>ms</td>", page.dom)
     assert "<code>over_capacity</code>" in page.dom
+
+
+def test_a_column_whose_description_changed_still_lands(tmp_path):
+    """A field's doc edited in records.py must not make every existing warehouse refuse the
+    next landing (delta-rs refuses to merge two values of one metadata key): the table keeps
+    the description it has, new columns bring theirs."""
+    import pyarrow as pa
+
+    from speedmatrix.store.delta import replace_rows
+
+    uri = str(tmp_path / "t")
+    old = pa.schema([pa.field("run_id", pa.string(), metadata={"doc": "old words"}),
+                     pa.field("recipe_id", pa.string())])  # fmt: skip
+    new = pa.schema([pa.field("run_id", pa.string(), metadata={"doc": "new words", "unit": "x"}),
+                     pa.field("recipe_id", pa.string()),
+                     pa.field("added", pa.int64(), metadata={"doc": "a new column"})])  # fmt: skip
+    replace_rows(uri, pa.table({"run_id": ["a"], "recipe_id": ["r"]}, schema=old),
+                 "run_id = 'a'", str(tmp_path))  # fmt: skip
+    replace_rows(uri, pa.table({"run_id": ["b"], "recipe_id": ["r"], "added": [1]}, schema=new),
+                 "run_id = 'b'", str(tmp_path))  # fmt: skip
+    from deltalake import DeltaTable
+
+    table = DeltaTable(uri)
+    assert table.to_pyarrow_table().num_rows == 2
+    fields = {f.name: f.metadata for f in table.schema().fields}
+    assert fields["run_id"]["doc"] == "old words" and fields["added"]["doc"] == "a new column"

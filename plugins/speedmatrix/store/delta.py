@@ -204,6 +204,22 @@ def with_retries(
         ) from exc
 
 
+def _kept_metadata(uri: str, data: pa.Table, opts: dict[str, str] | None) -> pa.Table:
+    """``data`` with the field metadata the table already has for its columns: delta-rs
+    refuses to merge two values of one key (a field's `doc` edited in records.py would make
+    every existing warehouse refuse its next landing), so an existing column keeps its
+    description; a new column brings its own."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        have = {f.name: f.metadata for f in DeltaTable(uri, storage_options=opts).schema().fields}
+    except TableNotFoundError:
+        return data
+    fields = [f.with_metadata(have[f.name] or {}) if f.name in have else f for f in data.schema]
+    return data.cast(pa.schema(fields, metadata=data.schema.metadata))
+
+
 def replace_rows(uri: str, data: pa.Table, predicate: str, root: str) -> None:
     """One commit to the Delta table at ``uri``: delete the rows matching ``predicate`` and add
     ``data`` (which must match it too). Creates the table, partitioned by PARTITION_KEYS, on
@@ -219,7 +235,7 @@ def replace_rows(uri: str, data: pa.Table, predicate: str, root: str) -> None:
     def commit() -> None:
         write_deltalake(
             uri,
-            data,
+            _kept_metadata(uri, data, opts),
             mode="overwrite",
             predicate=predicate,
             partition_by=[k for k in PARTITION_KEYS if k in data.column_names],
