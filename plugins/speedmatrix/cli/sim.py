@@ -17,6 +17,12 @@ from pathlib import Path
 from speedmatrix.errors import InputError
 
 
+def _profile_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile", required=True, help="profile file, or a name under include/sim-profiles/"
+    )
+
+
 def register(sub: argparse._SubParsersAction, name: str) -> None:
     parser = sub.add_parser(
         name,
@@ -28,9 +34,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     cmds.required = True
 
     serve = cmds.add_parser("serve", help="serve vLLM's HTTP API over the simulated engine")
-    serve.add_argument(
-        "--profile", required=True, help="profile file, or a name under include/sim-profiles/"
-    )
+    _profile_option(serve)
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)"
     )
@@ -83,15 +87,9 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         "predict", help="predict every cell of a report's matrix with a profile and compare"
     )
     pred.add_argument("report", help="the published report text file to predict")
-    pred.add_argument(
-        "--profile", required=True, help="profile file, or a name under include/sim-profiles/"
-    )
-    pred.add_argument(
-        "--tolerance",
-        type=float,
-        default=0.05,
-        help="largest relative error of a cell counted as a match (default 0.05 = 5%%)",
-    )
+    _profile_option(pred)
+    tolerance = "largest relative error of a cell counted as a match (default 0.05 = 5%%)"
+    pred.add_argument("--tolerance", type=float, default=0.05, help=tolerance)
     pred.set_defaults(func=_predict)
 
 
