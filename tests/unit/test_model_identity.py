@@ -58,3 +58,28 @@ def test_the_model_id_is_read_from_the_server_and_the_served_name_kept_apart(sim
 def test_without_model_the_one_model_served_is_taken(sim_url):
     _version, _max_len, served, model_id = server_facts(sim_url, None, None)
     assert (served, model_id) == ("Kimi-K2.7-Code-NVFP4", "nvidia/Kimi-K2.7-Code-NVFP4")
+
+
+def test_a_model_whose_view_would_be_empty_is_not_linked(tmp_path):
+    """A server already running has no GPU count (tok/s per GPU would be made up): its
+    model's Pareto view has no point, so the index does not link an empty table."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from views_fixture import cells_for, run_row
+
+    from speedmatrix.report.site import build_site
+    from speedmatrix.store.warehouse import Warehouse
+
+    wh = Warehouse(tmp_path / "wh")
+    for i, gpus in enumerate((0, 8)):
+        model = "org/no-gpu-count" if gpus == 0 else "org/with-gpus"
+        run = run_row(f"r{i}", f"external/x{i}", "unknown", gpus, 1 + i, "c" * 40, model=model)
+        wh.land_run(run, cells_for(50.0, 0.8), [])
+    build_site(wh, tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    row = index[index.index("org/no-gpu-count") :].split("</tr>")[0]
+    assert "Pareto view</a>" not in row and "no GPU count" in row
+    row = index[index.index("org/with-gpus") :].split("</tr>")[0]
+    assert "Pareto view</a>" in row
