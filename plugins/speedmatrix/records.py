@@ -700,6 +700,28 @@ def allowed_values(table: str) -> dict[str, tuple[str, ...]]:
     return dict(ALLOWED_VALUES.get(table, {}))
 
 
+_UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("_tok_s", "tok/s"),
+    ("_ms", "ms"),
+    ("_s", "s"),
+    ("_tokens", "tokens"),
+    ("_pct", "%"),
+    ("_gb", "GB"),
+    ("_rate", "fraction 0-1"),
+)
+
+
+def unit_of(column: str) -> str | None:
+    """A column's unit, read from its name (the naming rule every table keeps: `_ms`, `_s`,
+    `_tok_s`, `_tokens`, `_pct`, `_gb`, `_rate`), so that a unit is said in one place and
+    reaches the Parquet metadata, DuckDB's comments and the data dictionary alike. None for
+    counts, labels and timestamps."""
+    for suffix, unit in _UNIT_SUFFIXES:
+        if column.endswith(suffix):
+            return unit
+    return None
+
+
 def unique_key(table: str) -> tuple[str, ...] | None:
     """The columns that identify a row of `table` within a run (None: no such key)."""
     return UNIQUE_KEYS.get(table)
