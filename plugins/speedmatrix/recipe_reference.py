@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
+from pydantic.fields import PydanticUndefined
 
 from speedmatrix.recipes import Recipe, recipe_path
 

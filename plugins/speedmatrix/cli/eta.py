@@ -1,7 +1,7 @@
 """The time a run has left, from what its remaining cells will cost.
 
 One job: the ETA of `speedmatrix run` and `make demo` (cli/run.py's Display). A mean time per
-phase said about half the real time left (issue #44: 1:18 shown, 2:45 real at 3 of 18): the
+phase said about half the real time left (1:18 shown, 2:45 real at 3 of 18): the
 cells run context by context, smallest first, and what a cell costs grows with its context.
 So each cell is costed from its parts, as plan.run_order runs them:
 

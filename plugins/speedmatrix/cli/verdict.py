@@ -9,7 +9,6 @@ cells with their reasons, and the baseline (or why there is none).
 
 from __future__ import annotations
 
-from speedmatrix.analysis.display import all_not_compared, cells_with, headline
 from speedmatrix.flows.notify import MAX_LISTED, RunSummary, _cell, _change_line, summarize_run
 from speedmatrix.store.protocol import WarehouseReader
 from speedmatrix.words import count
@@ -33,6 +32,9 @@ def _listed(marker: str, lines: list[str]) -> list[str]:
 
 def verdict_text(s: RunSummary) -> str:
     """The verdict block: its first line is the answer, the lines after it the evidence."""
+    # here, not at the top: `speedmatrix run --help` must not import pandas (analysis does)
+    from speedmatrix.analysis.display import all_not_compared, cells_with, headline
+
     if s.baseline_run_id:
         against = f"against run {s.baseline_run_id}"
         commit = s.baseline_engine_commit

@@ -13,6 +13,8 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 
+from speedmatrix.errors import InputError
+
 DEFAULT_TIMEOUT_S = 180.0
 """A query stops after three minutes unless --timeout says otherwise: an
 analyst's mistake (a join without its condition) must not hold a shared host for hours."""
@@ -34,7 +36,7 @@ def parse_size(text: str) -> int:
     m = _SIZE.fullmatch(text or "")
     size = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()] if m else 0
     if not m or not 0 < size < 2**62:
-        raise ValueError(f"--memory-limit must be a size like 2GB or 512MiB, got {text!r}")
+        raise InputError(f"--memory-limit must be a size like 2GB or 512MiB, got {text!r}")
     return int(size)
 
 

@@ -32,9 +32,9 @@ SCHEMA_VERSION = 6
 3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES:
 ``default`` or ``published``; older files read it as null, which means ``default``);
 4: cells gained ``ttst_ms``, the time to the second token (older files read it as null);
-5: cells gained ``ttft_samples`` and ``ttft_spread_pct`` (issue 40: how many TTFTs a cell's
+5: cells gained ``ttft_samples`` and ``ttft_spread_pct`` (how many TTFTs a cell's
 figure is the median of, and how far apart; older files read them as null);
-6: runs gained ``kv_budget_tokens``, a manual KV budget (issue #43; older files read it as
+6: runs gained ``kv_budget_tokens``, a manual KV budget (older files read it as
 null: the server's own capacity was used); cells gained the run's ``engine_commit``, ``host``,
 ``trigger``, ``model`` (RUN_ON_CELLS) and ``prompt_tok_s`` (a prefill row's figure under its
 own name); older rows read null."""

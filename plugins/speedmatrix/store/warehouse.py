@@ -309,7 +309,7 @@ class Warehouse(WarehouseQueries):
 
     def _create_extra_tables(self) -> None:
         """The extra tables (comparisons, noise, cell_repeats), empty, where none is yet: every
-        table exists from the first landing (issue #44), once per Warehouse."""
+        table exists from the first landing, once per Warehouse."""
         if self._extra_created:
             return
         for table in EXTRA_TABLES:
