@@ -23,7 +23,7 @@ RECIPE = "sim/verdicts"
 DECODE = [(8192, 1, 55.0), (8192, 4, 170.0), (65536, 2, 90.0)]
 
 
-def _cells(rng, slow=None, *, sd=0.01, skip=(), **extra):
+def _cells(rng, slow=None, *, sd=0.01, skip=(), prefill_samples=1, **extra):
     """A run's cells: a prefill and three decode cells, each figure moved by `sd` noise;
     `slow` maps a cell (ctx, conc) to a throughput factor (0.5: half the speed)."""
     cells, requests = [], []
@@ -37,6 +37,8 @@ def _cells(rng, slow=None, *, sd=0.01, skip=(), **extra):
             status="valid",
             total_tok_s=6000.0 * factor * (1 + rng.normal(0, sd)),
             ttft_ms=1365.0 / factor * (1 + rng.normal(0, sd)),
+            samples=prefill_samples,
+            ttft_samples=prefill_samples,
             **{k: v for k, v in extra.items() if k == "measurement_profile"},
         )
     )
@@ -211,6 +213,18 @@ def test_a_figure_without_a_noise_estimate_is_unverified_and_never_gates(wh):
     fail_on_regressions(result.rows, result.run, result.baseline)  # no raise
     assert judge_regressions(wh, "r1")["regressions"] == 0
     assert main(["compare", "r1", "--warehouse", wh.root]) == 0
+
+
+def test_a_figure_measured_from_one_sample_is_unverified_even_with_history(wh):
+    """Today a single-request figure on a loaded host (C=1 TTFT, a one-prompt prefill) is
+    "regressed" (4 of 17 identical builds): one request cannot tell the host's noise apart."""
+    for i in range(5):
+        _land(wh, f"r{i}", "a" * 40, i, seed=i)
+    _land(wh, "r5", "a" * 40, 5, seed=5, slow={(8192, 0): 0.7})
+    rows = comparison_for_run(wh, "r5").rows
+    prefill = _row(rows, 8192, 1, "prefill_tok_s", phase="prefill")
+    assert prefill["verdict"] == "unverified" and "one sample" in prefill["reason"], prefill
+    assert prefill["change_pct"] < -20
 
 
 def test_unknown_noise_reads_unknown_never_zero(wh, capsys):

@@ -291,9 +291,13 @@ def compare_runs(
             reason = None
             if verdict == "noise" and abs(change) > max(t, combined):
                 reason = "each value inside the other's confidence interval"
+            single = _one_sample(a, metric) or _one_sample(b, metric)
             if rel_sd is None and verdict in ("regression", "improvement"):
                 verdict = "unverified"
                 reason = "no noise estimate yet: no earlier runs of this cell on this host"
+            elif single and verdict in ("regression", "improvement"):
+                verdict = "unverified"
+                reason = "measured from one sample: one request cannot tell the host's noise apart"
             elif verdict == "regression" and same_engine:
                 reason = SAME_COMMIT
             sources = [
@@ -336,6 +340,25 @@ def _resolution(cell: Mapping[str, Any], metric: Metric) -> float:
         return 0.0
     tokens, conc = number(cell.get("output_tokens")), number(cell.get("concurrency"))
     return conc / tokens if tokens and conc else 0.0
+
+
+SAMPLED_COLUMNS = {"ttft_ms"}
+"""Figures a single request can make alone: a cell's TTFT (the median over `ttft_samples`
+requests) and everything of a prefill cell (its cold prompts, `samples`). Throughput and time
+between tokens of a decode cell rest on every token of the window."""
+
+
+def _one_sample(cell: Mapping[str, Any], metric: Metric) -> bool:
+    """Whether the cell's figure was measured from exactly one sample, as its row records it
+    (unknown, e.g. landed before the counts were recorded: False)."""
+    if cell.get("phase") == "prefill":
+        n = number(cell.get("ttft_samples"))
+        n = n if n is not None else number(cell.get("samples"))
+    elif metric.column in SAMPLED_COLUMNS:
+        n = number(cell.get("ttft_samples"))
+    else:
+        return False
+    return n == 1
 
 
 def _within_half_width(ci_a: Interval | None, ci_b: Interval | None) -> float:
