@@ -412,3 +412,19 @@ def test_the_runs_own_repeats_are_noise_but_the_step_to_it_is_not(wh):
     total = _row(comparison_for_run(wh, "r1").rows, 8192, 4, "total_tok_s")
     assert "between-cell" in total["noise_source"], total
     assert total["between_rel_sd"] < 0.03 and total["verdict"] == "regression", total
+
+
+def test_a_prefill_whose_samples_disagree_is_judged_with_that_spread(wh):
+    """On a loaded host one run's three cold prompts disagree by 20% and its median is 6%
+    slower: a false alarm today (6 of 60 identical-build verdicts in verdict_bench)."""
+    for i in range(5):
+        _land(wh, f"r{i}", "a" * 40, i, seed=i, sd=0.002, prefill_samples=3)
+    rng = np.random.default_rng(5)
+    cells, requests = _cells(rng, {(8192, 0): 0.94}, sd=0.002, prefill_samples=3)
+    cells[0]["ttft_spread_pct"] = 20.0
+    run = {"run_id": "r5", "recipe_id": RECIPE, "trigger": "nightly", "status": "success",
+           "host": "local", "engine_commit": "a" * 40, "started_at": T0 + timedelta(days=5)}  # fmt: skip
+    wh.land_run(run, cells, requests)
+    prefill = _row(comparison_for_run(wh, "r5").rows, 8192, 1, "prefill_tok_s", phase="prefill")
+    assert prefill["verdict"] == "noise" and "spread" in prefill["noise_source"], prefill
+    assert prefill["noise_pct"] >= 10.0
