@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import Asset, PokeReturnValue, dag, get_current_context, task
 
 from speedmatrix.flows import dagtest, lease_holder, matrix, resolution, turn
-from speedmatrix.flows.contracts import INFO, LANDING, PLAN, SERVER
+from speedmatrix.flows.contracts import INFO, LANDING, PLAN, RESOLVED, SERVER
 from speedmatrix.flows.notifier import RunNotifier
 from speedmatrix.flows.params import speed_matrix_params
 from speedmatrix.flows.site import SiteOperator
@@ -78,7 +78,7 @@ def _cell(resolved: dict, cell: dict, after: str | None = None) -> dict:
     ctx = get_current_context()
     ctx["cell_label"] = cell["label"]
     server = SERVER.from_wire(ctx["ti"].xcom_pull(task_ids="setup_server"))
-    return matrix.run_cell(resolved, server, cell, turn.of_cell_task(after))
+    return matrix.run_cell(RESOLVED.from_wire(resolved), server, cell, turn.of_cell_task(after))
 
 
 @dag(
@@ -125,22 +125,22 @@ def speed_matrix():
         if turn.in_process():
             dagtest.install_for_process()
         got = lease_holder.take_lease_in_task(
-            resolved, get_current_context()["ti"], in_process=turn.in_process()
+            RESOLVED.from_wire(resolved), get_current_context()["ti"], in_process=turn.in_process()
         )
         return PokeReturnValue(is_done=got is not None, xcom_value=got)
 
     @task(multiple_outputs=False, retries=0, execution_timeout=timedelta(hours=4))
     def setup_server(resolved: dict, lease: dict) -> dict:
         """Provision the engine env (idempotent) and start the server; not retried."""
-        return SERVER.to_wire(matrix.setup(resolved))
+        return SERVER.to_wire(matrix.setup(RESOLVED.from_wire(resolved)))
 
     @task(multiple_outputs=False, retries=2, execution_timeout=HOST_STEP_TIMEOUT)
     def inspect(resolved: dict, server: dict) -> dict:
-        return INFO.to_wire(matrix.inspect(resolved, SERVER.from_wire(server)))
+        return INFO.to_wire(matrix.inspect(RESOLVED.from_wire(resolved), SERVER.from_wire(server)))
 
     @task(multiple_outputs=False, retries=1, execution_timeout=timedelta(minutes=2))
     def plan(resolved: dict, info: dict) -> dict:
-        return PLAN.to_wire(matrix.plan(resolved, INFO.from_wire(info)))
+        return PLAN.to_wire(matrix.plan(RESOLVED.from_wire(resolved), INFO.from_wire(info)))
 
     @task(multiple_outputs=False)
     def runnable(planned: dict, phase: str) -> list[dict]:
@@ -161,7 +161,7 @@ def speed_matrix():
         priority_weight=turn.EARLIER_TASK_PRIORITY,
     )
     def prefill(resolved: dict, cell: dict) -> dict:
-        return _cell(resolved, cell)
+        return _cell(RESOLVED.from_wire(resolved), cell)
 
     @task(
         multiple_outputs=False,
@@ -173,14 +173,14 @@ def speed_matrix():
     def decode(resolved: dict, cell: dict) -> dict:
         # Beside prefill, not after it: its first cell starts while the last prefill cell
         # measures and waits for it (flows/turn.py), whatever became of it.
-        return _cell(resolved, cell, after="prefill")
+        return _cell(RESOLVED.from_wire(resolved), cell, after="prefill")
 
     @task(multiple_outputs=False, retries=2, execution_timeout=HOST_STEP_TIMEOUT)
     def stop_server(resolved: dict) -> dict:
         """Stop the server and release the lease, whatever failed before."""
         ti = get_current_context()["ti"]
         server = SERVER.from_wire_or_none(ti.xcom_pull(task_ids="setup_server"))
-        return matrix.teardown(resolved, server)
+        return matrix.teardown(RESOLVED.from_wire(resolved), server)
 
     @task(multiple_outputs=False, trigger_rule="all_done", retries=1)
     def validate(resolved: dict) -> dict:
@@ -189,7 +189,7 @@ def speed_matrix():
         # whose task died left nothing and is recorded as failed by the pipeline.
         results = ti.xcom_pull(task_ids=["prefill", "decode"]) or []
         return matrix.validate(
-            resolved,
+            RESOLVED.from_wire(resolved),
             INFO.from_wire_or_none(ti.xcom_pull(task_ids="inspect")),
             SERVER.from_wire_or_none(ti.xcom_pull(task_ids="setup_server")),
             PLAN.from_wire_or_none(ti.xcom_pull(task_ids="plan")),
@@ -199,7 +199,7 @@ def speed_matrix():
     @task(multiple_outputs=False, retries=2, outlets=ASSETS)
     def land(resolved: dict, validated: dict) -> dict:
         """Idempotent: landing a run again replaces it, so a retry never duplicates."""
-        landed = matrix.land(resolved, validated)
+        landed = matrix.land(RESOLVED.from_wire(resolved), validated)
         events = get_current_context()["outlet_events"]
         for asset in ASSETS:
             events[asset].extra = {
@@ -211,7 +211,7 @@ def speed_matrix():
 
     @task(multiple_outputs=False, retries=2)
     def report(resolved: dict, landed: dict) -> dict:
-        return matrix.report(resolved, LANDING.from_wire(landed))
+        return matrix.report(RESOLVED.from_wire(resolved), LANDING.from_wire(landed))
 
     @task(retries=0)
     def conclude(landed: dict, paths: dict) -> str:
@@ -229,7 +229,7 @@ def speed_matrix():
 
         try:
             # the comparison `land` made
-            return matrix.regressions(resolved, LANDING.from_wire(landed))
+            return matrix.regressions(RESOLVED.from_wire(resolved), LANDING.from_wire(landed))
         except RegressionError as err:
             raise AirflowFailException(str(err)) from err
 
@@ -242,7 +242,7 @@ def speed_matrix():
         landed neither table (e.g. regressions failed before landing)."""
         from airflow.sdk.exceptions import AirflowSkipException
 
-        landed = matrix.verdicts_landed(resolved)
+        landed = matrix.verdicts_landed(RESOLVED.from_wire(resolved))
         if landed is None:
             raise AirflowSkipException("no comparisons or noise landed for this run")
         events = get_current_context()["outlet_events"]

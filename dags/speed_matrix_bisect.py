@@ -12,7 +12,7 @@ its end; in between the triggerer polls its state. A failed run counts as finish
 judge then says "skip" and the search goes around that commit) rather than failing the
 bisection.
 
-Orchestration only: every task body is a function in `speedmatrix.analysis.bisection`.
+Orchestration only: every task body is a function in `speedmatrix.flows.bisect_steps`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowSkipException
 
-from speedmatrix.analysis import bisection
+from speedmatrix.flows import bisect_steps
 
 COMMIT = r"^[0-9a-f]{7,40}$"
 
@@ -67,32 +67,32 @@ COMMIT = r"^[0-9a-f]{7,40}$"
 def speed_matrix_bisect():
     @task(execution_timeout=timedelta(minutes=10))
     def prepare(params: dict | None = None) -> dict:
-        return bisection.prepare_job(dict(params or {}))
+        return bisect_steps.prepare_job(dict(params or {}))
 
     @task(execution_timeout=timedelta(minutes=2))
     def choose(job: dict, step: int) -> dict:
-        chosen = bisection.choose_step(job, step, salt=get_current_context()["dag_run"].run_id)
+        chosen = bisect_steps.choose_step(job, step, salt=get_current_context()["dag_run"].run_id)
         if chosen is None:
             raise AirflowSkipException("first bad commit already known")
         return chosen
 
     @task(execution_timeout=timedelta(minutes=10))
     def judge(chosen: dict) -> dict:
-        return bisection.judge_step(chosen)
+        return bisect_steps.judge_step(chosen)
 
     @task(trigger_rule="none_failed")
     def conclude() -> dict:
         """The last state (later steps were skipped once the answer was known)."""
         ti = get_current_context()["ti"]
-        ids = ["prepare"] + [f"judge_{i}" for i in range(bisection.MAX_STEPS)]
+        ids = ["prepare"] + [f"judge_{i}" for i in range(bisect_steps.MAX_STEPS)]
         jobs = [ti.xcom_pull(task_ids=task_id) for task_id in ids]
-        result = bisection.conclude_job(jobs)
+        result = bisect_steps.conclude_job(jobs)
         print(result["summary"])
         return result
 
     job = prepare()
     jobs = [job]
-    for step in range(bisection.MAX_STEPS):
+    for step in range(bisect_steps.MAX_STEPS):
         chosen = choose.override(task_id=f"choose_{step}")(job, step)
         run = TriggerDagRunOperator(
             task_id=f"measure_{step}",
@@ -104,7 +104,7 @@ def speed_matrix_bisect():
             # latency per step is nothing next to a matrix run (SPEEDMATRIX_BISECT_POLL_S in
             # the DAG processor's environment changes it; the deployment test uses 5 s).
             deferrable=True,
-            poke_interval=bisection.poll_s(),
+            poke_interval=bisect_steps.poll_s(),
             allowed_states=["success", "failed"],  # a failed run is judged "skip"
             failed_states=[],
             # Bounds the trigger call and the resumed completion only: Airflow 3.3 puts no

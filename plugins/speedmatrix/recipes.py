@@ -25,8 +25,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from speedmatrix.plan import MatrixSpec, PlanError, fits_model, repeat_keys
-from speedmatrix.records import check_quantity, parse_context
+from speedmatrix.errors import InputError
+from speedmatrix.plan import MatrixSpec, PlanError, fits_model, matrix_size_problems, repeat_keys
+from speedmatrix.records import check_quantity, parse_concurrency, parse_context
 from speedmatrix.redact import REDACTED, SECRET_FLAGS, is_secret_name, looks_like_secret
 from speedmatrix.refs import classify_ref, ref_slug
 from speedmatrix.settings import settings
@@ -62,7 +63,7 @@ simulator recipe can stand in for different commits by picking a profile per com
 regression is planted at one commit to test a bisection)."""
 
 
-class RecipeError(ValueError):
+class RecipeError(InputError):
     """A recipe that cannot be used; ``problems`` lists each one as 'file: field: reason'."""
 
     def __init__(self, problems: list[str]):
@@ -204,6 +205,13 @@ class Matrix(_Strict):
     def _contexts(cls, v: Any) -> Any:
         if isinstance(v, list | tuple):
             return tuple(parse_context(x) for x in v)
+        return v
+
+    @field_validator("concurrencies", mode="before")
+    @classmethod
+    def _concurrencies(cls, v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            return tuple(parse_concurrency(x) for x in v)
         return v
 
 
@@ -365,6 +373,15 @@ class Recipe(_Strict):
             yield "matrix", "empty matrix: no prefill_contexts and no contexts"
         if m.contexts and not m.concurrencies:
             yield "matrix.concurrencies", "decode contexts given but no concurrencies"
+        size = MatrixSpec.build(
+            prefill_contexts=m.prefill_contexts,
+            contexts=m.contexts,
+            concurrencies=m.concurrencies,
+            max_output_tokens=m.max_output_tokens,
+            window_s=m.window_s,
+        )
+        for problem in matrix_size_problems(size):
+            yield "matrix", problem
         for i, c in enumerate(m.concurrencies):
             if c < 1:
                 yield f"matrix.concurrencies[{i}]", f"{c} is not a positive number of requests"

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from speedmatrix.errors import InputError
+
 METRIC_VERSION = 2
 """Bumped whenever the way a figure is measured changes, so trends never mix definitions.
 2: decode prompts are the declared `workload` (default `article`, a chat conversation asking
@@ -103,6 +105,13 @@ CELL_FIELDS: tuple[Field, ...] = (
     Field("ttft_p99_ms", "float", True, "p99 time to first token"),
     Field("tbt_p90_ms", "float", True, "p90 over requests of per-request time-between-tokens"),
     Field("tbt_p99_ms", "float", True, "p99 over requests of per-request time-between-tokens"),
+    Field(
+        "ttst_ms",
+        "float",
+        True,
+        "median over requests of their second token arrival - their first (the first decode "
+        "step apart from the prefill; the published tool's time to second token)",
+    ),
     Field("chunk_gap_ms", "float", True, "median gap between chunks that carried tokens"),
     Field("tokens_per_chunk", "float", True, "mean output tokens per content chunk"),
     Field("requests_started", "int", True, "requests started in the cell (window and warm-up)"),
@@ -270,6 +279,12 @@ RUN_FIELDS: tuple[Field, ...] = (
         True,
         "default or published: whose definitions measured the run (null: default)",
     ),
+    Field(
+        "recipe_sha256",
+        "str",
+        True,
+        "sha256 of the recipe's content as the run used it (null: ingested or landed before)",
+    ),
 )
 
 
@@ -296,11 +311,14 @@ def check_quantity(value: float, text: object) -> float:
 
 """Tokens per `K` in a context label: the published reports count in 1024s (8K = 8192)."""
 
-_CONTEXT_RE = re.compile(r"(\d+)\s*([kK]?)")
+# ASCII digits only (re.ASCII): `\d` alone also reads `١٢` (Arabic-Indic) or `１` (full-width)
+# as numbers, which no page or recipe means.
+_CONTEXT_RE = re.compile(r"([0-9]+)\s*([kK]?)", re.ASCII)
+_COUNT_RE = re.compile(r"[0-9]+", re.ASCII)
 _CELL_RE = re.compile(
     r"^\s*(?:(?P<prefill>prefill)[\s@:]*(?P<pctx>\d+\s*K?)"
     r"|(?P<ctx>\d+\s*K?)\s*[xX\u00d7]\s*(?P<conc>\d+))\s*$",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,
 )
 _PHASE_RANK = {"prefill": 0, "decode": 1}
 
@@ -320,6 +338,25 @@ def context_label(tokens: int) -> str:
     return str(tokens)
 
 
+def label_span(label: str | int) -> tuple[int, int]:
+    """The token counts (first, last) that ``context_label`` names `label`: the inverse of the
+    one labelling rule, read off it (`64K` -> 65,024..66,048; `1K` -> 1,024..1,535, below
+    1,024 a count is its own label). Why: a cell measured anywhere its label reaches (a recipe's
+    context shortened to fit max_model_len keeps its label: plan.sent_context) is that
+    label's cell, wherever a rule asks which cell a token count belongs to."""
+    tokens = parse_context(label)
+    if tokens < K:
+        return tokens, tokens
+    label = context_label(tokens)  # `64k`, `65536`: written as the rule writes it
+    n = round(tokens / K)
+    lo, hi = n * K - K // 2, n * K + K // 2
+    while context_label(lo) != label:
+        lo += 1
+    while context_label(hi) != label:
+        hi -= 1
+    return lo, hi
+
+
 def parse_context(value: int | str) -> int:
     """`8K` / `8k` / `8 K` -> 8192, `4096` / `4,096` / `4_096` / 4096 -> 4096.
 
@@ -330,17 +367,36 @@ def parse_context(value: int | str) -> int:
     caller's to check, so a plan can name every problem at once. ValueError otherwise.
     """
     if isinstance(value, bool):
-        raise ValueError(f"not a token count: {value!r}")
+        raise InputError(f"not a token count: {value!r}")
     if isinstance(value, int):
         check_quantity(value, value)
         return value
     text = str(value).strip().replace(",", "").replace("_", "")
     match = _CONTEXT_RE.fullmatch(text)
     if match is None:
-        raise ValueError(f"not a token count: {value!r} (write 8192 or 8K)")
+        raise InputError(f"not a token count: {value!r} (write 8192 or 8K)")
     tokens = int(match.group(1)) * (K if match.group(2) else 1)
     check_quantity(tokens, value)
     return tokens
+
+
+def parse_concurrency(value: int | str) -> int:
+    """`16` / 16 -> 16: the one reading of a concurrency (a number of requests in flight).
+
+    Written in ASCII digits only: `int()` alone reads `+1`, ` 2 ` and Arabic-Indic `١` as
+    numbers, and a `K` is a context's unit, not a count's. Ranges (positive, at most
+    plan.MAX_CONCURRENCY) are the matrix's to check (plan.matrix_problems), so a plan names every
+    problem at once. ValueError otherwise.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a number of requests: {value!r}")
+    if isinstance(value, int):
+        check_quantity(value, value)
+        return value
+    text = str(value).strip()
+    if not isinstance(value, str) or _COUNT_RE.fullmatch(text) is None:
+        raise ValueError(f"not a number of requests: {value!r} (write ASCII digits: 16)")
+    return int(check_quantity(int(text), value))
 
 
 # A list written as text, where a form or a flag gives one field for many values:
@@ -382,10 +438,14 @@ def parse_cell(spec: str) -> CellKey:
     """
     m = _CELL_RE.match(spec) if isinstance(spec, str) else None
     if not m:
-        raise ValueError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
+        raise InputError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
     if m.group("prefill"):
         return "prefill", context_label(parse_context(m.group("pctx"))), 1
-    return "decode", context_label(parse_context(m.group("ctx"))), int(m.group("conc"))
+    return (
+        "decode",
+        context_label(parse_context(m.group("ctx"))),
+        parse_concurrency(m.group("conc")),
+    )
 
 
 def cell_key(cell: Mapping[str, object]) -> CellKey:
@@ -439,15 +499,39 @@ every entry point (resolve, so the DAG and `speedmatrix run`; `speedmatrix inges
 first with :func:`path_field_problems`."""
 
 
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.~:+@=-]*", re.ASCII)
+"""What a run id is made of: ours (`<recipe with ~ for />__<ref>__<trigger>__<stamp>__<tag>`,
+`ingest-<hex>`) and any a person would choose; never a path (no `/`), never hidden."""
+_NAME_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def path_field_problems(values: Mapping[str, Any]) -> list[str]:
-    """One line per PATH_FIELDS value in `values` that is too long for a file name, naming the
-    field, its length and the limit; [] when every one fits (absent / None ones are skipped)."""
+    """One line per PATH_FIELDS value in `values` that cannot be part of a file name: a control
+    character, a part that is hidden or `..`, a run id that is not a name (RUN_ID_RE), or too
+    long (naming its length and the limit); [] when every one fits (absent / None ones are
+    skipped). The one check of names at every entry point: resolve, ingest, migrate."""
     out = []
     for name in PATH_FIELDS:
         value = values.get(name)
         if value is None:
             continue
-        written = len(urllib.parse.quote(str(value), safe="-_.~"))
+        text = str(value)
+        if _NAME_CONTROL.search(text):
+            out.append(f"{name} must not hold control characters (newline, NUL…): {text[:60]!r}")
+            continue
+        if any(part.startswith(".") or not part for part in text.split("/")):
+            out.append(
+                f"{name} must not have a part that is empty or starts with '.' "
+                f"(hidden, `..`): {text[:60]!r}"
+            )
+            continue
+        if name == "run_id" and not RUN_ID_RE.fullmatch(text):
+            out.append(
+                f"run_id must be letters, digits and _ . ~ : + @ = - (no /), starting with a "
+                f"letter or digit: {text[:60]!r}"
+            )
+            continue
+        written = len(urllib.parse.quote(text, safe="-_.~"))
         if written > MAX_PATH_VALUE:
             out.append(
                 f"{name} is too long to be part of a file name: {len(str(value))} characters "
@@ -553,6 +637,7 @@ class CellRecord(TypedDict):
     ttft_p99_ms: float | None
     tbt_p90_ms: float | None
     tbt_p99_ms: float | None
+    ttst_ms: float | None
     chunk_gap_ms: float | None
     tokens_per_chunk: float | None
     requests_started: int | None

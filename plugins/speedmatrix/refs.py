@@ -10,13 +10,15 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from speedmatrix.errors import InputError
+
 _RELEASE = re.compile(r"^v\d+\.\d+\.\d+([.\-+]?[0-9A-Za-z.]+)?$")
 _COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 _PR = re.compile(r"^pr/(\d+)$")
 
 
 def classify_ref(ref: str) -> tuple[Literal["release", "commit", "pr", "main"], str]:
-    """Tell what kind of engine ref this is; raise ValueError on anything else."""
+    """Tell what kind of engine ref this is; raise InputError (a ValueError) on anything else."""
     ref = str(ref).strip()
     if ref == "main":
         return "main", ref
@@ -26,7 +28,7 @@ def classify_ref(ref: str) -> tuple[Literal["release", "commit", "pr", "main"], 
         return "pr", m.group(1)
     if _COMMIT.match(ref):
         return "commit", ref
-    raise ValueError(
+    raise InputError(
         f"engine ref {ref!r} is none of: a release (v0.29.0), a commit (7 to 40 hex digits), "
         "pr/<number>, main"
     )

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedmatrix.errors import InputError
 from speedmatrix.redact import REDACTED, redact
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -47,9 +48,9 @@ UNSET = "(unset)"
 """How an unset optional setting prints in ``speedmatrix config``."""
 
 
-class SettingsError(ValueError):
+class SettingsError(InputError):
     """A variable holds a value its setting cannot take; the message names the variable.
-    A ValueError, so the command line prints it as one line and exits 2."""
+    An InputError, so the command line prints it as one line and exits 2."""
 
 
 # ---------------------------------------------------------------------------- value parsers
@@ -308,7 +309,7 @@ class Settings:
             try:
                 values[f.name] = meta["parse"](raw)
             except ValueError as exc:
-                shown = REDACTED if meta["secret"] else repr(raw)
+                shown = REDACTED if meta["secret"] else repr(redact(raw))
                 raise SettingsError(f"{name}={shown}: {exc}. {name}: {meta['doc']}") from None
             sources[f.name] = name
         values.setdefault("warehouse", _default_warehouse())

@@ -293,15 +293,25 @@ def test_a_regression_fails_its_task_without_a_retry(dagbag, monkeypatch):
     landed = {"run_id": "run-b", "status": "success", "warehouse": "/nonexistent", "cells": 1,
               "requests": 0, "repeats": 0, "quarantined": [], "failed": [],
               "failed_repeats": []}  # fmt: skip
+    # `resolve`'s XCom as the task reads it: a whole run description (values checked)
+    import datetime as dt
+
+    from speedmatrix.flows.resolution import resolve
+
+    resolved = resolve(
+        {"recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8", "warehouse": "/nonexistent"},
+        dag_run_id="manual__2026-11-29T20:30:05+00:00",
+        run_after=dt.datetime(2026, 11, 29, tzinfo=dt.UTC),
+    )
     with pytest.raises(AirflowFailException, match="8Kx1 total_tok_s"):
-        task.python_callable({"warehouse": "/nonexistent"}, landed)
+        task.python_callable(resolved, landed)
 
     def transient(*args, **kwargs):
         raise ConnectionError("GitHub unreachable")
 
     monkeypatch.setattr(compare, "judge_regressions", transient)
     with pytest.raises(ConnectionError):  # left to the retry
-        task.python_callable({"warehouse": "/nonexistent"}, landed)
+        task.python_callable(resolved, landed)
 
 
 def test_speed_matrix_alerts_and_verdict_assets(dagbag):

@@ -30,7 +30,7 @@ import yaml
 from deploy_env import SSH_CONN_ID, Env
 from deploy_harness import REPO, VENV_BIN, Deployment, free_port
 
-from speedmatrix.analysis.bisection import MAX_STEPS
+from speedmatrix.flows.bisect_steps import MAX_STEPS
 
 pytestmark = [pytest.mark.deployment, pytest.mark.integration, pytest.mark.timeout(1500)]
 

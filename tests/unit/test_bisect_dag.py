@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix.analysis.bisection import (
+from speedmatrix.flows.bisect_steps import (
     MAX_STEPS,
     choose_step,
     conclude_job,
@@ -186,7 +186,7 @@ def test_commits_between_reads_the_compare_api(monkeypatch):
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from speedmatrix.analysis.bisection import commits_between
+    from speedmatrix.upstream.commits import commits_between
 
     seen = []
 
@@ -221,7 +221,7 @@ def test_a_sim_recipe_has_every_commit_without_asking_the_network(tmp_path, monk
     bisecting it needs no wheel index (nor any network)."""
     import requests
 
-    from speedmatrix.analysis.bisection import wheel_check
+    from speedmatrix.flows.bisect_steps import wheel_check
     from speedmatrix.recipes import load_recipe
 
     def no_network(*args, **kwargs):
@@ -251,7 +251,7 @@ def test_a_sim_recipe_has_every_commit_without_asking_the_network(tmp_path, monk
 def test_a_bisect_conf_cannot_choose_the_github_api(monkeypatch):
     """prepare_job refuses an api_url (it used to take one): the compare API's answer picks
     the commits measured, so it comes from the deployment only (issue #16 item 1)."""
-    import speedmatrix.analysis.bisection as bisection
+    import speedmatrix.flows.bisect_steps as bisection
 
     def no_network(*args, **kwargs):
         raise AssertionError("GitHub asked")

@@ -190,17 +190,23 @@ def test_zipapp_runs_a_cell_standalone(tmp_path: Path) -> None:
     assert "speedmatrix/records.py" in names and "speedmatrix/loadgen/corpus.txt" in names
     assert not any(n.startswith("speedmatrix/") and n.count("/") == 1 and n not in (
         "speedmatrix/",
-        "speedmatrix/__init__.py", "speedmatrix/records.py") for n in names)  # fmt: skip
+        "speedmatrix/__init__.py", "speedmatrix/records.py", "speedmatrix/errors.py")
+        for n in names)  # fmt: skip
 
 
-def test_the_package_imports_nothing_but_records_from_speedmatrix() -> None:
+def test_the_package_imports_nothing_but_records_and_errors_from_speedmatrix() -> None:
     root = Path(zipapp.__file__).parent
     for path in root.glob("*.py"):
         for line in path.read_text().splitlines():
             if line.startswith(("import speedmatrix", "from speedmatrix")):
                 ok = (
                     line.startswith(("from speedmatrix.records import", "from speedmatrix.loadgen"))
-                    or line == "from speedmatrix import records"
+                    or line == "from speedmatrix.errors import InputError"
+                    or line
+                    in (
+                        "from speedmatrix import records",
+                        "from speedmatrix import errors, records",
+                    )
                 )
                 assert ok, (path.name, line)
 

@@ -207,6 +207,69 @@ def test_at_most_four_modules_touch_the_environment_and_they_are_named():
     assert len(ENV_READERS) <= 4
 
 
+# The modules that read the deployment's settings object (`settings()`, `Settings.from_env`),
+# each where the deployment's value is a default a caller may override (a root, a directory, a
+# secret by name, a URL, a poll interval). Held so that a new reader is a choice, and so that
+# analysis/ stays free of the deployment: its one reader is cost.py's price file.
+SETTINGS_READERS = {
+    "plugins/speedmatrix/settings.py",  # defines them
+    # the top: commands and task bodies
+    "plugins/speedmatrix/cli/config.py",
+    "plugins/speedmatrix/cli/demo.py",
+    "plugins/speedmatrix/cli/run.py",
+    "plugins/speedmatrix/cli/sim.py",
+    "plugins/speedmatrix/flows/bisect_steps.py",
+    "plugins/speedmatrix/flows/lease_holder.py",
+    "plugins/speedmatrix/flows/notify.py",
+    "plugins/speedmatrix/flows/server.py",
+    "plugins/speedmatrix/flows/site.py",
+    # a deployment default where a caller names none
+    "plugins/speedmatrix/analysis/cost.py",  # the price file
+    "plugins/speedmatrix/engine/lease.py",  # the lease directory and TTL
+    "plugins/speedmatrix/engine/provision/resolve.py",  # the vLLM repository URL
+    "plugins/speedmatrix/engine/vllm_server/launch.py",  # a server's API key by its name
+    "plugins/speedmatrix/recipes.py",  # the recipes directory, the wheel index
+    "plugins/speedmatrix/report/site.py",  # the site directory
+    "plugins/speedmatrix/sim/runner.py",  # the simulator's event loop
+    "plugins/speedmatrix/store/delta.py",  # the object store's endpoint and region
+    "plugins/speedmatrix/store/layout.py",  # the warehouse root
+    "plugins/speedmatrix/upstream/schedule.py",  # the schedule file, the GitHub API URL
+}
+
+
+def settings_uses(source: str) -> list[int]:
+    """Lines calling `settings()`, `deployment_settings()` or `Settings.from_env(...)`."""
+
+    def reads(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Call):
+            return False
+        f = node.func
+        if isinstance(f, ast.Name):
+            return f.id in ("settings", "deployment_settings") and not node.args
+        return (
+            isinstance(f, ast.Attribute)
+            and f.attr == "from_env"
+            and (isinstance(f.value, ast.Name) and f.value.id == "Settings")
+        )
+
+    return sorted(n.lineno for n in ast.walk(ast.parse(source)) if reads(n))
+
+
+def test_the_settings_are_read_by_the_named_modules_only():
+    found = {}
+    for top in ("plugins", "dags"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if uses := settings_uses(path.read_text(encoding="utf-8")):
+                found[str(path.relative_to(ROOT))] = uses
+    assert set(found) == SETTINGS_READERS, sorted(set(found) ^ SETTINGS_READERS)
+    assert not [m for m in found if "/analysis/" in m and not m.endswith("cost.py")]
+
+
+def test_the_settings_counter_sees_calls_only():
+    code = "from x import settings\na = settings()\nb = Settings.from_env({})\nsettings = 1\n"
+    assert settings_uses(code) == [2, 3]
+
+
 def test_the_counter_sees_uses_and_not_strings():
     code = (
         "import os\nfrom os import getenv\nx = os.environ.get('A')\n"

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from wheel_index import serve_index, wheel_link
 
-from speedmatrix.analysis.bisection import wheel_check
 from speedmatrix.engine.provision import ProvisionError, WheelNotFound, plan_install
 from speedmatrix.flows import triggers as T
+from speedmatrix.flows.bisect_steps import wheel_check
 from speedmatrix.recipes import ENV_WHEEL_INDEX, load_recipe
 from speedmatrix.upstream import wheels
 from speedmatrix.upstream.schedule import CommitWatchConfig

@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from speedmatrix.analysis import bisection
 from speedmatrix.analysis.baseline import (
     baseline_cells,
     read_history,
@@ -37,8 +36,10 @@ from speedmatrix.analysis.verdict import (
     fail_on_regressions,
     regression_rows,
 )
+from speedmatrix.errors import InputError
 from speedmatrix.store.extra import land_extra
 from speedmatrix.store.protocol import Warehouse, WarehouseReader
+from speedmatrix.upstream import commits as upstream_commits
 from speedmatrix.upstream.github import github_repo
 
 log = logging.getLogger("speedmatrix.compare")
@@ -76,7 +77,7 @@ def comparison_for_run(
     )
     if baseline is None:
         if baseline_ref is not None:
-            raise ValueError(f"no baseline {baseline_ref!r} for run {run_id}")
+            raise InputError(f"no baseline {baseline_ref!r} for run {run_id}")
         rows = noise_rows(run, cells, requests, noise) if with_noise else []
         return ComparisonResult(run, None, [], rows)
     b_run, b_cells, b_requests = warehouse.read_run(baseline["run_id"])
@@ -190,14 +191,14 @@ def judge_regressions(
 def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str] | None:
     """Commits after the baseline's engine commit up to the run's, or None when unknown.
 
-    Through bisection.commits_between, the one caller of the GitHub client's compare API (the
+    Through upstream.commits.commits_between, the one caller of the GitHub client's compare API (the
     deployment's API, never a conf's)."""
     a, b = baseline.get("engine_commit"), run.get("engine_commit")
     repo = github_repo(run.get("engine_repository") or baseline.get("engine_repository"))
     if not a or not b or a == b or repo is None:
         return None
     try:
-        return bisection.commits_between(repo, str(a), str(b))
+        return upstream_commits.commits_between(repo, str(a), str(b))
     except Exception as exc:  # network, rate limit, unknown commit: the URL still names them
         log.warning("could not list commits %s...%s: %s", a, b, exc)
         return None

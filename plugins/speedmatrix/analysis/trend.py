@@ -24,6 +24,7 @@ import pandas as pd
 from speedmatrix.analysis.changepoints import CHANGE_POINT_COLUMNS, change_points, describe, mark
 from speedmatrix.analysis.noise import Z_95, NoiseModel, frame
 from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD, METRIC_BY_NAME, verdict_for
+from speedmatrix.errors import InputError
 from speedmatrix.records import COMPARABILITY_FIELDS, cell_name, not_comparable_reason, parse_cell
 
 TREND_COLUMNS = (
@@ -47,9 +48,9 @@ successful run's (the run is partial because of other cells)."""
 def _column_for(metric: str, phase: str) -> str:
     spec = METRIC_BY_NAME.get(metric)
     if spec is None:
-        raise ValueError(f"unknown metric {metric!r}: one of {', '.join(METRIC_BY_NAME)}")
+        raise InputError(f"unknown metric {metric!r}: one of {', '.join(METRIC_BY_NAME)}")
     if phase not in spec.phases:
-        raise ValueError(f"metric {metric} does not apply to {phase} cells")
+        raise InputError(f"metric {metric} does not apply to {phase} cells")
     return spec.column
 
 

@@ -1,18 +1,24 @@
 """The `speedmatrix` command.
 
 Each subcommand group lives next to the code it drives (``<module>.register(subparsers)``), so
-this file only wires them together and turns expected errors into a one-line reason and a
-non-zero exit. Modules are imported lazily so that `speedmatrix loadgen --help` does not pay for
+this file only wires them together and turns a user's mistake (an :class:`InputError`, or an
+``OSError``: a missing file, a full disk) into a one-line reason and exit 2; anything else is a
+bug, shown with its traceback (exit 1). Modules are imported lazily so that `speedmatrix loadgen --help` does not pay for
 Airflow or pandas.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import re
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import NoReturn
+
+from speedmatrix.errors import InputError
 
 # command name -> (module providing register(subparsers), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -32,8 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class CliError(Exception):
-    """An expected failure: printed as one line, exit code 2."""
+class CliError(InputError):
+    """A mistake in the command's arguments: printed as one line, exit code 2."""
 
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -85,7 +91,53 @@ def unknown_arguments(parser: argparse.ArgumentParser, extra: Sequence[str]) -> 
     return message + ("; " + "; ".join(hints) if hints else "")
 
 
+def entry() -> NoReturn:
+    """The process's entry point (`speedmatrix`, `python -m speedmatrix`): main, then the
+    process's end (cli.exiting: what is open closed in order, no native destructor left to
+    abort the exit). An interrupt from the first import to the exit is exit code 130."""
+    from speedmatrix.cli.exiting import end_process
+    from speedmatrix.cli.interrupts import EXIT_INTERRUPTED, interrupted, note_only
+
+    try:
+        rc = main()
+    except KeyboardInterrupt:  # before main could catch it
+        with contextlib.suppress(KeyboardInterrupt, OSError):
+            print("speedmatrix: interrupted", file=sys.stderr)
+        rc = EXIT_INTERRUPTED
+    except SystemExit as exc:  # argparse's usage errors and --help
+        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    note_only()
+    end_process(EXIT_INTERRUPTED if interrupted() else rc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command's exit code: 0, 2 for an expected error (one line), 130 when interrupted,
+    whatever the moment (an error an interrupt causes on its way out is the interrupt's)."""
+    from speedmatrix.cli.interrupts import (
+        EXIT_INTERRUPTED,
+        catch_interrupts,
+        interrupted,
+        restore,
+    )
+
+    handlers = catch_interrupts()
+    try:
+        return _main(argv)
+    except (KeyboardInterrupt, Exception) as exc:
+        if not isinstance(exc, KeyboardInterrupt) and not interrupted():
+            raise
+        with contextlib.suppress(KeyboardInterrupt, OSError):
+            print("speedmatrix: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        restore(handlers)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from speedmatrix.cli.interrupts import interrupted
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     # a mistyped flag is the subcommand's error, with its usage and a suggestion (argparse
@@ -109,14 +161,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         rc = func(args)
-    except KeyboardInterrupt:
-        print("speedmatrix: interrupted", file=sys.stderr)
-        return 130
     # OSError: a missing file, a refused permission, a full disk (ENOSPC): one line each
-    except (CliError, ValueError, OSError) as exc:
-        message = str(exc).strip() or exc.__class__.__name__
+    except (InputError, OSError) as exc:
+        if interrupted():  # an error the interrupt caused: main says it was interrupted
+            raise
+        from speedmatrix.redact import redact
+
+        message = redact(str(exc).strip()) or exc.__class__.__name__
         print(f"speedmatrix {args.command}: {message}", file=sys.stderr)
         return 2
+    except Exception:  # a bug: where it happened matters more than a tidy line
+        if interrupted():  # unless an interrupt caused it: main says it was interrupted
+            raise
+        from speedmatrix.redact import redact
+
+        # the one redaction rule for the traceback too: an exception may quote a URL's password
+        print(redact(traceback.format_exc()), file=sys.stderr, end="")
+        print(f"speedmatrix {args.command}: internal error (traceback above)", file=sys.stderr)
+        return 1
     return int(rc or 0)
 
 

@@ -22,6 +22,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from speedmatrix.errors import InputError
+
 FORMATS = ("table", "md", "json")
 
 
@@ -93,15 +95,15 @@ def run_compare(args: argparse.Namespace) -> int:
 
     if args.run_id is not None:
         if args.run_b is not None:
-            raise ValueError("give RUN_A RUN_B, or --run-id ID with at most one baseline")
+            raise InputError("give RUN_A RUN_B, or --run-id ID with at most one baseline")
         if args.run_a is not None and args.baseline is not None:
-            raise ValueError("give the baseline once: RUN_A or --baseline")
+            raise InputError("give the baseline once: RUN_A or --baseline")
         args.run_a, args.run_b = (args.run_a, args.run_id) if args.run_a else (args.run_id, None)
     if args.run_a is None:
-        raise ValueError("name the run: compare RUN, compare RUN_A RUN_B, or --run-id ID")
+        raise InputError("name the run: compare RUN, compare RUN_A RUN_B, or --run-id ID")
     wh = _warehouse(args.warehouse)
     if args.run_b is not None and args.baseline is not None:
-        raise ValueError("give either RUN_A RUN_B or RUN --baseline REF, not both")
+        raise InputError("give either RUN_A RUN_B or RUN --baseline REF, not both")
     if args.run_b is not None:
         run_id, ref = args.run_b, args.run_a
     else:
@@ -124,9 +126,9 @@ def run_compare(args: argparse.Namespace) -> int:
             wh, run_id, baseline_ref=ref, threshold=threshold, with_noise=False
         )
     except KeyError as exc:  # read_run: the run is not in the warehouse
-        raise ValueError(str(exc.args[0]) if exc.args else str(exc)) from None
+        raise InputError(str(exc.args[0]) if exc.args else str(exc)) from None
     if result.baseline is None:
-        raise ValueError(
+        raise InputError(
             f"no baseline for run {run_id}: no earlier successful run of recipe "
             f"{result.run.get('recipe_id')} on host {result.run.get('host')} (name one)"
         )
@@ -265,7 +267,7 @@ def run_trend(args: argparse.Namespace) -> int:
         noise=noise,
     )
     if points.empty:
-        raise ValueError(
+        raise InputError(
             f"no successful or partial runs of recipe {args.recipe} with cell {args.cell}"
         )
     if args.chart:

@@ -61,6 +61,17 @@ PREFILL_GUESS_S = 5.0  # ETA of a prefill cell before one was measured
 DECODE_OVERHEAD_S = 5.0  # a decode cell's warm-up and drain beyond its window, before measured
 
 
+def _concurrency(value: str) -> int:
+    """argparse's type for --concurrencies: records.parse_concurrency (ASCII digits only), its
+    error as the flag's."""
+    from speedmatrix.records import parse_concurrency
+
+    try:
+        return parse_concurrency(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         name,
@@ -82,7 +93,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     )
     g = p.add_argument_group("matrix (the speed_matrix conf keys; default: the recipe's)")
     g.add_argument("--contexts", nargs="+", metavar="N", help="decode contexts, e.g. 8K 16K")
-    g.add_argument("--concurrencies", nargs="+", type=int, metavar="C", help="e.g. 1 2 4")
+    g.add_argument("--concurrencies", nargs="+", type=_concurrency, metavar="C", help="e.g. 1 2 4")
     g.add_argument("--prefill-contexts", nargs="+", metavar="N", help="prefill contexts")
     g.add_argument("--duration-s", type=float, metavar="S", help="decode window, seconds")
     g.add_argument("--max-output-tokens", type=int, metavar="T", help="output tokens per request")

@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from speedmatrix.errors import InputError
+
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
     parser = sub.add_parser(
@@ -90,19 +92,19 @@ def _serve(args: argparse.Namespace) -> int:
     from speedmatrix.sim.runner import serve
 
     if args.time_scale <= 0:
-        raise ValueError("--time-scale must be positive")
+        raise InputError("--time-scale must be positive")
     s = settings()
     key = args.api_key if args.api_key is not None else s.vllm_api_key
     if args.api_key_env:
         key = s.secret_named(args.api_key_env)
         if key is None:
-            raise ValueError(f"--api-key-env {args.api_key_env} is not set")
+            raise InputError(f"--api-key-env {args.api_key_env} is not set")
     faults = None
     if args.faults:
         try:
             faults = json.loads(args.faults)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"--faults is not JSON: {exc}") from exc
+            raise InputError(f"--faults is not JSON: {exc}") from exc
     profile = load_profile(args.profile)
     return serve(
         profile, args.host, args.port, api_key=key, time_scale=args.time_scale, faults=faults
@@ -117,7 +119,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     text = report.read_text(encoding="utf-8")
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml", ".json"):
-        raise ValueError(f"--out must end in .yaml, .yml or .json: {out}")
+        raise InputError(f"--out must end in .yaml, .yml or .json: {out}")
     profile = calibrate(
         text,
         source=report.name,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from speedmatrix.flows.contracts import Planned
+from speedmatrix.flows.contracts import CELL_RESULT, Planned
 from speedmatrix.plan import ordered_cells
 from speedmatrix.records import REQUEST_FIELDS, CellRecord, context_label, empty_cell, from_wire
 
@@ -41,8 +41,11 @@ def _results(
     """(pass, cell record, request rows) of each cell task's XCom result, read back from its
     wire form (records.from_wire): primaries, or with `repeats` the later passes."""
     out = []
-    for res in results:
-        if not res or not res.get("cell") or bool(res.get("repeat")) != repeats:
+    for raw in results:
+        if not raw:
+            continue
+        res = CELL_RESULT.from_wire(raw)  # a result of another shape is an error, named
+        if bool(res.get("repeat")) != repeats:
             continue
         rows = [from_wire(r, REQUEST_FIELDS) for r in res.get("requests") or []]
         out.append((int(res.get("repeat") or 0), from_wire(res["cell"]), rows))  # type: ignore[arg-type]

@@ -43,7 +43,14 @@ from speedmatrix import __version__
 from speedmatrix.engine.lease import LeaseLost
 from speedmatrix.flows import progress
 from speedmatrix.flows.collect import collect_cells, collect_repeats, failed_cell
-from speedmatrix.flows.contracts import Landing, Planned, ServerHandoff, ServerInfo
+from speedmatrix.flows.contracts import (
+    CELL_RESULT,
+    VALIDATED,
+    Landing,
+    Planned,
+    ServerHandoff,
+    ServerInfo,
+)
 from speedmatrix.flows.fresh_stack import on_fresh_stack
 from speedmatrix.flows.handoff import hand_on_comparison, handed_on_comparison
 from speedmatrix.flows.resolution import DAG_ID
@@ -140,12 +147,12 @@ def run_cell(
     except TurnUnknown as exc:
         log.error("%s: %s", cell.get("label"), exc)
         record = failed_cell(cell, str(exc), started_at=dt.datetime.now(dt.UTC))
-        return {"cell": to_wire(record), "requests": [], "repeat": repeat}
+        return CELL_RESULT.to_wire({"cell": to_wire(record), "requests": [], "repeat": repeat})
     progress.tell("cell_started", resolved, server, cell)
     result = _run_cell(resolved, server, cell)
     turn.leave(held, cell.get("label") or "")
     progress.tell("cell_done", cell, result["cell"])
-    return {**result, "repeat": repeat, "turn": held}
+    return CELL_RESULT.to_wire({**result, "repeat": repeat, "turn": held})
 
 
 def _run_cell(resolved: Resolved, server: ServerHandoff, cell: Mapping[str, Any]) -> dict[str, Any]:
@@ -369,6 +376,7 @@ def run_row(
         workload=resolved["matrix"].get("workload"),
         sim_profile=said.get("sim_profile"),
         measurement_profile=resolved["matrix"].get("measurement_profile") or "default",
+        recipe_sha256=resolved["recipe_sha256"],
         launch_command=said.get("launch_command") or launch,
         kv_cache_tokens=said.get("kv_cache_tokens"),
         kv_block_size=said.get("kv_block_size"),
@@ -414,13 +422,15 @@ def validate(
         repeats=repeats,
     )
     # the XCom form `land` reads back (records.to_wire / from_wire: the one conversion)
-    return {
-        **checked,
-        "run": to_wire(checked["run"], RUN_FIELDS),
-        "cells": [to_wire(c) for c in checked["cells"]],
-        "requests": [to_wire(r, REQUEST_FIELDS) for r in checked["requests"]],
-        "repeats": [to_wire(c) for c in checked["repeats"]],
-    }
+    return VALIDATED.to_wire(
+        {
+            **checked,
+            "run": to_wire(checked["run"], RUN_FIELDS),
+            "cells": [to_wire(c) for c in checked["cells"]],
+            "requests": [to_wire(r, REQUEST_FIELDS) for r in checked["requests"]],
+            "repeats": [to_wire(c) for c in checked["repeats"]],
+        }
+    )
 
 
 @on_fresh_stack  # the work after the host's stop, whatever executor runs it
@@ -428,6 +438,7 @@ def land(resolved: Resolved, validated: Mapping[str, Any]) -> Landing:
     """Land the run atomically; landing it again replaces it (idempotent, safe to retry)."""
     from speedmatrix.store.extra import land_cell_repeats
 
+    validated = VALIDATED.from_wire(validated)
     wh = warehouse_of(resolved)
     run = from_wire(validated["run"], RUN_FIELDS)
     wh.land_run(

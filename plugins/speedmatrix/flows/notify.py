@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedmatrix.records import cell_name
+from speedmatrix.redact import redact
 from speedmatrix.settings import Settings
 from speedmatrix.settings import settings as deployment_settings
 from speedmatrix.store.protocol import WarehouseReader
@@ -238,7 +239,7 @@ def subject(s: RunSummary) -> str:
         parts.append(f"{len(s.change_points)} new change point(s)")
     what = ", ".join(parts) or "run finished"
     return header_value(
-        f"[speedmatrix] {what}: {s.recipe_id or '?'} on {s.host or '?'} ({s.run_id or '?'})"
+        redact(f"[speedmatrix] {what}: {s.recipe_id or '?'} on {s.host or '?'} ({s.run_id or '?'})")
     )
 
 
@@ -288,7 +289,8 @@ def message_text(s: RunSummary) -> str:
         lines += ["", f"Airflow run {s.dag_run_id or '?'} failed{where}: {s.reason}"]
     if s.report:
         lines += ["", f"Report: {s.report}"]
-    return "\n".join(lines) + "\n"
+    # a server's error body, a conf value, an exception may hold a URL with a credential
+    return redact("\n".join(lines)) + "\n"
 
 
 def message_html(s: RunSummary) -> str:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from speedmatrix.engine.lease import holder_id
+from speedmatrix.errors import InputError
+from speedmatrix.flows.contracts import RESOLVED
 from speedmatrix.flows.resolved import Resolved
 from speedmatrix.plan import MatrixSpec, check_matrix
 from speedmatrix.records import cell_name, path_field_problems
@@ -21,7 +24,7 @@ from speedmatrix.records import cell_name, path_field_problems
 DAG_ID = "speed_matrix"
 
 
-class ResolveError(ValueError):
+class ResolveError(InputError):
     """The conf cannot become a run (unknown recipe, bad ref, impossible matrix)."""
 
 
@@ -122,38 +125,52 @@ def resolve(
     }
     if problems := path_field_problems(named):
         raise ResolveError("; ".join(problems))
-    return {
-        "run_id": run_id,
-        "dag_run_id": dag_run_id,
-        "recipe_id": recipe.id,
-        "engine_ref": ref,
-        "trigger": trigger,
-        "host": host,
-        "warehouse": conf.get("warehouse") or None,
-        "host_home": conf.get("host_home") or None,
-        "holder": holder_id(dag_id, dag_run_id),
-        "run_tag": hashlib.sha1(f"{run_id}|{dag_run_id}".encode()).hexdigest()[:10],
-        "served_model": recipe.model.served_name,
-        "api_key_env": recipe.serve.api_key_secret if recipe.has_api_key else None,
-        "port": conf.get("port"),
-        "started_at": dt.datetime.now(dt.UTC).isoformat(),
-        "matrix": {
-            "prefill_contexts": list(spec.prefill_contexts),
-            "contexts": list(spec.contexts),
-            "concurrencies": list(spec.concurrencies),
-            "max_output_tokens": spec.max_output_tokens,
-            "window_s": spec.window_s,
-            "prompt_mode": spec.prompt_mode,
-            "workload": spec.workload,
-            "measurement_profile": spec.measurement_profile,
-        },
-        "repeats": repeats,
-        "repeat_cells": repeat_cells,
-        # speedmatrix run only: the server already running, its in-memory recipe, the origin
-        "base_url": base_url,
-        "recipe": given.model_dump(mode="json") if given is not None else None,
-        "source": source,
-    }
+    # the recipe as it is now, pinned for the whole run: every later task reads this copy,
+    # never the file again (an edit or a redeploy mid-run changes nothing of this run)
+    pinned = recipe.model_dump(mode="json")
+    return RESOLVED.to_wire(
+        {
+            "run_id": run_id,
+            "dag_run_id": dag_run_id,
+            "recipe_id": recipe.id,
+            "engine_ref": ref,
+            "trigger": trigger,
+            "host": host,
+            "warehouse": conf.get("warehouse") or None,
+            "host_home": conf.get("host_home") or None,
+            "holder": holder_id(dag_id, dag_run_id),
+            "run_tag": hashlib.sha1(f"{run_id}|{dag_run_id}".encode()).hexdigest()[:10],
+            "served_model": recipe.model.served_name,
+            "api_key_env": recipe.serve.api_key_secret if recipe.has_api_key else None,
+            "port": conf.get("port"),
+            "started_at": dt.datetime.now(dt.UTC).isoformat(),
+            "matrix": {
+                "prefill_contexts": list(spec.prefill_contexts),
+                "contexts": list(spec.contexts),
+                "concurrencies": list(spec.concurrencies),
+                "max_output_tokens": spec.max_output_tokens,
+                "window_s": spec.window_s,
+                "prompt_mode": spec.prompt_mode,
+                "workload": spec.workload,
+                "measurement_profile": spec.measurement_profile,
+            },
+            "repeats": repeats,
+            "repeat_cells": repeat_cells,
+            # the recipe pinned for the run (later tasks never read the file again), its hash
+            "recipe": pinned,
+            "recipe_sha256": recipe_hash(pinned),
+            # speedmatrix run only: the server already running, the run's origin
+            "base_url": base_url,
+            "source": source,
+        }
+    )
+
+
+def recipe_hash(recipe: Mapping[str, Any]) -> str:
+    """The sha256 of a recipe's content (its validated model, keys sorted): the `runs` row's
+    `recipe_sha256`, which tells two contents of one recipe id apart."""
+    canonical = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _repeats(conf: Mapping[str, Any], m: Any, spec: MatrixSpec) -> tuple[int, list[str] | None]:

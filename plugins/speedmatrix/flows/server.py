@@ -21,7 +21,7 @@ from typing import Any
 
 from speedmatrix.engine.lease import HostLease
 from speedmatrix.flows import progress
-from speedmatrix.flows.contracts import ServerHandoff, ServerInfo
+from speedmatrix.flows.contracts import TEARDOWN, ServerHandoff, ServerInfo, TornDown
 from speedmatrix.flows.resolved import Resolved
 from speedmatrix.settings import settings
 
@@ -29,12 +29,11 @@ log = logging.getLogger("speedmatrix.pipeline")
 
 
 def recipe_of(resolved: Resolved):
-    """The run's recipe: the one its id names, or the one `speedmatrix run --base-url` made."""
-    from speedmatrix.recipes import Recipe, load_recipe_id
+    """The run's recipe, as `resolve` pinned it (never the file again: a recipe edited or
+    redeployed mid-run must not make the server run one recipe and the row record another)."""
+    from speedmatrix.recipes import Recipe
 
-    if resolved.get("recipe"):  # made in memory by `speedmatrix run --base-url`
-        return Recipe.model_validate(resolved["recipe"])
-    return load_recipe_id(resolved["recipe_id"])
+    return Recipe.model_validate(resolved["recipe"])
 
 
 def api_key(resolved: Resolved) -> str | None:
@@ -277,7 +276,7 @@ def inspect(resolved: Resolved, server: ServerHandoff) -> ServerInfo:
     return info
 
 
-def teardown(resolved: Resolved, server: ServerHandoff | None) -> dict[str, Any]:
+def teardown(resolved: Resolved, server: ServerHandoff | None) -> TornDown:
     """Stop every server of this run, then release the lease. Idempotent; always runs.
 
     The servers are the one in the setup's handle and those the host recorded as started by
@@ -335,7 +334,7 @@ def teardown(resolved: Resolved, server: ServerHandoff | None) -> dict[str, Any]
     except Exception as exc:
         raise RuntimeError(f"lease release failed: {exc}") from exc
     log.info("teardown: %s", out)
-    return out
+    return TEARDOWN.to_wire(out)
 
 
 def server_health(resolved: Resolved, server: ServerHandoff) -> str | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedmatrix.errors import InputError
 from speedmatrix.records import (
     ACTIVE_TOLERANCE,
     DEFAULT_MEASUREMENT_PROFILE,
@@ -66,25 +67,25 @@ class CellConfig:
 
     def validate(self) -> None:
         if not self.base_url:
-            raise ValueError("base_url is required")
+            raise InputError("base_url is required")
         if not self.model:
-            raise ValueError("model is required")
+            raise InputError("model is required")
         if self.context < 2:
-            raise ValueError(f"context must be at least 2 tokens, got {self.context}")
+            raise InputError(f"context must be at least 2 tokens, got {self.context}")
         for name in ("connect_timeout_s", "first_token_timeout_s", "stall_timeout_s", "time_scale"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
+                raise InputError(f"{name} must be positive")
         if self.measurement_profile not in MEASUREMENT_PROFILES:
-            raise ValueError(
+            raise InputError(
                 f"measurement_profile must be one of {MEASUREMENT_PROFILES}, "
                 f"got {self.measurement_profile!r}"
             )
         if self.global_warmup_context is not None and self.measurement_profile != "published":
-            raise ValueError("the global warm-up is the published profile's")
+            raise InputError("the global warm-up is the published profile's")
         if self.workload not in WORKLOADS:
-            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
+            raise InputError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
         if not self.run_tag or any(c in self.run_tag for c in "@/\\\0") or len(self.run_tag) > 64:
-            raise ValueError("run_tag must be 1-64 characters without @ / \\")
+            raise InputError("run_tag must be 1-64 characters without @ / \\")
 
     def first_token_timeout(self, queued_prompts: int = 1) -> float:
         """Grows with the context (and with prompts prefilled ahead of this one)."""
@@ -111,9 +112,9 @@ class PrefillConfig(CellConfig):
     def validate(self) -> None:
         super().validate()
         if isinstance(self.samples, bool) or not isinstance(self.samples, int):
-            raise ValueError(f"samples must be an integer, got {self.samples!r}")
+            raise InputError(f"samples must be an integer, got {self.samples!r}")
         if not 1 <= self.samples <= 20:
-            raise ValueError(f"samples must be 1..20, got {self.samples}")
+            raise InputError(f"samples must be 1..20, got {self.samples}")
 
 
 @dataclass
@@ -123,6 +124,9 @@ class DecodeConfig(CellConfig):
     max_output_tokens: int = 4096
     prompt_mode: str = "distinct"
     warm_cache: bool = True
+    # C=1 only: requests of the cell's prompt with max_tokens=1 after the window, each a TTFT
+    # sample beside the window's (one long request fills a C=1 window: issue 40)
+    ttft_probes: int = 2
     # validity limits (docs/measurement.md rules 6-8)
     token_tolerance: float = 0.01
     max_loop_lag_ms: float = 10.0
@@ -152,14 +156,16 @@ class DecodeConfig(CellConfig):
     def validate(self) -> None:
         super().validate()
         if self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+            raise InputError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.duration_s <= 0:
-            raise ValueError(f"duration must be positive, got {self.duration_s}")
+            raise InputError(f"duration must be positive, got {self.duration_s}")
         if not 0 < self.max_copy_share <= 1:
-            raise ValueError("max_copy_share must be in (0, 1]")
+            raise InputError("max_copy_share must be in (0, 1]")
         if self.min_window_readings < 1:
-            raise ValueError("min_window_readings must be at least 1")
+            raise InputError("min_window_readings must be at least 1")
         if self.max_output_tokens < 2:
-            raise ValueError("max_output_tokens must be at least 2 (one interval)")
+            raise InputError("max_output_tokens must be at least 2 (one interval)")
+        if not 0 <= self.ttft_probes <= 20:
+            raise InputError(f"ttft_probes must be 0..20, got {self.ttft_probes}")
         if self.prompt_mode not in PROMPT_MODES:
-            raise ValueError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")
+            raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")

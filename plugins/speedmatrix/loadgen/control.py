@@ -175,6 +175,9 @@ class ControlClient:
         raises MetricsUnavailable: the caller decides what a missing reading means."""
         if self.has_metrics is False:
             return None
+        # A hand-written loop on purpose, not tenacity like the hosts and the warehouse: this
+        # module runs on the GPU host inside the zipapp, with the engine env's Python and only
+        # the standard library and aiohttp (loadgen/zipapp.py); tenacity is not there.
         for attempt in range(METRICS_ATTEMPTS):
             if attempt:
                 await asyncio.sleep(METRICS_RETRY_S * attempt)

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from time import perf_counter
 from urllib.parse import urlsplit
 
+from speedmatrix.errors import InputError
+
 try:  # orjson parses a typical 300-byte chunk several times faster than json
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - exercised only without orjson
@@ -71,6 +73,7 @@ class Request:
         "max_gap",
         "max_tokens",
         "prompt_tokens",
+        "second_at",
         "sent_at",
         "status",
         "stream",
@@ -92,6 +95,7 @@ class Request:
         self.first_at: float | None = None
         self.first_n = 0
         self.last_at: float | None = None
+        self.second_at: float | None = None  # the second arrival that carried tokens
         self.tokens = 0
         self.chunks = 0
         self.max_gap = 0.0
@@ -108,6 +112,12 @@ class Request:
         self.error: str | None = None
         self.ended_at: float | None = None
         self.text_parts: list[str] | None = [] if keep_text else None
+
+    def ttst(self) -> float | None:
+        """Time to the second token: its second token-carrying arrival - its first (seconds)."""
+        if self.first_at is None or self.second_at is None:
+            return None
+        return self.second_at - self.first_at
 
     @property
     def finished(self) -> bool:
@@ -133,7 +143,7 @@ class Endpoint:
     def __init__(self, base_url: str, api_key: str | None, path: str = "/v1/completions") -> None:
         parts = urlsplit(normalize_base_url(base_url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--base-url must be http(s)://host[:port], got {base_url!r}")
+            raise InputError(f"--base-url must be http(s)://host[:port], got {base_url!r}")
         self.host = parts.hostname
         self.tls = parts.scheme == "https"
         self.port = parts.port or (443 if self.tls else 80)
@@ -473,6 +483,8 @@ class StreamConnection(asyncio.Protocol):
                 gap = t - req.last_at
                 if gap > req.max_gap:
                     req.max_gap = gap
+                if req.second_at is None:
+                    req.second_at = t
                 req.last_at = t
                 req.chunks += 1
             w = self.window

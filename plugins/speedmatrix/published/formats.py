@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 
+from speedmatrix.errors import InputError
 from speedmatrix.records import check_quantity
 
 DASH = "—"  # an absent value, as the pages write it
@@ -45,7 +46,7 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
 _NUMBER = re.compile(r"^[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?$")
 
 
-class QuantityError(ValueError):
+class QuantityError(InputError):
     """A cell of the page that is not the quantity its column holds."""
 
 

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedmatrix.errors import InputError
+from speedmatrix.ownership import claim_dir, marker_name
 from speedmatrix.report.site_fleet import (
     Verdict,
     fleet_verdicts,
@@ -69,7 +71,7 @@ log = logging.getLogger("speedmatrix.site")
 
 MANIFEST = "_site.json"
 LOCK = ".site.lock"
-MARKER = ".speedmatrix-site"
+MARKER = marker_name("site")  # ".speedmatrix-site"
 """Says a folder is a site of ours: the build writes only into one that holds it (or
 `MANIFEST`, which sites built before the marker hold) or is new or empty: a user's own files are never overwritten."""
 SITE_FORMAT = 1  # bump when the site's own pages change shape: everything is rendered again
@@ -92,7 +94,7 @@ def default_site_dir(warehouse_root: str) -> str:
         return env
     root = warehouse_root.rstrip("/")
     if "://" in root:
-        raise ValueError(
+        raise InputError(
             "the warehouse is not a local path: set SPEEDMATRIX_SITE_DIR (or --out) to a "
             "local directory for the site"
         )
@@ -190,15 +192,7 @@ def claim_site_dir(root: Path) -> None:
     never overwrite a user's files of those names (`--out` pointed at the wrong folder). A new
     or empty folder gets the marker; one that holds it (or a manifest) is ours; anything else
     is a ValueError naming the path, and nothing in it is touched."""
-    root.mkdir(parents=True, exist_ok=True)
-    if (root / MARKER).exists() or (root / MANIFEST).exists():
-        return
-    if any(root.iterdir()):
-        raise ValueError(
-            f"{root} is not a speedmatrix site (no {MARKER} in it) and is not empty: "
-            "the site is written only into an empty folder or its own"
-        )
-    (root / MARKER).write_text("speedmatrix site: the site command writes here\n")
+    claim_dir(root, "site", also_ours=(MANIFEST,))  # the one marker rule (speedmatrix.ownership)
 
 
 def build_site(

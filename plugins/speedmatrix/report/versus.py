@@ -18,6 +18,7 @@ from typing import Any
 
 from speedmatrix.analysis.cost import Prices, cost_per_million, fmt_cost
 from speedmatrix.analysis.pareto import gpu_text, model_of
+from speedmatrix.errors import InputError
 from speedmatrix.published import formats as F
 from speedmatrix.records import cell_key, cell_sort_key
 from speedmatrix.report import palette
@@ -26,7 +27,7 @@ from speedmatrix.report.cellchange import from_cells, make_change
 Side = tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]]
 
 
-class VersusError(ValueError):
+class VersusError(InputError):
     """The two sides cannot be compared (not found, not the same model)."""
 
 

@@ -36,6 +36,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from speedmatrix.errors import InputError
+
 
 @dataclass
 class Faults:
@@ -58,21 +60,21 @@ class Faults:
         if isinstance(value, Faults):
             return value
         if not isinstance(value, dict):
-            raise ValueError(f"faults must be a mapping, not {type(value).__name__}")
+            raise InputError(f"faults must be a mapping, not {type(value).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = set(value) - known
         if unknown:
-            raise ValueError(f"unknown faults {sorted(unknown)}; known: {sorted(known)}")
+            raise InputError(f"unknown faults {sorted(unknown)}; known: {sorted(known)}")
         out = cls(**value)
         for f in fields(cls):
             v = getattr(out, f.name)
             if f.name == "engine_dead":
                 if not isinstance(v, bool):
-                    raise ValueError("faults.engine_dead must be true or false")
+                    raise InputError("faults.engine_dead must be true or false")
             elif v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise ValueError(f"faults.{f.name} must be a non-negative integer")
+                raise InputError(f"faults.{f.name} must be a non-negative integer")
         if out.metrics_error is not None and not 400 <= out.metrics_error <= 599:
-            raise ValueError("faults.metrics_error must be an HTTP error status (400-599)")
+            raise InputError("faults.metrics_error must be an HTTP error status (400-599)")
         return out
 
     def hits(self, every: int, index: int) -> bool:

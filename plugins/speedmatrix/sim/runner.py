@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from speedmatrix.errors import InputError
 from speedmatrix.settings import settings
 from speedmatrix.sim.faults import Faults
 from speedmatrix.sim.profile import Profile, load_profile
@@ -145,7 +146,7 @@ def serve(
         try:
             runner, bound = await _start(server, host, port)
         except OSError as exc:  # port in use, bad address: a one-line CLI error
-            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+            raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         import gc
 
         gc.freeze()  # start-up objects never need collecting: keeps full collections short

@@ -58,3 +58,14 @@ def engine_commit(
             if len(sha) == 40 and (name is None or same_commit(sha, name)):
                 return sha
     return canonical(name)
+
+
+def commits_between(repo: str, good: str, bad: str) -> list[str]:
+    """Commits after `good` up to and including `bad`, oldest first, from GitHub's compare API
+    through the project's client (upstream.github: retries, rate limits, checked shas). The
+    API is the deployment's (`upstream.schedule.github_api_url`), never a conf's: its answer
+    chooses what gets measured."""
+    from speedmatrix.upstream.github import GitHubClient
+    from speedmatrix.upstream.schedule import github_api_url
+
+    return [c.sha for c in GitHubClient(github_api_url(), timeout_s=20).compare(repo, good, bad)]

@@ -18,12 +18,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from speedmatrix.engine.hosts.wrapper import wrap_command
 
 log = logging.getLogger("speedmatrix.hosts")
 
 RETRIES = 3
+"""Tries in all for an idempotent step whose connection dropped (a refusal is never retried)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,35 @@ class HostRefused(HostError):
     connection id is not configured. Final: never retried, as retrying cannot fix it."""
 
 
+def reconnecting(
+    host: str,
+    attempts: int,
+    *,
+    pause: Callable[[int], float] = lambda attempt: min(2 * attempt, 5),
+    before: Callable[[], Any] | None = None,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> Retrying:
+    """The hosts' one retry rule: a :class:`HostConnectionError` is tried again, up to
+    ``attempts`` tries in all, ``pause(n)`` seconds after the n-th (2, 4, then 5 s); anything
+    else, and the last connection error itself, is raised as it is. ``before`` runs before each
+    wait (a reconnect). Call the result with the step: ``reconnecting(...)(step)``."""
+
+    def warn(state: Any) -> None:
+        exc = state.outcome.exception()
+        log.warning("%s: connection problem (%s); retry %d", host, exc, state.attempt_number)
+        if before is not None:
+            before()
+
+    return Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=lambda state: pause(state.attempt_number),
+        retry=retry_if_exception_type(HostConnectionError),
+        before_sleep=warn,
+        sleep=sleep,
+        reraise=True,
+    )
+
+
 class Host(ABC):
     """One machine commands run on. Get one with :func:`get_host`."""
 
@@ -120,20 +153,17 @@ class Host(ABC):
         ended on the host first). ``check=True`` raises :class:`CommandError` on a non-zero exit.
         """
         attempts = RETRIES if idempotent else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                result = self._run_once(cmd, timeout_s, idle_timeout_s, env, stream)
-                break
-            except HostConnectionError as exc:
-                if attempt == attempts:
-                    if not idempotent:
-                        raise HostConnectionError(
-                            f"{exc}; the step may have run partly and is not repeated "
-                            "automatically because it is not idempotent"
-                        ) from exc
-                    raise
-                log.warning("%s: connection problem (%s); retry %d", self.name, exc, attempt)
-                time.sleep(min(2 * attempt, 5))
+        try:
+            result = reconnecting(self.name, attempts)(
+                self._run_once, cmd, timeout_s, idle_timeout_s, env, stream
+            )
+        except HostConnectionError as exc:
+            if idempotent:
+                raise
+            raise HostConnectionError(
+                f"{exc}; the step may have run partly and is not repeated "
+                "automatically because it is not idempotent"
+            ) from exc
         if check and result.rc != 0:
             raise CommandError(self.name, cmd, result)
         return result
@@ -239,16 +269,7 @@ class Host(ABC):
     def _retrying(self, fn: Callable[[], None]) -> None:
         """Run an idempotent file copy; a dropped connection (at connect time or in the middle
         of the transfer) reconnects and retries, up to ``RETRIES`` tries in all."""
-        for attempt in range(1, RETRIES + 1):
-            try:
-                fn()
-                return
-            except HostConnectionError as exc:
-                if attempt == RETRIES:
-                    raise
-                log.warning("%s: connection problem (%s); retry %d", self.name, exc, attempt)
-                self._reset()
-                time.sleep(min(2 * attempt, 5))
+        reconnecting(self.name, RETRIES, before=self._reset)(fn)
 
     # ---------------------------------------------------------------- transport
     @abstractmethod

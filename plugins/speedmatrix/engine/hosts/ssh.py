@@ -30,6 +30,7 @@ from speedmatrix.engine.hosts.base import (
     HostError,
     HostRefused,
     joined_text,
+    reconnecting,
 )
 from speedmatrix.engine.hosts.wrapper import CMD_DIR, END_GRACE_S, ENDED, ENDER
 
@@ -66,7 +67,8 @@ class SSHHost(Host):
     def _client(self):
         """The connection, made on first use: up to ``RETRIES`` attempts for a transient
         failure, one for a refusal (:class:`HostRefused`)."""
-        for attempt in range(1, RETRIES + 1):
+
+        def connect():
             try:
                 return self.hook.get_conn()
             except Exception as exc:  # paramiko raises many types; most mean "no connection"
@@ -76,11 +78,9 @@ class SSHHost(Host):
                     raise HostRefused(
                         f"cannot connect to {self.name}: {refusal} ({why}); not retried"
                     ) from exc
-                if attempt == RETRIES:
-                    raise HostConnectionError(f"cannot connect to {self.name}: {why}") from exc
-                log.warning("%s: cannot connect (%s); attempt %d", self.name, why, attempt + 1)
-                time.sleep(min(2 * attempt, 5))
-        raise AssertionError("unreachable")
+                raise HostConnectionError(f"cannot connect to {self.name}: {why}") from exc
+
+        return reconnecting(self.name, RETRIES)(connect)
 
     def _registration(self) -> str:
         """A file of this command's own, under the host-wide env's HOME when it sets one (the
@@ -161,16 +161,12 @@ class SSHHost(Host):
         cmd = f"bash -c {shlex.quote(ENDER)} ender {shlex.quote(reg)} {int(END_GRACE_S * 10)}"
         res: CommandResult | None = None
         why = ""
-        for attempt in range(1, RETRIES + 1):
-            try:
-                res = self._run_once(cmd, 30 + END_GRACE_S, None, None, False, track=False)
-                break
-            except HostConnectionError as exc:
-                why = str(exc)
-                time.sleep(min(attempt, 3))
-            except HostError as exc:
-                why = str(exc)
-                break
+        try:  # a connection error is tried again (1 s, then 2 s later), any other error not
+            res = reconnecting(self.name, RETRIES, pause=lambda attempt: min(attempt, 3))(
+                self._run_once, cmd, 30 + END_GRACE_S, None, None, False, track=False
+            )
+        except HostError as exc:
+            why = str(exc)
         word = res.stdout.split()[0] if res is not None and res.stdout.split() else ""
         if res is not None and res.rc == 0 and word in ENDED:
             return ENDED[word]
