@@ -176,11 +176,17 @@ def run_verdict(
         return Verdict("no baseline", "not compared (no baseline)", None)
     parts = []
     if reg:
-        parts.append(f"{len(reg)} cell{'s' if len(reg) != 1 else ''} regressed ({_few(reg)})")
+        parts.append(
+            f"{len(reg)} cell{'s' if len(reg) != 1 else ''} regressed ({_few(reg)}): "
+            + _families(rows, "regression")
+        )
     if imp:
-        parts.append(f"{len(imp)} cell{'s' if len(imp) != 1 else ''} improved ({_few(imp)})")
+        parts.append(
+            f"{len(imp)} cell{'s' if len(imp) != 1 else ''} improved ({_few(imp)}): "
+            + _families(rows, "improvement")
+        )
     word = "mixed" if reg and imp else "regressed" if reg else "improved" if imp else "clean"
-    text_ = ", ".join(parts) if parts else "no change beyond noise"
+    text_ = "; ".join(parts) if parts else "no change beyond noise"
     if status == "partial":
         text_ += " (partial run)"
     return Verdict(word, text_, baseline)
@@ -231,6 +237,20 @@ def _cells_with(rows: pd.DataFrame, verdict: str) -> list[str]:
         )
     }
     return sorted(cells, key=lambda name: (cell_sort_key(cells[name]), name))
+
+
+def _families(rows: pd.DataFrame | None, verdict: str) -> str:
+    """What moved, named (a badge names its metric): the figure families of the rows with
+    `verdict`, in the order analysis.display.FAMILIES gives them."""
+    from speedmatrix.analysis.display import family_of
+
+    if rows is None:
+        return ""
+    names: list[str] = []
+    for metric in rows.loc[rows["verdict"] == verdict, "metric"]:
+        if (name := family_of(metric)) not in names:
+            names.append(name)
+    return ", ".join(names)
 
 
 def _few(names: Sequence[str], most: int = 3) -> str:
