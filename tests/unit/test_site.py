@@ -220,7 +220,7 @@ def test_site_command(tmp_path, capsys):
     assert main(["site", "--warehouse", str(tmp_path / "wh"), "--out", str(out)]) == 0
     printed = capsys.readouterr()
     assert printed.out.strip() == str(out / "index.html")
-    assert "1 runs" in printed.err
+    assert "1 run, 1 recipe;" in printed.err
     # an id with a slash is a file name of its own, and linked as such
     assert (out / "runs" / f"{slug('only/run')}.html").exists()
     assert f'href="{run_page("only/run")}"' in (out / "index.html").read_text()

@@ -40,6 +40,7 @@ from speedmatrix.commits import same_commit
 from speedmatrix.records import cell_key, cell_name, cell_sort_key, not_comparable_reason
 from speedmatrix.store.schemas import COMPARISON_FIELDS, COMPARISONS_SCHEMA
 from speedmatrix.upstream.github import github_repo
+from speedmatrix.words import count
 
 DEFAULT_THRESHOLD = 0.03
 VERDICTS = ("regression", "improvement", "noise", "unverified", "not_comparable")
@@ -455,7 +456,7 @@ def summarize(
     """The text a failing `regressions` task shows: cells, baseline, commits between them."""
     bad = regression_rows(rows)
     head = (
-        f"{len(bad)} regression(s) in run {run.get('run_id')} "
+        f"{count(len(bad), 'regression')} in run {run.get('run_id')} "
         f"(recipe {run.get('recipe_id')}, host {run.get('host')}) "
         f"against baseline {baseline.get('run_id')}"
     )
