@@ -196,11 +196,15 @@ def run_verdict(
         return Verdict("no baseline", "not compared (no baseline)", None)
     parts = []
     if reg:
-        parts.append(f"{count(len(reg), 'cell')} regressed ({_few(reg)})")
+        parts.append(
+            f"{count(len(reg), 'cell')} regressed ({_few(reg)}): {_families(rows, 'regression')}"
+        )
     if imp:
-        parts.append(f"{count(len(imp), 'cell')} improved ({_few(imp)})")
+        parts.append(
+            f"{count(len(imp), 'cell')} improved ({_few(imp)}): {_families(rows, 'improvement')}"
+        )
     word = "mixed" if reg and imp else "regressed" if reg else "improved" if imp else "clean"
-    text_ = ", ".join(parts) if parts else "no change beyond noise"
+    text_ = "; ".join(parts) if parts else "no change beyond noise"
     if status == "partial":
         text_ += " (partial run)"
     return Verdict(word, text_, baseline)
@@ -251,6 +255,20 @@ def _cells_with(rows: pd.DataFrame, verdict: str) -> list[str]:
         )
     }
     return sorted(cells, key=lambda name: (cell_sort_key(cells[name]), name))
+
+
+def _families(rows: pd.DataFrame | None, verdict: str) -> str:
+    """What moved, named (a badge names its metric): the figure families of the rows with
+    `verdict`, in the order analysis.display.FAMILIES gives them."""
+    from speedmatrix.analysis.display import family_of
+
+    if rows is None:
+        return ""
+    names: list[str] = []
+    for metric in rows.loc[rows["verdict"] == verdict, "metric"]:
+        if (name := family_of(metric)) not in names:
+            names.append(name)
+    return ", ".join(names)
 
 
 def _few(names: Sequence[str], most: int = 3) -> str:
