@@ -109,6 +109,7 @@ def resolve(
             adaptive=_override(conf, "adaptive", m.adaptive),
             adaptive_min_s=_override(conf, "adaptive_min_s", m.adaptive_min_s),
             adaptive_target_pct=adaptive_target_pct(recipe.schedule.regression_threshold_pct),
+            kv_budget=_override(conf, "kv_budget", m.kv_budget),
         )
         check_matrix(spec, recipe.model.max_model_len)
     except ValueError as exc:
@@ -159,6 +160,7 @@ def resolve(
                 "adaptive": spec.adaptive,
                 "adaptive_min_s": spec.adaptive_min_s,
                 "adaptive_target_pct": spec.adaptive_target_pct,
+                "kv_budget": spec.kv_budget,
             },
             "repeats": repeats,
             "repeat_cells": repeat_cells,
