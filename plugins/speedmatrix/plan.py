@@ -12,6 +12,7 @@ back, so C requests of ctx + max_out tokens fit only when
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -27,11 +28,23 @@ from speedmatrix.records import (
     context_label,
     empty_cell,
     parse_cell,
+    parse_concurrency,
     parse_context,
 )
 
 MAX_REPEATS = 10
 """Upper bound of the `repeats` option: each pass costs a whole matrix's worth of windows."""
+
+
+MAX_CELLS = 256
+"""The most cells one run may measure (prefill contexts + contexts x concurrencies). The largest
+published matrix has 55 (7 prefills, 6 contexts x 8 concurrencies); each cell costs a window of
+tens of seconds and a task, so 4,999 levels is a mistake, not a plan."""
+MAX_CONCURRENCY = 4096
+"""The most requests in flight one cell may ask for: 16x vLLM's default max_num_seqs (256) and
+far past the published pages' 128; a load generator of 10^15 streams would never start."""
+MAX_CONTEXT_TOKENS = 16 * 1024 * 1024
+"""The longest context (tokens) a cell may ask for: 16M, past every served model's length."""
 
 
 class PlanError(InputError):
@@ -54,12 +67,20 @@ class KvCapacity:
         return self.num_blocks * self.block_size
 
 
-def _tokens(value: int | str) -> int:
-    """`records.parse_context`, its error as a PlanError (the matrix's fault)."""
+def _tokens(value: int | str, name: str) -> int:
+    """`records.parse_context`, its error as a PlanError (the matrix's fault) naming the list."""
     try:
         return parse_context(value)
     except ValueError as exc:
-        raise PlanError(str(exc)) from None
+        raise PlanError(f"{name}: {exc}") from None
+
+
+def _count(value: int | str) -> int:
+    """`records.parse_concurrency`, its error as a PlanError (the matrix's fault)."""
+    try:
+        return parse_concurrency(value)
+    except ValueError as exc:
+        raise PlanError(f"concurrencies: {exc}") from None
 
 
 def cell_label(context_tokens: int, concurrency: int) -> str:
@@ -108,15 +129,37 @@ class MatrixSpec:
         measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE,
     ) -> MatrixSpec:
         return cls(
-            prefill_contexts=tuple(_tokens(c) for c in prefill_contexts),
-            contexts=tuple(_tokens(c) for c in contexts),
-            concurrencies=tuple(_tokens(c) for c in concurrencies),
+            prefill_contexts=tuple(_tokens(c, "prefill_contexts") for c in prefill_contexts),
+            contexts=tuple(_tokens(c, "contexts") for c in contexts),
+            concurrencies=tuple(_count(c) for c in concurrencies),
             max_output_tokens=int(max_output_tokens),
             window_s=float(window_s),
             prompt_mode=prompt_mode,
             workload=workload,
             measurement_profile=measurement_profile,
         )
+
+
+def matrix_size_problems(spec: MatrixSpec) -> list[str]:
+    """The bounds of a matrix (cells per run, each value), as readable sentences: the one rule
+    for a conf, `speedmatrix run` and a recipe alike."""
+    problems: list[str] = []
+    cells = len(spec.prefill_contexts) + len(spec.contexts) * len(spec.concurrencies)
+    if cells > MAX_CELLS:
+        problems.append(
+            f"{cells} cells ({len(spec.prefill_contexts)} prefill + {len(spec.contexts)} "
+            f"contexts x {len(spec.concurrencies)} concurrencies): a run measures at most "
+            f"{MAX_CELLS} cells"
+        )
+    for name, values, most in (
+        ("prefill_contexts", spec.prefill_contexts, MAX_CONTEXT_TOKENS),
+        ("contexts", spec.contexts, MAX_CONTEXT_TOKENS),
+        ("concurrencies", spec.concurrencies, MAX_CONCURRENCY),
+    ):
+        big = [v for v in values if v > most]
+        if big:
+            problems.append(f"{name} must be at most {most}, got {big[:10]}")
+    return problems
 
 
 def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[str]:
@@ -126,6 +169,7 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
         problems.append("the matrix is empty: no contexts and no prefill_contexts")
     if spec.contexts and not spec.concurrencies:
         problems.append("contexts are given but concurrencies is empty")
+    problems += matrix_size_problems(spec)
     for name, values in (
         ("prefill_contexts", spec.prefill_contexts),
         ("contexts", spec.contexts),
@@ -133,10 +177,10 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
     ):
         bad = [v for v in values if v < 1]
         if bad:
-            problems.append(f"{name} must be positive, got {bad}")
-        dupes = sorted({v for v in values if values.count(v) > 1})
+            problems.append(f"{name} must be positive, got {bad[:10]}")
+        dupes = sorted(v for v, n in Counter(values).items() if n > 1)
         if dupes:
-            problems.append(f"{name} has duplicates: {dupes}")
+            problems.append(f"{name} has duplicates: {dupes[:10]}")
     if spec.max_output_tokens < 1:
         problems.append(f"max_output_tokens must be >= 1, got {spec.max_output_tokens}")
     if spec.contexts and spec.window_s <= 0:

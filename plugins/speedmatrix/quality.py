@@ -457,6 +457,20 @@ def validate_run(
     runs_outcome = _run_suite(context, "runs", runs_df, _runs_expectations(secrets))
     cells_outcome.result = _json_safe(cells_outcome.result, secrets)
     runs_outcome.result = _json_safe(runs_outcome.result, secrets)
+    # numbers no suite can see: GX reads NaN as a missing value, and a figure of -1e300 in a
+    # cell no range applies to (failed, invalid) would land as it is
+    for outcome, rows, fields in (
+        (cells_outcome, cells, CELL_FIELDS),
+        (runs_outcome, [run], RUN_FIELDS),
+    ):
+        for i, row in enumerate(rows):
+            if reasons := number_problems(row, fields):
+                outcome.failed_rows.setdefault(i, []).extend(reasons)
+                outcome.result.setdefault("expectations", []).extend(
+                    {"expectation": why, "success": False, "rows": [i]} for why in reasons
+                )
+    if runs_outcome.failed_rows:
+        runs_outcome.success = False
     good, bad = _split(cells, cells_outcome.failed_rows)
     later = {i - len(cells): why for i, why in cells_outcome.failed_rows.items() if i >= len(cells)}
     good_repeats, bad_repeats = _split(repeats, later)
@@ -471,6 +485,24 @@ def validate_run(
     )
     log.info("%s; %s", cells_outcome.summary(), runs_outcome.summary())
     return outcome
+
+
+def number_problems(row: dict, fields: Sequence[records.Field]) -> list[str]:
+    """A reason per number of `row` that cannot be a figure: not finite, past
+    records.MAX_QUANTITY (records.check_quantity, the one bound), a negative GPU count."""
+    out = []
+    for f in fields:
+        value = row.get(f.name)
+        if f.type not in ("int", "float") or value is None or isinstance(value, bool):
+            continue
+        try:
+            records.check_quantity(float(value), value)
+        except (TypeError, ValueError):
+            out.append(f"finite_and_at_most_1e15({f.name})")
+            continue
+        if f.name == "hardware_gpu_count" and value < 0:  # 0: not known (a server of another's)
+            out.append(f"not_negative({f.name}): {value}")
+    return out
 
 
 def _split(

@@ -26,8 +26,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from speedmatrix.errors import InputError
-from speedmatrix.plan import MatrixSpec, PlanError, fits_model, repeat_keys
-from speedmatrix.records import check_quantity, parse_context
+from speedmatrix.plan import MatrixSpec, PlanError, fits_model, matrix_size_problems, repeat_keys
+from speedmatrix.records import check_quantity, parse_concurrency, parse_context
 from speedmatrix.redact import REDACTED, SECRET_FLAGS, is_secret_name, looks_like_secret
 from speedmatrix.refs import classify_ref, ref_slug
 from speedmatrix.settings import settings
@@ -207,6 +207,13 @@ class Matrix(_Strict):
             return tuple(parse_context(x) for x in v)
         return v
 
+    @field_validator("concurrencies", mode="before")
+    @classmethod
+    def _concurrencies(cls, v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            return tuple(parse_concurrency(x) for x in v)
+        return v
+
 
 class Schedule(_Strict):
     nightly: bool = False
@@ -366,6 +373,15 @@ class Recipe(_Strict):
             yield "matrix", "empty matrix: no prefill_contexts and no contexts"
         if m.contexts and not m.concurrencies:
             yield "matrix.concurrencies", "decode contexts given but no concurrencies"
+        size = MatrixSpec.build(
+            prefill_contexts=m.prefill_contexts,
+            contexts=m.contexts,
+            concurrencies=m.concurrencies,
+            max_output_tokens=m.max_output_tokens,
+            window_s=m.window_s,
+        )
+        for problem in matrix_size_problems(size):
+            yield "matrix", problem
         for i, c in enumerate(m.concurrencies):
             if c < 1:
                 yield f"matrix.concurrencies[{i}]", f"{c} is not a positive number of requests"

@@ -105,11 +105,24 @@ CELL_FIELDS: tuple[Field, ...] = (
     Field("ttft_p99_ms", "float", True, "p99 time to first token"),
     Field("tbt_p90_ms", "float", True, "p90 over requests of per-request time-between-tokens"),
     Field("tbt_p99_ms", "float", True, "p99 over requests of per-request time-between-tokens"),
+    Field(
+        "ttst_ms",
+        "float",
+        True,
+        "median over requests of their second token arrival - their first (the first decode "
+        "step apart from the prefill; the published tool's time to second token)",
+    ),
     Field("chunk_gap_ms", "float", True, "median gap between chunks that carried tokens"),
     Field("tokens_per_chunk", "float", True, "mean output tokens per content chunk"),
     Field("requests_started", "int", True, "requests started in the cell (window and warm-up)"),
     Field("requests_failed", "int", True, "requests that failed in the cell"),
-    Field("samples", "int", True, "requests contributing a time-between-tokens sample"),
+    Field(
+        "samples",
+        "int",
+        True,
+        "decode: requests contributing a time-between-tokens sample; prefill: cold prompts "
+        "measured (docs/measurement.md, prefill)",
+    ),
     Field(
         "active_source",
         "str",
@@ -170,6 +183,20 @@ CELL_FIELDS: tuple[Field, ...] = (
         True,
         "default or published (MEASUREMENT_PROFILES: whose definitions measured the cell); "
         "null: landed before it was recorded (default)",
+    ),
+    Field(
+        "ttft_samples",
+        "int",
+        True,
+        "requests whose TTFT the cell's ttft_ms is the median of (prefill: its cold prompts); "
+        "null: landed before it was recorded",
+    ),
+    Field(
+        "ttft_spread_pct",
+        "float",
+        True,
+        "(max - min) / median of those TTFTs, percent: how far the samples of this one cell "
+        "disagreed (null with fewer than 2)",
     ),
 )
 
@@ -284,11 +311,14 @@ def check_quantity(value: float, text: object) -> float:
 
 """Tokens per `K` in a context label: the published reports count in 1024s (8K = 8192)."""
 
-_CONTEXT_RE = re.compile(r"(\d+)\s*([kK]?)")
+# ASCII digits only (re.ASCII): `\d` alone also reads `١٢` (Arabic-Indic) or `１` (full-width)
+# as numbers, which no page or recipe means.
+_CONTEXT_RE = re.compile(r"([0-9]+)\s*([kK]?)", re.ASCII)
+_COUNT_RE = re.compile(r"[0-9]+", re.ASCII)
 _CELL_RE = re.compile(
     r"^\s*(?:(?P<prefill>prefill)[\s@:]*(?P<pctx>\d+\s*K?)"
     r"|(?P<ctx>\d+\s*K?)\s*[xX\u00d7]\s*(?P<conc>\d+))\s*$",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,
 )
 _PHASE_RANK = {"prefill": 0, "decode": 1}
 
@@ -306,6 +336,25 @@ def context_label(tokens: int) -> str:
     if tokens >= K:
         return f"{round(tokens / K)}K"
     return str(tokens)
+
+
+def label_span(label: str | int) -> tuple[int, int]:
+    """The token counts (first, last) that ``context_label`` names `label`: the inverse of the
+    one labelling rule, read off it (`64K` -> 65,024..66,048; `1K` -> 1,024..1,535, below
+    1,024 a count is its own label). Why: a cell measured anywhere its label reaches (a recipe's
+    context shortened to fit max_model_len keeps its label: plan.sent_context) is that
+    label's cell, wherever a rule asks which cell a token count belongs to."""
+    tokens = parse_context(label)
+    if tokens < K:
+        return tokens, tokens
+    label = context_label(tokens)  # `64k`, `65536`: written as the rule writes it
+    n = round(tokens / K)
+    lo, hi = n * K - K // 2, n * K + K // 2
+    while context_label(lo) != label:
+        lo += 1
+    while context_label(hi) != label:
+        hi -= 1
+    return lo, hi
 
 
 def parse_context(value: int | str) -> int:
@@ -329,6 +378,25 @@ def parse_context(value: int | str) -> int:
     tokens = int(match.group(1)) * (K if match.group(2) else 1)
     check_quantity(tokens, value)
     return tokens
+
+
+def parse_concurrency(value: int | str) -> int:
+    """`16` / 16 -> 16: the one reading of a concurrency (a number of requests in flight).
+
+    Written in ASCII digits only: `int()` alone reads `+1`, ` 2 ` and Arabic-Indic `١` as
+    numbers, and a `K` is a context's unit, not a count's. Ranges (positive, at most
+    plan.MAX_CONCURRENCY) are the matrix's to check (plan.matrix_problems), so a plan names every
+    problem at once. ValueError otherwise.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a number of requests: {value!r}")
+    if isinstance(value, int):
+        check_quantity(value, value)
+        return value
+    text = str(value).strip()
+    if not isinstance(value, str) or _COUNT_RE.fullmatch(text) is None:
+        raise ValueError(f"not a number of requests: {value!r} (write ASCII digits: 16)")
+    return int(check_quantity(int(text), value))
 
 
 # A list written as text, where a form or a flag gives one field for many values:
@@ -373,7 +441,11 @@ def parse_cell(spec: str) -> CellKey:
         raise InputError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
     if m.group("prefill"):
         return "prefill", context_label(parse_context(m.group("pctx"))), 1
-    return "decode", context_label(parse_context(m.group("ctx"))), int(m.group("conc"))
+    return (
+        "decode",
+        context_label(parse_context(m.group("ctx"))),
+        parse_concurrency(m.group("conc")),
+    )
 
 
 def cell_key(cell: Mapping[str, object]) -> CellKey:
@@ -427,15 +499,39 @@ every entry point (resolve, so the DAG and `speedmatrix run`; `speedmatrix inges
 first with :func:`path_field_problems`."""
 
 
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.~:+@=-]*", re.ASCII)
+"""What a run id is made of: ours (`<recipe with ~ for />__<ref>__<trigger>__<stamp>__<tag>`,
+`ingest-<hex>`) and any a person would choose; never a path (no `/`), never hidden."""
+_NAME_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def path_field_problems(values: Mapping[str, Any]) -> list[str]:
-    """One line per PATH_FIELDS value in `values` that is too long for a file name, naming the
-    field, its length and the limit; [] when every one fits (absent / None ones are skipped)."""
+    """One line per PATH_FIELDS value in `values` that cannot be part of a file name: a control
+    character, a part that is hidden or `..`, a run id that is not a name (RUN_ID_RE), or too
+    long (naming its length and the limit); [] when every one fits (absent / None ones are
+    skipped). The one check of names at every entry point: resolve, ingest, migrate."""
     out = []
     for name in PATH_FIELDS:
         value = values.get(name)
         if value is None:
             continue
-        written = len(urllib.parse.quote(str(value), safe="-_.~"))
+        text = str(value)
+        if _NAME_CONTROL.search(text):
+            out.append(f"{name} must not hold control characters (newline, NUL…): {text[:60]!r}")
+            continue
+        if any(part.startswith(".") or not part for part in text.split("/")):
+            out.append(
+                f"{name} must not have a part that is empty or starts with '.' "
+                f"(hidden, `..`): {text[:60]!r}"
+            )
+            continue
+        if name == "run_id" and not RUN_ID_RE.fullmatch(text):
+            out.append(
+                f"run_id must be letters, digits and _ . ~ : + @ = - (no /), starting with a "
+                f"letter or digit: {text[:60]!r}"
+            )
+            continue
+        written = len(urllib.parse.quote(text, safe="-_.~"))
         if written > MAX_PATH_VALUE:
             out.append(
                 f"{name} is too long to be part of a file name: {len(str(value))} characters "
@@ -444,16 +540,34 @@ def path_field_problems(values: Mapping[str, Any]) -> list[str]:
     return out
 
 
-COMPARABILITY_FIELDS: tuple[str, ...] = ("metric_version", "workload", "measurement_profile")
+COMPARABILITY_FIELDS: tuple[str, ...] = (
+    "metric_version",
+    "workload",
+    "measurement_profile",
+    "prompt_mode",
+    "max_output_tokens",
+    "window_s",
+)
 """What two cells must share for their figures to be compared, trended or pooled at all: the
 metric's definition, the decode workload (an article and a continuation measure different
-things on a speculative decoder, docs/measurement.md rule 11) and the measurement profile (our
-definitions or the published tool's). The one rule of what may be compared, for verdicts,
-trends, the site and bisection alike; extend it here."""
+things on a speculative decoder, docs/measurement.md rule 11), the measurement profile (our
+definitions or the published tool's), the prompt mode (shared prompts hit the prefix cache),
+the output tokens asked per request and the window's length (a shorter window counts a
+larger share of ramp-up). The one rule of what may be compared, for verdicts, noise, trends,
+the site and bisection alike (:func:`not_comparable_reason`); extend it here."""
 
 _READ_MISSING_AS = {"measurement_profile": DEFAULT_MEASUREMENT_PROFILE}
 """A field recorded only since some point: a cell landed before it was measured by what is
 now its default (a cell without a measurement profile was measured by our definitions)."""
+
+
+_UNRECORDED_IS_UNKNOWN = frozenset({"prompt_mode", "max_output_tokens", "window_s"})
+"""Fields a cell may lack (a prefill cell has no prompt mode; an ingested page or a cell
+landed by hand records none): a side that did not record one cannot be told apart by it."""
+
+
+def _empty(v: object) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
 
 
 def _same_value(a: object, b: object) -> bool:
@@ -469,6 +583,8 @@ def not_comparable_reason(cell: Mapping[str, Any], baseline: Mapping[str, Any]) 
     or None when they may (COMPARABILITY_FIELDS all equal)."""
     for name in COMPARABILITY_FIELDS:
         a, b = _comparable_value(cell, name), _comparable_value(baseline, name)
+        if name in _UNRECORDED_IS_UNKNOWN and (_empty(a) or _empty(b)):
+            continue
         if not _same_value(a, b):
             return f"{name} {b} -> {a}"
     return None
@@ -521,6 +637,7 @@ class CellRecord(TypedDict):
     ttft_p99_ms: float | None
     tbt_p90_ms: float | None
     tbt_p99_ms: float | None
+    ttst_ms: float | None
     chunk_gap_ms: float | None
     tokens_per_chunk: float | None
     requests_started: int | None
@@ -540,6 +657,8 @@ class CellRecord(TypedDict):
     copy_share: float | None
     warmup_s: float | None
     measurement_profile: str | None
+    ttft_samples: int | None
+    ttft_spread_pct: float | None
 
 
 # ------------------------------------------------------------------- the one validity rule set

@@ -11,8 +11,10 @@ Standard library only (like records.py), so any layer may import it.
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 REDACTED = "<redacted>"
 
@@ -30,8 +32,13 @@ _NAME = rf"(?=[A-Za-z0-9_]*?{_WORDS}(?![A-Za-z0-9]))(?>[A-Za-z0-9_]+)"
 # the look-behind at every position (whitespace-heavy lines: 0.2 -> 0.01 s per MB).
 _WORD_START = r"(?=[A-Za-z0-9_])"
 _NAME_RE = re.compile(_NAME, re.IGNORECASE)
-# Credentials written in clear, recognisable by their prefix: Hugging Face, OpenAI, GitHub, AWS.
-_VALUE = r"(?:hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|AKIA[0-9A-Z]{12,})"
+# Credentials written in clear, recognisable by their prefix: Hugging Face, OpenAI, GitHub
+# (classic and fine-grained), GitLab, PyPI, AWS.
+_VALUE = (
+    r"(?:hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{8,}"
+    r"|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{16,}|pypi-[A-Za-z0-9_-]{16,}"
+    r"|AKIA[0-9A-Z]{12,})"
+)
 _VALUE_RE = re.compile(_VALUE)
 _NOT_DONE = rf"(?!{re.escape(REDACTED)})"
 _ARG = r"(?:\"[^\"]*\"|'[^']*'|\S+)"  # one shell word, quoted or not
@@ -43,6 +50,16 @@ _FLAG_RE = re.compile(rf"({_FLAG}){_NOT_DONE}{_ARG}")
 _ENV_RE = re.compile(rf"({_ENV}){_NOT_DONE}{_ARG}", re.IGNORECASE)
 _BEARER_RE = re.compile(rf"({_BEARER}){_NOT_DONE}\S+", re.IGNORECASE)
 _LITERAL_RE = re.compile(rf"(?<![\w-]){_VALUE}")
+# A URL's userinfo (`https://user:password@host`, `s3://KEY:SECRET@bucket`, a token as the
+# user): all of it, up to the last `@` of the authority. Found from the literal `://` (no
+# backtracking over a long scheme-like run), so linear on any input.
+_USERINFO_RE = re.compile(rf"(://){_NOT_DONE}[^\s/?#@]+(?:@[^\s/?#@]+)*@")
+# A secret query parameter: presigned S3 URLs (X-Amz-Signature, X-Amz-Credential,
+# X-Amz-Security-Token), a `token=`, `sig=`, `password=`, `api_key=`… Also after `&amp;` (a
+# URL as HTML writes it). The value ends where the parameter does.
+_PARAM_WORDS = r"(?:signature|credential|token|secret|password|passwd|api[_-]?key|key|sig)"
+_PARAM = rf"(?:[?&;]|&amp;)(?:[\w.-]*[_.-])?{_PARAM_WORDS}="
+_PARAM_RE = re.compile(rf"({_PARAM}){_NOT_DONE}[^&#\s\"'<>]+", re.IGNORECASE)
 
 # Without capture groups (pandas warns on groups in str.contains); the same pieces as above.
 SECRET_PATTERNS: tuple[str, ...] = (
@@ -50,6 +67,8 @@ SECRET_PATTERNS: tuple[str, ...] = (
     rf"(?i){_ENV}{_NOT_DONE}\S",
     rf"(?i){_BEARER}{_NOT_DONE}\S",
     _LITERAL_RE.pattern,
+    rf"://{_NOT_DONE}[^\s/?#@]+@",
+    rf"(?i){_PARAM}{_NOT_DONE}[^&#\s\"'<>]",
 )
 """What a text must not match once redacted (the runs suite's regex list for launch_command)."""
 
@@ -67,7 +86,9 @@ def looks_like_secret(value: str) -> bool:
 def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
     """`text` with known secret values and credential-looking values replaced by `<redacted>`:
     the value of a secret flag (`--api-key k`, `--api-key="k"`), of a secret variable
-    (`HF_TOKEN=…`), a bearer token, and any clear credential (`hf_…`). None stays None."""
+    (`HF_TOKEN=…`), a bearer token, a URL's userinfo (`https://user:pass@…` ->
+    `https://<redacted>@…`), a secret query parameter (`X-Amz-Signature=…`, `token=…`), and any
+    clear credential (`hf_…`, `github_pat_…`, `glpat-…`, `pypi-…`). None stays None."""
     if text is None:
         return None
     for secret in secrets:
@@ -76,4 +97,34 @@ def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
     text = _FLAG_RE.sub(rf"\g<1>{REDACTED}", text)
     text = _ENV_RE.sub(rf"\g<1>{REDACTED}", text)
     text = _BEARER_RE.sub(rf"\g<1>{REDACTED}", text)
+    text = _USERINFO_RE.sub(rf"\g<1>{REDACTED}@", text)
+    text = _PARAM_RE.sub(rf"\g<1>{REDACTED}", text)
     return _LITERAL_RE.sub(REDACTED, text)
+
+
+def _redacting_factory(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        name = record.name or ""  # None in logging.makeLogRecord's blank record
+        if name != "speedmatrix" and not name.startswith("speedmatrix."):
+            return record
+        try:
+            record.msg, record.args = redact(record.getMessage()), None
+            if record.exc_info and not record.exc_text:
+                record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        except Exception:  # a bad format string is the handler's to report, as without us
+            pass
+        return record
+
+    factory.redacts = True  # type: ignore[attr-defined]
+    return factory
+
+
+def install_log_redaction() -> None:
+    """Every log record of a ``speedmatrix.*`` logger, message and traceback, passes through
+    :func:`redact` when it is made, whatever handler later writes it (the command line's,
+    Airflow's task log, a test's): a logged URL or exception never shows a credential.
+    Idempotent; records of other libraries are left as they are."""
+    current = logging.getLogRecordFactory()
+    if not getattr(current, "redacts", False):
+        logging.setLogRecordFactory(_redacting_factory(current))

@@ -309,7 +309,7 @@ class Settings:
             try:
                 values[f.name] = meta["parse"](raw)
             except ValueError as exc:
-                shown = REDACTED if meta["secret"] else repr(raw)
+                shown = REDACTED if meta["secret"] else repr(redact(raw))
                 raise SettingsError(f"{name}={shown}: {exc}. {name}: {meta['doc']}") from None
             sources[f.name] = name
         values.setdefault("warehouse", _default_warehouse())

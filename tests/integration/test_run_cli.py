@@ -110,6 +110,28 @@ def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None
     assert _healthy(sim_url), "a server already running is not ours to stop"
 
 
+def test_run_repeats_the_cells_it_names_as_the_dag_does(sim_url, tmp_path, capsys) -> None:
+    """`--repeats 2 --repeat-cells 'prefill 8K'`: the prefill measured a second time, a whole
+    pass later, landed in cell_repeats beside the run (the DAG's conf keys, the DAG's steps)."""
+    from speedmatrix.store.extra import read_extra
+
+    wh = tmp_path / "wh"
+    rc = main(["run", "--base-url", sim_url, "--model", MODEL, *TINY, "--concurrencies", "1",
+               "--repeats", "2", "--repeat-cells", "prefill 8K", "--warehouse", str(wh)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    run, cells, _ = _landed(wh, out)
+    assert sorted((c["phase"], c["concurrency"]) for c in cells) == [("decode", 1), ("prefill", 1)]
+    repeats = read_extra(Warehouse(str(wh)), "cell_repeats", run_id=run["run_id"])
+    assert [(r["phase"], r["context_label"]) for r in repeats.to_dict("records")] == [
+        ("prefill", "8K")
+    ]
+    assert "[3/3]" in err  # the repeat is a cell of the run's progress too
+    # the prefill's samples and their spread land with the cell (issue 40, item 3)
+    pre = next(c for c in cells if c["phase"] == "prefill")
+    assert pre["samples"] == pre["ttft_samples"] == 3 and pre["ttft_spread_pct"] is not None
+
+
 def test_run_a_recipe_on_this_host(tmp_path, capsys, monkeypatch) -> None:
     home, wh = tmp_path / "home", tmp_path / "wh"
     home.mkdir()
@@ -138,6 +160,10 @@ def test_run_a_recipe_on_this_host(tmp_path, capsys, monkeypatch) -> None:
         (["run", "--base-url", "127.0.0.1:8000", "--model", "m"], "must be an http(s) URL"),
         (["run", "--model", "m"], "name a RECIPE"),
         (["run", RECIPE, "--base-url", "http://127.0.0.1:9"], "name a RECIPE"),
+        # the DAG's conf keys repeats / repeat_cells, checked by the DAG's own rule
+        (["run", RECIPE, "--repeats", "11"], "repeats must be 1..10"),
+        (["run", RECIPE, "--repeat-cells", "prefill 8K"], "but repeats is 1"),
+        (["run", RECIPE, *TINY, "--repeats", "2", "--repeat-cells", "64Kx9"], "repeat_cells"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_non_zero(args, says, capsys) -> None:
@@ -151,6 +177,29 @@ def test_a_model_the_server_does_not_serve_is_refused(sim_url, capsys) -> None:
     rc = main(["run", "--base-url", sim_url, "--model", "other"])
     err = capsys.readouterr().err
     assert rc == 2 and f"does not serve 'other' (it serves: {MODEL})" in err
+
+
+def _plant_history(wh: Warehouse, run_id: str) -> None:
+    """Three earlier runs of the same engine on this host, each figure within 0.5% of the
+    run's own: a history whose noise is known (issue #40: a figure without one is unverified,
+    never a regression). Landed before the run in time, so the run stays the latest."""
+    from datetime import timedelta
+
+    run, cells, _ = wh.read_run(run_id)
+    for i, f in enumerate((1.004, 0.996, 1.002)):
+        earlier = {
+            **run,
+            "run_id": f"{run_id}-h{i}",
+            "started_at": run["started_at"] - timedelta(hours=3 - i),
+        }
+        scaled = [
+            {k: (v * f if k in ("total_tok_s", "per_request_tok_s") and v else
+                 v / f if k in ("ttft_ms", "tbt_ms") and v else v) for k, v in c.items()
+             if k not in ("run_id", "recipe_id", "run_date", "run_month", "schema_version")}
+            for c in cells
+        ]  # fmt: skip
+        wh.land_run(earlier, scaled, [])
+    wh.close()
 
 
 def test_a_regression_is_landed_shown_on_the_terminal_and_fails_the_job(tmp_path) -> None:
@@ -187,6 +236,7 @@ def test_a_regression_is_landed_shown_on_the_terminal_and_fails_the_job(tmp_path
         if speed == 1.0:
             assert rc == 0, term.text
             assert "verdict: not compared (no earlier successful run of external/" in term.text
+            _plant_history(Warehouse(str(wh)), run_ids[0])
     assert rc == 3, term.text
     verdict = term.expect(r"verdict: (\d+) regressions?, \d+ improvements? beyond noise "
                           r"against run (\S+)")  # fmt: skip

@@ -45,3 +45,52 @@ def test_the_commands_handler_raises_out_of_the_cell(restored_handlers) -> None:
     with pytest.raises(KeyboardInterrupt):
         run_loop(_cell_that_absorbs_a_cancellation())
     assert signal.getsignal(signal.SIGTERM) is signal.getsignal(signal.SIGINT)
+
+
+def test_an_error_an_interrupt_causes_is_still_an_interrupt(monkeypatch, capsys) -> None:
+    """Issue #42 item 15: a cleanup cut short by Ctrl-C fails in its own way (an event loop
+    closed, a session gone); the command still ends as interrupted, 130, in one line."""
+    import os
+    import signal
+
+    from speedmatrix import cli
+    from speedmatrix.cli import warehouse as warehouse_cli
+
+    def command(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as the terminal sends it
+            for _ in range(10**7):  # the handler runs at the next bytecode
+                pass
+        except KeyboardInterrupt:
+            raise RuntimeError("Event loop is closed") from None
+        return 0
+
+    monkeypatch.setattr(warehouse_cli, "cmd_query", command)
+    assert cli.main(["query", "SELECT 1"]) == 130
+    err = capsys.readouterr().err
+    assert err == "speedmatrix: interrupted\n", err
+
+    # and an error with no interrupt behind it is still the error
+    def failing(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(warehouse_cli, "cmd_query", failing)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["query", "SELECT 1"])
+
+
+def test_the_process_end_closes_every_warehouse_connection(tmp_path) -> None:
+    """Issue #42 item 14: what a command opened is closed before the process exits
+    (cli.exiting.close_native), a DuckDB connection first among them."""
+    from speedmatrix.cli.exiting import close_native
+    from speedmatrix.store import query
+    from speedmatrix.store.warehouse import Warehouse
+
+    a, b = Warehouse(str(tmp_path / "a")), Warehouse(str(tmp_path / "b"))
+    assert a.query_arrow("SELECT 1 AS one").num_rows == 1
+    assert b.query_arrow("SELECT 2 AS two").num_rows == 1
+    assert a._con is not None and b._con is not None
+    close_native()
+    assert a._con is None and b._con is None and len(query._OPEN) == 0
+    assert a.query_arrow("SELECT 1 AS one").num_rows == 1  # a later query opens anew
+    a.close()

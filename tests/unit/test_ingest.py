@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_inprocess import run_cli
 from deltalake import DeltaTable
 
 from speedmatrix.published.pagetext import ReportParseError
@@ -18,17 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"
 
 
-def speedmatrix(*args, warehouse=None, timeout=180):
-    env = dict(os.environ)
-    if warehouse is not None:
-        env["SPEEDMATRIX_WAREHOUSE"] = str(warehouse)
-    return subprocess.run(
-        [sys.executable, "-m", "speedmatrix", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+def speedmatrix(*args, warehouse=None):
+    """`speedmatrix *args` in this process (tests/cli_inprocess.py); the process itself is
+    run by the disk-full test below, which needs one of its own."""
+    env = {} if warehouse is None else {"SPEEDMATRIX_WAREHOUSE": str(warehouse)}
+    return run_cli(*args, env=env)
 
 
 def parquet_files(root: Path) -> list[Path]:

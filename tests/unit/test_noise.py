@@ -106,54 +106,58 @@ def _cell(run_id, value, conc=16, status="valid"):
     }
 
 
-def test_between_run_noise_pools_repeats_of_an_unchanged_engine():
-    runs = [
-        _run("a1", "aaa"),
-        _run("a2", "aaa"),
-        _run("a3", "aaa"),
-        _run("b1", "bbb"),
-        _run("b2", "bbb"),
-    ]
-    cells = [
-        _cell("a1", 100.0),
-        _cell("a2", 102.0),
-        _cell("a3", 98.0),
-        _cell("b1", 200.0),
-        _cell("b2", 210.0),
-    ]
+def _robust(values):
+    d = np.abs(np.diff(np.log(values)))
+    return 1.482602218505602 * np.median(d) / math.sqrt(2)
+
+
+def test_between_run_noise_is_a_robust_scale_of_consecutive_differences_any_commit():
+    """Issue #40: every run at a new commit (main, nightly) still gives noise; one outlier
+    (the 150) moves the median of the differences little."""
+    values = [100.0, 102.0, 98.0, 150.0, 101.0, 99.0]
+    runs = [_run(f"r{i}", f"c{i}") for i in range(len(values))]
+    cells = [_cell(f"r{i}", v) for i, v in enumerate(values)]
     table = between_run_noise(runs, cells, columns=["total_tok_s"])
     assert len(table) == 1
     row = table.iloc[0]
-    # group a: rel deviations 0, +.02, -.02 (2 dof); group b: mean 205, +-5/205 (1 dof)
-    expected = math.sqrt((0.02**2 * 2 + 2 * (5 / 205) ** 2) / 3)
-    assert row["rel_sd"] == pytest.approx(expected)
-    assert row["dof"] == 3 and row["runs"] == 5 and row["engines"] == 2
+    assert row["rel_sd"] == pytest.approx(_robust(values))
+    assert row["rel_sd"] < 0.05  # the outlier's +-40% differences are two of five
+    assert row["dof"] == 5 and row["runs"] == 6 and row["engines"] == 5
+    # a run's repeats are measurements too, in the order they were made
+    repeats = [dict(_cell("r5", 99.5), repeat=1)]
+    table = between_run_noise(runs, cells, repeats, columns=["total_tok_s"])
+    assert table.iloc[0]["dof"] == 6
 
 
-def test_between_run_noise_ignores_single_commits_failed_runs_and_invalid_cells():
-    runs = [
-        _run("a1", "aaa"),
-        _run("b1", "bbb"),
-        _run("c1", "ccc"),
-        _run("a2", "aaa", status="failed"),
-    ]
+def test_between_run_noise_ignores_failed_runs_invalid_cells_and_later_runs():
+    runs = [_run("a1", "aaa"), _run("b1", "bbb"), _run("c1", "ccc")]
+    runs.append(_run("a2", "aaa", status="failed"))
     cells = [_cell("a1", 100.0), _cell("b1", 120.0), _cell("c1", 80.0), _cell("a2", 50.0)]
-    assert between_run_noise(runs, cells).empty
     runs.append(_run("a3", "aaa"))
     cells.append(_cell("a3", 50.0, status="invalid"))
-    assert between_run_noise(runs, cells).empty
+    row = between_run_noise(runs, cells).iloc[0]
+    assert row["rel_sd"] == pytest.approx(_robust([100.0, 120.0, 80.0])) and row["dof"] == 2
+    # partial runs' valid cells count; runs at or after the candidate never do
+    runs = [dict(r, started_at=f"2026-11-0{i + 1}T00:00:00Z") for i, r in enumerate(runs)]
+    runs[1]["status"] = "partial"
+    before = {"run_id": "c1", "started_at": runs[2]["started_at"]}
+    assert between_run_noise(runs, cells, before=before).iloc[0]["dof"] == 1
 
 
 def test_noise_model_falls_back_to_pooled_then_none():
-    runs = [_run("a1", "aaa"), _run("a2", "aaa")]
-    cells = [_cell("a1", 100.0), _cell("a2", 104.0)]
+    values = [100.0, 104.0, 101.0, 103.0]
+    runs = [_run(f"a{i}", "aaa") for i in range(len(values))]
+    cells = [_cell(f"a{i}", v) for i, v in enumerate(values)]
     model = NoiseModel.from_history(runs, cells)
     sd, src = model.lookup("sim/x", "local", "decode", 65536, 16, "total_tok_s")
-    assert src == "cell" and sd == pytest.approx(np.std([100 / 102, 104 / 102], ddof=1))
+    assert src == "cell" and sd == pytest.approx(_robust(values))
     sd2, src2 = model.lookup("sim/x", "local", "decode", 8192, 1, "total_tok_s")
     assert src2 == "pooled" and sd2 == pytest.approx(sd)
     assert model.lookup("sim/x", "other-host", "decode", 65536, 16, "total_tok_s") == (None, "none")
     assert NoiseModel.empty().lookup("sim/x", "local", "decode", 1, 1, "tbt_ms") == (None, "none")
+    # two runs: one difference, too few for a cell's own spread or a pooled one
+    short = NoiseModel.from_history(runs[:2], cells[:2])
+    assert short.lookup("sim/x", "local", "decode", 65536, 16, "total_tok_s") == (None, "none")
 
 
 def test_noise_rows_join_within_intervals_and_between_spread():
@@ -171,10 +175,10 @@ def test_noise_rows_join_within_intervals_and_between_spread():
         dict(_cell("a1", 0.0, conc=1, status="over_capacity"), total_tok_s=None),
     ]
     model = NoiseModel.from_history(
-        [_run("h1", "h"), _run("h2", "h")],
+        [_run(f"h{i}", "h") for i in range(4)],
         [
-            dict(_cell("h1", 100.0), context_tokens=8192, concurrency=8),
-            dict(_cell("h2", 102.0), context_tokens=8192, concurrency=8),
+            dict(_cell(f"h{i}", v), context_tokens=8192, concurrency=8)
+            for i, v in enumerate((100.0, 102.0, 99.0, 101.0))
         ],
     )
     rows = noise_rows(run, cells, _requests(8, 900, 27.0), model, n_resamples=300)

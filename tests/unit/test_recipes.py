@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_inprocess import run_cli
 
 from speedmatrix import recipes
 from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
@@ -24,7 +25,9 @@ PUBLISHED = {
 CPU = "cpu/tiny/llama-tiny"
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def run_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """`speedmatrix *args` as a process: the `recipes` command's one test through its entry
+    point; the others call it in this process (tests/cli_inprocess.py)."""
     return subprocess.run(
         [sys.executable, "-m", "speedmatrix", *args], capture_output=True, text=True, timeout=120
     )
@@ -363,6 +366,6 @@ def test_a_deeply_nested_recipe_is_one_problem_not_a_traceback(tmp_path: Path) -
     with pytest.raises(RecipeError) as exc:
         load_recipe(path)
     assert exc.value.problems == [f"{path}: (yaml): nested too deeply to be a recipe"]
-    out = run_cli("recipes", "validate", str(path))
+    out = run_process("recipes", "validate", str(path))
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "nested too deeply" in out.stdout + out.stderr

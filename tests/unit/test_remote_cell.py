@@ -56,6 +56,7 @@ NON_DEFAULT: dict[str, Any] = {
     "max_loop_fraction": 0.5,
     "copy_check": False,
     "max_copy_share": 0.75,
+    "samples": 5,
     "metrics_interval_s": 0.1,
     "max_active_deviation": 0.3,
     "min_window_readings": 3,

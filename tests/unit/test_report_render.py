@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_inprocess import run_cli
 
 from speedmatrix.published import formats as F
 from speedmatrix.published.pagetext import HEADER_LABELS, SECTIONS
@@ -29,19 +30,16 @@ def measurement_rows(text: str) -> list[str]:
 def landed(tmp_path_factory):
     """The reference page ingested with the real command into a fresh warehouse."""
     root = tmp_path_factory.mktemp("wh")
-    env = dict(os.environ, SPEEDMATRIX_WAREHOUSE=str(root))
-    out = subprocess.run(
-        [sys.executable, "-m", "speedmatrix", "ingest", str(REFERENCE)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-    )
+    out = run_cli("ingest", str(REFERENCE), env={"SPEEDMATRIX_WAREHOUSE": str(root)})
     assert out.returncode == 0, out.stderr
     return root, out.stdout.strip()
 
 
-def report(root, *args) -> subprocess.CompletedProcess:
+def report(root, *args, process: bool = False) -> subprocess.CompletedProcess:
+    """`speedmatrix report *args` in this process (tests/cli_inprocess.py), or with
+    ``process=True`` through its entry point (the round trip below: the command's one)."""
+    if not process:
+        return run_cli("report", *args, env={"SPEEDMATRIX_WAREHOUSE": str(root)})
     env = dict(os.environ, SPEEDMATRIX_WAREHOUSE=str(root))
     return subprocess.run(
         [sys.executable, "-m", "speedmatrix", "report", *args],
@@ -54,7 +52,7 @@ def report(root, *args) -> subprocess.CompletedProcess:
 
 def test_round_trip_row_for_row(landed, tmp_path):
     root, run_id = landed
-    out = report(root, "--run-id", run_id, "--format", "md")
+    out = report(root, "--run-id", run_id, "--format", "md", process=True)
     assert out.returncode == 0, out.stderr
     page = out.stdout
     reference = REFERENCE.read_text(encoding="utf-8")
@@ -75,13 +73,8 @@ def test_round_trip_row_for_row(landed, tmp_path):
     }
     rendered = tmp_path / "rendered.md"
     rendered.write_text(page, encoding="utf-8")
-    env = dict(os.environ, SPEEDMATRIX_WAREHOUSE=str(tmp_path / "wh2"))
-    reingest = subprocess.run(
-        [sys.executable, "-m", "speedmatrix", "ingest", str(rendered)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
+    reingest = run_cli(
+        "ingest", str(rendered), env={"SPEEDMATRIX_WAREHOUSE": str(tmp_path / "wh2")}
     )
     assert reingest.returncode == 0, reingest.stderr
     assert reingest.stdout.strip() == run_id

@@ -26,6 +26,7 @@ from speedmatrix.report.render import render_html, render_markdown
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from test_compare_warehouse import three_runs  # noqa: E402
+from test_verdicts import quiet_noise  # noqa: E402
 from test_warehouse import make_cells, make_run  # noqa: E402
 
 REFERENCE = (
@@ -45,7 +46,8 @@ def _regressed():
             c.update(ttft_p90_ms=140.0, ttft_p99_ms=231.0, tbt_p90_ms=21.5, tbt_p99_ms=29.75)
     cells[2].update(status="invalid", error="client loop lag 80 ms > 20 ms")
     cells[3].update(total_tok_s=cells[3]["total_tok_s"] * 0.8)
-    rows = compare_runs(run, cells, base_run, base, threshold=0.03)
+    noise = quiet_noise(run, cells)
+    rows = compare_runs(run, cells, base_run, base, threshold=0.03, noise=noise)
     return run, cells, base_run, base, rows
 
 
@@ -57,7 +59,7 @@ def test_summary_comes_first_with_the_regression_and_the_invalid_reason():
     assert summary_at < matrix_at < page.index("<h2>All measurements</h2>")
     assert summary_at < page.index("<h3>Hardware</h3>")  # the details come after
     summary = page[summary_at : page.index("</section>", summary_at)]
-    assert "Slower than the baseline: 1 regression(s) in 1 cell(s)." in summary
+    assert "Slower than the baseline: throughput down in 1 cell (8Kx4 -20.0%)" in summary
     assert "Compared with baseline <strong>base</strong>" in summary
     row = next(
         r for r in re.findall(r"<tr class=\"regression\">(.*?)</tr>", summary) if "8Kx4" in r

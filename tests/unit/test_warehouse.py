@@ -438,19 +438,16 @@ def test_query_sees_landings_from_elsewhere(tmp_path):
 
 
 def test_query_cli_formats(tmp_path):
+    # imported here: subprocesses of other tests import this module from tests/unit/ alone
+    from cli_inprocess import run_cli
+
     wh = Warehouse(tmp_path)
     wh.land_run(make_run(), make_cells(), [])
-    env = dict(os.environ, SPEEDMATRIX_WAREHOUSE=str(tmp_path))
+    env = {"SPEEDMATRIX_WAREHOUSE": str(tmp_path)}
     sql = "SELECT concurrency, total_tok_s FROM cells WHERE phase = 'decode' ORDER BY 1"
 
-    def run(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "speedmatrix", "query", sql, *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
+    def run(*args):  # in this process (tests/cli_inprocess.py); test_cli_imports runs it whole
+        return run_cli("query", sql, *args, env=env)
 
     csv = run("--format", "csv")
     assert csv.returncode == 0, csv.stderr
@@ -459,13 +456,7 @@ def test_query_cli_formats(tmp_path):
     assert js.stdout.startswith('[{"concurrency":1,"total_tok_s":50.0}')
     table = run()
     assert "concurrency" in table.stdout.splitlines()[0]
-    bad = subprocess.run(
-        [sys.executable, "-m", "speedmatrix", "query", "SELECT nope FROM cells"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    bad = run_cli("query", "SELECT nope FROM cells", env=env)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.startswith("speedmatrix query: ") and len(bad.stderr.splitlines()) == 1
 

@@ -71,7 +71,9 @@ def test_maintain_compacts_checkpoints_and_vacuums(landed, capsys):
     before = wh.query("SELECT run_id, sum(total_tok_s) AS s FROM cells GROUP BY 1 ORDER BY 1")
     assert len(DeltaTable(landed / "cells").file_uris()) == 6
     assert len(parquet_on_disk(landed, "cells")) == 7  # a0's first file: no longer current
-    rc = cli.main(["warehouse", "maintain", "--warehouse", str(landed), "--retention-hours", "0"])
+    rc = cli.main(
+        ["warehouse", "maintain", "--warehouse", str(landed), "--retention-hours", "0", "--force"]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "cells: 6 -> 2 files" in out, out
     # one file per recipe and month now, on disk too (older ones vacuumed), a checkpoint
@@ -137,13 +139,30 @@ def land_old_layout(root: Path, run: dict, cells: list[dict], requests: list[dic
         )
 
 
+def landable_cells(scale: float = 1.0) -> list[dict]:
+    """make_cells with figures consistent enough for the landing's cells suite."""
+    cells = make_cells(scale)
+    for c in cells:
+        if c["status"] != "valid":
+            continue
+        if c["phase"] == "prefill":
+            c["ttft_ms"] = 1320.0 / scale
+        else:
+            c.update(window_s=30.0, tbt_ms=20.0 / scale, output_tokens=round(c["total_tok_s"] * 30))
+    return cells
+
+
 def test_migrate_from_the_older_layout_row_for_row_and_idempotent(tmp_path, capsys):
     from speedmatrix.analysis.noise import noise_table
 
     old = tmp_path / "old"
+    # runs a landing takes (a migrated run goes through its checks: test_migrate_checks.py)
+    seen = {"host": "gpu-1", "launch_command": "vllm serve kimi"}
     for i in range(4):
-        land_old_layout(old, make_run(f"o{i}", day=1 + i), make_cells(1 + i), make_requests(2))
-    land_old_layout(old, make_run("p0", recipe_id=OTHER, day=3), make_cells(), [])
+        land_old_layout(
+            old, make_run(f"o{i}", day=1 + i, **seen), landable_cells(1 + i), make_requests(2)
+        )
+    land_old_layout(old, make_run("p0", recipe_id=OTHER, day=3, **seen), landable_cells(), [])
     # an extra table's file of the even older form (run_date= directory, recipe_id inside)
     noise_dir = (
         old / "noise" / "recipe_id=sim%2Fkimi-k2.7-nvfp4-rtxpro6k-x8" / "run_date=2026-03-01"

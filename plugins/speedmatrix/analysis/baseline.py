@@ -14,10 +14,11 @@ from typing import Any
 
 import pandas as pd
 
-from speedmatrix.analysis.noise import NoiseModel, frame
+from speedmatrix.analysis.noise import RUN_STATUSES, NoiseModel, frame
 from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD
 from speedmatrix.commits import same_commit
 from speedmatrix.recipes import load_recipe
+from speedmatrix.records import cell_key, not_comparable_reason
 from speedmatrix.store.extra import read_extra
 from speedmatrix.store.protocol import WarehouseReader
 
@@ -39,7 +40,8 @@ def select_baseline(
 ) -> dict[str, Any] | None:
     """The run to compare `run` with.
 
-    Without `ref`: the latest successful run of the same recipe and host that started before
+    Without `ref`: the latest successful or partial run (noise.RUN_STATUSES: a partial
+    run's valid cells are history like any other) of the same recipe and host that started before
     it (for a nightly / commit run, the latest nightly / commit one). With `ref`: the run with that run_id, else the latest successful run of the same
     recipe and host whose engine commit starts with `ref` (or whose engine_ref / version equals
     it). None when nothing matches.
@@ -55,7 +57,7 @@ def select_baseline(
     candidates = [
         r
         for r in records
-        if r.get("status") == "success"
+        if r.get("status") in RUN_STATUSES
         and _same(r.get("recipe_id"), run.get("recipe_id"))
         and _same(r.get("host"), run.get("host"))
     ]
@@ -103,12 +105,63 @@ def recipe_threshold(recipe_id: str | None) -> float:
         return DEFAULT_THRESHOLD
 
 
+def baseline_cells(
+    runs: pd.DataFrame | Iterable[Mapping[str, Any]],
+    cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    run: Mapping[str, Any],
+    run_cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Each cell's own baseline: the latest earlier cell of the same key (records.cell_key)
+    that ran (valid or over capacity) and is comparable with it (records.not_comparable_reason),
+    from the runs :func:`select_baseline` would choose among. The latest run may lack a cell
+    (a smaller matrix, a failed cell); an older one that has it is its baseline. A cell with
+    no comparable earlier cell gets the latest earlier one that ran, so the verdict says why
+    it is not compared. Returns (baseline cells, each with its run_id; run id -> run)."""
+    rdf = frame(runs)
+    if rdf.empty:
+        return [], {}
+    eligible = []
+    for r in rdf.to_dict("records"):
+        if select_baseline([r], run) is not None:
+            eligible.append(r)
+    by_id = {str(r["run_id"]): r for r in eligible}
+    started = {k: _ts(r.get("started_at")) for k, r in by_id.items()}
+    cdf = frame(cells)
+    if cdf.empty:
+        return [], by_id
+    cdf = cdf[cdf["run_id"].astype(str).isin(by_id)]
+    epoch = pd.Timestamp(0, tz="UTC")
+    history: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for c in cdf.to_dict("records"):
+        if c.get("status") in ("valid", "over_capacity"):
+            history.setdefault(cell_key(c), []).append(c)
+    out = []
+    for cell in frame(run_cells).to_dict("records"):
+        earlier = sorted(
+            history.get(cell_key(cell), []),
+            key=lambda c: started.get(str(c["run_id"])) or epoch,
+            reverse=True,
+        )
+        match = next((c for c in earlier if not_comparable_reason(cell, c) is None), None)
+        if match is None and earlier:
+            match = earlier[0]
+        if match is not None:
+            out.append(match)
+    return out, by_id
+
+
 def read_history(
-    warehouse: WarehouseReader, recipe_id: str | None, host: str | None = None
+    warehouse: WarehouseReader,
+    recipe_id: str | None,
+    host: str | None = None,
+    *,
+    before: Mapping[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, NoiseModel]:
     """(runs, cells, comparisons, between-run noise model) of one recipe (and host).
 
-    The noise model counts the runs' repeats (`cell_repeats`) as measurements too."""
+    The noise model counts the runs' repeats (`cell_repeats`) as measurements too; with
+    `before` (a run), it reads only the history strictly before that run: a verdict never
+    uses the candidate or a later run."""
     where, params = ["recipe_id IS NOT DISTINCT FROM ?"], [recipe_id]
     if host is not None:
         where.append("host IS NOT DISTINCT FROM ?")
@@ -126,5 +179,5 @@ def read_history(
         else:
             rows = read_extra(warehouse, table)
             extra[table] = rows[rows["recipe_id"].isna()]
-    noise = NoiseModel.from_history(runs, cells, extra["cell_repeats"])
+    noise = NoiseModel.from_history(runs, cells, extra["cell_repeats"], before=before)
     return runs, cells, extra["comparisons"], noise

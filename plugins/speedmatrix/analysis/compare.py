@@ -19,7 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from speedmatrix.analysis.baseline import read_history, recipe_threshold, select_baseline
+from speedmatrix.analysis.baseline import (
+    baseline_cells,
+    read_history,
+    recipe_threshold,
+    select_baseline,
+)
 from speedmatrix.analysis.display import (
     comparison_markdown,
     verdict_counts,
@@ -66,13 +71,26 @@ def comparison_for_run(
     run, cells, requests = warehouse.read_run(run_id)
     runs_all = warehouse.query("SELECT * FROM runs")
     baseline = select_baseline(runs_all, run, baseline_ref)
-    noise = read_history(warehouse, run.get("recipe_id"), run.get("host"))[3]
+    # the history strictly before the run: never the candidate itself, never a later run
+    h_runs, h_cells, _, noise = read_history(
+        warehouse, run.get("recipe_id"), run.get("host"), before=run
+    )
     if baseline is None:
         if baseline_ref is not None:
             raise InputError(f"no baseline {baseline_ref!r} for run {run_id}")
         rows = noise_rows(run, cells, requests, noise) if with_noise else []
         return ComparisonResult(run, None, [], rows)
     b_run, b_cells, b_requests = warehouse.read_run(baseline["run_id"])
+    b_runs: dict[str, dict[str, Any]] = {}
+    if baseline_ref is None:
+        # each cell against its latest earlier comparable cell (the latest run may lack it)
+        b_cells, b_runs = baseline_cells(h_runs, h_cells, run, cells)
+        others = {str(c["run_id"]) for c in b_cells} - {str(b_run["run_id"])}
+        b_requests = [
+            *b_requests,
+            *(q for rid in sorted(others) for q in warehouse.read_run(rid)[2]),
+        ]
+        b_requests = _requests_of(b_requests, b_cells)
     if threshold is None:
         threshold = recipe_threshold(run.get("recipe_id"))
     rows = compare_runs(
@@ -84,9 +102,31 @@ def comparison_for_run(
         baseline_requests=b_requests,
         noise=noise,
         threshold=threshold,
+        baseline_runs=b_runs,
     )
     noise_table_rows = noise_rows(run, cells, requests, noise) if with_noise else []
     return ComparisonResult(run, b_run, rows, noise_table_rows)
+
+
+def _requests_of(
+    requests: Sequence[Mapping[str, Any]], cells: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The request rows of exactly the chosen baseline cells (each from its own run)."""
+    wanted = {
+        (str(c["run_id"]), c["phase"], int(c["context_tokens"]), int(c["concurrency"]))
+        for c in cells
+    }
+    return [
+        q
+        for q in requests
+        if (
+            str(q.get("run_id")),
+            q.get("phase"),
+            int(q.get("context_tokens") or 0),
+            int(q.get("concurrency") or 0),
+        )
+        in wanted
+    ]
 
 
 def comparison_for_run_or_none(warehouse: WarehouseReader, run_id: str) -> ComparisonResult | None:

@@ -7,13 +7,15 @@ Two estimates, because neither alone is enough:
   are its share of the throughput; requests of one stream are not independent), the median
   time-between-tokens and TTFT by *request*. This sees sampling noise only, and nothing when a
   cell has one stream or one request (prefill, C=1 decode).
-* **Between runs** (repeated runs, or repeated cells, of an unchanged engine on the same recipe
-  and host): the pooled relative standard deviation of each cell figure. This sees what the
-  window cannot: server warm-up, clocks, thermal state, placement. Runs count as "unchanged"
-  when recipe, host and engine commit (else engine version) are equal. The repeats a
-  `speed_matrix` run makes of its own cells (`repeats` / `repeat_cells`, the `cell_repeats`
-  table) are measurements of that same unchanged engine, a pass or more after the primary, so
-  they count like runs: one run with repeats already gives a cell its own spread.
+* **Between runs** (issue #40): a robust spread of the cell's recent history on the same
+  recipe and host, whatever the engine commits: the log ratios of consecutive measurements
+  over the last WINDOW comparable ones (records.not_comparable_reason), scaled by their median
+  absolute value (1.4826 x median / sqrt 2: one measurement's relative sd). A main branch with
+  a new commit every night has noise; one outlier or one regressed run is one or two large
+  differences among many and barely moves the median; old runs age out of the window. A
+  verdict reads only the history strictly before its run (and the run's own repeats, which
+  measure the host at its time and cannot hold the run's change). This sees what the window
+  cannot: server warm-up, clocks, thermal state, placement, a loaded host.
 
 Both are expressed relative to the value (a fraction), so compare.py can combine them and
 weigh them against a relative threshold. scipy (a pinned dependency of great-expectations)
@@ -192,6 +194,23 @@ BETWEEN_COLUMNS = (
     "engines",
 )
 
+WINDOW = 10
+"""Measurements of a cell (runs and their repeats, any engine commit) the between-run noise
+looks back over: older ones age out, so a host that got quieter (or noisier) shows it within
+a window's runs."""
+
+MIN_DIFFS_CELL = 3
+"""Consecutive differences a cell needs for its own spread; with fewer it borrows the pooled
+spread of its recipe/host's cells of the same phase (which needs MIN_DIFFS_POOLED)."""
+
+MIN_DIFFS_POOLED = 2
+
+MAD_TO_SD = 1.482602218505602
+"""Turns the median absolute value of normal differences into their standard deviation."""
+
+RUN_STATUSES = ("success", "partial")
+"""Runs whose valid cells are history: a partial run's measured cells are as good as any."""
+
 
 def _engine_identity(runs: pd.DataFrame) -> pd.Series:
     commit = runs.get("engine_commit", pd.Series(index=runs.index, dtype=object))
@@ -200,84 +219,172 @@ def _engine_identity(runs: pd.DataFrame) -> pd.Series:
     return ident.astype(object).where(ident.notna(), "?")
 
 
+def _utc(value: Any) -> pd.Timestamp | None:
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return None
+    ts = pd.Timestamp(value)
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+
+
+def history_before(
+    runs: pd.DataFrame | Iterable[Mapping[str, Any]], before: Mapping[str, Any] | None
+) -> pd.DataFrame:
+    """The runs a verdict of `before` may read: success or partial runs that started strictly
+    before it (never the candidate itself, never a later run). None: every such run."""
+    rdf = frame(runs)
+    if rdf.empty:
+        return rdf
+    if "status" in rdf:
+        rdf = rdf[rdf["status"].isin(RUN_STATUSES)]
+    if before is None:
+        return rdf
+    rdf = rdf[rdf["run_id"] != before.get("run_id")]
+    cutoff = _utc(before.get("started_at"))
+    if cutoff is None or "started_at" not in rdf:
+        return rdf
+    started = rdf["started_at"].map(_utc)
+    return rdf[started.map(lambda t: t is not None and t < cutoff).astype(bool)]
+
+
+DIFF_COLUMNS = ("recipe_id", "host", *CELL_KEY, "metric", "diff", "engine")
+
+
+def between_run_diffs(
+    runs: pd.DataFrame | Iterable[Mapping[str, Any]],
+    cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    repeats: pd.DataFrame | Iterable[Mapping[str, Any]] | None = None,
+    *,
+    columns: Sequence[str] = NOISE_COLUMNS,
+    before: Mapping[str, Any] | None = None,
+    window: int = WINDOW,
+) -> pd.DataFrame:
+    """The relative differences between consecutive measurements of each cell (log ratios),
+    over the last `window` measurements of the cell on its recipe and host, whatever their
+    engine commits, comparable with the latest one (records.not_comparable_reason).
+
+    Measurements are the valid cells of success and partial runs started before `before`
+    (:func:`history_before`) and their repeats (`cell_repeats`), in the order they were made.
+    A difference between two runs contains the host's noise and whatever the commits between
+    them changed; the robust scale taken of them (:func:`between_run_noise`) lets a single
+    real change or outlier through without widening the band."""
+    from speedmatrix.records import not_comparable_reason
+
+    rdf, cdf, extra = history_before(runs, before), frame(cells), frame(repeats)
+    if rdf.empty or cdf.empty:
+        return pd.DataFrame(columns=list(DIFF_COLUMNS))
+    cdf = cdf.assign(repeat=0)
+    if not extra.empty:
+        cdf = pd.concat([cdf, extra], ignore_index=True)
+    cdf = cdf[cdf["status"] == "valid"] if "status" in cdf else cdf
+    rdf = rdf.copy()
+    rdf["_engine"] = _engine_identity(rdf)
+    rdf["_started"] = rdf["started_at"].map(_utc) if "started_at" in rdf else pd.NaT
+    for col in ("recipe_id", "host"):
+        if col not in rdf:
+            rdf[col] = None
+        rdf[col] = rdf[col].astype(object).where(rdf[col].notna(), "")
+    cdf = cdf.drop(columns=[c for c in ("recipe_id", "host", "_engine") if c in cdf])
+    merged = cdf.merge(rdf[["run_id", "recipe_id", "host", "_engine", "_started"]], on="run_id")
+    if merged.empty:
+        return pd.DataFrame(columns=list(DIFF_COLUMNS))
+    merged["repeat"] = pd.to_numeric(merged["repeat"], errors="coerce").fillna(0)
+    merged = merged.sort_values(["_started", "run_id", "repeat"], kind="stable")
+    keys = ["recipe_id", "host", *CELL_KEY]
+    out: list[dict[str, Any]] = []
+    for key, group in merged.groupby(keys, dropna=False, sort=False):
+        rows = group.to_dict("records")
+        latest = rows[-1]
+        rows = [r for r in rows if not_comparable_reason(r, latest) is None][-window:]
+        if len(rows) < 2:
+            continue
+        for col in columns:
+            vals = [_positive(r.get(col)) for r in rows]
+            prev: float | None = None
+            for r, v in zip(rows, vals, strict=True):
+                if v is None:
+                    continue
+                if prev is not None:
+                    out.append(
+                        {
+                            **dict(zip(keys, _key(key), strict=True)),
+                            "metric": col,
+                            "diff": math.log(v / prev),
+                            "engine": r["_engine"],
+                        }
+                    )
+                prev = v
+    return pd.DataFrame(out, columns=list(DIFF_COLUMNS))
+
+
+def _positive(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def robust_rel_sd(diffs: Sequence[float] | np.ndarray) -> float:
+    """One measurement's relative sd from consecutive differences: 1.4826 x the median absolute
+    difference (the normal scale of the differences, which one outlier or one step cannot move
+    far), over sqrt(2) (a difference holds two measurements' noise)."""
+    d = np.abs(np.asarray(diffs, dtype=float))
+    return float(MAD_TO_SD * np.median(d) / math.sqrt(2)) if d.size else math.nan
+
+
 def between_run_noise(
     runs: pd.DataFrame | Iterable[Mapping[str, Any]],
     cells: pd.DataFrame | Iterable[Mapping[str, Any]],
     repeats: pd.DataFrame | Iterable[Mapping[str, Any]] | None = None,
     *,
     columns: Sequence[str] = NOISE_COLUMNS,
+    before: Mapping[str, Any] | None = None,
+    window: int = WINDOW,
 ) -> pd.DataFrame:
-    """Pooled relative spread per recipe / host / cell / metric from repeated measurements.
+    """Robust relative spread per recipe / host / cell / metric (:func:`between_run_diffs`,
+    :func:`robust_rel_sd`): `rel_sd` is one measurement's relative sd, `dof` the number of
+    differences it rests on, `runs` the measurements, `engines` the distinct engine commits."""
+    diffs = between_run_diffs(runs, cells, repeats, columns=columns, before=before, window=window)
+    return per_cell_noise(diffs)
 
-    Only successful runs and valid cells count. `repeats` (rows of `cell_repeats`: a run's
-    own extra measurements of its cells) join the cells as further measurements of their
-    run's engine. Measurements are grouped by (recipe, host, engine identity, cell); each
-    group with n >= 2 contributes n - 1 degrees of freedom of its variance relative to its
-    own mean; the pooled variance is their dof-weighted mean. Groups of one (a commit measured
-    once) contribute nothing, so a history of all-different commits yields no between-run
-    noise rather than a noise that contains the real changes. `runs` in the result counts
-    measurements (a run with two repeats of a cell counts three).
-    """
-    rdf, cdf = frame(runs), frame(cells)
-    extra = frame(repeats)
-    if not extra.empty:
-        wanted = ["run_id", "status", *CELL_KEY, *columns]
-        parts = [d[[c for c in wanted if c in d]] for d in (cdf, extra) if not d.empty]
-        cdf = pd.concat(parts, ignore_index=True)
-    if rdf.empty or cdf.empty:
+
+def per_cell_noise(diffs: pd.DataFrame) -> pd.DataFrame:
+    """BETWEEN_COLUMNS rows out of :func:`between_run_diffs`' differences, one per cell figure."""
+    if diffs.empty:
         return pd.DataFrame(columns=list(BETWEEN_COLUMNS))
-    rdf = rdf.copy()
-    if "status" in rdf:
-        rdf = rdf[rdf["status"] == "success"]
-    rdf["_engine"] = _engine_identity(rdf)
-    for col in ("recipe_id", "host"):
-        if col not in rdf:
-            rdf[col] = None
-        rdf[col] = rdf[col].astype(object).where(rdf[col].notna(), "")
-    cdf = cdf[cdf["status"] == "valid"] if "status" in cdf else cdf
-    cdf = cdf.drop(columns=[c for c in ("recipe_id", "host", "_engine") if c in cdf])
-    merged = cdf.merge(rdf[["run_id", "recipe_id", "host", "_engine"]], on="run_id")
-    keys = ["recipe_id", "host", *CELL_KEY]
-    parts: list[pd.DataFrame] = []
-    for col in columns:
-        if col not in merged:
-            continue
-        values = pd.to_numeric(merged[col], errors="coerce").astype(float)
-        values = values.where(np.isfinite(values))
-        g = values.groupby([merged[k] for k in [*keys, "_engine"]], dropna=False)
-        stats_ = pd.DataFrame({"n": g.count(), "mean": g.mean(), "var": g.var(ddof=1)})
-        stats_ = stats_[(stats_["n"] >= 2) & (stats_["mean"] != 0)]
-        if stats_.empty:
-            continue
-        # sum over the group of (x / mean - 1)^2 = var * (n - 1) / mean^2
-        stats_["ss"] = stats_["var"] * (stats_["n"] - 1) / stats_["mean"] ** 2
-        stats_["dof"] = stats_["n"] - 1
-        per_cell = stats_.groupby(level=list(range(len(keys))), dropna=False).agg(
-            ss=("ss", "sum"), dof=("dof", "sum"), runs=("n", "sum"), engines=("n", "size")
-        )
-        per_cell = per_cell.reset_index()
-        per_cell.columns = [*keys, "ss", "dof", "runs", "engines"]
-        per_cell["metric"] = col
-        per_cell["rel_sd"] = np.sqrt(per_cell["ss"] / per_cell["dof"])
-        parts.append(per_cell)
-    if not parts:
-        return pd.DataFrame(columns=list(BETWEEN_COLUMNS))
-    out = pd.concat(parts, ignore_index=True)
+    keys = ["recipe_id", "host", *CELL_KEY, "metric"]
+    g = diffs.groupby(keys, dropna=False, sort=False)
+    out = g.agg(
+        rel_sd=("diff", robust_rel_sd), dof=("diff", "size"), engines=("engine", "nunique")
+    ).reset_index()
+    out["runs"] = out["dof"] + 1
     for c in ("dof", "runs", "engines"):
         out[c] = out[c].astype(int)
     return out[list(BETWEEN_COLUMNS)]
+
+
+def pooled_noise(diffs: pd.DataFrame) -> pd.DataFrame:
+    """The robust spread of all of a recipe/host's cells of one phase together, per metric:
+    what a cell with too short a history of its own borrows."""
+    cols = ["recipe_id", "host", "phase", "metric", "rel_sd", "dof"]
+    if diffs.empty:
+        return pd.DataFrame(columns=cols)
+    g = diffs.groupby(["recipe_id", "host", "phase", "metric"], dropna=False, sort=False)
+    out = g.agg(rel_sd=("diff", robust_rel_sd), dof=("diff", "size")).reset_index()
+    return out[cols]
 
 
 @dataclass
 class NoiseModel:
     """Looks up the between-run relative spread of a cell figure.
 
-    Falls back from the cell's own estimate to the recipe/host's pooled spread of that metric
-    over all cells (of the same phase), so that a cell never measured twice still gets a
-    realistic noise once a few other cells have been repeated.
+    The cell's own spread when it rests on MIN_DIFFS_CELL differences, else its recipe/host's
+    pooled spread of that metric over all cells of the same phase (MIN_DIFFS_POOLED at least),
+    else none: a figure without an estimate gets no verdict (analysis/verdict.py: unverified).
     """
 
     table: pd.DataFrame
+    pooled: pd.DataFrame | None = None
 
     @classmethod
     def empty(cls) -> NoiseModel:
@@ -289,8 +396,25 @@ class NoiseModel:
         runs: pd.DataFrame | Iterable[Mapping[str, Any]],
         cells: pd.DataFrame | Iterable[Mapping[str, Any]],
         repeats: pd.DataFrame | Iterable[Mapping[str, Any]] | None = None,
+        *,
+        before: Mapping[str, Any] | None = None,
+        window: int = WINDOW,
     ) -> NoiseModel:
-        return cls(between_run_noise(runs, cells, repeats))
+        """The noise a verdict on run `before` may use: its recipe/host history strictly
+        before it (None: the whole history, as a trend or the site reads it)."""
+        diffs = between_run_diffs(runs, cells, repeats, before=before, window=window)
+        own_runs = [
+            r
+            for r in frame(runs).to_dict("records")
+            if r.get("run_id") == (before or {}).get("run_id")
+        ]
+        if own_runs and not frame(repeats).empty:
+            # the run's own repeats: measurements of its engine on its host at its time, so
+            # their spread is the host's noise and cannot hold the run's change (the step from
+            # the history to the run is never one of these differences)
+            own = between_run_diffs(own_runs, cells, repeats, window=window)
+            diffs = pd.concat([d for d in (diffs, own) if not d.empty], ignore_index=True)
+        return cls(per_cell_noise(diffs), pooled_noise(diffs))
 
     def lookup(
         self,
@@ -302,29 +426,58 @@ class NoiseModel:
         metric: str,
     ) -> tuple[float | None, str]:
         """(relative sd, where it came from: 'cell', 'pooled' or 'none')."""
+        sd, source, _ = self.lookup_dof(recipe_id, host, phase, context_tokens, concurrency, metric)
+        return sd, source
+
+    def lookup_dof(
+        self,
+        recipe_id: str | None,
+        host: str | None,
+        phase: str,
+        context_tokens: int,
+        concurrency: int,
+        metric: str,
+    ) -> tuple[float | None, str, int]:
+        """(relative sd, its source, the differences it rests on)."""
         own, pooled = self._index()
         group = (recipe_id or "", host or "", metric, phase)
         hit = own.get((*group, int(context_tokens), int(concurrency)))
-        if hit is not None:
-            return hit, "cell"
-        if group in pooled:
-            return pooled[group], "pooled"
-        return None, "none"
+        if hit is not None and hit[1] >= MIN_DIFFS_CELL:
+            return hit[0], "cell", hit[1]
+        pool = pooled.get(group)
+        if pool is not None and pool[1] >= MIN_DIFFS_POOLED:
+            return pool[0], "pooled", pool[1]
+        return None, "none", 0
 
-    def _index(self) -> tuple[dict[tuple[Any, ...], float], dict[tuple[Any, ...], float]]:
+    def _index(
+        self,
+    ) -> tuple[dict[tuple[Any, ...], tuple[float, int]], dict[tuple[Any, ...], tuple[float, int]]]:
         """Dicts for lookups (built once: a comparison looks up every cell and metric)."""
         cached = getattr(self, "_cache", None)
         if cached is not None:
             return cached
-        own: dict[tuple[Any, ...], float] = {}
+        own: dict[tuple[Any, ...], tuple[float, int]] = {}
         sums: dict[tuple[Any, ...], list[float]] = {}
         for r in self.table.to_dict("records"):
             group = (r["recipe_id"], r["host"], r["metric"], r["phase"])
-            own[(*group, int(r["context_tokens"]), int(r["concurrency"]))] = float(r["rel_sd"])
+            dof = int(r["dof"])
+            own[(*group, int(r["context_tokens"]), int(r["concurrency"]))] = (
+                float(r["rel_sd"]),
+                dof,
+            )
             acc = sums.setdefault(group, [0.0, 0.0])
-            acc[0] += float(r["dof"]) * float(r["rel_sd"]) ** 2
-            acc[1] += float(r["dof"])
-        pooled = {g: math.sqrt(ss / dof) for g, (ss, dof) in sums.items() if dof}
+            acc[0] += dof * float(r["rel_sd"]) ** 2
+            acc[1] += dof
+        if self.pooled is not None:
+            pooled = {
+                (r["recipe_id"], r["host"], r["metric"], r["phase"]): (
+                    float(r["rel_sd"]),
+                    int(r["dof"]),
+                )
+                for r in self.pooled.to_dict("records")
+            }
+        else:
+            pooled = {g: (math.sqrt(ss / dof), int(dof)) for g, (ss, dof) in sums.items() if dof}
         self._cache = (own, pooled)
         return self._cache
 

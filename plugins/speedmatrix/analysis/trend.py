@@ -5,6 +5,12 @@ comparison decided, against its own baseline); otherwise each point is compared 
 previous point of the trend using the same rule as compare.py (threshold AND between-run
 noise). The first valid point's verdict is `first`; a point whose cell did not run valid
 carries its status (`failed`, `over_capacity`…). The charts of a trend are drawn by speedmatrix.report.charts (analysis does not draw).
+
+A partial run's valid cells are history like a successful run's (issue 40): its points are in
+the trend, marked by `run_status`; a failed run's are not (it measured nothing to keep).
+Each point also says whether a change point of the whole series starts at it
+(analysis.changepoints: the step's verdict, size and p-value), so a slowdown spread over
+several commits, each of which read "noise" against the run before, is still reported.
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ from typing import Any
 
 import pandas as pd
 
+from speedmatrix.analysis.changepoints import CHANGE_POINT_COLUMNS, change_points, describe, mark
 from speedmatrix.analysis.noise import Z_95, NoiseModel, frame
 from speedmatrix.analysis.verdict import DEFAULT_THRESHOLD, METRIC_BY_NAME, verdict_for
 from speedmatrix.errors import InputError
-from speedmatrix.records import COMPARABILITY_FIELDS, not_comparable_reason, parse_cell
+from speedmatrix.records import COMPARABILITY_FIELDS, cell_name, not_comparable_reason, parse_cell
 
 TREND_COLUMNS = (
     "run_id",
@@ -26,11 +33,16 @@ TREND_COLUMNS = (
     "engine_commit",
     "engine_version",
     "host",
+    "run_status",
     "status",
     "value",
     "change_pct",
     "verdict",
+    *CHANGE_POINT_COLUMNS,
 )
+HISTORY_RUN_STATUSES = ("success", "partial")
+"""Runs whose valid cells are history: a partial run's measured cells are as good as a
+successful run's (the run is partial because of other cells)."""
 
 
 def _column_for(metric: str, phase: str) -> str:
@@ -54,7 +66,8 @@ def trend(
     threshold: float = DEFAULT_THRESHOLD,
     noise: NoiseModel | None = None,
 ) -> pd.DataFrame:
-    """Rows (TREND_COLUMNS) of one cell's `metric` over the recipe's successful runs, oldest first.
+    """Rows (TREND_COLUMNS) of one cell's `metric` over the recipe's successful and partial
+    runs, oldest first.
 
     `metric` is a compare.METRICS name; prefill cells use `prefill_tok_s`.
     """
@@ -96,7 +109,8 @@ def trends(
     rdf, cdf = frame(runs), frame(cells)
     if rdf.empty or cdf.empty:
         return {name: pd.DataFrame(columns=list(TREND_COLUMNS)) for name in wanted}
-    rdf = rdf[(rdf["recipe_id"] == recipe) & (rdf["status"] == "success")]
+    rdf = rdf[(rdf["recipe_id"] == recipe) & rdf["status"].isin(HISTORY_RUN_STATUSES)]
+    rdf = rdf.assign(run_status=rdf["status"])
     if host is not None:
         rdf = rdf[rdf["host"] == host]
     rdf = rdf[[c for c in _RUN_KEEP if c in rdf]].copy()
@@ -124,7 +138,7 @@ def trends(
         judged = m if phase != "prefill" else "prefill_tok_s"
         if judged not in known:
             known[judged] = _known_verdicts(comparisons, judged)
-        out[name] = _points(
+        points = _points(
             groups.get((phase, label, conc), []),
             recipe=recipe,
             cell=(phase, label, conc),
@@ -134,6 +148,8 @@ def trends(
             threshold=threshold,
             noise=noise,
         )
+        higher = METRIC_BY_NAME[m].higher_is_better
+        out[name] = mark(points, change_points(points, higher_is_better=higher))
     return out
 
 
@@ -176,7 +192,7 @@ def noise_band(
     return band, ("threshold" if band == threshold else source)
 
 
-_RUN_KEEP = ("run_id", "started_at", "engine_commit", "engine_version", "host")
+_RUN_KEEP = ("run_id", "started_at", "engine_commit", "engine_version", "host", "run_status")
 
 
 def _points(
@@ -230,7 +246,7 @@ def _points(
         )
         if value is not None:
             prev, prev_row = value, row
-    return pd.DataFrame(out, columns=list(TREND_COLUMNS))
+    return pd.DataFrame(out, columns=[c for c in TREND_COLUMNS if c not in CHANGE_POINT_COLUMNS])
 
 
 def _known_verdicts(
@@ -247,3 +263,65 @@ def _known_verdicts(
         key = (r["run_id"], r["phase"], r["context_label"], int(r["concurrency"]))
         out[key] = (r["verdict"], change)
     return out
+
+
+def new_change_points(
+    runs: pd.DataFrame | Iterable[Mapping[str, Any]],
+    cells: pd.DataFrame | Iterable[Mapping[str, Any]],
+    *,
+    recipe: str,
+    run_id: str,
+    host: str | None = None,
+    comparisons: pd.DataFrame | Iterable[Mapping[str, Any]] | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    noise: NoiseModel | None = None,
+) -> list[dict[str, Any]]:
+    """The change points of the run's cells (their throughput: total tok/s, prefill tok/s)
+    that the history up to `run_id` shows and the history before it did not: what the run
+    newly makes detectable, for its alert. Each: the cell, the step's first run, its verdict,
+    size, p-value and `text` (changepoints.describe).
+
+    Why "new" is judged, not "at this run": a step is significant only once a few runs sit
+    at its new level, so it is found a few runs after the commit that made it; and a step
+    found once is found again by every later run, which must not alert again. A step the
+    earlier history placed one run away counts as the same step (the detector may move it
+    by one as the runs after it come in)."""
+    rdf, cdf = frame(runs), frame(cells)
+    if rdf.empty or run_id not in set(rdf["run_id"]):
+        return []
+    at = rdf.loc[rdf["run_id"] == run_id, "started_at"].iloc[0]
+    upto = rdf[rdf["started_at"] <= at]
+    before = upto[upto["run_id"] != run_id]
+    mine = cdf[(cdf["run_id"] == run_id) & (cdf["status"] == "valid")]
+    names = sorted({_name(r) for r in mine.to_dict("records")})
+    if not names or before.empty:
+        return []
+    kw = {"recipe": recipe, "names": names, "host": host, "comparisons": comparisons,
+          "threshold": threshold, "noise": noise}  # fmt: skip
+    now, then = trends(upto, cdf, **kw), trends(before, cdf, **kw)
+    out = []
+    for name in names:
+        pts, old = now[name], then[name]
+        seen = [(i, v) for i, v in enumerate(old.get("change_point", pd.Series(dtype=object))) if v]
+        for i, row in enumerate(pts.to_dict("records")):
+            verdict = row.get("change_point")
+            if not isinstance(verdict, str) or not verdict:
+                continue
+            if any(abs(i - j) <= 1 and v == verdict for j, v in seen):
+                continue
+            out.append(
+                {
+                    "cell": name,
+                    "run_id": row["run_id"],
+                    "verdict": verdict,
+                    "change_pct": row["change_point_pct"],
+                    "pvalue": row["change_point_pvalue"],
+                    "text": describe(row),
+                }
+            )
+    return out
+
+
+def _name(row: Mapping[str, Any]) -> str:
+    """A cell row's name as trends() takes it (records.cell_name)."""
+    return cell_name(row["phase"], row["context_label"], int(row["concurrency"]))

@@ -1,17 +1,20 @@
 """Cell-by-cell comparison of a run with its baseline, with a noise-aware verdict per figure.
 
 A change is a `regression` or an `improvement` only when it exceeds BOTH the relative
-threshold (recipe-configurable, default 3%) AND the combined noise of the two cells; otherwise
-it is `noise`. Each cell's noise is the larger of its within-window bootstrap half-width and
-1.96 x the between-run relative spread (noise.py), and for decode total tok/s at least the
-counting resolution (one token per stream at the window's edges); the combined noise of a
-difference is the root-sum-square of the two sides (the half-width of the difference's
-interval). Where within-window intervals exist, neither value may lie inside the other's
-interval either (a skewed spread, e.g. a median TTFT over a few requests, fools the symmetric
-half-width). Verdicts are direction-aware: lower TTFT / time-between-tokens is better, higher
-tok/s, acceptance and KV capacity are better. A KV-capacity change shows twice: as a run-level
-`kv_cache_tokens` row and as `status` rows for the cells it turned over capacity (a
-regression) or back (an improvement).
+threshold (recipe-configurable, default 3%) AND the noise band of a run-to-run difference:
+the widest of Z_VERDICT (3) x sqrt(2) x the figure's between-run relative sd (noise.py: a
+robust spread of its recent history on this recipe and host, strictly before the run), the
+root-sum-square of the two cells' within-window bootstrap half-widths, and for decode total
+tok/s the counting resolution (one token per stream at the window's edges). Where
+within-window intervals exist, neither value may lie inside the other's interval either (a
+skewed spread, e.g. a median TTFT over a few requests, fools the symmetric half-width). A
+figure with no between-run estimate (no history on this host yet) that moved beyond the
+threshold is `unverified`: its change is shown, it never gates. A regression at the same
+engine commit says so (SAME_COMMIT): the host or its environment got slower. Verdicts are
+direction-aware: lower TTFT / time-between-tokens is better, higher tok/s, acceptance and KV
+capacity are better. A KV-capacity change shows twice: as a run-level `kv_cache_tokens` row
+and as `status` rows for the cells it turned over capacity (a regression) or back (an
+improvement).
 
 Everything here works on plain rows (dicts or DataFrames with records.py names), so it is
 testable without a warehouse; `comparisons_table` turns rows into the Parquet table.
@@ -32,13 +35,20 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from speedmatrix.analysis.noise import CELL_KEY, Z_95, Interval, NoiseModel, frame, within_window
+from speedmatrix.analysis.noise import CELL_KEY, Interval, NoiseModel, frame, within_window
+from speedmatrix.commits import same_commit
 from speedmatrix.records import cell_key, cell_name, cell_sort_key, not_comparable_reason
 from speedmatrix.store.schemas import COMPARISON_FIELDS, COMPARISONS_SCHEMA
 from speedmatrix.upstream.github import github_repo
 
 DEFAULT_THRESHOLD = 0.03
-VERDICTS = ("regression", "improvement", "noise", "not_comparable")
+VERDICTS = ("regression", "improvement", "noise", "unverified", "not_comparable")
+Z_VERDICT = 3.0
+"""How many standard deviations of a run-to-run difference a change must exceed to be judged:
+three (a two-sided 0.27% chance per figure on normal noise), not 1.96, because a run judges
+tens of figures at once and one false alarm fails the whole run."""
+SAME_COMMIT = "same engine commit: the host or its environment got slower"
+"""The reason of a regression at an unchanged engine commit: not the engine, the host."""
 
 
 @dataclass(frozen=True)
@@ -157,13 +167,18 @@ def compare_runs(
     noise: NoiseModel | None = None,
     threshold: float | Mapping[str, float] = DEFAULT_THRESHOLD,
     compared_at: datetime | None = None,
+    baseline_runs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Compare every cell of `run` with the same cell of `baseline_run`.
 
     Returns comparison rows (COMPARISON_FIELDS keys). `threshold` is a fraction (0.03) or a
     mapping metric -> fraction with an optional "default". `noise` supplies between-run spread;
     requests supply within-window intervals; either may be missing (noise_source says which
-    were used; with none, the threshold alone decides).
+    were used). A figure without a between-run estimate (no history on this recipe and host)
+    is `unverified` when it moved beyond the threshold: its change is shown, it never gates.
+
+    `baseline_runs` (run id -> run): when each baseline cell carries its own `run_id` (its
+    latest comparable cell, analysis/baseline.py), the row names that run and its commit.
     """
     noise = noise or NoiseModel.empty()
     now = compared_at or datetime.now(UTC)
@@ -224,6 +239,10 @@ def compare_runs(
             emit(**cell_common, metric=STATUS_METRIC, threshold_pct=None, **status_row)
             continue
         assert a is not None and b is not None
+        b_run = (baseline_runs or {}).get(str(b.get("run_id")), baseline_run)
+        cell_common["baseline_run_id"] = b_run.get("run_id")
+        cell_common["baseline_engine_commit"] = b_run.get("engine_commit")
+        same_engine = _same_engine(run, b_run)
         # A changed metric definition or workload (records.not_comparable_reason, the one
         # rule of what may be compared): never a regression or an improvement.
         differs = not_comparable_reason(a, b)
@@ -232,7 +251,7 @@ def compare_runs(
                 **cell_common,
                 metric=STATUS_METRIC,
                 verdict="not_comparable",
-                reason=differs,
+                reason=f"not compared: {differs}",
             )
             continue
         for metric in METRICS:
@@ -256,20 +275,27 @@ def compare_runs(
                 continue
             ci_a = new.within.get(key, {}).get(metric.column)
             ci_b = old.within.get(key, {}).get(metric.column)
-            rel_sd, sd_source = noise.lookup(
+            rel_sd, sd_source, _ = noise.lookup_dof(
                 run.get("recipe_id"), run.get("host"), phase, ctx, conc, metric.column
             )
             q_a = _resolution(a, metric) if metric.column == "total_tok_s" else 0.0
             q_b = _resolution(b, metric) if metric.column == "total_tok_s" else 0.0
-            h_a = max(_half_width(ci_a, rel_sd), q_a)
-            h_b = max(_half_width(ci_b, rel_sd), q_b)
-            combined = math.hypot(h_a, h_b)
+            combined = max(
+                _within_half_width(ci_a, ci_b),
+                math.hypot(q_a, q_b),
+                Z_VERDICT * math.sqrt(2) * rel_sd if rel_sd is not None else 0.0,
+            )
             verdict, change = verdict_for(
                 va, vb, metric.higher_is_better, t, combined, intervals=(ci_a, ci_b)
             )
             reason = None
             if verdict == "noise" and abs(change) > max(t, combined):
                 reason = "each value inside the other's confidence interval"
+            if rel_sd is None and verdict in ("regression", "improvement"):
+                verdict = "unverified"
+                reason = "no noise estimate yet: no earlier runs of this cell on this host"
+            elif verdict == "regression" and same_engine:
+                reason = SAME_COMMIT
             sources = [
                 s
                 for s, on in (
@@ -288,7 +314,7 @@ def compare_runs(
                 change_abs=va - vb,
                 change_pct=change * 100 if math.isfinite(change) else None,
                 threshold_pct=t * 100,
-                noise_pct=combined * 100,
+                noise_pct=combined * 100 if sources else None,
                 ci_low=ci_a.low if ci_a else None,
                 ci_high=ci_a.high if ci_a else None,
                 baseline_ci_low=ci_b.low if ci_b else None,
@@ -312,12 +338,21 @@ def _resolution(cell: Mapping[str, Any], metric: Metric) -> float:
     return conc / tokens if tokens and conc else 0.0
 
 
-def _half_width(ci: Interval | None, rel_sd: float | None) -> float:
-    """A cell's relative noise: the wider of its bootstrap half-width and 1.96 x between-run sd."""
-    within = ci.rel_halfwidth if ci is not None else 0.0
-    between = Z_95 * rel_sd if rel_sd is not None else 0.0
-    within = within if math.isfinite(within) else 0.0
-    return max(within, between)
+def _within_half_width(ci_a: Interval | None, ci_b: Interval | None) -> float:
+    """The half-width of the difference of two cells' bootstrap intervals (root-sum-square)."""
+    halves = [
+        ci.rel_halfwidth if ci is not None and math.isfinite(ci.rel_halfwidth) else 0.0
+        for ci in (ci_a, ci_b)
+    ]
+    return math.hypot(*halves)
+
+
+def _same_engine(run: Mapping[str, Any], baseline: Mapping[str, Any]) -> bool:
+    """Both runs ran the same engine commit (a landed prefix of a longer ref counts)."""
+    a, b = run.get("engine_commit"), baseline.get("engine_commit")
+    if not isinstance(a, str) or not isinstance(b, str) or not a or not b:
+        return False
+    return a == b or bool(same_commit(a, b))
 
 
 def _status_change(
@@ -395,10 +430,12 @@ def summarize(
         if r.get("metric") == STATUS_METRIC:
             lines.append(f"  {where}: {r.get('reason')}")
             continue
+        noise = number(r.get("noise_pct"))
         lines.append(
             f"  {where}: {r.get('metric')} {_fmt(r.get('baseline_value'))} -> {_fmt(r.get('value'))}"
             f" ({r.get('change_pct'):+.1f}%; threshold {r.get('threshold_pct'):.1f}%,"
-            f" noise ±{(r.get('noise_pct') or 0):.1f}%)"
+            f" noise {f'±{noise:.1f}%' if noise is not None else 'unknown'})"
+            + (f": {r.get('reason')}" if r.get("reason") else "")
         )
     a = baseline.get("engine_commit") or baseline.get("engine_version") or "?"
     b = run.get("engine_commit") or run.get("engine_version") or "?"

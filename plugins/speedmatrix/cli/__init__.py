@@ -10,11 +10,13 @@ Airflow or pandas.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import re
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from speedmatrix.errors import InputError
 
@@ -89,7 +91,53 @@ def unknown_arguments(parser: argparse.ArgumentParser, extra: Sequence[str]) -> 
     return message + ("; " + "; ".join(hints) if hints else "")
 
 
+def entry() -> NoReturn:
+    """The process's entry point (`speedmatrix`, `python -m speedmatrix`): main, then the
+    process's end (cli.exiting: what is open closed in order, no native destructor left to
+    abort the exit). An interrupt from the first import to the exit is exit code 130."""
+    from speedmatrix.cli.exiting import end_process
+    from speedmatrix.cli.interrupts import EXIT_INTERRUPTED, interrupted, note_only
+
+    try:
+        rc = main()
+    except KeyboardInterrupt:  # before main could catch it
+        with contextlib.suppress(KeyboardInterrupt, OSError):
+            print("speedmatrix: interrupted", file=sys.stderr)
+        rc = EXIT_INTERRUPTED
+    except SystemExit as exc:  # argparse's usage errors and --help
+        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    note_only()
+    end_process(EXIT_INTERRUPTED if interrupted() else rc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command's exit code: 0, 2 for an expected error (one line), 130 when interrupted,
+    whatever the moment (an error an interrupt causes on its way out is the interrupt's)."""
+    from speedmatrix.cli.interrupts import (
+        EXIT_INTERRUPTED,
+        catch_interrupts,
+        interrupted,
+        restore,
+    )
+
+    handlers = catch_interrupts()
+    try:
+        return _main(argv)
+    except (KeyboardInterrupt, Exception) as exc:
+        if not isinstance(exc, KeyboardInterrupt) and not interrupted():
+            raise
+        with contextlib.suppress(KeyboardInterrupt, OSError):
+            print("speedmatrix: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        restore(handlers)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from speedmatrix.cli.interrupts import interrupted
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     # a mistyped flag is the subcommand's error, with its usage and a suggestion (argparse
@@ -113,12 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         rc = func(args)
-    except KeyboardInterrupt:
-        print("speedmatrix: interrupted", file=sys.stderr)
-        return 130
     # OSError: a missing file, a refused permission, a full disk (ENOSPC): one line each
     except (InputError, OSError) as exc:
-        message = str(exc).strip() or exc.__class__.__name__
+        if interrupted():  # an error the interrupt caused: main says it was interrupted
+            raise
+        from speedmatrix.redact import redact
+
+        message = redact(str(exc).strip()) or exc.__class__.__name__
         print(f"speedmatrix {args.command}: {message}", file=sys.stderr)
         return 2
     except Exception:  # a bug: where it happened matters more than a tidy line

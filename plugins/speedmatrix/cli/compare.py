@@ -50,12 +50,20 @@ def register(subparsers: argparse._SubParsersAction, name: str) -> None:
             "--threshold-pct", type=float, help="relative threshold, %% (default: recipe's, else 3)"
         )
         p.add_argument("--all", action="store_true", help="show noise rows too")
+        p.add_argument(
+            "--rejudge",
+            action="store_true",
+            help="judge the run again on today's history instead of showing its stored verdict",
+        )
         p.set_defaults(func=run_compare)
     elif name == "trend":
         p = subparsers.add_parser(
             "trend",
             help="one cell's figure over a recipe's runs, with verdicts",
-            description="One cell's figure over the successful runs of a recipe, oldest first.",
+            description="One cell's figure over the successful and partial runs of a recipe, "
+            "oldest first, with each run's verdict and the change points of the whole history "
+            "(Apache Otava's e-divisive means, p < 0.001: docs/measurement.md): a step's "
+            "direction, size and commit range.",
         )
         p.add_argument(
             "--recipe", required=True, help="recipe id, e.g. sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
@@ -101,6 +109,18 @@ def run_compare(args: argparse.Namespace) -> int:
     else:
         run_id, ref = args.run_a, args.baseline
     threshold = args.threshold_pct / 100 if args.threshold_pct is not None else None
+    note = ""
+    if ref is None and threshold is None and not args.rejudge:
+        stored = _stored(wh, run_id)
+        if stored is not None:
+            run, baseline, rows = stored
+            when = rows[0].get("compared_at")
+            note = f"stored verdict (judged {str(when)[:19]}; --rejudge to judge again)"
+            out = render_comparison(rows, run, baseline, args.format, show_all=args.all)
+            print(out if args.format == "json" else f"{note}\n{out}")
+            return 0
+    elif args.rejudge:
+        note = "re-judged now on the history before the run (not the stored verdict)"
     try:
         result = comparison_for_run(
             wh, run_id, baseline_ref=ref, threshold=threshold, with_noise=False
@@ -112,10 +132,39 @@ def run_compare(args: argparse.Namespace) -> int:
             f"no baseline for run {run_id}: no earlier successful run of recipe "
             f"{result.run.get('recipe_id')} on host {result.run.get('host')} (name one)"
         )
-    print(
-        render_comparison(result.rows, result.run, result.baseline, args.format, show_all=args.all)
+    out = render_comparison(
+        result.rows, result.run, result.baseline, args.format, show_all=args.all
     )
+    print(f"{note}\n{out}" if note and args.format != "json" else out)
     return 0
+
+
+def _stored(wh: Any, run_id: str) -> tuple[dict, dict, list[dict]] | None:
+    """The verdict landed with the run (the `comparisons` rows the `regressions` task wrote),
+    with the run and its baseline; None when none was landed."""
+    from speedmatrix.store.extra import read_extra
+
+    rows = read_extra(wh, "comparisons", run_id=run_id)
+    if rows.empty:
+        return None
+    records = [
+        {k: (None if not isinstance(v, str) and _missing(v) else v) for k, v in r.items()}
+        for r in rows.to_dict("records")
+    ]
+    run = wh.read_run(run_id)[0]
+    base_id = str(records[0].get("baseline_run_id"))
+    try:
+        baseline = wh.read_run(base_id)[0]
+    except KeyError:
+        baseline = {"run_id": base_id}
+    return run, baseline, records
+
+
+def _missing(v: Any) -> bool:
+    try:
+        return bool(v != v)  # NaN, as a warehouse read gives an empty float
+    except (TypeError, ValueError):
+        return False
 
 
 def render_comparison(
@@ -129,6 +178,7 @@ def render_comparison(
     from speedmatrix.analysis.display import (
         comparison_markdown,
         display_rows,
+        headline,
         notable,
         verdict_counts,
     )
@@ -146,8 +196,10 @@ def render_comparison(
             indent=2,
         )
     counts = verdict_counts(rows)
-    head = f"run {run.get('run_id')} vs baseline {baseline.get('run_id')}: " + ", ".join(
-        f"{n} {v}" for v, n in counts.items()
+    head = (
+        f"run {run.get('run_id')} vs baseline {baseline.get('run_id')}: {headline(rows)}\n"
+        + "figures: "
+        + ", ".join(f"{n} {v}" for v, n in counts.items())
     )
     shown = display_rows(rows if show_all else notable(rows))
     if not shown:
@@ -196,6 +248,7 @@ def _numeric(text: str) -> bool:
 
 def run_trend(args: argparse.Namespace) -> int:
     from speedmatrix.analysis.baseline import read_history
+    from speedmatrix.analysis.changepoints import describe
     from speedmatrix.analysis.trend import trend
     from speedmatrix.commits import commit_label
     from speedmatrix.report.charts import trend_chart_svg
@@ -214,7 +267,9 @@ def run_trend(args: argparse.Namespace) -> int:
         noise=noise,
     )
     if points.empty:
-        raise InputError(f"no successful runs of recipe {args.recipe} with cell {args.cell}")
+        raise InputError(
+            f"no successful or partial runs of recipe {args.recipe} with cell {args.cell}"
+        )
     if args.chart:
         svg = trend_chart_svg(points, title=f"{args.recipe} {args.cell}", ylabel=args.metric)
         with open(args.chart, "w", encoding="utf-8") as fh:
@@ -226,13 +281,14 @@ def run_trend(args: argparse.Namespace) -> int:
         {
             "Started": str(r["started_at"])[:19],
             "Run": str(r["run_id"]),
-            "Commit": commit_label(r),
+            "Commit": commit_label(r) + (" (partial run)" if r["run_status"] == "partial" else ""),
             args.metric: "—"
             if r["value"] is None or r["value"] != r["value"]
             else f"{r['value']:,.1f}",
             "Change": "—"
             if r["change_pct"] is None or r["change_pct"] != r["change_pct"]
             else f"{r['change_pct']:+.1f}%",
+            "Change point": describe(r),
             "Verdict": str(r["verdict"] or ""),
         }
         for r in points.to_dict("records")

@@ -61,6 +61,17 @@ PREFILL_GUESS_S = 5.0  # ETA of a prefill cell before one was measured
 DECODE_OVERHEAD_S = 5.0  # a decode cell's warm-up and drain beyond its window, before measured
 
 
+def _concurrency(value: str) -> int:
+    """argparse's type for --concurrencies: records.parse_concurrency (ASCII digits only), its
+    error as the flag's."""
+    from speedmatrix.records import parse_concurrency
+
+    try:
+        return parse_concurrency(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         name,
@@ -82,7 +93,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     )
     g = p.add_argument_group("matrix (the speed_matrix conf keys; default: the recipe's)")
     g.add_argument("--contexts", nargs="+", metavar="N", help="decode contexts, e.g. 8K 16K")
-    g.add_argument("--concurrencies", nargs="+", type=int, metavar="C", help="e.g. 1 2 4")
+    g.add_argument("--concurrencies", nargs="+", type=_concurrency, metavar="C", help="e.g. 1 2 4")
     g.add_argument("--prefill-contexts", nargs="+", metavar="N", help="prefill contexts")
     g.add_argument("--duration-s", type=float, metavar="S", help="decode window, seconds")
     g.add_argument("--max-output-tokens", type=int, metavar="T", help="output tokens per request")
@@ -101,6 +112,20 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
         "running: the ref it was built from (default: read from its /version, else main)",
     )
     g.add_argument("--port", type=int, help="recipe: the port its server listens on")
+    g.add_argument(
+        "--repeats",
+        type=int,
+        metavar="N",
+        help="measure the cells to repeat N times in the run (1-10), each pass after the whole "
+        "matrix; the first lands in cells, the others in cell_repeats (default: the recipe's)",
+    )
+    g.add_argument(
+        "--repeat-cells",
+        nargs="+",
+        metavar="CELL",
+        help="the cells to repeat, named as `trend --cell` names them: 64Kx16, 'prefill 64K' "
+        "(default: every cell)",
+    )
     g.add_argument("--warehouse", metavar="W", help="default $SPEEDMATRIX_WAREHOUSE or ./warehouse")
     p.add_argument(
         "--fail-on-regression",

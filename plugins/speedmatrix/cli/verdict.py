@@ -9,6 +9,7 @@ cells with their reasons, and the baseline (or why there is none).
 
 from __future__ import annotations
 
+from speedmatrix.analysis.display import all_not_compared, cells_with, headline
 from speedmatrix.flows.notify import MAX_LISTED, RunSummary, _cell, _change_line, summarize_run
 from speedmatrix.store.protocol import WarehouseReader
 
@@ -40,13 +41,19 @@ def verdict_text(s: RunSummary) -> str:
         commit = s.baseline_engine_commit
         if isinstance(commit, str) and commit:  # (a missing value reads back as NaN)
             against += f" (engine commit {commit})"
-        if s.regressions or s.improvements:
+        why = all_not_compared(s.rows)
+        if why is not None:
+            head = f"verdict: not compared {against}: {why}"
+        elif s.regressions or s.improvements:
+            # counted in cells: a cell whose throughput, TBT and per-request tok/s all moved
+            # is one regression
             head = (
-                f"verdict: {_plural(len(s.regressions), 'regression')}, "
-                f"{_plural(len(s.improvements), 'improvement')} beyond noise {against}"
+                f"verdict: {_plural(len(cells_with(s.rows, 'regression')), 'regression')}, "
+                f"{_plural(len(cells_with(s.rows, 'improvement')), 'improvement')} beyond "
+                f"noise {against}: {headline(s.rows)}"
             )
         else:
-            head = f"verdict: no change beyond noise {against}"
+            head = f"verdict: no change beyond noise {against}: {headline(s.rows)}"
     else:
         head = (
             "verdict: not compared (no earlier successful run of "

@@ -8,13 +8,68 @@ from __future__ import annotations
 # --help` and the other commands must not pay for pyarrow, pandas, DuckDB or matplotlib;
 # CliError comes from speedmatrix.cli, which imports this module (a cycle if at the top).
 import argparse
+import contextlib
+import re
 import sys
+from collections.abc import Callable, Iterator
 
 DEFAULT_TIMEOUT_S = 180.0
 """A query stops after three minutes unless --timeout says otherwise: an
 analyst's mistake (a join without its condition) must not hold a shared host for hours."""
 DEFAULT_MEMORY_LIMIT = "2GB"
-"""…and may use this much memory (DuckDB spills to its private temp folder beyond it)."""
+"""…and may use this much memory (DuckDB spills to its private temp folder beyond it). DuckDB's
+limit governs its buffer manager only, not the vectors a query builds nor the copies that hold
+and print its result: so the command also bounds its own process (`process_budget`) and the
+result it holds (at most the limit, `Warehouse.query_arrow`'s max_bytes)."""
+_SLACK = 256 * 2**20
+"""The process's room beyond twice the limit: the printing of a result (a DataFrame, text)."""
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?i?B|bytes)?\s*", re.I | re.ASCII)
+_UNITS = {"": 1, "BYTES": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """`500MB` -> 500,000,000; `1GiB` -> 2**30: a size as DuckDB reads its memory_limit
+    (KB, MB, GB in 1000s; KiB, MiB, GiB in 1024s). ValueError otherwise."""
+    m = _SIZE.fullmatch(text or "")
+    size = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()] if m else 0
+    if not m or not 0 < size < 2**62:
+        raise ValueError(f"--memory-limit must be a size like 2GB or 512MiB, got {text!r}")
+    return int(size)
+
+
+def process_budget(limit: int) -> int:
+    """How much the query command's process may grow past where it stood before the query:
+    DuckDB's working memory (the limit), the result held (at most the limit), and room to
+    print it."""
+    return 2 * limit + _SLACK
+
+
+@contextlib.contextmanager
+def bounded_process(budget: int) -> Iterator[None]:
+    """The process's data segment (its heap and private mappings: RLIMIT_DATA) may grow by
+    `budget` while the block runs; the earlier limit is restored after. Past it an allocation
+    fails (DuckDB's OutOfMemoryException, Python's MemoryError) instead of the host's memory
+    running out."""
+    import resource
+
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            used = next(int(ln.split()[1]) * 1024 for ln in fh if ln.startswith("VmData:"))
+    except (OSError, StopIteration, ValueError):
+        yield  # no /proc (not Linux): DuckDB's own limit only
+        return
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    soft = used + budget
+    if before[0] != resource.RLIM_INFINITY:
+        soft = min(soft, before[0])
+    if before[1] != resource.RLIM_INFINITY:
+        soft = min(soft, before[1])
+    resource.setrlimit(resource.RLIMIT_DATA, (soft, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, before)
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
@@ -131,17 +186,73 @@ def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
     from speedmatrix.cli import CliError
+    from speedmatrix.store.query import QueryLimitError
     from speedmatrix.store.warehouse import Warehouse
 
     if args.timeout <= 0:
         raise CliError("--timeout must be a number of seconds above 0")
+    limit = parse_size(args.memory_limit)
     wh = Warehouse(args.warehouse, memory_limit=args.memory_limit)
+    too_big = (
+        f"the query needed more memory than its limit of {args.memory_limit} (raise it with "
+        "--memory-limit, e.g. --memory-limit 8GB, or narrow the query: LIMIT, fewer columns)"
+    )
     try:
-        result = wh.query_arrow(args.sql, timeout_s=args.timeout)
-    except duckdb.Error as exc:
+        wh.query_arrow("SELECT 1")  # connect first: DuckDB's threads are not the query's
+        with bounded_process(process_budget(limit)), query_deadline(args.timeout) as left:
+            result = wh.query_arrow(args.sql, timeout_s=left(), max_bytes=limit)
+            text = format_table(result, args.format)
+            del result
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except MemoryError:
+        raise CliError(too_big) from None
+    except QueryLimitError:
+        raise
+    except (duckdb.Error, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # an allocation refused past the process's budget: DuckDB's OutOfMemoryException, or
+        # the same words as another class (an OSError for an Arrow buffer while fetching)
+        if isinstance(exc, duckdb.OutOfMemoryException) or first.startswith("Out of Memory"):
+            raise CliError(f"{too_big}: {first}") from None
+        if isinstance(exc, OSError):
+            raise
         raise CliError(first) from None
     finally:
         wh.close()
-    sys.stdout.write(format_table(result, args.format))
     return 0
+
+
+@contextlib.contextmanager
+def query_deadline(timeout_s: float) -> Iterator[Callable[[], float]]:
+    """The query's timeout covers its fetching, formatting and printing: DuckDB is interrupted
+    when its part runs out (`timeout_s` given to the query), and the rest is stopped by an
+    alarm in this (main) thread. Yields the seconds left."""
+    import signal
+    import threading
+    import time
+
+    from speedmatrix.store.query import QueryLimitError
+
+    end = time.monotonic() + timeout_s
+
+    def left() -> float:
+        return max(0.001, end - time.monotonic())
+
+    if threading.current_thread() is not threading.main_thread():
+        yield left  # an alarm is the main thread's: DuckDB's own interrupt only
+        return
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise QueryLimitError(
+            f"the query was stopped after its timeout of {timeout_s:g} s "
+            "(give it longer with --timeout SECONDS)"
+        )
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        yield left
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -99,11 +99,22 @@ owner_file() { printf '%s/owner.%s' "$d" "$(printf %s "$1" | tr -c 'A-Za-z0-9._-
 origin_file() { printf '%s/origin.%s' "$d" "$(printf %s "$1" | tr -c 'A-Za-z0-9._-' '_')"; }
 origin_of() { o=""; [ -s "$(origin_file "$1")" ] && read -r o < "$(origin_file "$1")"; printf %s "${o:--}"; }
 started() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
+# Gone only on positive evidence, recorded in $seen: its PID runs another process (a start
+# time other than the recorded one), or the kernel says no such process. A /proc that does not
+# show it (hidepid, another user's) is no proof: kill -0 then says EPERM, and it is kept.
+seen=""
 owner_gone() {
   o=$(owner_file "$1"); [ -s "$o" ] || return 1
   op_=""; os_=""; ob_=""; read -r op_ os_ ob_ < "$o" || true
   [ -n "$op_" ] && [ "$ob_" = "$boot" ] || return 1
-  [ "$(started "$op_")" != "$os_" ]
+  st=$(started "$op_")
+  if [ -n "$st" ]; then
+    [ "$st" != "$os_" ] || return 1
+    seen="reused:$op_:$st:$os_"; return 0
+  fi
+  err=$( (export LC_ALL=C; kill -0 "$op_") 2>&1 ) && return 1
+  case "$err" in *"No such process"*) seen="nosuch:$op_"; return 0 ;; esac
+  return 1
 }
 # The holder: the record with the latest expiry, among those of this boot.
 holder=""; exp=0; from=""; gone=""
@@ -131,7 +142,7 @@ case "$op" in
         ( umask 022; printf '%s %s %s\n' "$owner" "$(started "$owner")" "$boot" > "$(owner_file "$me")" )
       fi
       if [ "$origin" != "-" ]; then ( umask 022; printf '%s\n' "$origin" > "$(origin_file "$me")" ); fi
-      write && echo "ACQUIRED $me $((now + ttl)) $now ${holder:--} $exp ${gone:--}"
+      write && echo "ACQUIRED $me $((now + ttl)) $now ${holder:--} $exp ${gone:--} - ${seen:--}"
     else echo "HELD $holder $exp $now - - - $(origin_of "$holder")"; fi ;;
   renew)
     if [ "$holder" = "$me" ] && [ $live -eq 1 ]; then write && echo "RENEWED $me $((now + ttl)) $now"
@@ -195,6 +206,20 @@ class LeaseState:
     @property
     def seconds_left(self) -> int:
         return max(0, self.expires_at - self.host_now)
+
+
+def _seen_text(seen: str) -> str | None:
+    """What the host saw of a holder it judged gone (the script's `seen`), as a sentence."""
+    kind, _, rest = seen.partition(":")
+    if kind == "nosuch":
+        return f"no process {rest} on the host (kill -0: no such process)"
+    if kind == "reused":
+        pid, now_started, recorded = [*rest.split(":"), "", ""][:3]
+        return (
+            f"process {pid} is another one now (started at tick {now_started}, "
+            f"the holder's at {recorded})"
+        )
+    return None
 
 
 def _shell_path(path: str) -> str:
@@ -287,7 +312,8 @@ class HostLease:
         lines = res.stdout.strip().splitlines()
         if res.rc != 0 or not lines:
             raise LeaseError(f"lease {op} on {self.host.name} failed (rc {res.rc}): {res.tail()}")
-        word, holder, expiry, now, _, _, gone, origin, *_ = [*lines[-1].split(), *["-"] * 8]
+        fields = [*lines[-1].split(), *["-"] * 9]
+        word, holder, expiry, now, _, _, gone, origin, seen = fields[:9]
         return LeaseState(
             word,
             None if holder == "-" else holder,
@@ -295,6 +321,7 @@ class HostLease:
             int(now if now != "-" else 0),
             None if gone == "-" else gone,
             None if origin == "-" else origin,
+            _seen_text(seen) if gone != "-" else None,
         )
 
     def try_acquire(self, gone_why: Callable[[str], str | None] | None = None) -> LeaseState:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedmatrix.records import cell_name
+from speedmatrix.redact import redact
 from speedmatrix.settings import Settings
 from speedmatrix.settings import settings as deployment_settings
 from speedmatrix.store.protocol import WarehouseReader
@@ -95,6 +96,11 @@ class RunSummary:
     regressions: list[dict[str, Any]] = field(default_factory=list)
     improvements: list[dict[str, Any]] = field(default_factory=list)
     bad_cells: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    # steps of the recipe's history on this host that this run newly makes detectable
+    # (analysis.trend.new_change_points): a slowdown spread over commits, or one a regressed
+    # baseline hid, that no one run's verdict reported
+    change_points: list[dict[str, Any]] = field(default_factory=list)
     report: str | None = None
     reason: str | None = None
     dag_run_id: str | None = None
@@ -102,8 +108,11 @@ class RunSummary:
 
     @property
     def alarming(self) -> bool:
-        """Worth a message: a regression, a failed run, or a DAG run that failed."""
-        return bool(self.regressions or self.status == "failed" or self.reason)
+        """Worth a message: a regression, a new change point, a failed run, or a DAG run
+        that failed."""
+        return bool(
+            self.regressions or self.change_points or self.status == "failed" or self.reason
+        )
 
 
 def report_link(warehouse: WarehouseReader, run_id: str, base_url: str | None = None) -> str:
@@ -146,10 +155,32 @@ def summarize_run(
         regressions=[r for r in rows if r.get("verdict") == "regression"],
         improvements=[r for r in rows if r.get("verdict") == "improvement"],
         bad_cells=bad,
+        rows=rows,
+        change_points=_new_change_points(warehouse, run),
         report=report_link(warehouse, run_id, base_url),
         reason=reason,
         dag_run_id=dag_run_id,
         failed_task=failed_task,
+    )
+
+
+def _new_change_points(warehouse: WarehouseReader, run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The change points this run newly shows over its recipe's history on its host."""
+    from speedmatrix.analysis.baseline import read_history
+    from speedmatrix.analysis.trend import new_change_points
+
+    recipe, host = run.get("recipe_id"), run.get("host")
+    if not recipe or run.get("status") not in ("success", "partial"):
+        return []
+    runs, cells, comparisons, noise = read_history(warehouse, recipe, host)
+    return new_change_points(
+        runs,
+        cells,
+        recipe=recipe,
+        run_id=str(run["run_id"]),
+        host=host,
+        comparisons=comparisons,
+        noise=noise,
     )
 
 
@@ -204,9 +235,11 @@ def subject(s: RunSummary) -> str:
         parts.append("run failed")
     if s.regressions:
         parts.append(f"{len(s.regressions)} regression(s)")
+    if s.change_points:
+        parts.append(f"{len(s.change_points)} new change point(s)")
     what = ", ".join(parts) or "run finished"
     return header_value(
-        f"[speedmatrix] {what}: {s.recipe_id or '?'} on {s.host or '?'} ({s.run_id or '?'})"
+        redact(f"[speedmatrix] {what}: {s.recipe_id or '?'} on {s.host or '?'} ({s.run_id or '?'})")
     )
 
 
@@ -228,6 +261,15 @@ def message_text(s: RunSummary) -> str:
             f"Regressions ({len(s.regressions)}):",
             *_listed([_change_line(r) for r in s.regressions]),
         ]
+    if s.change_points:
+        lines += [
+            "",
+            f"New change points over the recipe's history ({len(s.change_points)}; "
+            "a step of the cell's level between two commits, found over every run):",
+            *_listed(
+                [f"{c['cell']}: {c['text']} (p = {c['pvalue']:.1g})" for c in s.change_points]
+            ),
+        ]
     if s.improvements:
         lines += [
             "",
@@ -247,7 +289,8 @@ def message_text(s: RunSummary) -> str:
         lines += ["", f"Airflow run {s.dag_run_id or '?'} failed{where}: {s.reason}"]
     if s.report:
         lines += ["", f"Report: {s.report}"]
-    return "\n".join(lines) + "\n"
+    # a server's error body, a conf value, an exception may hold a URL with a credential
+    return redact("\n".join(lines)) + "\n"
 
 
 def message_html(s: RunSummary) -> str:

@@ -18,6 +18,7 @@ from speedmatrix.records import (
     MEASUREMENT_PROFILES,
     PROMPT_MODES,
     WORKLOADS,
+    parse_concurrency,
     parse_context,
     split_list_text,
 )
@@ -94,14 +95,14 @@ def _list_problems(key: str, v: Any, item_ok, what: str) -> list[str]:
 LIST_TEXT_KEYS = {
     "contexts": parse_context,
     "prefill_contexts": parse_context,
-    "concurrencies": int,
+    "concurrencies": parse_concurrency,
 }
 
 
 def normalise_conf(conf: Mapping[str, Any]) -> dict[str, Any]:
     """`conf` with the list keys written as text (`"8K, 16K"`, as the trigger form lets a
     person type them; records.split_list_text) made lists, each item read by its one rule
-    (records.parse_context, int). A text that does not read stays as it is, for
+    (records.parse_context, records.parse_concurrency). A text that does not read stays as it is, for
     conf_problems to name; a list stays a list (its items are plan's to check)."""
     out = dict(conf)
     for key, read in LIST_TEXT_KEYS.items():

@@ -150,6 +150,12 @@ COMMON_FLAGS: tuple[Flag, ...] = (
          "live progress line on stderr (unset: only when stderr is a terminal)", switch="both"),
 )  # fmt: skip
 
+PREFILL_FLAGS: tuple[Flag, ...] = (
+    Flag("samples", "--samples", "load", "cold prompts measured one after the other, each with "
+         "a fresh run tag (the run's own last); the cell's TTFT is their median",
+         type=_positive_int, metavar="N"),
+)  # fmt: skip
+
 DECODE_FLAGS: tuple[Flag, ...] = (
     Flag("concurrency", "--concurrency", "load", "streams kept in flight", type=int,
          metavar="C", required=True, short="-c"),
@@ -210,7 +216,9 @@ IN_PROCESS_ONLY: dict[str, str] = {
 
 def flags_of(cls: type[CellConfig]) -> tuple[Flag, ...]:
     """The flags that make a config of `cls` (decode's add its load and limits)."""
-    return COMMON_FLAGS + DECODE_FLAGS if issubclass(cls, DecodeConfig) else COMMON_FLAGS
+    if issubclass(cls, DecodeConfig):
+        return COMMON_FLAGS + DECODE_FLAGS
+    return COMMON_FLAGS + PREFILL_FLAGS if issubclass(cls, PrefillConfig) else COMMON_FLAGS
 
 
 def _field_defaults(cls: type[CellConfig]) -> dict[str, Any]:
@@ -276,8 +284,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p = sub.add_parser(
         "prefill",
         help="one cold request with max_tokens=1: prompt tok/s = prompt tokens / TTFT",
-        description="Measure one prefill cell: a single cold prompt of exactly --context tokens "
-        "with max_tokens=1. Prints/writes the cell record; exit 0 whenever it was attempted.",
+        description="Measure one prefill cell: --samples cold prompts (default 3) of exactly "
+        "--context tokens with max_tokens=1, one after the other; its TTFT is their median. "
+        "Prints/writes the cell record; exit 0 whenever it was attempted.",
         formatter_class=fmt,
     )
     _add_flags(p, PrefillConfig)
@@ -404,7 +413,9 @@ def summary(cell: dict[str, Any]) -> str:
     if phase == "prefill":
         lines += [
             f"  prompt:          {_num(cell.get('total_tok_s'), 'tok/s')}",
-            f"  TTFT:            {_num(cell.get('ttft_ms'), 'ms')}",
+            f"  TTFT:            {_num(cell.get('ttft_ms'), 'ms')} (median of "
+            f"{cell.get('ttft_samples') or cell.get('samples') or 1}, spread "
+            f"{_num(cell.get('ttft_spread_pct'), '%')})",
         ]
         return "\n".join(lines)
 

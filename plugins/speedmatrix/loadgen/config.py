@@ -97,9 +97,24 @@ class CellConfig:
         return f"speedmatrix-{self.run_tag}" if self.cache_salt else None
 
 
+PREFILL_SAMPLES = 3
+"""Cold prompts a prefill cell measures by default: one TTFT is one draw of the host's moment,
+and a verdict needs a spread to judge a change against (issue 40; the published tool's
+standalone prefill repeats its cold prompts too)."""
+
+
 @dataclass
 class PrefillConfig(CellConfig):
-    """One cold request of `context` tokens with max_tokens=1."""
+    """`samples` cold requests of `context` tokens with max_tokens=1, one after the other."""
+
+    samples: int = PREFILL_SAMPLES
+
+    def validate(self) -> None:
+        super().validate()
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int):
+            raise ValueError(f"samples must be an integer, got {self.samples!r}")
+        if not 1 <= self.samples <= 20:
+            raise ValueError(f"samples must be 1..20, got {self.samples}")
 
 
 @dataclass

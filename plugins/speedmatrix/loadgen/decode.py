@@ -382,6 +382,13 @@ class _DecodeCell:
             ttft_ms=ms(median(ttfts)),
             ttft_p90_ms=ms(percentile(ttfts, 90)),
             ttft_p99_ms=ms(percentile(ttfts, 99)),
+            ttft_samples=len(ttfts),
+            ttft_spread_pct=(
+                (max(ttfts) - min(ttfts)) / median(ttfts) * 100  # type: ignore[operator]
+                if len(ttfts) > 1 and median(ttfts)
+                else None
+            ),
+            ttst_ms=ms(median([x for x in (r.ttst() for r in reqs) if x is not None])),
             client_cpu_pct=self.monitor.cpu_pct,
             loop_lag_p99_ms=self.monitor.lag_p99_ms,
         )
@@ -571,11 +578,7 @@ class _DecodeCell:
                     f"(vllm:generation_tokens_total); over {cfg.token_tolerance:.0%} and the "
                     f"{slack:.1f} tokens the two readings' timing allows"
                 )
-        # p90, not p99: a saturated loop is late most of the time, whereas a p99 spike is the
-        # OS scheduling something else once (the p99 is still recorded for analysts).
-        lag = self.monitor.lag_ms(90.0)
-        if lag is not None and lag > cfg.max_loop_lag_ms:
-            reasons.append(f"client saturated: event-loop lag p90 {lag:.1f} ms")
+        reasons += self.monitor.saturation(cfg.max_loop_lag_ms, cfg.max_client_cpu_pct)
         reasons += self._blind_spots()
         if self.window.ws != INF:
             reasons += self._readings_missing(self.window.ws, self.window.we)
@@ -585,9 +588,6 @@ class _DecodeCell:
                 f"average active requests {active:.2f} of C={self.C} ({self.active_basis}): "
                 f"the server was not running {self.C} through the window"
             )
-        cpu = cell["client_cpu_pct"]
-        if isinstance(cpu, float) and cpu > cfg.max_client_cpu_pct:
-            reasons.append(f"client saturated: {cpu:.0f}% CPU")
         if cfg.repetition_check:
             checked = [r for r in self.requests if r.text_parts]
             loops = sum(1 for r in checked if is_repetition_loop("".join(r.text_parts or [])))

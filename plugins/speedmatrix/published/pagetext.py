@@ -256,7 +256,23 @@ def page_lines(text: str, source: str | None) -> list[Line]:
     return lines
 
 
-def launch_text(lines: list[Line]) -> tuple[str | None, str | None]:
+MAX_LAUNCH_CHARS = 64 * 1024
+"""The longest launch command a page may hold (characters). Published ones are under 4 KB;
+past this the text is no launch line, and costs the ingest its time (a 1 MB one took 25 s
+more) for nothing."""
+
+
+def launch_text(lines: list[Line], source: str | None = None) -> tuple[str | None, str | None]:
+    """(the launch command, its comment lines) of the page's Launch command section; a
+    command past MAX_LAUNCH_CHARS is refused, naming its first line."""
+    size = sum(len(ln.text) for ln in lines)
+    if size > MAX_LAUNCH_CHARS:
+        raise ReportParseError(
+            f"launch command of {size:,} characters: longer than any real one "
+            f"(at most {MAX_LAUNCH_CHARS // 1024} KiB)",
+            lines[0].no,
+            source,
+        )
     comment, command = [], []
     for ln in lines:
         s = ln.text

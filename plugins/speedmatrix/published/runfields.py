@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 import re
-import shlex
 
 from speedmatrix.published import formats as F
 from speedmatrix.published.pagetext import (
@@ -45,7 +44,7 @@ def run_record(
         m = re.fullmatch(r"(.+?)\s+v?(\d[\w.+-]*)", tool)
         if m:
             run["bench_tool"], run["bench_tool_version"] = m.group(1), m.group(2)
-    command, comment = launch_text(sections.get("Launch command", []))
+    command, comment = launch_text(sections.get("Launch command", []), source)
     run["launch_command"] = command
     for k, v in _from_launch(command).items():
         run[k] = v
@@ -84,12 +83,57 @@ def _header_value(field_name: str, text: str, no: int, source: str | None) -> ob
     return None if text in ("", F.DASH) else text
 
 
+# One piece of a POSIX shell word, as shlex.split reads it (whitespace_split, no comments):
+# unquoted text, '...' (literal), "..." (a backslash escapes only " and \), \x (x itself). The
+# double-quoted body is unrolled (no nested quantifier), so an unclosed quote fails in linear
+# time rather than backtracking.
+_PIECE = re.compile(
+    r"(?P<space>[ \t\r\n]+)"
+    r"|(?P<plain>[^ \t\r\n'\"\\]+)"
+    r"|'(?P<single>[^']*)'"
+    r'|"(?P<double>[^"\\]*(?:\\.[^"\\]*)*)"'
+    r"|\\(?P<escaped>.)"
+    r"|(?P<bad>.)",
+    re.DOTALL,
+)
+_DOUBLE_ESCAPE = re.compile(r'\\([\\"])')
+
+
+def launch_argv(command: str) -> list[str]:
+    """The words of a launch command, as ``shlex.split`` gives them, in linear work.
+
+    shlex builds each word one character at a time by string concatenation, which is
+    quadratic in a word's length (20 s of a 600 KB word); here a word is a list of whole
+    pieces (runs of plain text, quoted strings) joined once. ValueError on an unclosed quote
+    or a trailing backslash, as shlex."""
+    words: list[str] = []
+    word: list[str] | None = None
+    for m in _PIECE.finditer(command):
+        kind = m.lastgroup or "bad"
+        if kind == "space":
+            if word is not None:
+                words.append("".join(word))
+            word = None
+            continue
+        if kind == "bad":
+            raise ValueError(f"no closing quotation or escaped character at {m.start()}")
+        piece = m.group(kind)
+        if kind == "double":
+            piece = _DOUBLE_ESCAPE.sub(r"\1", piece)
+        if word is None:
+            word = []
+        word.append(piece)
+    if word is not None:
+        words.append("".join(word))
+    return words
+
+
 def _from_launch(command: str | None) -> dict:
     out: dict[str, object] = {}
     if not command:
         return out
     try:
-        argv = shlex.split(command.replace("\\\n", " "))
+        argv = launch_argv(command.replace("\\\n", " "))
     except ValueError:
         argv = command.split()
     if "serve" in argv:

@@ -107,6 +107,27 @@ def from_comparison(rows: Iterable[Mapping[str, Any]]) -> dict[CellKey, CellChan
             [*(["baseline " + f"{base:,.1f} tok/s"] if base is not None else []), *moved]
         )
         pct = _num(main.get("change_pct")) if main is not None else None
+        if verdict in MARKS and main is not None and main.get("verdict") != verdict:
+            # the throughput figure did not move: the mark goes with the figure that did,
+            # named (no ▼ beside an unchanged tok/s)
+            moved = (r for r in rs if r.get("verdict") == verdict)
+            moved_row = next((r for r in moved if _num(r.get("change_pct")) is not None), None)
+            if moved_row is not None:
+                mpct = _num(moved_row.get("change_pct"))
+                higher = moved_row.get("higher_is_better")
+                if higher is None:
+                    higher = moved_row.get("metric") not in ("ttft_ms", "tbt_ms")
+                better = mpct if higher else -mpct
+                colour = palette.change_colour(better)
+                out[key] = CellChange(
+                    f"{figure_label(moved_row.get('metric')).split(' ')[0]} {mpct:+.1f}%",
+                    MARKS[verdict],
+                    verdict,
+                    colour,
+                    palette.text_colour(colour),
+                    title,
+                )
+                continue
         change = make_change(pct, verdict, title)
         if change is None and verdict in MARKS:  # a status change: no number, full colour
             colour = palette.change_colour(

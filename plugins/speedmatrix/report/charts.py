@@ -205,7 +205,8 @@ _MARKERS = {
 
 def trend_chart_svg(points: pd.DataFrame, *, title: str, ylabel: str) -> str:
     """An SVG line chart of a trend (analysis.trend.trend rows), regressions (orange ▼) and
-    improvements (purple ▲) marked."""
+    improvements (purple ▲) marked, partial runs' points hollow, and each change point of the
+    history as a dashed line labelled with its size and commit range."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,6 +234,12 @@ def _trend_chart(plt, points: pd.DataFrame, *, title: str, ylabel: str) -> str:
                     label=verdict,
                     zorder=3,
                 )
+        if "run_status" in pts:
+            sel = pts.index[pts["run_status"] == "partial"]
+            if len(sel):
+                ax.scatter(sel, pts.loc[sel, "value"], marker="o", s=40, facecolors="white",
+                           edgecolors="#2171b5", label="partial run", zorder=4)  # fmt: skip
+        _mark_change_points(ax, pts)
         ticks = [  # whole enough to tell commits apart (speedmatrix.commits)
             commit_label({"engine_commit": c, "engine_version": v, "run_id": r})
             for c, v, r in zip(
@@ -251,6 +258,20 @@ def _trend_chart(plt, points: pd.DataFrame, *, title: str, ylabel: str) -> str:
         return buf.getvalue()
     finally:
         plt.close(fig)
+
+
+def _mark_change_points(ax: Any, pts: pd.DataFrame) -> None:
+    """A dashed line before each change point's first run, its size and commit range beside."""
+    if "change_point" not in pts:
+        return
+    for i, row in enumerate(pts.to_dict("records")):
+        if not row.get("change_point"):
+            continue
+        since = commit_label({"engine_commit": row.get("change_point_since")})
+        label = f"change point {since}..{commit_label(row)}: {row['change_point_pct']:+.1f}%"
+        ax.axvline(i - 0.5, color="#d55e00", linestyle="--", linewidth=1)
+        ax.annotate(label, (i - 0.5, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
+                    color="#d55e00", ha="right", va="top", rotation=90)  # fmt: skip
 
 
 def diff_heatmap_svg(

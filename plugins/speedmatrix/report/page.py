@@ -56,15 +56,20 @@ class RunPage:
 
 def deployment_prices() -> Any:
     """The deployment's GPU prices (analysis.cost.load_prices), or None when it sets none or
-    its price file is broken: that is logged, and the page shows no cost rather than a
-    wrong one."""
+    its price file is broken: that is logged once per problem (a site calls this for every
+    page), and the page shows no cost rather than a wrong one."""
     from speedmatrix.analysis.cost import PriceError, load_prices
 
     try:
         return load_prices()
     except PriceError as exc:
-        log.warning("no cost on the pages: %s", exc)
+        if str(exc) not in _SAID:
+            _SAID.add(str(exc))
+            log.warning("no cost on the pages: %s", exc)
         return None
+
+
+_SAID: set[str] = set()  # the price files' problems already logged by this process
 
 
 def keep_charts(warehouse: Warehouse, page: RunPage) -> str:

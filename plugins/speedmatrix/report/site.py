@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from speedmatrix.errors import InputError
+from speedmatrix.ownership import claim_dir, marker_name
 from speedmatrix.report.site_fleet import (
     Verdict,
     fleet_verdicts,
@@ -70,7 +71,7 @@ log = logging.getLogger("speedmatrix.site")
 
 MANIFEST = "_site.json"
 LOCK = ".site.lock"
-MARKER = ".speedmatrix-site"
+MARKER = marker_name("site")  # ".speedmatrix-site"
 """Says a folder is a site of ours: the build writes only into one that holds it (or
 `MANIFEST`, which sites built before the marker hold) or is new or empty: a user's own files are never overwritten."""
 SITE_FORMAT = 1  # bump when the site's own pages change shape: everything is rendered again
@@ -191,15 +192,7 @@ def claim_site_dir(root: Path) -> None:
     never overwrite a user's files of those names (`--out` pointed at the wrong folder). A new
     or empty folder gets the marker; one that holds it (or a manifest) is ours; anything else
     is a ValueError naming the path, and nothing in it is touched."""
-    root.mkdir(parents=True, exist_ok=True)
-    if (root / MARKER).exists() or (root / MANIFEST).exists():
-        return
-    if any(root.iterdir()):
-        raise InputError(
-            f"{root} is not a speedmatrix site (no {MARKER} in it) and is not empty: "
-            "the site is written only into an empty folder or its own"
-        )
-    (root / MARKER).write_text("speedmatrix site: the site command writes here\n")
+    claim_dir(root, "site", also_ours=(MANIFEST,))  # the one marker rule (speedmatrix.ownership)
 
 
 def build_site(

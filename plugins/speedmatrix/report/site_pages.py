@@ -22,7 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from speedmatrix.analysis.trend import noise_band, trends
+from speedmatrix.analysis.changepoints import describe
+from speedmatrix.analysis.trend import HISTORY_RUN_STATUSES, noise_band, trends
 from speedmatrix.records import cell_name, cell_sort_key
 from speedmatrix.report.site_fleet import RecipeHistory, Verdict
 from speedmatrix.report.site_text import clean, engine, gpu, text, when
@@ -176,10 +177,11 @@ def _host_charts(
 ) -> list[dict[str, Any]]:
     """One host's trend charts, a chart per cell that was ever valid.
 
-    The charts show the last MAX_POINTS successful runs: their trend is computed over those
-    and the one before (which judges the first shown point), not over years of history (the
-    cost of a recipe page stays flat as history grows)."""
-    ok = hruns[hruns["status"] == "success"]
+    The charts show the last MAX_POINTS successful or partial runs (a partial run's valid
+    cells are history, marked): their trend is computed over those and the one before (which
+    judges the first shown point), not over years of history (the cost of a recipe page stays
+    flat as history grows)."""
+    ok = hruns[hruns["status"].isin(HISTORY_RUN_STATUSES)]
     window = ok.tail(MAX_POINTS + 1)
     hcells = history.cells[history.cells["run_id"].isin(set(hruns["run_id"]))]
     wcells = hcells[hcells["run_id"].isin(set(window["run_id"]))]
@@ -237,6 +239,9 @@ def _chart(
         "band_source": ("threshold" if source == "threshold" else f"between-run noise ({source})"),
         "last": fmt_value(last["value"]) if clean(last["value"]) else "—",
         "last_verdict": text(last.get("verdict")),
+        "change_points": [
+            f"change point {describe(r)}" for r in shown.to_dict("records") if describe(r)
+        ],
         "regressions": int((pts["verdict"] == "regression").sum()),
         "improvements": int((pts["verdict"] == "improvement").sum()),
     }

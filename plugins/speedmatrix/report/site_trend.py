@@ -59,8 +59,10 @@ def trend_svg(
 ) -> str:
     """One cell's trend: a line through the valid points in run order, the noise band (each
     point's predecessor x (1 ± band)), regressions (▼, vermillion) and improvements (▲, blue)
-    marked by shape and colour (colour-blind safe), failed points as × on the axis. Every
-    point links to its run page (`link`: run_id -> relative href)."""
+    marked by shape and colour (colour-blind safe), failed points as × on the axis, a partial
+    run's point hollow, and each change point of the history (analysis.changepoints) as a
+    dashed line before its first run, its size and commit range in its tooltip. Every point
+    links to its run page (`link`: run_id -> relative href)."""
     pts = points.reset_index(drop=True)
     values = [clean(v) for v in pts["value"]]
     good = [v for v in values if v is not None]
@@ -76,6 +78,7 @@ def trend_svg(
         )
     scale = _Scale.of(good, band, len(pts))
     out = [head, _axis(scale), *_band_and_line(scale, values, band)]
+    out += _change_points(scale, pts)
     for i, row in enumerate(pts.to_dict("records")):
         out.append(_point(scale, i, row, values[i], link.get(str(row["run_id"]))))
     out.append(_footer(pts, total))
@@ -126,6 +129,7 @@ def _point(scale: _Scale, i: int, row: Mapping[str, Any], v: float | None, href:
         + (fmt_value(v) + " tok/s" if v is not None else text(row.get("status")))
         + (f" · {change:+.1f}%" if change is not None else "")
         + (f" · {verdict}" if verdict else "")
+        + (" · partial run" if row.get("run_status") == "partial" else "")
     )
     if v is None:
         cx, cy = scale.x(i), _T + _PH
@@ -141,12 +145,40 @@ def _point(scale: _Scale, i: int, row: Mapping[str, Any], v: float | None, href:
         mark = f'<path d="M{cx - 6:.1f},{cy + 5:.1f}h12l-6,-10z" class="imp"/>'
     else:
         cx, cy = scale.x(i), scale.y(v)
+        partial = " partial" if row.get("run_status") == "partial" else ""
         mark = (
-            f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="2.5" class="pt"/>'
+            f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="2.5" class="pt{partial}"/>'
             f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="6" class="hit"/>'
         )
     body = f"<title>{esc(tip)}</title>{mark}"
     return f'<a href="{esc(href)}">{body}</a>' if href else f"<g>{body}</g>"
+
+
+def _change_points(scale: _Scale, pts: pd.DataFrame) -> list[str]:
+    """A dashed line half-way between the last run at the old level and the first at the new,
+    for each change point; its tooltip: direction, size, commit range, p-value."""
+    if "change_point" not in pts:
+        return []
+    esc = html.escape
+    out = []
+    for i, row in enumerate(pts.to_dict("records")):
+        verdict = text(row.get("change_point"))
+        if not verdict:
+            continue
+        x = scale.x(i) - _PW / scale.n / 2
+        since = commit_label({"engine_commit": row.get("change_point_since")})
+        pvalue = clean(row.get("change_point_pvalue"))
+        tip = (
+            f"change point ({verdict}): {clean(row.get('change_point_pct')) or 0:+.1f}% "
+            f"between {since}..{commit_label(row)}"
+            + (f" (p = {pvalue:.1g})" if pvalue is not None else "")
+        )
+        out.append(
+            f'<g class="cp-mark"><title>{esc(tip)}</title>'
+            f'<line x1="{x:.1f}" y1="{_T}" x2="{x:.1f}" y2="{_T + _PH}" class="cp"/>'
+            f'<rect x="{x - 4:.1f}" y="{_T}" width="8" height="{_PH}" class="hit"/></g>'
+        )
+    return out
 
 
 def _footer(pts: pd.DataFrame, total: int) -> str:

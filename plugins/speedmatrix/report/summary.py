@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedmatrix.analysis.display import all_not_compared, headline
 from speedmatrix.analysis.verdict import KV_METRIC, METRIC_BY_NAME, STATUS_METRIC, number
 from speedmatrix.published import formats as F
 from speedmatrix.records import cell_name
@@ -72,6 +73,7 @@ class Summary:
     counts: dict[str, int] = field(default_factory=dict)
     run_status: str | None = None
     compared: bool = False
+    rows: Sequence[Mapping[str, Any]] = ()
 
     @property
     def regressions(self) -> list[Change]:
@@ -88,15 +90,14 @@ class Summary:
             head = "The run failed."
         elif not self.compared:
             head = "Not compared: " + self.no_baseline_reason
+        elif (why := all_not_compared(self.rows)) is not None:
+            head = f"Not compared: {why}."
         elif self.regressions:
-            n = len({c.cell for c in self.regressions})
-            head = (
-                f"Slower than the baseline: {len(self.regressions)} regression(s) in {n} cell(s)."
-            )
+            head = f"Slower than the baseline: {headline(self.rows)}."
         elif self.improvements:
-            head = "No regression; " + f"{len(self.improvements)} improvement(s) beyond noise."
+            head = f"No regression; faster than the baseline: {headline(self.rows)}."
         else:
-            head = "No change beyond noise against the baseline."
+            head = f"No change beyond noise against the baseline: {headline(self.rows)}."
         if self.problems:
             head += f" {len(self.problems)} cell(s) did not measure (invalid or failed)."
         return head
@@ -119,6 +120,8 @@ def _change(row: Mapping[str, Any]) -> Change:
     colour = palette.change_colour(better)
     if change is not None and noise is not None:
         interval = f"[{change - noise:+.1f}%, {change + noise:+.1f}%]"
+    elif change is not None:
+        interval = "unknown"
     else:
         interval = F.DASH
     if metric == STATUS_METRIC:
@@ -194,4 +197,5 @@ def build_summary(
         counts={"cells": len(cells), **{f"status_{k}": v for k, v in statuses.items()}, **verdicts},
         run_status=run.get("status"),
         compared=compared,
+        rows=list(rows or ()),
     )

@@ -304,15 +304,12 @@ class Engine:
         self._out_gen = 0
 
     # --- the API the server and predictor use -----------------------------------------------
-    def add(self, req: Request, now: float | None = None, arrived: float | None = None) -> Request:
-        """A request is handed over at `now` (default: the engine's clock).
-
-        `arrived` (<= now) is when it reached the server: the front end's delay counts from
-        there, so time the server spent reading and parsing the body is part of that delay
-        (as it is part of the delay a calibration measured on the real server).
-        """
+    def add(self, req: Request, now: float | None = None) -> Request:
+        """A request arrives at `now` (default: the engine's clock): the front end's delay
+        counts from there. The server hands it over once it has parsed and tokenized it, so
+        none of the simulator's own work is modelled time (issue #43)."""
         self.advance(self.now if now is None else now)
-        req.arrival = self.now if arrived is None else min(arrived, self.now)
+        req.arrival = self.now
         req.plen = len(req.prompt)
         req.index = self._seq
         self._seq += 1

@@ -19,9 +19,12 @@ an ``http://`` endpoint (a server on the LAN or loopback) is allowed here explic
 
 from __future__ import annotations
 
+import contextlib
+import json
+import posixpath
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -44,6 +47,78 @@ filesystems refuse names over 255 bytes (ENAMETOOLONG), and S3 keys over 1024 by
 
 class CommitConflictError(WarehouseError):
     """Other writers kept committing to the same rows for longer than the retry bound."""
+
+
+class DamagedLogError(WarehouseError):
+    """A table's Delta log cannot be read (an entry cut short or not JSON): one line naming
+    the table and the entry, and where recovery is described."""
+
+
+_LOG_WORDS = ("json", "parse", "deserializ", "truncated", "eof while", "invalid log", "checkpoint")
+"""What delta-rs says when a log entry or checkpoint cannot be read."""
+MAX_LOG_ENTRIES_CHECKED = 2000
+"""How many of the newest log entries are parsed to find the damaged one."""
+
+
+def _damaged_entry(uri: str, storage_options: dict[str, str] | None) -> str | None:
+    """The newest ``_delta_log/*.json`` entry of the table at ``uri`` that is not JSON lines
+    (None: none of the newest :data:`MAX_LOG_ENTRIES_CHECKED` is)."""
+    import pyarrow.fs as pafs
+
+    fs, base = pafs.FileSystem.from_uri(uri)
+    log_dir = posixpath.join(base.rstrip("/"), "_delta_log")
+    infos = fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
+    entries = sorted((i.path for i in infos if i.path.endswith(".json")), reverse=True)
+    for path in entries[:MAX_LOG_ENTRIES_CHECKED]:
+        with fs.open_input_stream(path) as fh:
+            text = fh.read().decode("utf-8", errors="replace")
+        try:
+            for line in text.splitlines():
+                if line.strip():
+                    json.loads(line)
+        except ValueError:
+            return posixpath.join("_delta_log", posixpath.basename(path))
+    return None
+
+
+def damaged_log(
+    exc: BaseException, uri: str, table: str, storage_options: dict[str, str] | None
+) -> DamagedLogError | None:
+    """``exc`` as a :class:`DamagedLogError` when it says the table's log cannot be read (a
+    delta-rs error about its JSON, not a conflict) and an entry of the log is indeed not JSON
+    lines (the entry it names); None otherwise."""
+    from deltalake.exceptions import DeltaError
+
+    if not isinstance(exc, DeltaError) or is_conflict(exc):
+        return None
+    text = str(exc).strip()
+    first = text.splitlines()[0][:200] if text else type(exc).__name__
+    if not any(w in text.lower() for w in _LOG_WORDS):
+        return None
+    try:
+        entry = _damaged_entry(uri, storage_options)
+    except OSError:
+        entry = None
+    if entry is None:  # no entry of the log is damaged: some other error, shown as it is
+        return None
+    return DamagedLogError(
+        f"table {table}: its log entry {uri}/{entry} cannot be read ({first}); the table is not read or "
+        "written until it is repaired: see warehouse/README.md, 'A damaged log' (move the "
+        "entry aside: the table's earlier version)"
+    )
+
+
+@contextlib.contextmanager
+def readable_log(uri: str, table: str, storage_options: dict[str, str] | None) -> Iterator[None]:
+    """Inside: a delta-rs error saying the table's log cannot be read becomes one line
+    (:func:`damaged_log`), not a Python and a Rust traceback."""
+    try:
+        yield
+    except Exception as exc:
+        damaged = damaged_log(exc, uri, table, storage_options)
+        if damaged is None:
+            raise
+        raise damaged from None
 
 
 def storage_options(root: str) -> dict[str, str] | None:
@@ -152,7 +227,8 @@ def replace_rows(uri: str, data: pa.Table, predicate: str, root: str) -> None:
             schema_mode="merge",
         )
 
-    with_retries(f"landing into {uri}", commit)
+    with readable_log(uri, posixpath.basename(uri.rstrip("/")), opts):
+        with_retries(f"landing into {uri}", commit)
 
 
 def delete_rows(uri: str, predicate: str, root: str) -> int:
@@ -168,7 +244,8 @@ def delete_rows(uri: str, predicate: str, root: str) -> int:
         metrics = DeltaTable(uri, storage_options=opts).delete(predicate)
         return int(metrics.get("num_deleted_rows", 0) or 0)
 
-    return with_retries(f"deleting from {uri}", commit)
+    with readable_log(uri, posixpath.basename(uri.rstrip("/")), opts):
+        return with_retries(f"deleting from {uri}", commit)
 
 
 def arrow_dataset(delta: Any, prune: str | None = None, views: bool = False):

@@ -4,78 +4,172 @@ One job: keeping reads fast and storage bounded. Every landing adds a small file
 and a log entry; answers slow down with the number of files (a fleet-wide query: 0.27 s
 after compaction against 50-77 s before, on 5,460 runs). :func:`maintain` runs, per table:
 
-1. ``optimize.compact()``: small files of each partition (recipe x month) rewritten into few
-   large ones, one commit (retried like a landing when it races one);
-2. ``create_checkpoint()``: the log's state in one Parquet file, so opening a table reads it
+1. the table's ``delta.deletedFileRetentionDuration`` set to the floor
+   (:data:`MIN_RETENTION_HOURS`) once, so that delta-rs's own check
+   (``enforce_retention_duration``) stays on and refuses any vacuum below it;
+2. ``optimize.compact()``: small files of each partition (recipe x month) rewritten into few
+   large ones;
+3. ``create_checkpoint()``: the log's state in one Parquet file, so opening a table reads it
    and the few entries after it, not every entry since the first landing;
-3. ``cleanup_metadata()``: log entries older than the table's log retention (30 days) go;
-4. ``vacuum()``: data files that no version within ``retention_hours`` needs are deleted,
-   including those of writers killed before their commit. The default, 24 h, is far longer
-   than any reader holds a version (a ``speedmatrix query`` stops at its timeout, minutes;
-   readers of this package bring their table to the newest version before each read), so no
-   running reader can lose a file it is reading.
+4. ``cleanup_metadata()``: log entries older than the table's log retention (30 days) go;
+5. ``vacuum(full=True)``: data files no version of the last ``retention_hours`` needs are
+   deleted (by the time their removal was committed), and so are files no version ever
+   referenced (a writer killed before its commit) once their own age passes
+   ``retention_hours``. The default, 24 h, is far longer than any reader holds a version (a
+   ``speedmatrix query`` stops at its timeout, minutes; readers of this package bring their
+   table to the newest version before each read) and than any landing takes (a landing gives
+   up after ``MAX_WAIT_S`` of conflicts), so no running reader or writer loses a file. Below
+   the floor only with ``force`` (a landing under way could lose its files).
+
+Every commit made here (the property, the compaction, the vacuum's own) is retried as a
+landing's is (:func:`speedmatrix.store.delta.with_retries`): safe beside landing writers,
+which never wait for it. A table that still fails is reported (``error``) and the others are
+maintained all the same. The vacuum's count is the files that were there before and are gone
+after: delta-rs lists every expired removal of the log, also those deleted long ago.
 
 Run daily by the DAG ``speedmatrix_warehouse_maintenance`` and by ``speedmatrix warehouse
-maintain``; safe beside landing writers (Delta's concurrency: they never wait for it).
+maintain``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 from deltalake import DeltaTable
 
-from speedmatrix.store.delta import with_retries
+from speedmatrix.store.delta import MAX_WAIT_S, damaged_log, with_retries
 from speedmatrix.store.protocol import Warehouse
 from speedmatrix.store.schemas import view_tables
 
-RETENTION_HOURS = 24
+RETENTION_HOURS = 24.0
 """Files a version of the last 24 hours still needs are never vacuumed."""
+MIN_RETENTION_HOURS = 1.0
+"""The floor: at least twice the longest a landing can take (``MAX_WAIT_S`` of conflicts,
+then one more attempt), so vacuum never deletes the files of a landing under way (on S3 at
+``--retention-hours 0`` a landing died with NoSuchKey)."""
+assert MIN_RETENTION_HOURS * 3600 >= 2 * MAX_WAIT_S
+RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
+"""The table property delta-rs checks a vacuum's retention against (its default: a week)."""
 
 
-def _count_files(delta: Any) -> int:
-    return len(delta.file_uris())
+def retention_problem(hours: float, force: bool = False) -> str | None:
+    """Why a vacuum retention of ``hours`` is refused (None: it is fine)."""
+    if not math.isfinite(hours) or hours < 0:
+        return f"--retention-hours must be a finite number of hours, 0 or more (got {hours:g})"
+    if hours < MIN_RETENTION_HOURS and not force:
+        return (
+            f"--retention-hours {hours:g} is below the floor of {MIN_RETENTION_HOURS:g} h "
+            "(the longest a landing can take: its files would be deleted under it); "
+            "add --force to vacuum anyway"
+        )
+    return None
 
 
-def maintain(warehouse: Warehouse, retention_hours: float = RETENTION_HOURS) -> dict[str, dict]:
+def _floor_interval() -> str:
+    return f"interval {round(MIN_RETENTION_HOURS * 3600)} seconds"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def _present(fs: Any, base: str, files: list[str]) -> set[str]:
+    """Which of ``files`` (paths relative to the table) exist now."""
+    import pyarrow.fs as pafs
+
+    if not files:
+        return set()
+    infos = fs.get_file_info([f"{base}/{f}" for f in files])
+    return {f for f, info in zip(files, infos, strict=True) if info.type != pafs.FileType.NotFound}
+
+
+def _maintain_table(
+    warehouse: Warehouse, table: str, retention_hours: float, force: bool
+) -> dict[str, Any]:
+    import pyarrow.fs as pafs
+
+    uri = warehouse.table_uri(table)
+    # a DeltaTable of its own: one that ran optimize reads its new files' statistics as
+    # string_view afterwards, and a later filter on it fails (delta-rs 1.6.6)
+    delta = DeltaTable(uri, storage_options=warehouse.storage_options)
+    t0 = time.monotonic()
+    before = len(delta.file_uris())
+
+    def set_floor() -> None:
+        delta.update_incremental()
+        if delta.metadata().configuration.get(RETENTION_PROPERTY) != _floor_interval():
+            delta.alter.set_table_properties({RETENTION_PROPERTY: _floor_interval()})
+
+    def compact() -> dict:
+        delta.update_incremental()
+        return delta.optimize.compact()
+
+    with_retries(f"setting {table}'s vacuum floor", set_floor)
+    metrics = with_retries(f"compacting {table}", compact)
+    delta.update_incremental()
+    delta.create_checkpoint()
+    delta.cleanup_metadata()
+
+    # delta-rs counts whole hours: a fraction is rounded up (never fewer hours than asked)
+    hours = math.ceil(retention_hours)
+    below_floor = retention_hours < MIN_RETENTION_HOURS
+
+    def vacuum(dry_run: bool) -> list[str]:
+        delta.update_incremental()
+        return delta.vacuum(
+            retention_hours=hours,
+            dry_run=dry_run,
+            enforce_retention_duration=not below_floor,
+            full=True,
+        )
+
+    fs, base = pafs.FileSystem.from_uri(uri)
+    candidates = vacuum(True)
+    present = _present(fs, base.rstrip("/"), candidates)
+    with_retries(f"vacuuming {table}", lambda: vacuum(False))
+    removed = len(present) - len(_present(fs, base.rstrip("/"), sorted(present)))
+    delta.update_incremental()
+    return {
+        "files_before": before,
+        "files_after": len(delta.file_uris()),
+        "files_added": int(metrics.get("numFilesAdded", 0) or 0),
+        "files_removed": int(metrics.get("numFilesRemoved", 0) or 0),
+        "files_vacuumed": removed,
+        "version": delta.version(),
+        "seconds": round(time.monotonic() - t0, 2),
+    }
+
+
+def maintain(
+    warehouse: Warehouse, retention_hours: float = RETENTION_HOURS, *, force: bool = False
+) -> dict[str, dict]:
     """Compact, checkpoint and vacuum every table of ``warehouse``; returns per table: files
-    before / after compaction, files vacuumed, the version, and seconds taken."""
+    before / after compaction, files vacuumed, the version and seconds taken, or ``error``
+    (one line) for a table that failed, after which the next table is maintained all the
+    same. A retention below the floor without ``force`` is a ValueError, before anything."""
+    problem = retention_problem(retention_hours, force)
+    if problem:
+        raise ValueError(problem)
     report: dict[str, dict] = {}
     for table in view_tables():
-        if warehouse.delta_table(table) is None:
-            continue
-        # a DeltaTable of its own: one that ran optimize reads its new files' statistics as
-        # string_view afterwards, and a later filter on it fails (delta-rs 1.6.6)
-        delta = DeltaTable(warehouse.table_uri(table), storage_options=warehouse.storage_options)
-        t0 = time.monotonic()
-        before = _count_files(delta)
-
-        def compact(delta=delta) -> dict:
-            delta.update_incremental()
-            return delta.optimize.compact()
-
-        metrics = with_retries(f"compacting {table}", compact)
-        delta.update_incremental()
-        delta.create_checkpoint()
-        delta.cleanup_metadata()
-        vacuumed = delta.vacuum(
-            retention_hours=int(retention_hours),
-            dry_run=False,
-            enforce_retention_duration=False,
-        )
-        delta.update_incremental()
-        warehouse.forget(table)
-        report[table] = {
-            "files_before": before,
-            "files_after": _count_files(delta),
-            "files_added": int(metrics.get("numFilesAdded", 0) or 0),
-            "files_removed": int(metrics.get("numFilesRemoved", 0) or 0),
-            "files_vacuumed": len(vacuumed),
-            "version": delta.version(),
-            "seconds": round(time.monotonic() - t0, 2),
-        }
+        try:
+            if warehouse.delta_table(table) is None:
+                continue
+            report[table] = _maintain_table(warehouse, table, retention_hours, force)
+        except Exception as exc:
+            damaged = damaged_log(exc, warehouse.table_uri(table), table, warehouse.storage_options)
+            report[table] = {"error": _one_line(damaged or exc)}
+        finally:
+            warehouse.forget(table)
     return report
+
+
+def failed_tables(report: dict[str, dict]) -> dict[str, str]:
+    """The tables whose maintenance failed, with the reason."""
+    return {table: r["error"] for table, r in report.items() if r.get("error")}
 
 
 def format_report(report: dict[str, dict]) -> str:
@@ -84,9 +178,21 @@ def format_report(report: dict[str, dict]) -> str:
         return "no table has a commit yet: nothing to maintain\n"
     lines = []
     for table, r in report.items():
+        if r.get("error"):
+            lines.append(f"{table}: FAILED: {r['error']}")
+            continue
         lines.append(
             f"{table}: {r['files_before']} -> {r['files_after']} files (compaction added "
             f"{r['files_added']}, removed {r['files_removed']}), {r['files_vacuumed']} "
             f"vacuumed, version {r['version']}, {r['seconds']:.2f} s"
         )
     return "\n".join(lines) + "\n"
+
+
+def failure_line(report: dict[str, dict]) -> str | None:
+    """One line saying which tables failed and why (None: none did)."""
+    failed = failed_tables(report)
+    if not failed:
+        return None
+    reasons = "; ".join(f"{t}: {why}" for t, why in failed.items())
+    return f"{len(failed)} of {len(report)} tables not maintained ({reasons})"

@@ -41,6 +41,19 @@ _DUCK_TYPES = {
 }
 
 
+_OPEN: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+"""Every query layer with a DuckDB connection open, for :func:`close_all`."""
+
+
+def close_all() -> int:
+    """Close every open DuckDB connection of this process's warehouses (the process's end:
+    cli.exiting); returns how many were open."""
+    layers = list(_OPEN.values())
+    for layer in layers:
+        layer.close()
+    return len(layers)
+
+
 class QueryLimitError(WarehouseError):
     """A query stopped by its timeout or its memory limit."""
 
@@ -128,13 +141,26 @@ class WarehouseQueries:
         return self._query(sql, params, timeout_s, arrow=False)
 
     def query_arrow(
-        self, sql: str, params: Iterable[Any] | None = None, timeout_s: float | None = None
+        self,
+        sql: str,
+        params: Iterable[Any] | None = None,
+        timeout_s: float | None = None,
+        max_bytes: int | None = None,
     ) -> pa.Table:
         """:meth:`query`, the result as a pyarrow Table: a caller that only prints or counts
-        the rows does not import pandas (about half a second of a command's start)."""
-        return self._query(sql, params, timeout_s, arrow=True)
+        the rows does not import pandas (about half a second of a command's start).
+        ``max_bytes``: the result is fetched in batches and refused (:class:`QueryLimitError`)
+        once what it holds passes this many bytes."""
+        return self._query(sql, params, timeout_s, arrow=True, max_bytes=max_bytes)
 
-    def _query(self, sql: str, params: Iterable[Any] | None, timeout_s: float | None, arrow: bool):
+    def _query(
+        self,
+        sql: str,
+        params: Iterable[Any] | None,
+        timeout_s: float | None,
+        arrow: bool,
+        max_bytes: int | None = None,
+    ):
         import duckdb
 
         check_read_only(sql)
@@ -144,6 +170,7 @@ class WarehouseQueries:
         with self._lock:
             if self._con is None:
                 self._con = self.connect(only=only)
+                _OPEN[id(self)] = self
             else:
                 self._define_views(self._con, only)
             con = self._con
@@ -163,9 +190,15 @@ class WarehouseQueries:
                     self._string_view_tables = self._string_view_tables | {failed.group(1)}
                     self._view_versions.pop(failed.group(1), None)
                     self._define_views(con, only)
-                    return self._query(sql, params, timeout_s, arrow)
+                    return self._query(sql, params, timeout_s, arrow, max_bytes)
                 if not arrow:
                     return result.df()
+                if max_bytes is not None:
+                    with warnings.catch_warnings():
+                        # batches of the result, each checked against the cap as it comes
+                        warnings.filterwarnings("ignore", "Arrow output on a DB-API result")
+                        reader = result.to_arrow_reader(_BATCH_ROWS)
+                    return _capped(reader, max_bytes, self.memory_limit)
                 with warnings.catch_warnings():
                     # a copy of the rows, as .df() makes one: the result is what is printed
                     warnings.filterwarnings("ignore", "Arrow output on a DB-API result")
@@ -190,9 +223,29 @@ class WarehouseQueries:
                     timer.join()
 
     def close(self) -> None:
+        _OPEN.pop(id(self), None)
         if self._con is not None:
             self._con.close()
             self._con = None
+
+
+_BATCH_ROWS = 2048
+"""Rows per batch of a capped result (one DuckDB vector)."""
+
+
+def _capped(reader: pa.RecordBatchReader, max_bytes: int, limit: str | None) -> pa.Table:
+    """The reader's batches as one table, refused once they hold more than max_bytes."""
+    batches, held = [], 0
+    for batch in reader:
+        held += batch.nbytes
+        if held > max_bytes:
+            reader.close()
+            raise QueryLimitError(
+                f"the query's result is larger than its limit of {limit or max_bytes} "
+                "(narrow it: LIMIT, fewer columns; or raise --memory-limit)"
+            )
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.schema)
 
 
 _CATALOG = re.compile(r"\b(show|describe|summarize|information_schema|duckdb_\w+|pg_\w+)\b", re.I)

@@ -50,6 +50,7 @@ from speedmatrix.store.delta import (
     arrow_dataset,
     check_partition_values,
     delete_rows,
+    readable_log,
     replace_rows,
     sql_literal,
     storage_options,
@@ -177,14 +178,15 @@ class Warehouse(WarehouseQueries):
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
-        with self._lock:
+        uri = self.table_uri(table)
+        with self._lock, readable_log(uri, table, self.storage_options):
             found = self._tables.get(table)
             if found is not None:
                 if refresh:
                     found.update_incremental()
                 return found
             try:
-                found = DeltaTable(self.table_uri(table), storage_options=self.storage_options)
+                found = DeltaTable(uri, storage_options=self.storage_options)
             except TableNotFoundError:
                 return None
             self._tables[table] = found

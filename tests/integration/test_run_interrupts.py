@@ -1,0 +1,151 @@
+"""A `speedmatrix run` ends as it should: 0 after a landing, 130 after Ctrl-C (issue #42
+items 14 and 15).
+
+Item 14: `speedmatrix run` aborted at exit after a successful landing ("terminate called
+without an active exception", SIGABRT) on a loaded machine: a native thread still joinable when
+the interpreter finalized. Here the command runs many times beside a busy core and every run
+exits 0, with no abort (cli.exiting closes what is open in order, then exits before any
+static destructor runs).
+
+Item 15: Ctrl-C is an interrupt whatever the moment it lands.
+
+On a loaded machine Ctrl-C once exited 1, not 130: the moment decided the exit code. Here
+SIGINT is sent to `speedmatrix` at distinct moments, each known by what the command has said
+(never after a sleep): while it imports (its `-X importtime` lines), while it sets up, while
+it measures, while it lands. Every one ends with exit code 130, the line `speedmatrix:
+interrupted`, and no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / "include" / "sim-profiles" / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
+MODEL = "Kimi-K2.7-Code-NVFP4"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def sim_url() -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "speedmatrix", "sim", "serve", "--profile", str(PROFILE),
+         "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not _healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, "sim did not start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def interrupt_when(argv: list[str], pattern: str) -> tuple[int, str]:
+    """Run `python -X importtime -m speedmatrix ARGV`, send SIGINT once its stderr (or stdout)
+    says `pattern`; (exit code, everything it wrote but the import times)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "speedmatrix", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(ROOT),
+    )
+    assert proc.stdout is not None
+    said: list[str] = []
+    for line in proc.stdout:
+        said.append(line)
+        if re.search(pattern, line):
+            proc.send_signal(signal.SIGINT)
+            break
+    else:
+        proc.wait()
+        pytest.fail(f"never said {pattern!r}:\n{''.join(said)[-3000:]}")
+    said.append(proc.stdout.read())
+    rc = proc.wait(timeout=300)
+    # the import times, written by the interpreter to stderr, may share a line with our own
+    text = re.sub(r"import time:[^\n]*?\|\s+[\w.]+(?=\n|$|speedmatrix)", "", "".join(said))
+    return rc, text
+
+
+@pytest.mark.parametrize(
+    "module", ["speedmatrix.cli", "pyarrow", "duckdb", "speedmatrix.store.query"]
+)
+def test_ctrl_c_while_importing_is_an_interrupt(module, tmp_path):
+    rc, text = interrupt_when(
+        ["query", "SELECT 1", "--warehouse", str(tmp_path)], rf"\|\s+{re.escape(module)}$"
+    )
+    assert rc == 130, text
+    assert "Traceback" not in text and "speedmatrix: interrupted" in text, text
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        "inspecting",  # setup: the server is being inspected
+        r"\[1/3\]",  # measuring: the first cell is done, the next one runs
+        "validating, landing",  # the cells measured, the run being landed
+    ],
+)
+def test_ctrl_c_during_a_run_is_an_interrupt(moment, sim_url, tmp_path):
+    argv = ["run", "--base-url", sim_url, "--model", MODEL, "--prefill-contexts", "8K",
+            "--contexts", "8K", "--concurrencies", "1", "2", "--duration-s", "1",
+            "--max-output-tokens", "256", "--warehouse", str(tmp_path / "wh")]  # fmt: skip
+    rc, text = interrupt_when(argv, moment)
+    assert rc == 130, text
+    assert "Traceback" not in text and "speedmatrix: interrupted" in text, text
+
+
+def test_a_run_exits_0_every_time_beside_a_busy_core(sim_url, tmp_path):
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    lease_dir = tmp_path / "lease"
+    lease_dir.mkdir(mode=0o1777)
+    env = {**os.environ, "SPEEDMATRIX_LEASE_DIR": str(lease_dir)}
+    env.pop("SPEEDMATRIX_API_KEY", None)
+    argv = ["run", "--base-url", sim_url, "--model", MODEL, "--prefill-contexts", "8K",
+            "--duration-s", "1", "--max-output-tokens", "256"]  # fmt: skip
+    codes = []
+    try:
+        for i in range(10):
+            done = subprocess.run(
+                [sys.executable, "-m", "speedmatrix", *argv, "--warehouse", str(tmp_path / "wh")],
+                capture_output=True, text=True, env=env, timeout=300, cwd=str(ROOT),
+            )  # fmt: skip
+            codes.append(done.returncode)
+            assert "terminate called" not in done.stderr, done.stderr[-2000:]
+            assert done.returncode == 0, (i, done.returncode, done.stderr[-2000:])
+    finally:
+        busy.kill()
+        busy.wait()
+    assert codes == [0] * 10
