@@ -36,9 +36,10 @@ def resolved_value() -> dict:
 
 
 CELL_RESULT_VALUE = {"cell": {"phase": "decode"}, "requests": [], "repeat": 0}
+OUTCOME = {"pid": 8302, "was_running": True, "gone": True, "killed": False}
 TEARDOWN_VALUE = {
-    "stopped": "stopped",
-    "all_stopped": ["stopped"],
+    "stopped": OUTCOME,
+    "all_stopped": [OUTCOME],
     "from_records": [],
     "lease": "released",
 }
@@ -78,6 +79,7 @@ CASES = [
     (CELL_RESULT, CELL_RESULT_VALUE, "repeat", -1, "repeat"),
     (CELL_RESULT, CELL_RESULT_VALUE, "cell", None, "cell"),
     (TEARDOWN, TEARDOWN_VALUE, "all_stopped", "stopped", "all_stopped"),
+    (TEARDOWN, TEARDOWN_VALUE, "stopped", "stopped", "stopped"),
     (BISECT_JOB, JOB_VALUE, "threshold", "3%", "threshold"),
     (BISECT_JOB, JOB_VALUE, "cells", "8Kx1", "cells"),
     (BISECT_STEP, STEP_VALUE, "commit", "not a commit", "commit"),
