@@ -36,10 +36,11 @@ def resolved_value() -> dict:
 
 
 CELL_RESULT_VALUE = {"cell": {"phase": "decode"}, "requests": [], "repeat": 0}
-OUTCOME = {"pid": 8302, "was_running": True, "gone": True, "killed": False}
+# what engine.vllm_server.stop_server returns (as a DAG run's teardown lands it)
+_STOP = {"pid": 22999, "was_running": False, "gone": None, "killed": False, "left": []}
 TEARDOWN_VALUE = {
-    "stopped": OUTCOME,
-    "all_stopped": [OUTCOME],
+    "stopped": _STOP,
+    "all_stopped": [_STOP],
     "from_records": [],
     "lease": "released",
 }
@@ -79,7 +80,6 @@ CASES = [
     (CELL_RESULT, CELL_RESULT_VALUE, "repeat", -1, "repeat"),
     (CELL_RESULT, CELL_RESULT_VALUE, "cell", None, "cell"),
     (TEARDOWN, TEARDOWN_VALUE, "all_stopped", "stopped", "all_stopped"),
-    (TEARDOWN, TEARDOWN_VALUE, "stopped", "stopped", "stopped"),
     (BISECT_JOB, JOB_VALUE, "threshold", "3%", "threshold"),
     (BISECT_JOB, JOB_VALUE, "cells", "8Kx1", "cells"),
     (BISECT_STEP, STEP_VALUE, "commit", "not a commit", "commit"),

@@ -171,7 +171,12 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"speedmatrix {args.command}: {message}", file=sys.stderr)
         return 2
     except Exception:  # a bug: where it happened matters more than a tidy line
-        traceback.print_exc()
+        if interrupted():  # unless an interrupt caused it: main says it was interrupted
+            raise
+        from speedmatrix.redact import redact
+
+        # the one redaction rule for the traceback too: an exception may quote a URL's password
+        print(redact(traceback.format_exc()), file=sys.stderr, end="")
         print(f"speedmatrix {args.command}: internal error (traceback above)", file=sys.stderr)
         return 1
     return int(rc or 0)

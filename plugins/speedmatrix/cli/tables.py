@@ -7,6 +7,7 @@ from __future__ import annotations
 # speedmatrix imports inside the command functions: `speedmatrix <cmd> --help` stays cheap.
 import argparse
 import json
+import math
 import sys
 
 _WAREHOUSE_HELP = "warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
@@ -78,6 +79,12 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
     hours = RETENTION_HOURS if args.retention_hours is None else args.retention_hours
     report = maintain(Warehouse(args.warehouse), hours, force=args.force)
+    if hours != int(hours):
+        print(
+            f"speedmatrix warehouse maintain: vacuum retention {hours:g} h kept as "
+            f"{math.ceil(hours)} h (delta-rs counts whole hours; rounded up, never down)",
+            file=sys.stderr,
+        )
     if hours < MIN_RETENTION_HOURS:
         print(
             f"speedmatrix warehouse maintain: --force: vacuum retention {hours:g} h is below "

@@ -121,8 +121,8 @@ class CellResult(TypedDict):
 class TornDown(TypedDict):
     """What `teardown` did: the servers it stopped and what became of the lease."""
 
-    # engine.vllm_server.stop_server's outcome (pid, was_running, gone, killed ...) of the
-    # first stop; None: no server of this run to stop
+    # the first stop's outcome (engine.vllm_server.stop_server's record: pid, was_running,
+    # gone, killed, left ...); None: no server of this run to stop
     stopped: dict[str, Any] | None
     all_stopped: list[dict[str, Any]]
     from_records: list[str]  # servers found in the host's records, not in the setup's handle

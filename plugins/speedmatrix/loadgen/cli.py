@@ -167,6 +167,9 @@ DECODE_FLAGS: tuple[Flag, ...] = (
     Flag("prompt_mode", "--prompt-mode", "load", "distinct: one prompt per stream (true KV "
          "footprint); shared: one prompt for all (llm-inference-bench style, streams share KV "
          "blocks)", choices=PROMPT_MODES),
+    Flag("ttft_probes", "--ttft-probes", "load", "C=1: this many requests of the cell's prompt "
+         "with max_tokens=1 after the window, each a TTFT sample beside the window's (the "
+         "cell's TTFT is their median; 0: none)", type=int, metavar="N"),
     Flag("warm_cache", "--no-warm", "load",
          "skip the max_tokens=1 cache warm-up (TTFT then includes prefill)", switch="off"),
     Flag("token_tolerance", "--token-tolerance", "validity limits",

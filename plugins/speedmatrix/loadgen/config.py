@@ -112,9 +112,9 @@ class PrefillConfig(CellConfig):
     def validate(self) -> None:
         super().validate()
         if isinstance(self.samples, bool) or not isinstance(self.samples, int):
-            raise ValueError(f"samples must be an integer, got {self.samples!r}")
+            raise InputError(f"samples must be an integer, got {self.samples!r}")
         if not 1 <= self.samples <= 20:
-            raise ValueError(f"samples must be 1..20, got {self.samples}")
+            raise InputError(f"samples must be 1..20, got {self.samples}")
 
 
 @dataclass
@@ -124,6 +124,9 @@ class DecodeConfig(CellConfig):
     max_output_tokens: int = 4096
     prompt_mode: str = "distinct"
     warm_cache: bool = True
+    # C=1 only: requests of the cell's prompt with max_tokens=1 after the window, each a TTFT
+    # sample beside the window's (one long request fills a C=1 window: issue 40)
+    ttft_probes: int = 2
     # validity limits (docs/measurement.md rules 6-8)
     token_tolerance: float = 0.01
     max_loop_lag_ms: float = 10.0
@@ -162,5 +165,7 @@ class DecodeConfig(CellConfig):
             raise InputError("min_window_readings must be at least 1")
         if self.max_output_tokens < 2:
             raise InputError("max_output_tokens must be at least 2 (one interval)")
+        if not 0 <= self.ttft_probes <= 20:
+            raise InputError(f"ttft_probes must be 0..20, got {self.ttft_probes}")
         if self.prompt_mode not in PROMPT_MODES:
             raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")

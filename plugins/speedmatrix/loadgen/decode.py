@@ -90,6 +90,7 @@ class _DecodeCell:
         self.monitor = ClientMonitor()
         self.nonce = secrets.token_hex(3)
         self.notes: list[str] = []
+        self.probes: list[Request] = []  # C=1: the TTFT samples after the window
         self.active_basis = ""
         self.cell = empty_cell(
             phase="decode",
@@ -161,7 +162,36 @@ class _DecodeCell:
                 f"server still busy {cfg.idle_timeout_s:.0f} s after the cell "
                 f"({self.ctl.describe(snap)})"
             )
+        elif self.C == 1 and self.window_open.is_set() and self.failure is None:
+            await self._ttft_probes(first_token_s)
         return self._finish_cell()
+
+    async def _ttft_probes(self, first_token_s: float) -> None:
+        """C=1: `ttft_probes` more requests of the cell's prompt with max_tokens=1, one after
+        the other on an idle server, each a TTFT sample as the window's request was (the
+        prompt cached, one request running), so the cell's TTFT is a median of several: one
+        long request fills a C=1 window, and one TTFT is one draw of the host's moment
+        (issue 40). They come after the window, so no window figure sees them."""
+        parts = self.builder.parts(0, 1)
+        for k in range(self.cfg.ttft_probes):
+            try:
+                conn = await connect(
+                    self.endpoint, Window(), lambda r, t: None, self.cfg.connect_timeout_s
+                )
+            except (TimeoutError, OSError) as exc:
+                self.notes.append(f"TTFT probe {k + 1}: could not connect: {exc!r}")
+                return
+            req = Request(-2 - k, 0, 1, False)
+            self.active[0] = (conn, req, first_token_s)
+            try:
+                await conn.send(req, [self.endpoint.head(_size(parts)), *parts])
+            finally:
+                self.active.pop(0, None)
+                conn.close()
+            if req.error is not None:
+                self.notes.append(f"TTFT probe {k + 1} failed: {req.error}")
+                return
+            self.probes.append(req)
 
     async def _open_connections(self) -> bool:
         async def one(i: int) -> None:
@@ -367,7 +397,7 @@ class _DecodeCell:
         measured = (end - w.ws) if opened else None
         in_window = [r for r in reqs if opened and r.w_tokens > 0]
         tbts = [x for x in (r.window_tbt() for r in in_window) if x]
-        ttfts = [r.first_at - r.sent_at for r in reqs if r.first_at and r.sent_at]
+        ttfts = [r.first_at - r.sent_at for r in [*reqs, *self.probes] if r.first_at and r.sent_at]
         gaps = [
             (r.w_last - r.w_first) / (r.w_chunks - 1)
             for r in in_window

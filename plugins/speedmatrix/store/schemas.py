@@ -26,12 +26,14 @@ from speedmatrix.records import (
     Field,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Bumped when a table's columns change; stored in every row (``schema_version``).
 1: the first tables; 2: cells gained ``warmup_s`` (older files read it as null);
 3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES:
 ``default`` or ``published``; older files read it as null, which means ``default``);
-4: cells gained ``ttst_ms``, the time to the second token (older files read it as null)."""
+4: cells gained ``ttst_ms``, the time to the second token (older files read it as null);
+5: cells gained ``ttft_samples`` and ``ttft_spread_pct`` (issue 40: how many TTFTs a cell's
+figure is the median of, and how far apart; older files read them as null)."""
 
 
 TABLES = ("runs", "cells", "requests")
