@@ -207,7 +207,7 @@ def test_the_run_page_gets_its_baseline_verdicts_and_figures(wh):
 
 
 def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
-    import speedmatrix.upstream.commits
+    import speedmatrix.upstream.github_commits
 
     calls = []
 
@@ -215,7 +215,7 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
         calls.append((repo, a, b))
         return ["d" * 40, "b" * 40]
 
-    monkeypatch.setattr(speedmatrix.upstream.commits, "commits_between", fake)
+    monkeypatch.setattr(speedmatrix.upstream.github_commits, "commits_between", fake)
     with pytest.raises(RegressionError) as err:
         judge_regressions(wh, "r2", fetch_commits=True)
     assert calls == [("vllm-project/vllm", "a" * 40, "b" * 40)]
@@ -224,7 +224,7 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("no network")
 
-    monkeypatch.setattr(speedmatrix.upstream.commits, "commits_between", broken)
+    monkeypatch.setattr(speedmatrix.upstream.github_commits, "commits_between", broken)
     with pytest.raises(RegressionError) as err:
         judge_regressions(wh, "r2", fetch_commits=True)
     assert "commits between" not in str(err.value) and "/compare/" in str(err.value)
