@@ -114,6 +114,9 @@ class MatrixSpec:
     workload: str = DEFAULT_WORKLOAD
     # whose definitions measure the run (records.MEASUREMENT_PROFILES)
     measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE
+    # a manual KV cache size in tokens, in place of what the server reports, for servers whose
+    # /metrics cannot tell their real capacity (context parallelism, DCP): `kv_capacity`
+    kv_budget: int | None = None
 
     @classmethod
     def build(
@@ -127,6 +130,7 @@ class MatrixSpec:
         prompt_mode: str = "distinct",
         workload: str = DEFAULT_WORKLOAD,
         measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE,
+        kv_budget: int | str | None = None,
     ) -> MatrixSpec:
         return cls(
             prefill_contexts=tuple(_tokens(c, "prefill_contexts") for c in prefill_contexts),
@@ -137,7 +141,18 @@ class MatrixSpec:
             prompt_mode=prompt_mode,
             workload=workload,
             measurement_profile=measurement_profile,
+            kv_budget=None if kv_budget is None else _tokens(kv_budget, "kv_budget"),
         )
+
+
+def kv_capacity(spec: MatrixSpec, reported: KvCapacity) -> KvCapacity:
+    """The capacity the over-capacity rule uses: the run's manual budget (tokens, in the
+    server's block size, as many whole blocks as it holds) when it has one, else the server's
+    own. Why: a server sharding its KV cache (context parallelism, DCP) reports one rank's
+    blocks, so its real capacity is only known to the person who launched it."""
+    if spec.kv_budget is None:
+        return reported
+    return KvCapacity(max(spec.kv_budget // reported.block_size, 1), reported.block_size)
 
 
 def matrix_size_problems(spec: MatrixSpec) -> list[str]:
@@ -181,6 +196,8 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
         dupes = sorted(v for v, n in Counter(values).items() if n > 1)
         if dupes:
             problems.append(f"{name} has duplicates: {dupes[:10]}")
+    if spec.kv_budget is not None and spec.kv_budget < 1:
+        problems.append(f"kv_budget must be positive, got {spec.kv_budget}")
     if spec.max_output_tokens < 1:
         problems.append(f"max_output_tokens must be >= 1, got {spec.max_output_tokens}")
     if spec.contexts and spec.window_s <= 0:
@@ -385,6 +402,7 @@ def plan_matrix(
     Contexts are planned as sent (`fit_matrix`): `context_tokens` of a planned cell is the
     prompt the load generator builds, which vLLM admits with the cell's max_tokens."""
     check_matrix(spec, max_model_len)
+    capacity = kv_capacity(spec, capacity)
     repeats = check_repeats(repeats)
     chosen = repeat_keys(spec, repeat_cells)
     if chosen is not None:

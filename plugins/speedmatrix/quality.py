@@ -34,6 +34,7 @@ from speedmatrix.records import (
 )
 from speedmatrix.redact import SECRET_PATTERNS, redact
 from speedmatrix.store.protocol import Warehouse
+from speedmatrix.words import count
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class SuiteOutcome:
         failed = [r["expectation"] for r in self.result.get("expectations", []) if not r["success"]]
         if self.success:
             return f"{self.suite}: all {len(self.result.get('expectations', []))} expectations met"
-        return f"{self.suite}: {len(self.failed_rows)} row(s) failed {sorted(set(failed))}"
+        return f"{self.suite}: {count(len(self.failed_rows), 'row')} failed {sorted(set(failed))}"
 
 
 @dataclass

@@ -263,6 +263,13 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("kv_cache_tokens", "int", True, "server KV capacity in tokens"),
     Field("kv_block_size", "int", True, "KV block size in tokens"),
     Field("kv_num_blocks", "int", True, "KV blocks"),
+    Field(
+        "kv_budget_tokens",
+        "int",
+        True,
+        "the manual KV budget the over-capacity rule used (--kv-budget, recipe matrix.kv_budget "
+        "or conf kv_budget); null: the server's own capacity",
+    ),
     Field("max_model_len", "int", True, "server max-model-len"),
     Field("host", "str", True, "Airflow connection id or local"),
     Field("source", "str", True, "where the run came from (report file name for ingest)"),
@@ -691,6 +698,28 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
 def allowed_values(table: str) -> dict[str, tuple[str, ...]]:
     """The value sets of `table`'s enumerated columns (see ALLOWED_VALUES)."""
     return dict(ALLOWED_VALUES.get(table, {}))
+
+
+_UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("_tok_s", "tok/s"),
+    ("_ms", "ms"),
+    ("_s", "s"),
+    ("_tokens", "tokens"),
+    ("_pct", "%"),
+    ("_gb", "GB"),
+    ("_rate", "fraction 0-1"),
+)
+
+
+def unit_of(column: str) -> str | None:
+    """A column's unit, read from its name (the naming rule every table keeps: `_ms`, `_s`,
+    `_tok_s`, `_tokens`, `_pct`, `_gb`, `_rate`), so that a unit is said in one place and
+    reaches the Parquet metadata, DuckDB's comments and the data dictionary alike. None for
+    counts, labels and timestamps."""
+    for suffix, unit in _UNIT_SUFFIXES:
+        if column.endswith(suffix):
+            return unit
+    return None
 
 
 def unique_key(table: str) -> tuple[str, ...] | None:

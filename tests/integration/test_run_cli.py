@@ -289,3 +289,22 @@ def test_a_killed_run_is_taken_over_and_ctrl_c_stops_what_it_started(tmp_path) -
         second.close()
     assert "interrupted: stopped the server, released the lease on local" in second.text
     no_server_left(home)
+
+
+def test_a_manual_kv_budget_decides_over_capacity_and_is_recorded(sim_url, tmp_path, capsys):
+    """Issue #43 item 11: a server whose /metrics cannot tell its capacity (context
+    parallelism, DCP) is given one by hand, `--kv-budget` (recipe `matrix.kv_budget`, conf
+    `kv_budget`): the over-capacity rule uses it instead of the server's blocks and the run
+    records it. 12K tokens of budget: 8K x 1 fits, 8K x 2 does not (the simulator's own KV
+    cache holds both)."""
+    wh = tmp_path / "wh"
+    rc = main(["run", "--base-url", sim_url, "--model", MODEL, *TINY,
+               "--concurrencies", "1", "2", "--kv-budget", "12K", "--warehouse", str(wh)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    run, cells, _ = _landed(wh, out)
+    assert run["kv_budget_tokens"] == 12288
+    assert run["kv_num_blocks"] == yaml.safe_load(PROFILE.read_text())["kv"]["num_gpu_blocks"]
+    got = {(c["phase"], c["context_label"], c["concurrency"]): c["status"] for c in cells}
+    assert got[("decode", "8K", 2)] == "over_capacity"
+    assert got[("decode", "8K", 1)] in ("valid", "invalid")

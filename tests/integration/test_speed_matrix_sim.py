@@ -442,7 +442,7 @@ def test_a_regression_alerts_by_mail_and_webhook_and_emits_the_verdict_assets(
 
     text = assert_one_alert(
         alerts,
-        "regression(s)",
+        " regression",  # "1 regression" or "N regressions"
         run_id,
         "Baseline: run planted-baseline",
         "8Kx1 total_tok_s: 1,000,000 -> ",

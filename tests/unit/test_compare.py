@@ -306,7 +306,7 @@ def test_summary_names_cells_baseline_and_commits():
     base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
     rows = compare_runs(new, _matrix({(65536, 2): 0.9}), base, _matrix(), noise=QUIET)
     text = summarize(rows, new, base, commits=["a1" * 20, "b2" * 20])
-    assert text.startswith("3 regression(s) in run new")
+    assert text.startswith("3 regressions in run new")
     assert "against baseline base" in text
     assert "64Kx2: total_tok_s 81.0 -> 72.9 (-10.0%" in text
     assert "aaaaaaa -> this run bbbbbbb" in text

@@ -10,7 +10,9 @@ import json
 import math
 import sys
 
-_WAREHOUSE_HELP = "warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+from speedmatrix.words import count
+
+_WAREHOUSE_HELP = "warehouse root (default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/)"
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
@@ -114,7 +116,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
     if refused:
         print(
-            f"speedmatrix warehouse migrate: {len(refused)} run(s) refused, quarantined under "
+            f"speedmatrix warehouse migrate: {count(len(refused), 'run')} refused, quarantined under "
             f"{wh.root}/_quarantine/runs",
             file=sys.stderr,
         )

@@ -107,9 +107,10 @@ def plan(resolved: Resolved, info: ServerInfo) -> Planned:
     ).as_dict()
     progress.tell("planned", resolved, planned)
     repeated = sum(1 for c in [*planned["prefill"], *planned["decode"]] if c.get("repeat"))
+    budget = resolved["matrix"].get("kv_budget")
     log.info(
         "plan: %d prefill cells, %d decode cells to run (%d of them repeats), %d over capacity "
-        "(KV %d blocks x %d)",
+        "(KV %d blocks x %d" + (f"; the manual budget of {budget} tokens used)" if budget else ")"),
         len(planned["prefill"]),
         len(planned["decode"]),
         repeated,
@@ -381,6 +382,7 @@ def run_row(
         kv_cache_tokens=said.get("kv_cache_tokens"),
         kv_block_size=said.get("kv_block_size"),
         kv_num_blocks=said.get("kv_num_blocks"),
+        kv_budget_tokens=resolved["matrix"].get("kv_budget"),
         max_model_len=said.get("max_model_len") or recipe.model.max_model_len,
         host=resolved["host"],
         source=resolved.get("source") or f"airflow:{DAG_ID}/{resolved['dag_run_id']}",

@@ -180,6 +180,18 @@ def speed_matrix_params() -> dict[str, Any]:
             description=f"max_tokens of every request (ignore_eos). {FROM_RECIPE}",
             section=MATRIX,
         ),
+        "kv_budget": Param(
+            None,
+            type=["null", "integer", "string"],
+            minimum=1,
+            pattern=r"^\s*[0-9]+[kK]?\s*$",
+            title="KV budget (tokens)",
+            description="A manual KV cache size in tokens (983040 or 960K), in place of what "
+            "the server reports, for servers whose /metrics cannot tell their capacity "
+            "(context parallelism, DCP); the over-capacity rule uses it and the run records "
+            f"it. {FROM_RECIPE}",
+            section=MATRIX,
+        ),
         "prompt_mode": Param(
             None,
             type=["null", "string"],

@@ -106,6 +106,7 @@ def resolve(
             prompt_mode=_override(conf, "prompt_mode", m.prompt_mode),
             workload=_override(conf, "workload", m.workload),
             measurement_profile=_override(conf, "measurement_profile", m.profile),
+            kv_budget=_override(conf, "kv_budget", m.kv_budget),
         )
         check_matrix(spec, recipe.model.max_model_len)
     except ValueError as exc:
@@ -153,6 +154,7 @@ def resolve(
                 "prompt_mode": spec.prompt_mode,
                 "workload": spec.workload,
                 "measurement_profile": spec.measurement_profile,
+                "kv_budget": spec.kv_budget,
             },
             "repeats": repeats,
             "repeat_cells": repeat_cells,

@@ -36,6 +36,7 @@ CONF_KEYS = (
     "prompt_mode",
     "workload",
     "measurement_profile",
+    "kv_budget",
     "warehouse",
     "host_home",
     "port",
@@ -195,6 +196,10 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
         problems.append(
             f"measurement_profile must be one of {list(MEASUREMENT_PROFILES)}, "
             f"got {conf['measurement_profile']!r}"
+        )
+    if given("kv_budget") and not _is_token_count(conf["kv_budget"]):
+        problems.append(
+            f"kv_budget must be a token count (983040 or 960K), got {conf['kv_budget']!r}"
         )
     if given("repeats") and not _is_int(conf["repeats"]):
         problems.append(f"repeats must be an integer, got {conf['repeats']!r}")

@@ -99,7 +99,7 @@ class CellConfig:
 
 PREFILL_SAMPLES = 3
 """Cold prompts a prefill cell measures by default: one TTFT is one draw of the host's moment,
-and a verdict needs a spread to judge a change against (issue 40; the published tool's
+and a verdict needs a spread to judge a change against (the published tool's
 standalone prefill repeats its cold prompts too)."""
 
 
@@ -125,7 +125,7 @@ class DecodeConfig(CellConfig):
     prompt_mode: str = "distinct"
     warm_cache: bool = True
     # C=1 only: requests of the cell's prompt with max_tokens=1 after the window, each a TTFT
-    # sample beside the window's (one long request fills a C=1 window: issue 40)
+    # sample beside the window's (one long request fills a C=1 window)
     ttft_probes: int = 2
     # validity limits (docs/measurement.md rules 6-8)
     token_tolerance: float = 0.01

@@ -170,8 +170,8 @@ class _DecodeCell:
         """C=1: `ttft_probes` more requests of the cell's prompt with max_tokens=1, one after
         the other on an idle server, each a TTFT sample as the window's request was (the
         prompt cached, one request running), so the cell's TTFT is a median of several: one
-        long request fills a C=1 window, and one TTFT is one draw of the host's moment
-        (issue 40). They come after the window, so no window figure sees them."""
+        long request fills a C=1 window, and one TTFT is one draw of the host's moment.
+        They come after the window, so no window figure sees them."""
         parts = self.builder.parts(0, 1)
         for k in range(self.cfg.ttft_probes):
             try:

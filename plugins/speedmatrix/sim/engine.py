@@ -307,7 +307,7 @@ class Engine:
     def add(self, req: Request, now: float | None = None) -> Request:
         """A request arrives at `now` (default: the engine's clock): the front end's delay
         counts from there. The server hands it over once it has parsed and tokenized it, so
-        none of the simulator's own work is modelled time (issue #43)."""
+        none of the simulator's own work is modelled time."""
         self.advance(self.now if now is None else now)
         req.arrival = self.now
         req.plen = len(req.prompt)

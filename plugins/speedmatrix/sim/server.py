@@ -23,7 +23,7 @@ Endpoints, as vLLM 0.32 answers them:
   header becomes the request id (``cmpl-<id>``) and is echoed. A request "arrives" (its
   modelled time starts) once its body is read, parsed and tokenized: that is the simulator's own
   work, not the modelled server's, and it must not leak into the model (on a loaded host a long
-  chat prompt's tokenizing took hundreds of ms: issue #43). A client's wall-clock TTFT still
+  chat prompt's tokenizing took hundreds of ms). A client's wall-clock TTFT still
   includes it (docs/measurement.md).
 - A client that disconnects has its request aborted (blocks freed), as vLLM does.
 
