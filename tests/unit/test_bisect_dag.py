@@ -168,7 +168,7 @@ def test_commits_between_reads_the_compare_api(monkeypatch):
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from speedmatrix.upstream.commits import commits_between
+    from speedmatrix.upstream.github_commits import commits_between
 
     seen = []
 
