@@ -12,7 +12,7 @@ export AIRFLOW__CORE__PLUGINS_FOLDER ?= $(CURDIR)/plugins
 .PHONY: help uv venv test-deps test test-fast demo lint fmt clean
 
 help:
-	@echo "make demo   run the speed_matrix DAG end to end (local host, simulated engine)"
+	@echo "make demo   run the speed_matrix DAG end to end (local host, simulated engine; FULL=1: the whole reference matrix)"
 	@echo "make test   run the whole test suite (installs uv, the venv and openssh-server)"
 	@echo "make test-fast  unit + DAG tests only (no sshd, no vLLM)"
 	@echo "make lint   ruff, and the layer contract (lint-imports: no cycles, layers point one way)"
@@ -65,8 +65,9 @@ test: venv test-deps
 test-fast: venv
 	$(UV) run --frozen pytest -m "not integration" $(PYTEST_ARGS)
 
+# FULL=1: the whole reference matrix (the demo's --full)
 demo: venv
-	$(UV) run --frozen python -m speedmatrix.cli.demo
+	$(UV) run --frozen python -m speedmatrix.cli.demo $(if $(FULL),--full,)
 
 lint: venv
 	$(UV) run --frozen ruff check .

@@ -77,6 +77,18 @@ def _busy_core() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
+def _matrix(args: argparse.Namespace) -> list[str]:
+    """MATRIX, with --window-s (the fixed window, or the adaptive cap) and --adaptive (issue
+    #45: the same benchmark with adaptive windows, whose false alarms and detection must not
+    change)."""
+    out = [*MATRIX]
+    if args.window_s is not None:
+        out[out.index("--duration-s") + 1] = str(args.window_s)
+    if args.adaptive:
+        out += ["--adaptive", "--adaptive-min-s", str(args.adaptive_min_s)]
+    return out
+
+
 def measure(args: argparse.Namespace) -> None:
     from speedmatrix.cli import main as cli
     from speedmatrix.sim.runner import run_in_thread
@@ -103,7 +115,7 @@ def measure(args: argparse.Namespace) -> None:
             t0 = time.monotonic()
             with run_in_thread(prof, time_scale=TIME_SCALE) as url:
                 rc = cli(
-                    ["run", "--base-url", url, "--model", MODEL, *MATRIX,
+                    ["run", "--base-url", url, "--model", MODEL, *_matrix(args),
                      "--warehouse", args.warehouse, "--engine-ref", f"{n + 1:040x}"]
                 )  # fmt: skip
             print(f"[{n + 1}/{len(plan)}] {kind} {s:.0%} #{i}: rc {rc}, "
@@ -273,6 +285,9 @@ def main() -> None:
     m.add_argument("--base", type=int, default=16)
     m.add_argument("--slowed", type=int, default=1)
     m.add_argument("--masked", type=int, default=1)
+    m.add_argument("--window-s", type=float, help="decode window (adaptive: its cap); default 2")
+    m.add_argument("--adaptive", action="store_true", help="adaptive windows (issue #45)")
+    m.add_argument("--adaptive-min-s", type=float, default=3.0, help="adaptive: least window")
     j = sub.add_parser("judge")
     j.add_argument("--warehouse", required=True)
     j.add_argument("--history", type=int, default=8)

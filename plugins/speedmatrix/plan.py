@@ -101,6 +101,24 @@ def fits(
     return need <= capacity.num_blocks - 1
 
 
+ADAPTIVE_MIN_S = 10.0
+"""An adaptive decode window's least length by default (seconds): ten checkpoint batches of one
+second each, long enough for a batch-means interval (loadgen/adaptive.py)."""
+
+ADAPTIVE_TARGET_PCT = 1.0
+"""An adaptive window's target half-width (%) when none is derived (adaptive_target_pct)."""
+
+
+def adaptive_target_pct(regression_threshold_pct: float) -> float:
+    """How tight an adaptive window's throughput interval must be: a third of the smallest
+    change the verdict calls (the recipe's regression threshold). Independent errors add in
+    quadrature, so the window's own interval then widens a comparison's by at most
+    sqrt(1 + 1/9) - 1 = 5%, below what the noise model can tell apart; a tighter window costs
+    host time and buys the verdict nothing. Floored at 0.25% (a threshold of 0 would never
+    stop: the window runs to its cap)."""
+    return max(0.25, float(regression_threshold_pct) / 3.0)
+
+
 @dataclass(frozen=True)
 class MatrixSpec:
     """The matrix a run asks for, after conf overrides; checked by `check_matrix`."""
@@ -114,6 +132,14 @@ class MatrixSpec:
     workload: str = DEFAULT_WORKLOAD
     # whose definitions measure the run (records.MEASUREMENT_PROFILES)
     measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE
+    # adaptive windows (loadgen/adaptive.py): window_s is each decode window's cap, and a
+    # window may stop after adaptive_min_s (at most window_s) once its figures are tight
+    adaptive: bool = False
+    adaptive_min_s: float = ADAPTIVE_MIN_S
+    adaptive_target_pct: float = ADAPTIVE_TARGET_PCT
+    # a manual KV cache size in tokens, in place of what the server reports, for servers whose
+    # /metrics cannot tell their real capacity (context parallelism, DCP): `kv_capacity`
+    kv_budget: int | None = None
 
     @classmethod
     def build(
@@ -127,6 +153,10 @@ class MatrixSpec:
         prompt_mode: str = "distinct",
         workload: str = DEFAULT_WORKLOAD,
         measurement_profile: str = DEFAULT_MEASUREMENT_PROFILE,
+        adaptive: bool = False,
+        adaptive_min_s: float = ADAPTIVE_MIN_S,
+        adaptive_target_pct: float = ADAPTIVE_TARGET_PCT,
+        kv_budget: int | str | None = None,
     ) -> MatrixSpec:
         return cls(
             prefill_contexts=tuple(_tokens(c, "prefill_contexts") for c in prefill_contexts),
@@ -137,7 +167,21 @@ class MatrixSpec:
             prompt_mode=prompt_mode,
             workload=workload,
             measurement_profile=measurement_profile,
+            adaptive=bool(adaptive),
+            adaptive_min_s=float(adaptive_min_s),
+            adaptive_target_pct=float(adaptive_target_pct),
+            kv_budget=None if kv_budget is None else _tokens(kv_budget, "kv_budget"),
         )
+
+
+def kv_capacity(spec: MatrixSpec, reported: KvCapacity) -> KvCapacity:
+    """The capacity the over-capacity rule uses: the run's manual budget (tokens, in the
+    server's block size, as many whole blocks as it holds) when it has one, else the server's
+    own. Why: a server sharding its KV cache (context parallelism, DCP) reports one rank's
+    blocks, so its real capacity is only known to the person who launched it."""
+    if spec.kv_budget is None:
+        return reported
+    return KvCapacity(max(spec.kv_budget // reported.block_size, 1), reported.block_size)
 
 
 def matrix_size_problems(spec: MatrixSpec) -> list[str]:
@@ -181,6 +225,8 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
         dupes = sorted(v for v, n in Counter(values).items() if n > 1)
         if dupes:
             problems.append(f"{name} has duplicates: {dupes[:10]}")
+    if spec.kv_budget is not None and spec.kv_budget < 1:
+        problems.append(f"kv_budget must be positive, got {spec.kv_budget}")
     if spec.max_output_tokens < 1:
         problems.append(f"max_output_tokens must be >= 1, got {spec.max_output_tokens}")
     if spec.contexts and spec.window_s <= 0:
@@ -196,6 +242,10 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
             f"measurement profile must be one of {list(MEASUREMENT_PROFILES)}, "
             f"got {spec.measurement_profile!r}"
         )
+    if spec.adaptive and spec.measurement_profile == "published":
+        problems.append("adaptive windows are not the published tool's: its windows are fixed")
+    if spec.adaptive and not spec.adaptive_min_s > 0:
+        problems.append(f"adaptive_min_s must be > 0, got {spec.adaptive_min_s:g}")
     if max_model_len:
         out = spec.max_output_tokens
         too_long = [c for c in spec.contexts if not fits_model(c, out, max_model_len)]
@@ -289,6 +339,16 @@ def _planned(spec: MatrixSpec, phase: str, context: int, concurrency: int) -> di
         "workload": spec.workload,
         "measurement_profile": spec.measurement_profile,
         "repeat": 0,
+        **({} if phase == "prefill" or not spec.adaptive else _adaptive(spec)),
+    }
+
+
+def _adaptive(spec: MatrixSpec) -> dict[str, object]:
+    """An adaptive decode cell's settings: its minimum, never past its cap."""
+    return {
+        "adaptive": True,
+        "adaptive_min_s": min(spec.adaptive_min_s, spec.window_s),
+        "adaptive_target_pct": spec.adaptive_target_pct,
     }
 
 
@@ -385,6 +445,7 @@ def plan_matrix(
     Contexts are planned as sent (`fit_matrix`): `context_tokens` of a planned cell is the
     prompt the load generator builds, which vLLM admits with the cell's max_tokens."""
     check_matrix(spec, max_model_len)
+    capacity = kv_capacity(spec, capacity)
     repeats = check_repeats(repeats)
     chosen = repeat_keys(spec, repeat_cells)
     if chosen is not None:

@@ -34,6 +34,7 @@ from speedmatrix.records import (
 )
 from speedmatrix.redact import SECRET_PATTERNS, redact
 from speedmatrix.store.protocol import Warehouse
+from speedmatrix.words import count
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class SuiteOutcome:
         failed = [r["expectation"] for r in self.result.get("expectations", []) if not r["success"]]
         if self.success:
             return f"{self.suite}: all {len(self.result.get('expectations', []))} expectations met"
-        return f"{self.suite}: {len(self.failed_rows)} row(s) failed {sorted(set(failed))}"
+        return f"{self.suite}: {count(len(self.failed_rows), 'row')} failed {sorted(set(failed))}"
 
 
 @dataclass
@@ -120,9 +121,13 @@ def _nan_if_none(value: float | None) -> float:
 def _window_ratio(row: dict) -> float:
     """measured_s / window_s, bounded by WINDOW_TOL. A `published` cell is measured by the
     published tool's rule, from the window's start to its last token (docs/measurement.md,
-    the published profile): any part of the window up to all of it reads as 1."""
+    the published profile): any part of the window up to all of it reads as 1. So does an
+    adaptive window that converged (loadgen/adaptive.py: it stops before its cap, window_s);
+    one that ran to its cap is held to it like a fixed window."""
     ratio = _ratio(row["measured_s"], row["window_s"])
     if row.get("measurement_profile") == "published" and 0 < ratio <= 1:
+        return 1.0
+    if row.get("window_stop") == "converged" and 0 < ratio <= 1:
         return 1.0
     return ratio
 

@@ -157,8 +157,12 @@ class Serve(_Strict):
     )
     env: dict[str, str] = Field(default_factory=dict)
     args: tuple[str, ...] = ()
-    host: str = "0.0.0.0"
-    port: int = Field(default=8000, ge=1, le=65535)
+    host: str = Field(
+        default="0.0.0.0",
+        description="address the server listens on ({host}); 0.0.0.0: every interface of the "
+        "host (the runner reaches it over the network or SSH); 127.0.0.1: the host only",
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="port the server listens on")
     api_key_secret: str | None = Field(
         default="SPEEDMATRIX_API_KEY",
         description="NAME of the environment variable (or Airflow secret) holding the API key",
@@ -195,10 +199,19 @@ class Matrix(_Strict):
     # Whose definitions measure the run (records.MEASUREMENT_PROFILES): default (ours)
     # or published (the published tool's: loadgen/published.py); never compared across.
     profile: Literal["default", "published"] = "default"
+    # A manual KV cache size in tokens (`1M`, 983040), in place of what the server reports,
+    # for servers whose /metrics cannot tell their real capacity (context parallelism, DCP):
+    # the over-capacity rule uses it (plan.kv_capacity) and the run records it.
+    kv_budget: int | None = Field(default=None, gt=0)
     # Noise passes (speed_matrix `repeats` / `repeat_cells`, which override these): measure
     # the chosen cells (null: all) `repeats` times in one run, interleaved (plan.plan_matrix).
     repeats: int = Field(default=1, ge=1, le=10)
     repeat_cells: tuple[str, ...] | None = None
+    # Adaptive windows (docs/measurement.md, "Adaptive windows"): a decode cell stops once its
+    # throughput's interval is tight enough for its verdict, after `adaptive_min_s` (at most
+    # window_s), window_s being the cap. Off: every window runs window_s.
+    adaptive: bool = False
+    adaptive_min_s: float = Field(default=10.0, gt=0)
 
     @field_validator("prefill_contexts", "contexts", mode="before")
     @classmethod
@@ -213,6 +226,11 @@ class Matrix(_Strict):
         if isinstance(v, list | tuple):
             return tuple(parse_concurrency(x) for x in v)
         return v
+
+    @field_validator("kv_budget", mode="before")
+    @classmethod
+    def _kv_budget(cls, v: Any) -> Any:
+        return parse_context(v) if isinstance(v, str) else v
 
 
 class Schedule(_Strict):
@@ -602,6 +620,23 @@ def _is_recipe_file(p: Path) -> bool:
     return not p.name.startswith("_")
 
 
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    """` (did you mean 'window_s'?)` for an unknown key close to a field of its section."""
+    import difflib
+
+    model: Any = Recipe
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        model = getattr(field, "annotation", None) if field else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return ""
+    names = [n for n in model.model_fields if n not in ("id", "path")]
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.5)
+    if not close:  # a prefix (`window` of `window_s`, `vram` of `vram_gb`)
+        close = [n for n in names if n.startswith(str(loc[-1]))][:1]
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def _field_path(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
@@ -643,7 +678,7 @@ def load_recipe(id_or_path: str | os.PathLike[str], *, ids_only: bool = False) -
         for err in exc.errors():
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = "unknown key"
+                msg = "unknown key" + _did_you_mean(err["loc"])
             problems.append(f"{where}: {_field_path(err['loc'])}: {msg}")
         raise RecipeError(problems) from None
     problems = [f"{where}: {field}: {reason}" for field, reason in recipe.problems()]

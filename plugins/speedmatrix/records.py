@@ -43,6 +43,11 @@ DEFAULT_WORKLOAD = "article"
 # stable, per-request tok/s = total / C). Never compared, trended or pooled across.
 MEASUREMENT_PROFILES = ("default", "published")
 DEFAULT_MEASUREMENT_PROFILE = "default"
+# How a decode window's length is decided (loadgen/adaptive.py, docs/measurement.md "Adaptive
+# windows"): fixed, window_s exactly; adaptive, until the cell's throughput interval is tight
+# enough for its verdict, after a minimum, window_s the cap. And how it ended.
+WINDOW_MODES = ("fixed", "adaptive")
+WINDOW_STOPS = ("cap", "converged", "cap_not_steady", "cap_not_converged")
 TRIGGERS = ("nightly", "commit", "manual", "ingest")
 RUN_STATUSES = ("success", "failed", "partial")
 # A valid decode cell's average running requests lie within this share of C: the load
@@ -105,6 +110,13 @@ CELL_FIELDS: tuple[Field, ...] = (
     Field("ttft_p99_ms", "float", True, "p99 time to first token"),
     Field("tbt_p90_ms", "float", True, "p90 over requests of per-request time-between-tokens"),
     Field("tbt_p99_ms", "float", True, "p99 over requests of per-request time-between-tokens"),
+    Field(
+        "ttst_ms",
+        "float",
+        True,
+        "median over requests of their second token arrival - their first (the first decode "
+        "step apart from the prefill; the published tool's time to second token)",
+    ),
     Field("chunk_gap_ms", "float", True, "median gap between chunks that carried tokens"),
     Field("tokens_per_chunk", "float", True, "mean output tokens per content chunk"),
     Field("requests_started", "int", True, "requests started in the cell (window and warm-up)"),
@@ -191,6 +203,33 @@ CELL_FIELDS: tuple[Field, ...] = (
         "(max - min) / median of those TTFTs, percent: how far the samples of this one cell "
         "disagreed (null with fewer than 2)",
     ),
+    Field(
+        "window_mode",
+        "str",
+        True,
+        "decode: fixed (the window ran window_s) or adaptive (it could stop once its figures "
+        "were tight enough, window_s its cap); null for prefill and cells landed before it",
+    ),
+    Field(
+        "window_stop",
+        "str",
+        True,
+        "decode: how the window ended (WINDOW_STOPS): cap, converged, cap_not_steady, "
+        "cap_not_converged",
+    ),
+    Field(
+        "window_halfwidth_pct",
+        "float",
+        True,
+        "decode: 95% batch-means half-width of total tok/s over the window, % of the rate",
+    ),
+    Field(
+        "adaptive_target_pct",
+        "float",
+        True,
+        "decode, adaptive: the half-width (%) that was tight enough for this cell's verdict",
+    ),
+    Field("window_note", "str", True, "decode, adaptive: what the window saw when it ended"),
 )
 
 # One row per request of a measured cell (distributions); keyed by run_id + cell keys.
@@ -247,7 +286,7 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("model_revision", "str", True, "model revision"),
     Field("bench_tool", "str", True, "speedmatrix, llm-inference-bench…"),
     Field("bench_tool_version", "str", True, "its version"),
-    Field("decode_test", "str", True, "Fixed duration"),
+    Field("decode_test", "str", True, "Fixed duration, or Adaptive duration (measure_s the cap)"),
     Field("prefill_mode", "str", True, "Measured during decode warm-up"),
     Field("measure_s", "float", True, "time per measurement, s"),
     Field("max_output_tokens", "int", True, "max output tokens per request"),
@@ -256,6 +295,13 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("kv_cache_tokens", "int", True, "server KV capacity in tokens"),
     Field("kv_block_size", "int", True, "KV block size in tokens"),
     Field("kv_num_blocks", "int", True, "KV blocks"),
+    Field(
+        "kv_budget_tokens",
+        "int",
+        True,
+        "the manual KV budget the over-capacity rule used (--kv-budget, recipe matrix.kv_budget "
+        "or conf kv_budget); null: the server's own capacity",
+    ),
     Field("max_model_len", "int", True, "server max-model-len"),
     Field("host", "str", True, "Airflow connection id or local"),
     Field("source", "str", True, "where the run came from (report file name for ingest)"),
@@ -329,6 +375,25 @@ def context_label(tokens: int) -> str:
     if tokens >= K:
         return f"{round(tokens / K)}K"
     return str(tokens)
+
+
+def label_span(label: str | int) -> tuple[int, int]:
+    """The token counts (first, last) that ``context_label`` names `label`: the inverse of the
+    one labelling rule, read off it (`64K` -> 65,024..66,048; `1K` -> 1,024..1,535, below
+    1,024 a count is its own label). Why: a cell measured anywhere its label reaches (a recipe's
+    context shortened to fit max_model_len keeps its label: plan.sent_context) is that
+    label's cell, wherever a rule asks which cell a token count belongs to."""
+    tokens = parse_context(label)
+    if tokens < K:
+        return tokens, tokens
+    label = context_label(tokens)  # `64k`, `65536`: written as the rule writes it
+    n = round(tokens / K)
+    lo, hi = n * K - K // 2, n * K + K // 2
+    while context_label(lo) != label:
+        lo += 1
+    while context_label(hi) != label:
+        hi -= 1
+    return lo, hi
 
 
 def parse_context(value: int | str) -> int:
@@ -530,6 +595,14 @@ the output tokens asked per request and the window's length (a shorter window co
 larger share of ramp-up). The one rule of what may be compared, for verdicts, noise, trends,
 the site and bisection alike (:func:`not_comparable_reason`); extend it here."""
 
+WINDOW_LENGTH_FIGURES: tuple[str, ...] = ("completed_requests", "output_tokens")
+"""Figures whose definition depends on how long the window was (counts that grow with it), so
+never compared between two cells unless both measured the same seconds. Why the window's
+*mode* is not in COMPARABILITY_FIELDS: an adaptive window (window_s its cap) stops only on a
+steady stream, so its rates and per-token times (total and per-request tok/s, TTFT, TBT and
+their percentiles) are the same quantities as a fixed window's of that length, measured over
+fewer seconds (docs/measurement.md, "Adaptive windows"); the verdict judges only those."""
+
 _READ_MISSING_AS = {"measurement_profile": DEFAULT_MEASUREMENT_PROFILE}
 """A field recorded only since some point: a cell landed before it was measured by what is
 now its default (a cell without a measurement profile was measured by our definitions)."""
@@ -611,6 +684,7 @@ class CellRecord(TypedDict):
     ttft_p99_ms: float | None
     tbt_p90_ms: float | None
     tbt_p99_ms: float | None
+    ttst_ms: float | None
     chunk_gap_ms: float | None
     tokens_per_chunk: float | None
     requests_started: int | None
@@ -632,6 +706,11 @@ class CellRecord(TypedDict):
     measurement_profile: str | None
     ttft_samples: int | None
     ttft_spread_pct: float | None
+    window_mode: str | None
+    window_stop: str | None
+    window_halfwidth_pct: float | None
+    adaptive_target_pct: float | None
+    window_note: str | None
 
 
 # ------------------------------------------------------------------- the one validity rule set
@@ -644,6 +723,8 @@ ALLOWED_VALUES: dict[str, dict[str, tuple[str, ...]]] = {
         "phase": PHASES,
         "workload": WORKLOADS,
         "measurement_profile": MEASUREMENT_PROFILES,
+        "window_mode": WINDOW_MODES,
+        "window_stop": WINDOW_STOPS,
     },
     "requests": {"phase": PHASES},
     "runs": {
@@ -664,6 +745,28 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
 def allowed_values(table: str) -> dict[str, tuple[str, ...]]:
     """The value sets of `table`'s enumerated columns (see ALLOWED_VALUES)."""
     return dict(ALLOWED_VALUES.get(table, {}))
+
+
+_UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("_tok_s", "tok/s"),
+    ("_ms", "ms"),
+    ("_s", "s"),
+    ("_tokens", "tokens"),
+    ("_pct", "%"),
+    ("_gb", "GB"),
+    ("_rate", "fraction 0-1"),
+)
+
+
+def unit_of(column: str) -> str | None:
+    """A column's unit, read from its name (the naming rule every table keeps: `_ms`, `_s`,
+    `_tok_s`, `_tokens`, `_pct`, `_gb`, `_rate`), so that a unit is said in one place and
+    reaches the Parquet metadata, DuckDB's comments and the data dictionary alike. None for
+    counts, labels and timestamps."""
+    for suffix, unit in _UNIT_SUFFIXES:
+        if column.endswith(suffix):
+            return unit
+    return None
 
 
 def unique_key(table: str) -> tuple[str, ...] | None:

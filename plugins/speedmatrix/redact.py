@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 REDACTED = "<redacted>"
 
@@ -102,29 +101,14 @@ def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
     return _LITERAL_RE.sub(REDACTED, text)
 
 
-def _redacting_factory(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = make(*args, **kwargs)
-        name = record.name or ""  # None in logging.makeLogRecord's blank record
-        if name != "speedmatrix" and not name.startswith("speedmatrix."):
-            return record
-        try:
-            record.msg, record.args = redact(record.getMessage()), None
-            if record.exc_info and not record.exc_text:
-                record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
-        except Exception:  # a bad format string is the handler's to report, as without us
-            pass
-        return record
-
-    factory.redacts = True  # type: ignore[attr-defined]
-    return factory
-
-
-def install_log_redaction() -> None:
-    """Every log record of a ``speedmatrix.*`` logger, message and traceback, passes through
-    :func:`redact` when it is made, whatever handler later writes it (the command line's,
-    Airflow's task log, a test's): a logged URL or exception never shows a credential.
-    Idempotent; records of other libraries are left as they are."""
-    current = logging.getLogRecordFactory()
-    if not getattr(current, "redacts", False):
-        logging.setLogRecordFactory(_redacting_factory(current))
+def redact_record(record: logging.LogRecord) -> None:
+    """A log record of ours, message and traceback, through :func:`redact` (in place). The
+    package installs the factory that calls it (speedmatrix/__init__.py) for every record of a
+    ``speedmatrix.*`` logger, whatever handler later writes it: a logged URL or exception never
+    shows a credential."""
+    try:
+        record.msg, record.args = redact(record.getMessage()), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+    except Exception:  # a bad format string is the handler's to report, as without us
+        pass

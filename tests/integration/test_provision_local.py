@@ -5,19 +5,17 @@ git repository as "upstream")."""
 
 from __future__ import annotations
 
-import base64
 import fcntl
-import hashlib
 import json
 import os
 import sys
 import threading
 import time
-import zipfile
 from pathlib import Path
 
 import processes
 import pytest
+from engine_env_cache import stub_wheel
 from gitrepo import upstream_with_pr
 
 from speedmatrix.engine.hosts import get_host
@@ -84,24 +82,7 @@ def test_sim_provision_on_local_uses_this_python():
 
 def _standin_wheel(out: Path, version: str = "0.32.0") -> Path:
     """A minimal, valid wheel of a distribution named `vllm` (what the marker step reads)."""
-    files = {
-        "vllm/__init__.py": f'__version__ = "{version}"\n',
-        "vllm/_version.py": '__commit_id__ = "0123456789abcdef0123456789abcdef01234567"\n',
-        f"vllm-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
-        f"vllm-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: speedmatrix-tests\n"
-        "Root-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for name, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
-    record.append(f"vllm-{version}.dist-info/RECORD,,")
-    files[f"vllm-{version}.dist-info/RECORD"] = "\n".join(record) + "\n"
-    path = out / f"vllm-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, text in files.items():
-            zf.writestr(name, text)
-    return path
+    return stub_wheel(out, version, "0123456789abcdef0123456789abcdef01234567", dist="vllm")
 
 
 @pytest.fixture

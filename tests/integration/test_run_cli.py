@@ -110,6 +110,31 @@ def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None
     assert _healthy(sim_url), "a server already running is not ours to stop"
 
 
+def test_an_adaptive_run_stops_windows_early_and_says_so(sim_url, tmp_path, capsys) -> None:
+    """`run --adaptive` (issue #45): each decode window ends once tight (the simulator is
+    steady), its cap being --duration-s; the cell records the window it used and why it
+    stopped, the run that its decode test was adaptive, and the page shows both."""
+    wh = tmp_path / "wh"
+    rc = main(["run", "--base-url", sim_url, "--model", MODEL, "--contexts", "8K",
+               "--concurrencies", "4", "--prefill-contexts", "8K", "--duration-s", "20",
+               "--adaptive", "--adaptive-min-s", "3", "--max-output-tokens", "4096",
+               "--warehouse", str(wh)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    run, cells, page = _landed(wh, out)
+    assert run["decode_test"] == "Adaptive duration" and run["measure_s"] == 20.0
+    decode = [c for c in cells if c["phase"] == "decode"]
+    assert len(decode) == 1, (cells, err)
+    cell = decode[0]
+    assert cell["status"] == "valid", cell["error"]
+    assert (cell["window_mode"], cell["window_stop"]) == ("adaptive", "converged")
+    assert 3.0 <= cell["measured_s"] < 20.0, cell["window_note"]
+    assert cell["window_halfwidth_pct"] <= cell["adaptive_target_pct"]
+    html = page.read_text()
+    assert "Adaptive duration" in html
+    assert "<th>Window</th>" in html and "early: ±" in html
+
+
 def test_run_repeats_the_cells_it_names_as_the_dag_does(sim_url, tmp_path, capsys) -> None:
     """`--repeats 2 --repeat-cells 'prefill 8K'`: the prefill measured a second time, a whole
     pass later, landed in cell_repeats beside the run (the DAG's conf keys, the DAG's steps)."""
@@ -289,3 +314,22 @@ def test_a_killed_run_is_taken_over_and_ctrl_c_stops_what_it_started(tmp_path) -
         second.close()
     assert "interrupted: stopped the server, released the lease on local" in second.text
     no_server_left(home)
+
+
+def test_a_manual_kv_budget_decides_over_capacity_and_is_recorded(sim_url, tmp_path, capsys):
+    """Issue #43 item 11: a server whose /metrics cannot tell its capacity (context
+    parallelism, DCP) is given one by hand, `--kv-budget` (recipe `matrix.kv_budget`, conf
+    `kv_budget`): the over-capacity rule uses it instead of the server's blocks and the run
+    records it. 12K tokens of budget: 8K x 1 fits, 8K x 2 does not (the simulator's own KV
+    cache holds both)."""
+    wh = tmp_path / "wh"
+    rc = main(["run", "--base-url", sim_url, "--model", MODEL, *TINY,
+               "--concurrencies", "1", "2", "--kv-budget", "12K", "--warehouse", str(wh)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    run, cells, _ = _landed(wh, out)
+    assert run["kv_budget_tokens"] == 12288
+    assert run["kv_num_blocks"] == yaml.safe_load(PROFILE.read_text())["kv"]["num_gpu_blocks"]
+    got = {(c["phase"], c["context_label"], c["concurrency"]): c["status"] for c in cells}
+    assert got[("decode", "8K", 2)] == "over_capacity"
+    assert got[("decode", "8K", 1)] in ("valid", "invalid")

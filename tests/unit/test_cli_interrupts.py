@@ -75,8 +75,10 @@ def test_an_error_an_interrupt_causes_is_still_an_interrupt(monkeypatch, capsys)
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(warehouse_cli, "cmd_query", failing)
-    assert cli.main(["query", "SELECT 1"]) == 1  # a bug: its traceback, exit 1
-    assert "RuntimeError: a bug" in capsys.readouterr().err
+    capsys.readouterr()
+    assert cli.main(["query", "SELECT 1"]) == 1  # a bug: its traceback, exit 1 (issue #41)
+    err = capsys.readouterr().err
+    assert "RuntimeError: a bug" in err and "internal error (traceback above)" in err
 
 
 def test_the_process_end_closes_every_warehouse_connection(tmp_path) -> None:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
+from factories import decode_cell, prefill_cell, run_row
 
 from speedmatrix.analysis.baseline import select_baseline
 from speedmatrix.analysis.noise import NoiseModel
@@ -18,32 +19,25 @@ from speedmatrix.analysis.verdict import (
     summarize,
     verdict_for,
 )
-from speedmatrix.records import empty_cell
 from speedmatrix.store.schemas import COMPARISONS_SCHEMA
 
 
 def _run(run_id="new", commit="bbbbbbb", kv=1_000_000, started="2026-11-02T00:00:00Z", **kw):
-    base = {
-        "run_id": run_id,
+    values = {
         "recipe_id": "sim/x",
-        "host": "local",
-        "status": "success",
         "engine_commit": commit,
         "engine_repository": "github.com/vllm-project/vllm",
         "kv_cache_tokens": kv,
         "started_at": datetime.fromisoformat(started.replace("Z", "+00:00")),
     }
-    base.update(kw)
-    return base
+    return run_row(run_id, **{**values, **kw})
 
 
 def _decode(ctx, conc, total, status="valid", tbt=None, ttft=200.0, **kw):
     tbt = tbt if tbt is not None else (1000.0 * conc / total if total else 1.0)
-    return empty_cell(
-        phase="decode",
-        context_tokens=ctx,
-        context_label=f"{ctx // 1024}K",
-        concurrency=conc,
+    return decode_cell(
+        ctx,
+        conc,
         status=status,
         total_tok_s=total if status == "valid" else None,
         per_request_tok_s=1000.0 / tbt if status == "valid" else None,
@@ -55,15 +49,7 @@ def _decode(ctx, conc, total, status="valid", tbt=None, ttft=200.0, **kw):
 
 
 def _prefill(ctx, tok_s):
-    return empty_cell(
-        phase="prefill",
-        context_tokens=ctx,
-        context_label=f"{ctx // 1024}K",
-        concurrency=1,
-        status="valid",
-        total_tok_s=tok_s,
-        ttft_ms=1000.0 * ctx / tok_s,
-    )
+    return prefill_cell(ctx, total_tok_s=tok_s, ttft_ms=1000.0 * ctx / tok_s)
 
 
 def _matrix(scale=None):
@@ -320,7 +306,7 @@ def test_summary_names_cells_baseline_and_commits():
     base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
     rows = compare_runs(new, _matrix({(65536, 2): 0.9}), base, _matrix(), noise=QUIET)
     text = summarize(rows, new, base, commits=["a1" * 20, "b2" * 20])
-    assert text.startswith("3 regression(s) in run new")
+    assert text.startswith("3 regressions in run new")
     assert "against baseline base" in text
     assert "64Kx2: total_tok_s 81.0 -> 72.9 (-10.0%" in text
     assert "aaaaaaa -> this run bbbbbbb" in text
@@ -429,3 +415,43 @@ def test_cells_of_another_measurement_profile_are_not_comparable():
     assert status[key]["reason"] == "not compared: measurement_profile default -> published"
     others = [r for r in _by(rows, "total_tok_s") if r["verdict"] == "regression"]
     assert [(r["context_tokens"], r["concurrency"]) for r in others] == [(65536, 2)]
+
+
+def _adaptive(cells, measured_s=11.0, cap=30.0):
+    """The same matrix measured with adaptive windows: each decode window stopped at
+    `measured_s` (converged) of a `cap` second cap."""
+    out = []
+    for c in cells:
+        if c["phase"] == "decode":
+            c = {**c, "window_s": cap, "measured_s": measured_s, "window_mode": "adaptive",
+                 "window_stop": "converged", "adaptive_target_pct": 1.0}  # fmt: skip
+        out.append(c)
+    return out
+
+
+def test_an_adaptive_window_is_judged_against_a_fixed_one_of_its_cap():
+    """Issue #45 item 3: an adaptive cell's rates mean what a fixed window's do, so a run with
+    adaptive windows is judged against a fixed-window baseline of its cap (a 10% slowdown is a
+    regression, an unchanged cell noise), while a cap that differs is another window length."""
+    from speedmatrix.analysis.verdict import METRICS
+    from speedmatrix.records import WINDOW_LENGTH_FIGURES, not_comparable_reason
+
+    fixed = [{**c, "window_s": 30.0} if c["phase"] == "decode" else c for c in _matrix()]
+    base, new = _run("base", "aaaaaaa", started="2026-11-01T00:00:00Z"), _run()
+    adaptive = _adaptive(_matrix({(65536, 2): 0.90}))
+    rows = compare_runs(new, adaptive, base, fixed, noise=QUIET)
+    bad = [r for r in rows if r["verdict"] == "regression"]
+    assert {(r["context_tokens"], r["concurrency"]) for r in bad} == {(65536, 2)}
+    decode = [
+        r
+        for r in rows
+        if r["phase"] == "decode" and (r["context_tokens"], r["concurrency"]) != (65536, 2)
+    ]
+    assert decode and all(r["verdict"] == "noise" for r in decode)
+    # another cap is another window: not compared, and the reason says so
+    assert (
+        not_comparable_reason(_adaptive(_matrix(), cap=10.0)[2], fixed[2])
+        == "window_s 30.0 -> 10.0"
+    )
+    # no judged figure is one whose definition grows with the window
+    assert not {m.column for m in METRICS} & set(WINDOW_LENGTH_FIGURES)

@@ -10,7 +10,7 @@ import pytest
 from speedmatrix.loadgen.cli import parse_tokens as loadgen_tokens
 from speedmatrix.plan import MatrixSpec, PlanError
 from speedmatrix.published import parse as report_parse
-from speedmatrix.records import context_label, parse_context
+from speedmatrix.records import context_label, label_span, parse_context
 
 REFERENCE_LABELS = ("8K", "16K", "32K", "64K", "128K", "251K", "256K")
 
@@ -59,6 +59,17 @@ def test_context_label_rounds_to_the_nearest_k(tokens, label):
 def test_label_and_parse_round_trip_the_published_labels():
     for label in REFERENCE_LABELS:
         assert context_label(parse_context(label)) == label
+
+
+@pytest.mark.parametrize("label", [*REFERENCE_LABELS, "1K", "2K", "3K", "63K", "507K", "512K"])
+def test_a_labels_span_is_every_count_the_rule_names_so(label):
+    """records.label_span, the inverse of context_label (issue #43: which label's cell a
+    measured token count is): its ends are named `label`, the counts just outside are not."""
+    lo, hi = label_span(label)
+    assert lo <= parse_context(label) <= hi
+    assert context_label(lo) == label == context_label(hi)
+    assert context_label(lo - 1) != label and context_label(hi + 1) != label
+    assert label_span(label.lower()) == label_span(parse_context(label)) == (lo, hi)
 
 
 def test_the_plan_uses_the_rule_and_names_its_error():

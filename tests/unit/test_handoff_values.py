@@ -36,9 +36,11 @@ def resolved_value() -> dict:
 
 
 CELL_RESULT_VALUE = {"cell": {"phase": "decode"}, "requests": [], "repeat": 0}
+# what engine.vllm_server.stop_server returns (as a DAG run's teardown lands it)
+_STOP = {"pid": 22999, "was_running": False, "gone": None, "killed": False, "left": []}
 TEARDOWN_VALUE = {
-    "stopped": "stopped",
-    "all_stopped": ["stopped"],
+    "stopped": _STOP,
+    "all_stopped": [_STOP],
     "from_records": [],
     "lease": "released",
 }

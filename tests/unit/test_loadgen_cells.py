@@ -246,3 +246,60 @@ def test_bad_config_is_rejected() -> None:
         decode("http://127.0.0.1:1", context=1024, concurrency=0)
     with pytest.raises(ValueError, match="prompt_mode"):
         decode("http://127.0.0.1:1", context=1024, concurrency=1, prompt_mode="both")
+
+
+def test_an_adaptive_window_stops_at_its_minimum_on_a_steady_server() -> None:
+    """A steady stream is tight long before its cap: the window ends at the first checkpoint
+    past its minimum, the figures are the truth over what it measured, and the cell says why."""
+    with ideal_server(ttft_s=0.02, interval_s=0.010) as url:
+        cell, _ = decode(
+            url, context=1024, concurrency=4, duration_s=8.0, max_output_tokens=100_000,
+            adaptive=True, adaptive_min_s=2.0, adaptive_target_pct=1.0,
+        )  # fmt: skip
+    assert cell["status"] == "valid", cell["error"]
+    assert cell["window_mode"] == "adaptive"
+    assert cell["window_stop"] == "converged", cell["window_note"]
+    assert 2.0 <= cell["measured_s"] < 3.0  # the minimum, then at most a few checkpoints
+    assert cell["window_s"] == 8.0  # the cap asked for, as a fixed window records its length
+    assert cell["adaptive_target_pct"] == 1.0
+    assert cell["window_halfwidth_pct"] <= 1.0
+    assert cell["window_note"].startswith("converged: throughput ±")
+    true_total = 4 / 0.010
+    # the window's count over its own length: one chunk per stream at each edge
+    assert abs(cell["total_tok_s"] - true_total) <= 2 * 4 / cell["measured_s"]
+    assert cell["tbt_ms"] == pytest.approx(10.0, rel=0.01)
+    assert cell["avg_active_requests"] == pytest.approx(4)
+
+
+def test_a_fixed_window_records_its_interval_and_runs_its_length() -> None:
+    with ideal_server(ttft_s=0.02, interval_s=0.010) as url:
+        cell, _ = decode(
+            url, context=1024, concurrency=2, duration_s=3.0, max_output_tokens=100_000
+        )
+    assert cell["status"] == "valid", cell["error"]
+    assert (cell["window_mode"], cell["window_stop"]) == ("fixed", "cap")
+    assert cell["measured_s"] == pytest.approx(3.0)
+    assert cell["window_halfwidth_pct"] is not None and cell["window_halfwidth_pct"] < 5
+    assert cell["adaptive_target_pct"] is None and cell["window_note"] is None
+
+
+def test_an_adaptive_window_on_a_queueing_server_runs_to_its_cap() -> None:
+    """Queueing inside the window is not a steady state: no early stop, whatever the interval."""
+    with ideal_server(ttft_s=0.02, interval_s=0.010, report_waiting=1) as url:
+        cell, _ = decode(
+            url, context=1024, concurrency=2, duration_s=3.0, max_output_tokens=100_000,
+            adaptive=True, adaptive_min_s=1.0,
+        )  # fmt: skip
+    assert cell["measured_s"] == pytest.approx(3.0)
+    assert cell["window_stop"] == "cap_not_steady"
+    assert "requests queued on the server" in cell["window_note"]
+    assert cell["status"] == "invalid"  # and the cell's own check says so, as before
+
+
+def test_bad_adaptive_settings_are_rejected() -> None:
+    with pytest.raises(ValueError, match="at most the window's cap"):
+        decode(
+            "http://127.0.0.1:1", context=1024, adaptive=True, duration_s=5.0, adaptive_min_s=9.0
+        )
+    with pytest.raises(ValueError, match="not the published tool's"):
+        decode("http://127.0.0.1:1", context=1024, adaptive=True, measurement_profile="published")

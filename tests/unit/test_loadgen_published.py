@@ -124,3 +124,66 @@ def test_the_tools_interval_divides_by_the_usage_tokens_less_one(monkeypatch):
     assert req.tbt() == pytest.approx(0.5)
     single = _request(monkeypatch, Window(), [(1.0, 4)], 4)  # one arrival: no interval
     assert published.request_tbt(single) is None
+
+
+def test_a_published_cell_records_what_every_cell_records_and_a_saturated_client_invalidates_it(
+    monkeypatch,
+):
+    """Rule 8 says every cell (issue #43): a published decode cell records the client's CPU,
+    its event-loop lag and TTFT / time-between-tokens p90 and p99 as a default one does, and a
+    saturated client makes it invalid (a safeguard that changes no figure). C=2, window
+    (2, 12] s, two requests of 41 tokens, 0.25 s apart, over the whole window."""
+    window = Window()
+    window.ws, window.we = 2.0, 12.0
+    reqs = [
+        _request(monkeypatch, window, [(1.9 + 0.25 * k + 0.01 * s, k + 1) for k in range(41)], 41)
+        for s in range(2)
+    ]
+    for r in reqs:
+        r.sent_at = 1.0  # the feed sends at t=0, which the cell reads as no send time
+    cfg = DecodeConfig(base_url="http://x", model="m", context=8192, concurrency=2)
+    cell = published._PublishedDecode(cfg, None, [])  # type: ignore[arg-type]
+    cell.window, cell.requests = window, reqs
+    cell.monitor.lags = [0.001] * 100
+    cell.monitor.cpu_s, cell.monitor.wall_s = 0.2, 10.0
+    record, _ = cell._finish()
+    assert record["status"] == "valid", record["error"]
+    for key in ("ttft_p90_ms", "ttft_p99_ms", "tbt_p90_ms", "tbt_p99_ms"):
+        assert record[key] is not None and record[key] >= record[key.replace("_p90", "").replace(
+            "_p99", "")], key  # fmt: skip
+    assert record["tbt_p99_ms"] == pytest.approx(250.0)
+    assert record["client_cpu_pct"] == pytest.approx(2.0)
+    assert record["loop_lag_p99_ms"] == pytest.approx(1.0)
+
+    cell = published._PublishedDecode(cfg, None, [])  # type: ignore[arg-type]
+    cell.window, cell.requests = window, reqs
+    cell.monitor.lags = [0.001] * 80 + [0.030] * 20  # p90 above the 10 ms bound
+    cell.monitor.cpu_s, cell.monitor.wall_s = 9.5, 10.0
+    record, _ = cell._finish()
+    assert record["status"] == "invalid"
+    assert "event-loop lag p90" in record["error"] and "95% CPU" in record["error"]
+
+
+def test_time_to_the_second_token_is_recorded_per_cell(monkeypatch):
+    """Issue #43 item 10: beside TTFT, each decode cell records the median time from a
+    request's first token arrival to its second (the tool's time to second token: the first
+    decode step, apart from the prefill). A first arrival of 3 tokens (a speculative step)
+    then one every 0.25 s: 0.25 s; a request whose tokens came in one arrival has none."""
+    req = _request(monkeypatch, Window(), [(1.0, 3), (1.25, 4), (1.5, 5)], 5)
+    assert req.ttst() == pytest.approx(0.25)
+    assert _request(monkeypatch, Window(), [(1.0, 4)], 4).ttst() is None
+
+    window = Window()
+    window.ws, window.we = 2.0, 12.0
+    reqs = [
+        _request(monkeypatch, window, [(1.9, 1), *((2.0 + 0.1 * s + 0.25 * k, k + 2)
+                 for k in range(40))], 41)
+        for s in range(3)
+    ]  # fmt: skip
+    for r in reqs:
+        r.sent_at = 1.0
+    cfg = DecodeConfig(base_url="http://x", model="m", context=8192, concurrency=3)
+    cell = published._PublishedDecode(cfg, None, [])  # type: ignore[arg-type]
+    cell.window, cell.requests = window, reqs
+    record, _ = cell._finish()
+    assert record["ttst_ms"] == pytest.approx(200.0)  # 0.1, 0.2, 0.3 s: the median

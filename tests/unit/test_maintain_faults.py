@@ -169,6 +169,7 @@ def test_retention_below_the_floor_needs_force_and_fractions_are_not_truncated(r
     # 1.9 h is not 1 h: a file 1.5 h old stays (delta-rs counts whole hours: rounded up)
     rc = cli.main(["warehouse", "maintain", "--warehouse", str(root), "--retention-hours", "1.9"])
     assert rc == 0 and dead.exists()
+    assert "retention 1.9 h kept as 2 h" in capsys.readouterr().err
     # delta-rs's own check stays on: each table says the floor is its minimum retention
     for table in ("runs", "cells", "requests"):
         conf = DeltaTable(root / table).metadata().configuration

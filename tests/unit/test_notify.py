@@ -39,7 +39,7 @@ def test_a_regressed_run_is_summarized_verdict_first_with_the_page(wh):
     assert {r["concurrency"] for r in s.regressions} == {2}
     text = message_text(s)
     first = text.splitlines()[0]
-    assert first.startswith("[speedmatrix] ") and "regression(s)" in first and "r2" in first
+    assert first.startswith("[speedmatrix] ") and "3 regressions" in first and "r2" in first
     assert "Baseline: run r1 (commit " + "a" * 40 in text
     line = next(ln for ln in text.splitlines() if "64Kx2 total_tok_s" in ln)
     assert "->" in line and line.rstrip().endswith("%)") and "(-" in line

@@ -260,3 +260,28 @@ def test_a_published_profile_run_warms_up_globally_before_its_first_cell():
     default = plan_matrix(ref_spec(), KvCapacity(4150, 64))
     assert not any("global_warmup_context" in c for c in default.order)
     assert {c["measurement_profile"] for c in default.order} == {"default"}
+
+
+def test_a_manual_kv_budget_is_the_capacity_the_rule_uses():
+    """Issue #43 item 11: a budget in tokens (a label or a count, from the recipe, the conf or
+    --kv-budget) replaces the server's reported blocks, in its block size: the reference
+    matrix on a server reporting 64 blocks (nothing runs) with a budget of 4,100 blocks of 64
+    tokens is the reference page's pattern; a recipe's matrix and the run's conf read it with
+    the one context rule, and a bad one is named."""
+    from speedmatrix.flows.runconf import conf_problems
+    from speedmatrix.plan import kv_capacity
+    from speedmatrix.recipes import Matrix
+
+    tiny = KvCapacity(64, 64)
+    assert kv_capacity(ref_spec(), tiny) is tiny
+    spec = ref_spec(kv_budget=4100 * 64)
+    assert kv_capacity(spec, tiny) == KvCapacity(4100, 64)
+    runnable = {}
+    for c in plan_matrix(spec, tiny).decode:
+        runnable[c["context_tokens"]] = max(runnable.get(c["context_tokens"], 0), c["concurrency"])
+    assert runnable == REF_RUNNABLE
+    assert not plan_matrix(ref_spec(), tiny).decode
+    assert ref_spec(kv_budget="960K").kv_budget == 960 * K
+    assert Matrix(kv_budget="960K").kv_budget == 960 * K
+    assert conf_problems({"kv_budget": "960K"}) == []
+    assert any("kv_budget" in p for p in conf_problems({"kv_budget": [1]}))

@@ -79,3 +79,34 @@ def test_samples_is_a_setting_of_at_least_one(sim_url):
 def test_the_cell_record_carries_the_sample_count_and_spread():
     names = {f.name for f in CELL_FIELDS}
     assert {"samples", "ttft_samples", "ttft_spread_pct"} <= names
+
+
+def _decode(url: str, **kw) -> tuple[dict, list[dict]]:
+    from speedmatrix.loadgen import DecodeConfig, run_decode
+
+    before = {r["id"] for r in _truth(url)}
+    cfg = DecodeConfig(base_url=url, model=MODEL, context=2048, concurrency=1, duration_s=2.0,
+                       max_output_tokens=2048, max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
+                       token_tolerance=0.03, **kw)  # fmt: skip
+    cell, rows = asyncio.run(run_decode(cfg))
+    sent = [r for r in _truth(url) if r["id"] not in before]
+    return cell, rows, sent
+
+
+def test_a_c1_decode_cells_ttft_is_several_samples(sim_url):
+    """C=1: one long request fills the window, so its TTFT was one sample. Two more requests
+    of the cell's (cached) prompt with max_tokens=1 follow the window: the TTFT is the median
+    of three, and the cell says so."""
+    cell, rows, sent = _decode(sim_url, run_tag="c1ttft")
+    assert cell["status"] == "valid", cell["error"]
+    window = [r for r in rows if r["ttft_ms"] is not None]
+    probes = [r for r in sent if r["max_tokens"] == 1][1:]  # the first is the cache warm-up
+    assert len(probes) == 2 and all(r["cached_tokens"] > 0 for r in probes)
+    assert cell["ttft_samples"] == len(window) + 2 >= 3
+    truth = sorted([*(r["ttft_ms"] for r in window), *(1000 * r["ttft_s"] for r in probes)])
+    assert min(truth) * 0.9 <= cell["ttft_ms"] <= max(truth) * 1.1 + 5
+    # the window's figures are the window's: the probes add no tokens and no completed request
+    assert cell["output_tokens"] == sum(r["window_tokens"] or 0 for r in rows)
+    none, nrows, nsent = _decode(sim_url, run_tag="c1none", ttft_probes=0)
+    assert none["ttft_samples"] == len([r for r in nrows if r["ttft_ms"] is not None])
+    assert [r["max_tokens"] for r in nsent].count(1) == 1  # the warm-up alone

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import factories
 import pytest
 
 from speedmatrix.quality import validate_run
-from speedmatrix.records import RUN_FIELDS, empty_cell
+from speedmatrix.records import empty_cell
 
 SECRET = "sk-test-Zx81qq"
 
@@ -53,20 +54,12 @@ def prefill(ctx=8192, **over):
 
 
 def run_row(**over):
-    row = {f.name: None for f in RUN_FIELDS}
-    row.update(
-        run_id="kimi.main.manual.20261129T2030Z",
-        recipe_id="sim/kimi-k2.7-nvfp4-rtxpro6k-x8",
-        trigger="manual",
-        status="success",
-        started_at="2026-11-29T20:30:00Z",
-        engine="vllm",
-        served_model="Kimi-K2.7-Code-NVFP4",
-        launch_command="vllm serve m --port 8000 --api-key <redacted>",
-        host="local",
-    )
-    row.update(over)
-    return row
+    values = {
+        "started_at": "2026-11-29T20:30:00Z",
+        "served_model": "Kimi-K2.7-Code-NVFP4",
+        "launch_command": "vllm serve m --port 8000 --api-key <redacted>",
+    }
+    return factories.run_row("kimi.main.manual.20261129T2030Z", **{**values, **over})
 
 
 def good_cells():
@@ -142,6 +135,23 @@ def test_a_published_cell_is_measured_up_to_its_window():
     over = dict(measured_s=31.0, output_tokens=1702, total_tok_s=1702 / 31.0)
     cells[1] = decode(c=1, measurement_profile="published", **over)
     assert [c["concurrency"] for c in validate_run(run_row(), cells).bad_cells] == [1]
+
+
+def test_an_adaptive_window_that_converged_lands_short_of_its_cap():
+    """Issue #45: an adaptive window that converged stops before window_s (its cap) and lands;
+    one that says it ran to its cap is held to the cap, like a fixed window."""
+    short = dict(
+        measured_s=11.2, output_tokens=615, total_tok_s=615 / 11.2, per_request_tok_s=615 / 11.2
+    )
+    adaptive = dict(window_mode="adaptive", adaptive_target_pct=1.0, **short)
+    cells = good_cells()
+    cells[1] = decode(c=1, window_stop="converged", **adaptive)
+    assert validate_run(run_row(), cells).bad_cells == []
+    cells[1] = decode(c=1, window_stop="cap_not_steady", **adaptive)
+    assert [c["concurrency"] for c in validate_run(run_row(), cells).bad_cells] == [1]
+    cells[1] = decode(c=1, window_stop="stopped whenever", **adaptive)
+    bad = validate_run(run_row(), cells).bad_cells
+    assert "expect_column_values_to_be_in_set(window_stop)" in bad[0]["quarantine_reasons"]
 
 
 def test_warm_up_is_a_decode_figure():

@@ -92,6 +92,25 @@ def test_a_command_line_error_shows_no_credential(tmp_path, capsys):
     assert "no warehouse at" in err and C not in err, err
 
 
+def _a_bug_quoting_a_url(args) -> int:
+    raise RuntimeError(f"GET {HOSTILE['s3 key:secret']} failed")
+
+
+def register(sub, name: str) -> None:
+    """This module stands in as a command whose body has a bug (see the test below)."""
+    sub.add_parser(name).set_defaults(func=_a_bug_quoting_a_url)
+
+
+def test_a_bugs_traceback_shows_no_credential(monkeypatch, capsys):
+    from speedmatrix.cli import COMMANDS
+
+    monkeypatch.setitem(COMMANDS, "buggy", (__name__, "a command with a bug"))
+    assert main(["buggy"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "_a_bug_quoting_a_url" in err
+    assert "RuntimeError: GET s3://" in err and C not in err, err
+
+
 def test_logs_show_no_credential(caplog):
     log = logging.getLogger("speedmatrix.some.module")
     with caplog.at_level(logging.INFO):

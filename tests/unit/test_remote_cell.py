@@ -57,6 +57,7 @@ NON_DEFAULT: dict[str, Any] = {
     "copy_check": False,
     "max_copy_share": 0.75,
     "samples": 5,
+    "ttft_probes": 4,
     "metrics_interval_s": 0.1,
     "max_active_deviation": 0.3,
     "min_window_readings": 3,

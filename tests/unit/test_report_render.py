@@ -326,3 +326,16 @@ def test_a_published_profile_run_says_so_and_reads_back():
         assert back.run["decode_test"] == "Fixed duration"
         assert f"<dt>Measurement profile</dt><dd>{profile}</dd>" in render_html(run, parsed.cells)
     assert "(published profile)" not in render_markdown(parsed.run, parsed.cells)
+
+
+def test_an_adaptive_runs_page_says_how_each_window_ended():
+    """Issue #45: the run page of an adaptive run has a Window column (a fixed run's has none)."""
+    from speedmatrix.report.render import adaptive_run, window_text
+
+    early = {"window_mode": "adaptive", "window_stop": "converged", "window_halfwidth_pct": 0.84,
+             "adaptive_target_pct": 1.0}  # fmt: skip
+    assert window_text(early) == "early: ±0.84% vs ±1.00%"
+    assert window_text({**early, "window_stop": "cap_not_steady"}) == "to cap: not steady"
+    assert window_text({**early, "window_stop": "cap_not_converged"}) == "to cap: ±0.84% vs ±1.00%"
+    assert window_text({"window_mode": "fixed", "window_stop": "cap"}) == "fixed"
+    assert adaptive_run([{"window_mode": "fixed"}, early]) and not adaptive_run([{}])

@@ -7,7 +7,8 @@ import io
 
 import pytest
 
-from speedmatrix.cli.run import DECODE_OVERHEAD_S, PREFILL_GUESS_S, Display, ref_of
+from speedmatrix.cli.eta import DECODE_OVERHEAD_S, PREFILL_GUESS_S
+from speedmatrix.cli.run import Display, ref_of
 
 
 @pytest.mark.parametrize(
@@ -25,16 +26,26 @@ def test_the_engine_ref_of_a_reported_version(version, ref) -> None:
 
 
 def test_the_eta_uses_measured_cells_and_guesses_the_rest() -> None:
-    show = Display({"matrix": {"window_s": 10}}, out=io.StringIO())
-    cells = [{"phase": "prefill", "label": "8K"}] + [{"phase": "decode", "label": "8K x 1"}] * 2
+    """Guesses before a cell is measured, then what the cells done say (tests/unit/test_eta.py:
+    the estimate over a whole matrix)."""
+    now = [100.0]
+    show = Display({"matrix": {"window_s": 10}}, out=io.StringIO(), clock=lambda: now[0])
+    cells = [{"phase": "prefill", "label": "8K", "context_tokens": 8192}] + [
+        {"phase": "decode", "label": "8K x 1", "context_tokens": 8192, "concurrency": 1}
+    ] * 2
     show.cells = cells
     assert show.eta_s() == PREFILL_GUESS_S + 2 * (10 + DECODE_OVERHEAD_S)
-    show.took["prefill"].append(2.0)
-    show.took["decode"].append(30.0)
-    show.done = 2  # one decode left: the measured decode cell's time, not the guess
+    show.cell_started(cells[0])
+    now[0] += 2.0
+    show.cell_done(cells[0], {"status": "valid", "ttft_ms": 1500.0})
+    show.cell_started(cells[1])
+    now[0] += 30.0
+    show.cell_done(cells[1], {"status": "valid", "warmup_s": 0.0})
+    # one decode left: the measured decode cell's overhead (30 - 10 s window), not the guess
     assert show.eta_s() == 30.0
-    show.started = 100.0  # 12 s into the last cell
-    assert show.eta_s(now=112.0) == 18.0
+    show.cell_started(cells[2])
+    now[0] += 12.0  # 12 s into the last cell
+    assert show.eta_s() == 18.0
 
 
 @pytest.mark.parametrize("length", [185, 240])

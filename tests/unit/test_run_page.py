@@ -90,7 +90,7 @@ def test_summary_without_baseline_and_markdown_unchanged():
     parsed = parse_report(REFERENCE.read_text(encoding="utf-8"))
     page = render_html(parsed.run, parsed.cells)
     summary = page[page.index('<section id="summary"') : page.index("</section>")]
-    assert "Baseline: none (no earlier successful run" in summary
+    assert "Not compared: no earlier successful run" in summary
     assert "Invalid and failed cells" in summary and "over capacity" in summary
     # the published Markdown does not move: the summary is the HTML page's
     md = render_markdown(parsed.run, parsed.cells)
@@ -203,7 +203,7 @@ def test_report_command_renders_the_run_page_with_its_baseline(wh, tmp_path):
         )
         == 0
     )
-    assert "Baseline: none (no earlier successful run" in out.read_text(encoding="utf-8")
+    assert "Not compared: no earlier successful run" in out.read_text(encoding="utf-8")
 
 
 def test_pipeline_report_task_writes_the_same_page(wh):

@@ -58,7 +58,8 @@ def test_the_index_names_each_recipe_with_its_latest_run_and_verdict(site):
     assert row, index
     assert row.group(1) == recipe_page(RECIPE)
     assert 'href="runs/r2.html">r2</a>' in row.group(0)  # the latest run
-    assert "1 cell regressed (64Kx2)" in row.group(0) and "verdict regressed" in row.group(0)
+    assert "1 cell regressed (64Kx2): throughput" in row.group(0), row.group(0)
+    assert "verdict regressed" in row.group(0)
     # the baseline's own verdict: it was compared with r0 and nothing moved
     assert re.search(r'href="runs/r1.html">r1</a>.*?no change beyond noise', index, re.S)
 
@@ -202,7 +203,7 @@ def test_a_refresh_after_one_run_reads_the_fleet_by_aggregates(tmp_path):
     wh.query = recording
     new = build_site(wh, out)
     assert (new.run_pages_written, new.recipe_pages_written) == (1, 1)
-    assert "1 cell regressed (64Kx2)" in (out / "index.html").read_text()
+    assert "1 cell regressed (64Kx2): throughput" in (out / "index.html").read_text()
     whole = [q for q in seen if "WHERE" not in q and "GROUP BY" not in q]
     assert whole and all(q.endswith("FROM runs") for q in whole), whole
     from_cmp = [q for q in seen if "FROM comparisons" in q]
@@ -219,7 +220,7 @@ def test_site_command(tmp_path, capsys):
     assert main(["site", "--warehouse", str(tmp_path / "wh"), "--out", str(out)]) == 0
     printed = capsys.readouterr()
     assert printed.out.strip() == str(out / "index.html")
-    assert "1 runs" in printed.err
+    assert "1 run, 1 recipe;" in printed.err
     # an id with a slash is a file name of its own, and linked as such
     assert (out / "runs" / f"{slug('only/run')}.html").exists()
     assert f'href="{run_page("only/run")}"' in (out / "index.html").read_text()
@@ -350,7 +351,8 @@ def test_a_verdict_names_its_cells_in_the_reports_order():
     verdict = run_verdict({"status": "success"}, rows)
     assert (verdict.word, verdict.baseline) == ("mixed", "b")
     assert verdict.text == (
-        "4 cells regressed (8Kx4, 8Kx16, 64Kx2 and 1 more), 1 cell improved (prefill 8K)"
+        "4 cells regressed (8Kx4, 8Kx16, 64Kx2 and 1 more): throughput, KV cache tokens; "
+        "1 cell improved (prefill 8K): throughput"
     )
 
 

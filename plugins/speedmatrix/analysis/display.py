@@ -28,6 +28,15 @@ FAMILIES: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
 )
 
 
+def family_of(metric: str | None) -> str:
+    """The name a badge gives a figure: its family (throughput, TTFT, spec acceptance), else
+    the figure itself (KV cache tokens, status)."""
+    for name, family, _, _ in FAMILIES:
+        if metric in family:
+            return name
+    return {"kv_cache_tokens": "KV cache tokens"}.get(str(metric), str(metric))
+
+
 def _cell_of(r: Mapping[str, Any]) -> str:
     return cell_name(
         r.get("phase"), r.get("context_label") or r.get("context_tokens"), r.get("concurrency")

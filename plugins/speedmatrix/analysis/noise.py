@@ -7,7 +7,7 @@ Two estimates, because neither alone is enough:
   are its share of the throughput; requests of one stream are not independent), the median
   time-between-tokens and TTFT by *request*. This sees sampling noise only, and nothing when a
   cell has one stream or one request (prefill, C=1 decode).
-* **Between runs** (issue #40): a robust spread of the cell's recent history on the same
+* **Between runs**: a robust spread of the cell's recent history on the same
   recipe and host, whatever the engine commits: the log ratios of consecutive measurements
   over the last WINDOW comparable ones (records.not_comparable_reason), scaled by their median
   absolute value (1.4826 x median / sqrt 2: one measurement's relative sd). A main branch with

@@ -6,7 +6,7 @@ previous point of the trend using the same rule as compare.py (threshold AND bet
 noise). The first valid point's verdict is `first`; a point whose cell did not run valid
 carries its status (`failed`, `over_capacity`…). The charts of a trend are drawn by speedmatrix.report.charts (analysis does not draw).
 
-A partial run's valid cells are history like a successful run's (issue 40): its points are in
+A partial run's valid cells are history like a successful run's: its points are in
 the trend, marked by `run_status`; a failed run's are not (it measured nothing to keep).
 Each point also says whether a change point of the whole series starts at it
 (analysis.changepoints: the step's verdict, size and p-value), so a slowdown spread over

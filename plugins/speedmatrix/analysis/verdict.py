@@ -40,6 +40,7 @@ from speedmatrix.commits import same_commit
 from speedmatrix.records import cell_key, cell_name, cell_sort_key, not_comparable_reason
 from speedmatrix.store.schemas import COMPARISON_FIELDS, COMPARISONS_SCHEMA
 from speedmatrix.upstream.github import github_repo
+from speedmatrix.words import count
 
 DEFAULT_THRESHOLD = 0.03
 VERDICTS = ("regression", "improvement", "noise", "unverified", "not_comparable")
@@ -280,9 +281,11 @@ def compare_runs(
             )
             q_a = _resolution(a, metric) if metric.column == "total_tok_s" else 0.0
             q_b = _resolution(b, metric) if metric.column == "total_tok_s" else 0.0
+            p_a, p_b = _sample_spread(a, metric), _sample_spread(b, metric)
             combined = max(
                 _within_half_width(ci_a, ci_b),
                 math.hypot(q_a, q_b),
+                math.hypot(p_a, p_b),
                 Z_VERDICT * math.sqrt(2) * rel_sd if rel_sd is not None else 0.0,
             )
             verdict, change = verdict_for(
@@ -291,9 +294,13 @@ def compare_runs(
             reason = None
             if verdict == "noise" and abs(change) > max(t, combined):
                 reason = "each value inside the other's confidence interval"
+            single = _one_sample(a, metric) or _one_sample(b, metric)
             if rel_sd is None and verdict in ("regression", "improvement"):
                 verdict = "unverified"
                 reason = "no noise estimate yet: no earlier runs of this cell on this host"
+            elif single and verdict in ("regression", "improvement"):
+                verdict = "unverified"
+                reason = "measured from one sample: one request cannot tell the host's noise apart"
             elif verdict == "regression" and same_engine:
                 reason = SAME_COMMIT
             sources = [
@@ -302,6 +309,7 @@ def compare_runs(
                     ("within", ci_a is not None or ci_b is not None),
                     (f"between-{sd_source}", rel_sd is not None),
                     ("resolution", bool(q_a or q_b)),
+                    ("spread", bool(p_a or p_b)),
                 )
                 if on
             ]
@@ -336,6 +344,36 @@ def _resolution(cell: Mapping[str, Any], metric: Metric) -> float:
         return 0.0
     tokens, conc = number(cell.get("output_tokens")), number(cell.get("concurrency"))
     return conc / tokens if tokens and conc else 0.0
+
+
+SAMPLED_COLUMNS = {"ttft_ms"}
+"""Figures a single request can make alone: a cell's TTFT (the median over `ttft_samples`
+requests) and everything of a prefill cell (its cold prompts, `samples`). Throughput and time
+between tokens of a decode cell rest on every token of the window."""
+
+
+def _sample_spread(cell: Mapping[str, Any], metric: Metric) -> float:
+    """Half the range of the TTFT samples a cell's figure is the median of, relative
+    (`ttft_spread_pct` / 200): for a prefill cell (its tok/s is its prompt over that TTFT) and
+    a TTFT. Three cold prompts that disagree by 20% say the host was disturbed while they ran:
+    their median is uncertain by about half that, whatever the history's noise."""
+    if cell.get("phase") != "prefill" and metric.column not in SAMPLED_COLUMNS:
+        return 0.0
+    spread = number(cell.get("ttft_spread_pct"))
+    return spread / 200.0 if spread is not None and spread > 0 else 0.0
+
+
+def _one_sample(cell: Mapping[str, Any], metric: Metric) -> bool:
+    """Whether the cell's figure was measured from exactly one sample, as its row records it
+    (unknown, e.g. landed before the counts were recorded: False)."""
+    if cell.get("phase") == "prefill":
+        n = number(cell.get("ttft_samples"))
+        n = n if n is not None else number(cell.get("samples"))
+    elif metric.column in SAMPLED_COLUMNS:
+        n = number(cell.get("ttft_samples"))
+    else:
+        return False
+    return n == 1
 
 
 def _within_half_width(ci_a: Interval | None, ci_b: Interval | None) -> float:
@@ -418,7 +456,7 @@ def summarize(
     """The text a failing `regressions` task shows: cells, baseline, commits between them."""
     bad = regression_rows(rows)
     head = (
-        f"{len(bad)} regression(s) in run {run.get('run_id')} "
+        f"{count(len(bad), 'regression')} in run {run.get('run_id')} "
         f"(recipe {run.get('recipe_id')}, host {run.get('host')}) "
         f"against baseline {baseline.get('run_id')}"
     )

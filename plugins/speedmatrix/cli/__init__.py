@@ -172,9 +172,12 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"speedmatrix {args.command}: {message}", file=sys.stderr)
         return 2
     except Exception:  # a bug: where it happened matters more than a tidy line
-        if interrupted():  # unless an interrupt caused it
+        if interrupted():  # unless an interrupt caused it: main says it was interrupted
             raise
-        traceback.print_exc()
+        from speedmatrix.redact import redact
+
+        # the one redaction rule for the traceback too: an exception may quote a URL's password
+        print(redact(traceback.format_exc()), file=sys.stderr, end="")
         print(f"speedmatrix {args.command}: internal error (traceback above)", file=sys.stderr)
         return 1
     return int(rc or 0)

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from speedmatrix.errors import InputError
+from speedmatrix.store.protocol import WarehouseReader
 
 FORMATS = ("table", "md", "json")
 
@@ -139,7 +140,7 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stored(wh: Any, run_id: str) -> tuple[dict, dict, list[dict]] | None:
+def _stored(wh: WarehouseReader, run_id: str) -> tuple[dict, dict, list[dict]] | None:
     """The verdict landed with the run (the `comparisons` rows the `regressions` task wrote),
     with the run and its baseline; None when none was landed."""
     from speedmatrix.store.extra import read_extra

@@ -6,7 +6,7 @@ report (recipe sim/kimi-k2.7-nvfp4-rtxpro6k-x8), with short windows, then prints
 is and how to query the tables.
 
 The simulated engine runs at the real hardware's speed, so prefill and each decode cell's cache
-warm-up take their real time: the whole reference matrix takes about ten minutes (`--full`); the
+warm-up take their real time: the whole reference matrix takes about ten minutes (`--full`, `make demo FULL=1`); the
 default demo measures contexts 8K-64K (every concurrency, so the over-capacity cells show) and
 takes a few minutes.
 

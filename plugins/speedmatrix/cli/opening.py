@@ -12,7 +12,7 @@ from typing import Any
 
 
 def open_existing_warehouse(root: str | None) -> Any:
-    """The Warehouse at `root` (default: $SPEEDMATRIX_WAREHOUSE, else ./warehouse); a CliError
+    """The Warehouse at `root` (default: $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/); a CliError
     naming the path when there is no directory there."""
     import pyarrow.fs as pafs
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from speedmatrix import recipes, refs
+from speedmatrix.words import count
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
@@ -51,7 +52,7 @@ def _validate(args: argparse.Namespace) -> int:
     for r in good:
         print(f"ok  {r.id}")
     if problems:
-        print(f"{len(problems)} problem(s) in {len(paths)} path(s)", file=sys.stderr)
+        print(f"{count(len(problems), 'problem')} in {count(len(paths), 'path')}", file=sys.stderr)
         return 1
     return 0
 

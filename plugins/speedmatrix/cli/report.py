@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         )
         p.add_argument("reports", nargs="+", metavar="REPORT.txt", help="page(s) to ingest")
         p.add_argument(
-            "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+            "--warehouse",
+            help="warehouse root (default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/)",
         )
         p.add_argument("--recipe-id", help="tag the runs with this recipe id (changes the run id)")
         p.set_defaults(func=cmd_ingest)
@@ -70,7 +71,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
             help="with --pareto: one series per engine commit of each recipe, not only its latest",
         )
         p.add_argument(
-            "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+            "--warehouse",
+            help="warehouse root (default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/)",
         )
         p.add_argument("--format", choices=("md", "html"), default="md")
         p.add_argument("--out", help="write here instead of stdout")
@@ -96,7 +98,7 @@ def _one_commit_name(run: dict) -> None:
     """The page's Commit line becomes the run's engine ref (as the tool was asked for it), and
     engine_commit the value every path lands for that commit (speedmatrix.commits): a page of
     9fedd24fa864 and a run measured at it group together."""
-    from speedmatrix.upstream.commits import engine_commit
+    from speedmatrix.upstream.github_commits import engine_commit
 
     page = run.get("engine_commit")
     run["engine_ref"] = run.get("engine_ref") or page

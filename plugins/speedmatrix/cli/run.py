@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from speedmatrix.cli import CliError
+from speedmatrix.cli.eta import CellCosts
 from speedmatrix.cli.interrupts import finishing, terminate_as_interrupt
 from speedmatrix.cli.verdict import EXIT_REGRESSION, run_verdict, verdict_text
 from speedmatrix.flows.contracts import Landing, Planned, ServerHandoff, ServerInfo
@@ -57,8 +58,6 @@ and print its verdict against the previous run.
 The matrix options override the recipe's. Exit codes: 0 landed, 1 landed as failed,
 2 bad input, 3 a figure regressed beyond noise (only with --fail-on-regression).
 """
-PREFILL_GUESS_S = 5.0  # ETA of a prefill cell before one was measured
-DECODE_OVERHEAD_S = 5.0  # a decode cell's warm-up and drain beyond its window, before measured
 
 
 def _concurrency(value: str) -> int:
@@ -84,7 +83,11 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     )
     g = p.add_argument_group("a server already running (instead of a recipe)")
     g.add_argument("--base-url", help="the server's root, e.g. http://127.0.0.1:8000")
-    g.add_argument("--model", help="its served model name")
+    g.add_argument(
+        "--model",
+        help="its served model name (default: the one model it serves); the model id is "
+        "read from its /v1/models (root) and recorded as the run's model",
+    )
     g.add_argument(
         "--api-key-env",
         default="SPEEDMATRIX_API_KEY",
@@ -96,6 +99,20 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     g.add_argument("--concurrencies", nargs="+", type=_concurrency, metavar="C", help="e.g. 1 2 4")
     g.add_argument("--prefill-contexts", nargs="+", metavar="N", help="prefill contexts")
     g.add_argument("--duration-s", type=float, metavar="S", help="decode window, seconds")
+    g.add_argument(
+        "--adaptive",
+        action="store_true",
+        default=None,
+        help="adaptive windows: a decode cell stops once its throughput's interval is tight "
+        "enough for its verdict (after the recipe's adaptive_min_s), --duration-s being the "
+        "cap (docs/measurement.md, 'Adaptive windows')",
+    )
+    g.add_argument(
+        "--adaptive-min-s",
+        type=float,
+        metavar="S",
+        help="adaptive: a window's least length in seconds (default the recipe's, 10)",
+    )
     g.add_argument("--max-output-tokens", type=int, metavar="T", help="output tokens per request")
     g.add_argument("--prompt-mode", choices=("distinct", "shared"))
     g.add_argument("--workload", choices=("article", "continuation"))
@@ -105,6 +122,13 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
         choices=("default", "published"),
         help="whose definitions measure the run: default (ours) or published (the published "
         "tool's: docs/measurement.md, 'The published profile'); recorded per run and cell",
+    )
+    g.add_argument(
+        "--kv-budget",
+        metavar="TOKENS",
+        help="a manual KV cache size in tokens (983040 or 960K) for a server whose /metrics "
+        "cannot tell its capacity (context parallelism, DCP): the over-capacity rule uses it; "
+        "recorded with the run",
     )
     g.add_argument(
         "--engine-ref",
@@ -126,7 +150,11 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
         help="the cells to repeat, named as `trend --cell` names them: 64Kx16, 'prefill 64K' "
         "(default: every cell)",
     )
-    g.add_argument("--warehouse", metavar="W", help="default $SPEEDMATRIX_WAREHOUSE or ./warehouse")
+    g.add_argument(
+        "--warehouse",
+        metavar="W",
+        help="default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/",
+    )
     p.add_argument(
         "--fail-on-regression",
         action="store_true",
@@ -246,15 +274,15 @@ def _conf(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         conf["recipe"] = args.recipe
         _sim_key(args.recipe)
         return conf, {"source": "cli:speedmatrix run"}
-    if not args.model:
-        raise CliError("--base-url needs --model (the served model name)")
     if args.port is not None:
         raise CliError("--port is for a recipe's server (--base-url names the server's)")
     url = args.base_url.rstrip("/")
     key = settings().secret_named(args.api_key_env)
-    version, max_len = server_facts(url, args.model, key)
+    version, max_len, served, model_id = server_facts(url, args.model, key)
     ref = args.engine_ref or ref_of(version)
-    recipe = existing_recipe(url, args.model, ref, max_len, args.api_key_env if key else None)
+    recipe = existing_recipe(
+        url, served, ref, max_len, args.api_key_env if key else None, model_id=model_id
+    )
     conf["recipe"] = recipe.id
     for k, default in EXISTING_DEFAULTS.items():
         if k not in conf:
@@ -291,9 +319,12 @@ def _sim_key(recipe_id: str) -> None:
 # --------------------------------------------------------------- a server already running
 
 
-def server_facts(url: str, model: str, key: str | None) -> tuple[str | None, int]:
-    """(its /version, the model's max_model_len) from the server, or CliError saying why not:
-    unreachable, not a vLLM server, or not serving `model`."""
+def server_facts(url: str, model: str | None, key: str | None) -> tuple[str | None, int, str, str]:
+    """(its /version, the model's max_model_len, its served name, its model id) from the
+    server, or CliError saying why not: unreachable, not a vLLM server, or not serving
+    `model`. No `model`: the one model the server serves. The model id is /v1/models' `root`
+    (what the server loaded: `nvidia/Kimi-K2.7-Code-NVFP4`), so a run against a server
+    already running names its model as a recipe run does, the served name kept apart."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise CliError(f"--base-url must be an http(s) URL such as http://127.0.0.1:8000: {url!r}")
@@ -314,13 +345,22 @@ def server_facts(url: str, model: str, key: str | None) -> tuple[str | None, int
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot reach a server at {url}: {getattr(exc, 'reason', exc)}") from None
     served = {m.get("id"): m for m in models if isinstance(m, dict)}
+    if model is None:
+        if len(served) != 1:
+            raise CliError(
+                f"{url} serves {len(served)} models ({', '.join(map(str, served))}): "
+                "name one with --model"
+            )
+        model = str(next(iter(served)))
     if model not in served:
         raise CliError(f"{url} does not serve {model!r} (it serves: {', '.join(map(str, served))})")
+    root = served[model].get("root")
+    model_id = root if isinstance(root, str) and root else model
     try:
         version = get("/version").get("version")
     except (OSError, ValueError, AttributeError):
         version = None
-    return version, int(served[model].get("max_model_len") or 0) or 1 << 30
+    return version, int(served[model].get("max_model_len") or 0) or 1 << 30, model, model_id
 
 
 def ref_of(version: str | None) -> str:
@@ -335,7 +375,15 @@ def ref_of(version: str | None) -> str:
     return "main"
 
 
-def existing_recipe(url: str, model: str, ref: str, max_model_len: int, key_env: str | None):
+def existing_recipe(
+    url: str,
+    model: str,
+    ref: str,
+    max_model_len: int,
+    key_env: str | None,
+    *,
+    model_id: str | None = None,
+):
     """The in-memory recipe of a server already running: what the run row needs (model,
     engine ref, max_model_len), its id `external/<host-port>/<model>` (one recipe per server
     and model, so its runs compare with each other), hardware unknown (the run row takes
@@ -357,7 +405,9 @@ def existing_recipe(url: str, model: str, ref: str, max_model_len: int, key_env:
             type="unknown", gpu="unknown", gpu_count=0, vram_gb=0, backend="unknown", slug="ext"
         ),
         engine=Engine(ref=ref, install=Install(kind="release")),
-        model=Model(id=model, served_name=model, slug=slug, max_model_len=max_model_len),
+        model=Model(
+            id=model_id or model, served_name=model, slug=slug, max_model_len=max_model_len
+        ),
         serve=Serve(
             command=("(already running)", "{model}"),
             args=("--port", "{port}", *(("--api-key", "{api_key}") if key_env else ())),
@@ -383,6 +433,23 @@ def _summary(landed: Landing, paths: Mapping[str, str], over: int) -> str:
     return "\n".join(lines)
 
 
+def shown_label(cell: Mapping[str, Any]) -> str:
+    """A cell as the run shows it: a prefill cell says so (`prefill 8K`; the plan labels the
+    first context's `8K`, which read as a decode cell)."""
+    label = str(cell.get("label") or "")
+    if cell.get("phase") == "prefill" and not label.startswith("prefill"):
+        return f"prefill {label}"
+    return label
+
+
+def rate_text(phase: str, rate: float | None) -> str:
+    """The live tok/s of the current cell: a decode cell's warm-up (its prompts prefilled,
+    no token generated yet) says warm-up, not 0 tok/s."""
+    if phase == "decode" and not rate:
+        return "warm-up"
+    return f"{rate:,.0f} tok/s" if rate is not None else ""
+
+
 def _figure(cell: Mapping[str, Any]) -> str:
     tok = cell.get("total_tok_s")
     what = f"{tok:,.1f} tok/s" if isinstance(tok, int | float) else "-"
@@ -397,13 +464,21 @@ class Display:
     cell (a log, a CI job). The tok/s is read beside the load generator, never from it, so
     the measurement is the DAG's to the byte."""
 
-    def __init__(self, resolved: Resolved, out: Any = None, prog: str = "speedmatrix run") -> None:
+    def __init__(
+        self,
+        resolved: Resolved,
+        out: Any = None,
+        prog: str = "speedmatrix run",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.clock = clock
         self.window_s = float(resolved["matrix"]["window_s"])
         self.out = out or sys.stderr
         self.prog = prog
         self.cells: list[Mapping[str, Any]] = []
         self.done = 0
         self.took: dict[str, list[float]] = {"prefill": [], "decode": []}
+        self.costs = CellCosts(self.window_s)
         self.started = 0.0
         self.meter: RateMeter | None = None
 
@@ -415,18 +490,11 @@ class Display:
         return (RichDisplay if tty else Display)(resolved, out=out, prog=prog)
 
     def eta_s(self, now: float | None = None) -> float:
-        """What is left: the cells not started at the mean time of their phase's measured
-        cells (a guess before one was), the current one's rest."""
-        left = 0.0
-        for cell in self.cells[self.done :]:
-            seen = self.took[cell["phase"]]
-            guess = (
-                PREFILL_GUESS_S if cell["phase"] == "prefill" else self.window_s + DECODE_OVERHEAD_S
-            )
-            left += sum(seen) / len(seen) if seen else guess
-        if self.started and self.done < len(self.cells):
-            left = max(0.0, left - ((now or time.monotonic()) - self.started))
-        return left
+        """What is left: each cell not done at what it will cost (cli/eta.py: its warm-up,
+        window and prefill time by context, learnt from the cells done), the current one's
+        rest."""
+        elapsed = ((now or self.clock()) - self.started) if self.started else 0.0
+        return self.costs.left(self.cells[self.done :], elapsed)
 
     def step(self, text: str) -> None:
         """What a step says it is doing (flows/progress.py), said as a note."""
@@ -440,27 +508,32 @@ class Display:
 
     def begin(self, cells: Sequence[Mapping[str, Any]], base_url: str) -> None:
         self.cells = list(cells)
+        self.costs.plan(self.cells)
         self.meter = RateMeter(base_url)
         self.note(f"{len(self.cells)} cells to measure at {base_url}")
 
     def cell_started(self, cell: Mapping[str, Any]) -> None:
-        self.started = time.monotonic()
+        self.started = self.clock()
         if self.meter:
             self.meter.start(cell["phase"])
 
-    def _count_done(self, cell: Mapping[str, Any]) -> None:
+    def _count_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
         """The bookkeeping of a finished cell (its time for the ETA, the meter stopped),
         shared by both displays; what they print differs."""
-        self.took[cell["phase"]].append(time.monotonic() - self.started)
+        took = self.clock() - self.started
+        self.took[cell["phase"]].append(took)
+        if not self.costs.new:  # cells set without begin (tests): their warm-ups, in order
+            self.costs.plan(self.cells)
+        self.costs.observe(cell, record, took)
         self.done += 1
         self.started = 0.0
         if self.meter:
             self.meter.stop()
 
     def cell_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
-        self._count_done(cell)
+        self._count_done(cell, record)
         print(
-            f"[{self.done}/{len(self.cells)}] {cell['label']}: {_figure(record)} "
+            f"[{self.done}/{len(self.cells)}] {shown_label(cell)}: {_figure(record)} "
             f"(ETA {_clock(self.eta_s())})",
             file=self.out,
             flush=True,
@@ -506,18 +579,19 @@ class RichDisplay(Display):
             rate = self.meter.rate() if self.meter else None
             self.progress.update(
                 self.task,
-                rate=f"{rate:,.0f} tok/s" if rate is not None else "",
+                rate=rate_text(getattr(self, "phase", ""), rate),
                 eta=_clock(self.eta_s()),
             )
             time.sleep(0.5)
 
     def cell_started(self, cell: Mapping[str, Any]) -> None:
         super().cell_started(cell)
-        self.progress.update(self.task, description=cell["label"])
+        self.progress.update(self.task, description=shown_label(cell))
+        self.phase = str(cell.get("phase"))
 
     def cell_done(self, cell: Mapping[str, Any], record: Mapping[str, Any]) -> None:
-        self._count_done(cell)
-        self.progress.console.print(f"{cell['label']}: {_figure(record)}")
+        self._count_done(cell, record)
+        self.progress.console.print(f"{shown_label(cell)}: {_figure(record)}")
         self.progress.update(self.task, completed=self.done)
 
     def end(self) -> None:
@@ -556,7 +630,7 @@ class RateMeter:
         self._thread.start()
 
     def _poll(self, phase: str) -> None:
-        from speedmatrix.loadgen.promtext import parse_metrics
+        from speedmatrix.loadgen.prometheus import parse_metrics
 
         while not self._stop.is_set():
             try:

@@ -17,6 +17,12 @@ from pathlib import Path
 from speedmatrix.errors import InputError
 
 
+def _profile_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile", required=True, help="profile file, or a name under include/sim-profiles/"
+    )
+
+
 def register(sub: argparse._SubParsersAction, name: str) -> None:
     parser = sub.add_parser(
         name,
@@ -28,11 +34,11 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     cmds.required = True
 
     serve = cmds.add_parser("serve", help="serve vLLM's HTTP API over the simulated engine")
+    _profile_option(serve)
     serve.add_argument(
-        "--profile", required=True, help="profile file, or a name under include/sim-profiles/"
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)"
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.add_argument(
         "--api-key",
         default=None,
@@ -80,9 +86,10 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     pred = cmds.add_parser(
         "predict", help="predict every cell of a report's matrix with a profile and compare"
     )
-    pred.add_argument("report")
-    pred.add_argument("--profile", required=True)
-    pred.add_argument("--tolerance", type=float, default=0.05)
+    pred.add_argument("report", help="the published report text file to predict")
+    _profile_option(pred)
+    tolerance = "largest relative error of a cell counted as a match (default 0.05 = 5%%)"
+    pred.add_argument("--tolerance", type=float, default=0.05, help=tolerance)
     pred.set_defaults(func=_predict)
 
 

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         help="site directory (default $SPEEDMATRIX_SITE_DIR, else site/ beside the warehouse)",
     )
     p.add_argument(
-        "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+        "--warehouse",
+        help="warehouse root (default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/)",
     )
     p.add_argument("--force", action="store_true", help="render every page again, changed or not")
     p.add_argument(

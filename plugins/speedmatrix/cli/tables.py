@@ -7,9 +7,12 @@ from __future__ import annotations
 # speedmatrix imports inside the command functions: `speedmatrix <cmd> --help` stays cheap.
 import argparse
 import json
+import math
 import sys
 
-_WAREHOUSE_HELP = "warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+from speedmatrix.words import count
+
+_WAREHOUSE_HELP = "warehouse root (default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/)"
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
@@ -78,6 +81,12 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
     hours = RETENTION_HOURS if args.retention_hours is None else args.retention_hours
     report = maintain(Warehouse(args.warehouse), hours, force=args.force)
+    if hours != int(hours):
+        print(
+            f"speedmatrix warehouse maintain: vacuum retention {hours:g} h kept as "
+            f"{math.ceil(hours)} h (delta-rs counts whole hours; rounded up, never down)",
+            file=sys.stderr,
+        )
     if hours < MIN_RETENTION_HOURS:
         print(
             f"speedmatrix warehouse maintain: --force: vacuum retention {hours:g} h is below "
@@ -107,7 +116,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
     if refused:
         print(
-            f"speedmatrix warehouse migrate: {len(refused)} run(s) refused, quarantined under "
+            f"speedmatrix warehouse migrate: {count(len(refused), 'run')} refused, quarantined under "
             f"{wh.root}/_quarantine/runs",
             file=sys.stderr,
         )

@@ -9,9 +9,9 @@ cells with their reasons, and the baseline (or why there is none).
 
 from __future__ import annotations
 
-from speedmatrix.analysis.display import all_not_compared, cells_with, headline
 from speedmatrix.flows.notify import MAX_LISTED, RunSummary, _cell, _change_line, summarize_run
 from speedmatrix.store.protocol import WarehouseReader
+from speedmatrix.words import count
 
 EXIT_REGRESSION = 3
 """`speedmatrix run --fail-on-regression`'s exit code when a figure regressed beyond noise
@@ -30,12 +30,11 @@ def _listed(marker: str, lines: list[str]) -> list[str]:
     return out
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
 def verdict_text(s: RunSummary) -> str:
     """The verdict block: its first line is the answer, the lines after it the evidence."""
+    # here, not at the top: `speedmatrix run --help` must not import pandas (analysis does)
+    from speedmatrix.analysis.display import all_not_compared, cells_with, headline
+
     if s.baseline_run_id:
         against = f"against run {s.baseline_run_id}"
         commit = s.baseline_engine_commit
@@ -48,8 +47,8 @@ def verdict_text(s: RunSummary) -> str:
             # counted in cells: a cell whose throughput, TBT and per-request tok/s all moved
             # is one regression
             head = (
-                f"verdict: {_plural(len(cells_with(s.rows, 'regression')), 'regression')}, "
-                f"{_plural(len(cells_with(s.rows, 'improvement')), 'improvement')} beyond "
+                f"verdict: {count(len(cells_with(s.rows, 'regression')), 'regression')}, "
+                f"{count(len(cells_with(s.rows, 'improvement')), 'improvement')} beyond "
                 f"noise {against}: {headline(s.rows)}"
             )
         else:

@@ -87,7 +87,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     )
     p.add_argument("sql", help="the query")
     p.add_argument(
-        "--warehouse", help="warehouse root (default $SPEEDMATRIX_WAREHOUSE or ./warehouse)"
+        "--warehouse",
+        help="warehouse root (default $SPEEDMATRIX_WAREHOUSE, else the checkout's warehouse/)",
     )
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument(
@@ -158,18 +159,58 @@ def _plain_columns(table) -> list[tuple[str, bool, list[str]]] | None:
     return out
 
 
+def _json_value(value):
+    """A JSON value of a query's cell: dates as dates (2026-12-05), timestamps in ISO 8601
+    with their offset, NaN as null, decimals as numbers."""
+    import datetime as dt
+    import decimal
+    import math
+
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+def _json_rows(table) -> str:
+    import json
+    import math
+
+    rows = table.to_pylist()
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                row[key] = None
+    return json.dumps(rows, ensure_ascii=False, separators=(",", ":"), default=_json_value) + "\n"
+
+
 def format_table(table, fmt: str) -> str:
     """:func:`format_frame` of an Arrow result: the same text, written without pandas when the
     result's columns allow it (:func:`_plain_columns`), through a DataFrame otherwise."""
     if table.num_rows == 0 and fmt == "table":
         names = table.column_names
         return "(no rows)\n" if not names else " | ".join(names) + "\n(no rows)\n"
+    if fmt == "json":
+        return _json_rows(table)
     plain = _plain_columns(table) if fmt in ("table", "csv") else None
     if plain is None or not plain:
         import duckdb
 
         # DuckDB's own conversion, as Warehouse.query makes its DataFrames
-        return format_frame(duckdb.connect().from_arrow(table).df(), fmt)
+        df = duckdb.connect().from_arrow(table).df()
+        if fmt == "table":  # a NULL prints as NULL (pandas shows NaN / None)
+            for name, column in zip(table.column_names, table.columns, strict=True):
+                if column.null_count:
+                    valid = column.is_valid().to_numpy(zero_copy_only=False)
+                    df[name] = df[name].astype(object).where(valid, "NULL")
+        return format_frame(df, fmt)
     if fmt == "csv":
         lines = [",".join(name for name, _n, _c in plain)]
         lines += [",".join(row) for row in zip(*(cells for _n, _k, cells in plain), strict=True)]

@@ -121,8 +121,10 @@ class CellResult(TypedDict):
 class TornDown(TypedDict):
     """What `teardown` did: the servers it stopped and what became of the lease."""
 
-    stopped: str | None  # the first stop's outcome; None: no server of this run to stop
-    all_stopped: list[str]
+    # the first stop's outcome (engine.vllm_server.stop_server's record: pid, was_running,
+    # gone, killed, left ...); None: no server of this run to stop
+    stopped: dict[str, Any] | None
+    all_stopped: list[dict[str, Any]]
     from_records: list[str]  # servers found in the host's records, not in the setup's handle
     lease: str | None  # released, kept ...
 

@@ -107,9 +107,10 @@ def plan(resolved: Resolved, info: ServerInfo) -> Planned:
     ).as_dict()
     progress.tell("planned", resolved, planned)
     repeated = sum(1 for c in [*planned["prefill"], *planned["decode"]] if c.get("repeat"))
+    budget = resolved["matrix"].get("kv_budget")
     log.info(
         "plan: %d prefill cells, %d decode cells to run (%d of them repeats), %d over capacity "
-        "(KV %d blocks x %d)",
+        "(KV %d blocks x %d" + (f"; the manual budget of {budget} tokens used)" if budget else ")"),
         len(planned["prefill"]),
         len(planned["decode"]),
         repeated,
@@ -271,7 +272,19 @@ def _loadgen_config(
         duration_s=float(cell["window_s"]),
         max_output_tokens=int(cell["max_output_tokens"]),
         prompt_mode=str(cell["prompt_mode"]),
+        **_adaptive_settings(cell),
     )
+
+
+def _adaptive_settings(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """An adaptive cell's window settings (plan._adaptive), its target where the plan set one
+    from the cell's noise; {} for a fixed window."""
+    if not cell.get("adaptive"):
+        return {}
+    out: dict[str, Any] = {"adaptive": True, "adaptive_min_s": float(cell["adaptive_min_s"])}
+    if cell.get("adaptive_target_pct"):
+        out["adaptive_target_pct"] = float(cell["adaptive_target_pct"])
+    return out
 
 
 def measure(
@@ -326,7 +339,7 @@ def run_row(
 ) -> dict[str, Any]:
     """The `runs` row: recipe facts, what the server reported, and the redacted launch line."""
     from speedmatrix.refs import classify_ref
-    from speedmatrix.upstream.commits import engine_commit
+    from speedmatrix.upstream.github_commits import engine_commit
 
     recipe = recipe_of(resolved)
     # every fact may be missing: a run whose server never started or answered still lands
@@ -368,7 +381,9 @@ def run_row(
         model_revision=recipe.model.revision,
         bench_tool="speedmatrix",
         bench_tool_version=__version__,
-        decode_test="Fixed duration",
+        # adaptive: each window stopped when tight enough, measure_s its cap; every cell's
+        # "Measured" is the window it used and window_stop why it ended
+        decode_test="Adaptive duration" if resolved["matrix"].get("adaptive") else "Fixed duration",
         prefill_mode="Measured during decode warm-up",
         measure_s=resolved["matrix"]["window_s"],
         max_output_tokens=resolved["matrix"]["max_output_tokens"],
@@ -381,6 +396,7 @@ def run_row(
         kv_cache_tokens=said.get("kv_cache_tokens"),
         kv_block_size=said.get("kv_block_size"),
         kv_num_blocks=said.get("kv_num_blocks"),
+        kv_budget_tokens=resolved["matrix"].get("kv_budget"),
         max_model_len=said.get("max_model_len") or recipe.model.max_model_len,
         host=resolved["host"],
         source=resolved.get("source") or f"airflow:{DAG_ID}/{resolved['dag_run_id']}",

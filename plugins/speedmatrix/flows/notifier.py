@@ -4,7 +4,7 @@ Airflow's convention (BaseNotifier; the providers' notifiers are the same): an i
 DAG's callback list is called with the context when the DAG run ends. speed_matrix fails when
 a cell failed (``conclude``) or a regression was found (``regressions``); both end the DAG
 run failed, so the failure callback covers both. A run that succeeded calls it too
-(``on="success"``): a new change point over the recipe's history (issue 40) fails no run, and
+(``on="success"``): a new change point over the recipe's history fails no run, and
 is alerted; a clean run sends nothing (notify.deliver sends only an alarming summary).
 
 The message is built by speedmatrix.flows.notify from the warehouse; the mail goes through the SMTP

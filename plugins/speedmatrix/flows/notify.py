@@ -36,6 +36,7 @@ from speedmatrix.redact import redact
 from speedmatrix.settings import Settings
 from speedmatrix.settings import settings as deployment_settings
 from speedmatrix.store.protocol import WarehouseReader
+from speedmatrix.words import count
 
 log = logging.getLogger("speedmatrix.notify")
 # The warehouse and verdict imports sit inside the functions: they bring pandas and pyarrow,
@@ -234,9 +235,9 @@ def subject(s: RunSummary) -> str:
     if s.status == "failed" or (s.reason and not s.regressions):
         parts.append("run failed")
     if s.regressions:
-        parts.append(f"{len(s.regressions)} regression(s)")
+        parts.append(count(len(s.regressions), "regression"))
     if s.change_points:
-        parts.append(f"{len(s.change_points)} new change point(s)")
+        parts.append(f"{count(len(s.change_points), 'new change point')}")
     what = ", ".join(parts) or "run finished"
     return header_value(
         redact(f"[speedmatrix] {what}: {s.recipe_id or '?'} on {s.host or '?'} ({s.run_id or '?'})")

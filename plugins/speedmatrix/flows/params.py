@@ -172,12 +172,43 @@ def speed_matrix_params() -> dict[str, Any]:
             description=f"Seconds measured per decode cell. {FROM_RECIPE}",
             section=MATRIX,
         ),
+        "adaptive": Param(
+            None,
+            type=["null", "boolean"],
+            title="Adaptive windows",
+            description="Stop each decode window once its throughput's interval is tight "
+            "enough for the cell's verdict (after the recipe's adaptive_min_s), the window "
+            "above being the cap; a window that trends, queues or preempts runs to the cap. "
+            f"{FROM_RECIPE}",
+            section=MATRIX,
+        ),
+        "adaptive_min_s": Param(
+            None,
+            type=["null", "number"],
+            exclusiveMinimum=0,
+            title="Adaptive: least window (s)",
+            description="An adaptive window's least length, at most the window above. "
+            f"{FROM_RECIPE}",
+            section=MATRIX,
+        ),
         "max_output_tokens": Param(
             None,
             type=["null", "integer"],
             minimum=2,
             title="Output tokens per request",
             description=f"max_tokens of every request (ignore_eos). {FROM_RECIPE}",
+            section=MATRIX,
+        ),
+        "kv_budget": Param(
+            None,
+            type=["null", "integer", "string"],
+            minimum=1,
+            pattern=r"^\s*[0-9]+[kK]?\s*$",
+            title="KV budget (tokens)",
+            description="A manual KV cache size in tokens (983040 or 960K), in place of what "
+            "the server reports, for servers whose /metrics cannot tell their capacity "
+            "(context parallelism, DCP); the over-capacity rule uses it and the run records "
+            f"it. {FROM_RECIPE}",
             section=MATRIX,
         ),
         "prompt_mode": Param(

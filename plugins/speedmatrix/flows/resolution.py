@@ -18,7 +18,7 @@ from speedmatrix.engine.lease import holder_id
 from speedmatrix.errors import InputError
 from speedmatrix.flows.contracts import RESOLVED
 from speedmatrix.flows.resolved import Resolved
-from speedmatrix.plan import MatrixSpec, check_matrix
+from speedmatrix.plan import MatrixSpec, adaptive_target_pct, check_matrix
 from speedmatrix.records import cell_name, path_field_problems
 
 DAG_ID = "speed_matrix"
@@ -106,6 +106,10 @@ def resolve(
             prompt_mode=_override(conf, "prompt_mode", m.prompt_mode),
             workload=_override(conf, "workload", m.workload),
             measurement_profile=_override(conf, "measurement_profile", m.profile),
+            adaptive=_override(conf, "adaptive", m.adaptive),
+            adaptive_min_s=_override(conf, "adaptive_min_s", m.adaptive_min_s),
+            adaptive_target_pct=adaptive_target_pct(recipe.schedule.regression_threshold_pct),
+            kv_budget=_override(conf, "kv_budget", m.kv_budget),
         )
         check_matrix(spec, recipe.model.max_model_len)
     except ValueError as exc:
@@ -153,6 +157,10 @@ def resolve(
                 "prompt_mode": spec.prompt_mode,
                 "workload": spec.workload,
                 "measurement_profile": spec.measurement_profile,
+                "adaptive": spec.adaptive,
+                "adaptive_min_s": spec.adaptive_min_s,
+                "adaptive_target_pct": spec.adaptive_target_pct,
+                "kv_budget": spec.kv_budget,
             },
             "repeats": repeats,
             "repeat_cells": repeat_cells,

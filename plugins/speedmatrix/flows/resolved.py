@@ -10,7 +10,7 @@ datetime where a row needs one (`flows.matrix.run_row`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NotRequired
 
 from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict
@@ -31,6 +31,12 @@ class MatrixConf(TypedDict):
     prompt_mode: Literal["distinct", "shared"]  # records.PROMPT_MODES
     workload: Literal["article", "continuation"]  # records.WORKLOADS
     measurement_profile: Literal["default", "published"]  # records.MEASUREMENT_PROFILES
+    # a manual KV cache size in tokens (plan.kv_capacity); None or absent: the server's own
+    kv_budget: NotRequired[Positive | None]
+    # adaptive decode windows, window_s their cap (loadgen/adaptive.py); absent: fixed windows
+    adaptive: NotRequired[bool]
+    adaptive_min_s: NotRequired[Annotated[float, Field(gt=0)]]  # an adaptive window's least
+    adaptive_target_pct: NotRequired[Annotated[float, Field(gt=0)]]  # plan.adaptive_target_pct
 
 
 @with_config(_CHECKED)

@@ -36,11 +36,14 @@ CONF_KEYS = (
     "prompt_mode",
     "workload",
     "measurement_profile",
+    "kv_budget",
     "warehouse",
     "host_home",
     "port",
     "repeats",
     "repeat_cells",
+    "adaptive",
+    "adaptive_min_s",
 )
 _REMOVED = {
     "lease_ttl_s": "the lease's time to live is the deployment's, not a run's: "
@@ -195,6 +198,19 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
         problems.append(
             f"measurement_profile must be one of {list(MEASUREMENT_PROFILES)}, "
             f"got {conf['measurement_profile']!r}"
+        )
+    if given("adaptive") and not isinstance(conf["adaptive"], bool):
+        problems.append(f"adaptive must be true or false, got {conf['adaptive']!r}")
+    if given("adaptive_min_s") and not (
+        _is_number(conf["adaptive_min_s"]) and 0 < conf["adaptive_min_s"] <= MAX_WINDOW_S
+    ):
+        problems.append(
+            f"adaptive_min_s must be a positive number of seconds up to {MAX_WINDOW_S:g}, "
+            f"got {conf['adaptive_min_s']!r}"
+        )
+    if given("kv_budget") and not _is_token_count(conf["kv_budget"]):
+        problems.append(
+            f"kv_budget must be a token count (983040 or 960K), got {conf['kv_budget']!r}"
         )
     if given("repeats") and not _is_int(conf["repeats"]):
         problems.append(f"repeats must be an integer, got {conf['repeats']!r}")

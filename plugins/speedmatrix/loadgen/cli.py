@@ -167,8 +167,21 @@ DECODE_FLAGS: tuple[Flag, ...] = (
     Flag("prompt_mode", "--prompt-mode", "load", "distinct: one prompt per stream (true KV "
          "footprint); shared: one prompt for all (llm-inference-bench style, streams share KV "
          "blocks)", choices=PROMPT_MODES),
+    Flag("ttft_probes", "--ttft-probes", "load", "C=1: this many requests of the cell's prompt "
+         "with max_tokens=1 after the window, each a TTFT sample beside the window's (the "
+         "cell's TTFT is their median; 0: none)", type=int, metavar="N"),
     Flag("warm_cache", "--no-warm", "load",
          "skip the max_tokens=1 cache warm-up (TTFT then includes prefill)", switch="off"),
+    Flag("adaptive", "--adaptive", "load", "stop the window once total tok/s's 95%% interval "
+         "is within --adaptive-target of it (after --adaptive-min; --duration is the cap; a "
+         "window that trends, queues or preempts runs to the cap)", switch="both"),
+    Flag("adaptive_target_pct", "--adaptive-target", "load", "adaptive: the interval's "
+         "half-width, %% of total tok/s, that is tight enough", type=_positive_float,
+         metavar="PCT"),
+    Flag("adaptive_min_s", "--adaptive-min", "load", "adaptive: the window's least length in "
+         "seconds", type=_positive_float, metavar="S"),
+    Flag("window_check_s", "--window-check", "load", "seconds between the window's "
+         "checkpoints of its tokens (the interval's data)", type=_positive_float, metavar="S"),
     Flag("token_tolerance", "--token-tolerance", "validity limits",
          "largest client vs vllm:generation_tokens_total disagreement (fraction)", type=float),
     Flag("max_loop_lag_ms", "--max-loop-lag-ms", "validity limits",

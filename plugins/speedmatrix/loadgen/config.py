@@ -99,7 +99,7 @@ class CellConfig:
 
 PREFILL_SAMPLES = 3
 """Cold prompts a prefill cell measures by default: one TTFT is one draw of the host's moment,
-and a verdict needs a spread to judge a change against (issue 40; the published tool's
+and a verdict needs a spread to judge a change against (the published tool's
 standalone prefill repeats its cold prompts too)."""
 
 
@@ -112,9 +112,9 @@ class PrefillConfig(CellConfig):
     def validate(self) -> None:
         super().validate()
         if isinstance(self.samples, bool) or not isinstance(self.samples, int):
-            raise ValueError(f"samples must be an integer, got {self.samples!r}")
+            raise InputError(f"samples must be an integer, got {self.samples!r}")
         if not 1 <= self.samples <= 20:
-            raise ValueError(f"samples must be 1..20, got {self.samples}")
+            raise InputError(f"samples must be 1..20, got {self.samples}")
 
 
 @dataclass
@@ -124,6 +124,9 @@ class DecodeConfig(CellConfig):
     max_output_tokens: int = 4096
     prompt_mode: str = "distinct"
     warm_cache: bool = True
+    # C=1 only: requests of the cell's prompt with max_tokens=1 after the window, each a TTFT
+    # sample beside the window's (one long request fills a C=1 window)
+    ttft_probes: int = 2
     # validity limits (docs/measurement.md rules 6-8)
     token_tolerance: float = 0.01
     max_loop_lag_ms: float = 10.0
@@ -149,9 +152,32 @@ class DecodeConfig(CellConfig):
     copy_check: bool = True
     max_copy_share: float = 0.2
     keep_requests: bool = True
+    # Adaptive windows (loadgen/adaptive.py): stop once total tok/s's 95% interval is within
+    # `adaptive_target_pct` of it, after `adaptive_min_s`, duration_s being the cap; a window
+    # that trends, queues or preempts runs to the cap. Checkpoints every `window_check_s`
+    # (simulated seconds on a simulator), in fixed windows too: every cell records its interval.
+    adaptive: bool = False
+    adaptive_target_pct: float = 1.0
+    adaptive_min_s: float = 10.0
+    window_check_s: float = 0.25
 
     def validate(self) -> None:
         super().validate()
+        if self.adaptive:
+            if self.measurement_profile == "published":
+                raise ValueError(
+                    "adaptive windows are not the published tool's: its window is fixed "
+                    "(measurement profile 'published')"
+                )
+            if not self.adaptive_target_pct > 0:
+                raise ValueError("adaptive_target_pct must be positive")
+            if not 0 < self.adaptive_min_s <= self.duration_s:
+                raise ValueError(
+                    f"adaptive_min_s ({self.adaptive_min_s:g}) must be positive and at most the "
+                    f"window's cap, duration_s ({self.duration_s:g})"
+                )
+        if not self.window_check_s > 0:
+            raise ValueError("window_check_s must be positive")
         if self.concurrency < 1:
             raise InputError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.duration_s <= 0:
@@ -162,5 +188,7 @@ class DecodeConfig(CellConfig):
             raise InputError("min_window_readings must be at least 1")
         if self.max_output_tokens < 2:
             raise InputError("max_output_tokens must be at least 2 (one interval)")
+        if not 0 <= self.ttft_probes <= 20:
+            raise InputError(f"ttft_probes must be 0..20, got {self.ttft_probes}")
         if self.prompt_mode not in PROMPT_MODES:
             raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")

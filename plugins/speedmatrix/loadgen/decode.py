@@ -21,12 +21,13 @@ from time import perf_counter
 
 from speedmatrix.records import CellRecord, context_label, empty_cell
 
+from .adaptive import STOP_CAP, AdaptiveWindow
 from .common import Progress, Watchdog, check_model, progress_enabled, request_row
 from .config import DecodeConfig
 from .control import ControlClient, MetricsUnavailable, reading_times
 from .monitor import ClientMonitor
+from .prometheus import Snapshot, rise
 from .prompts import BodyBuilder, build_prompts
-from .promtext import Snapshot, rise
 from .stats import (
     COPY_NGRAM,
     CopyCheck,
@@ -90,7 +91,14 @@ class _DecodeCell:
         self.monitor = ClientMonitor()
         self.nonce = secrets.token_hex(3)
         self.notes: list[str] = []
+        self.probes: list[Request] = []  # C=1: the TTFT samples after the window
         self.active_basis = ""
+        # checkpoints of the window's tokens: the throughput's interval for every cell, and
+        # for an adaptive window the decision to stop (loadgen/adaptive.py)
+        self.meter = AdaptiveWindow(
+            cfg.adaptive_target_pct, min(cfg.adaptive_min_s, cfg.duration_s), cfg.duration_s
+        )
+        self.stopped_early = False
         self.cell = empty_cell(
             phase="decode",
             context_tokens=cfg.context,
@@ -161,7 +169,36 @@ class _DecodeCell:
                 f"server still busy {cfg.idle_timeout_s:.0f} s after the cell "
                 f"({self.ctl.describe(snap)})"
             )
+        elif self.C == 1 and self.window_open.is_set() and self.failure is None:
+            await self._ttft_probes(first_token_s)
         return self._finish_cell()
+
+    async def _ttft_probes(self, first_token_s: float) -> None:
+        """C=1: `ttft_probes` more requests of the cell's prompt with max_tokens=1, one after
+        the other on an idle server, each a TTFT sample as the window's request was (the
+        prompt cached, one request running), so the cell's TTFT is a median of several: one
+        long request fills a C=1 window, and one TTFT is one draw of the host's moment.
+        They come after the window, so no window figure sees them."""
+        parts = self.builder.parts(0, 1)
+        for k in range(self.cfg.ttft_probes):
+            try:
+                conn = await connect(
+                    self.endpoint, Window(), lambda r, t: None, self.cfg.connect_timeout_s
+                )
+            except (TimeoutError, OSError) as exc:
+                self.notes.append(f"TTFT probe {k + 1}: could not connect: {exc!r}")
+                return
+            req = Request(-2 - k, 0, 1, False)
+            self.active[0] = (conn, req, first_token_s)
+            try:
+                await conn.send(req, [self.endpoint.head(_size(parts)), *parts])
+            finally:
+                self.active.pop(0, None)
+                conn.close()
+            if req.error is not None:
+                self.notes.append(f"TTFT probe {k + 1} failed: {req.error}")
+                return
+            self.probes.append(req)
 
     async def _open_connections(self) -> bool:
         async def one(i: int) -> None:
@@ -275,16 +312,43 @@ class _DecodeCell:
             )
 
     async def _hold_window(self) -> None:
-        remaining = self.window.we - perf_counter()
-        if remaining > 0:
+        """Hold the window to its end, checkpointing its tokens; an adaptive window ends
+        early, at a checkpoint, once its figures are tight enough (loadgen/adaptive.py).
+
+        An early end moves the window's end to that checkpoint: tokens count when
+        ws < t <= we, and every token stamped so far arrived before it."""
+        w, cfg = self.window, self.cfg
+        step = cfg.window_check_s / cfg.time_scale
+        self.meter.checkpoint(0.0, 0)
+        while not self.stop.is_set():
+            remaining = w.we - perf_counter()
+            if remaining <= 0:
+                break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), remaining)
+                await asyncio.wait_for(self.stop.wait(), min(step, remaining))
+            now = perf_counter()
+            self.meter.checkpoint(
+                (min(now, w.we) - w.ws) * cfg.time_scale, sum(r.w_tokens for r in self.requests)
+            )
+            self._watch_steady(w.ws, now)
+            if cfg.adaptive and now < w.we and self.meter.converged():
+                w.we = now
+                self.stopped_early = True
+                break
         self.stopping = True
         if self.failure is None:
             self.snap_end = await self._reading("end")
         self.monitor.end_window()
         if self._snap_task is not None:
             self.snap_start = await self._snap_task
+
+    def _watch_steady(self, ws: float, now: float) -> None:
+        """Queueing or preemption inside the window: not a steady state, no early stop."""
+        inside = [s for s in self.samples if ws <= s.at <= now]
+        if any((s.get("waiting") or 0) > 0 for s in inside):
+            self.meter.mark_unsteady("requests queued on the server")
+        if len(inside) > 1 and (rise(inside[0], inside[-1], "preemptions") or 0) > 0:
+            self.meter.mark_unsteady("preemptions on the server")
 
     def _cut_all(self, t: float) -> None:
         for conn in self.conns:
@@ -336,8 +400,9 @@ class _DecodeCell:
     def _sample_interval(self) -> float:
         """The configured interval, shortened so the window gets `min_window_readings`."""
         cfg = self.cfg
-        window = cfg.duration_s / cfg.time_scale
-        return min(cfg.metrics_interval_s, window / cfg.min_window_readings)
+        # an adaptive window may end at its minimum: it gets its readings by then
+        shortest = min(cfg.adaptive_min_s, cfg.duration_s) if cfg.adaptive else cfg.duration_s
+        return min(cfg.metrics_interval_s, shortest / cfg.time_scale / cfg.min_window_readings)
 
     def _progress_line(self) -> str:
         w = self.window
@@ -367,7 +432,7 @@ class _DecodeCell:
         measured = (end - w.ws) if opened else None
         in_window = [r for r in reqs if opened and r.w_tokens > 0]
         tbts = [x for x in (r.window_tbt() for r in in_window) if x]
-        ttfts = [r.first_at - r.sent_at for r in reqs if r.first_at and r.sent_at]
+        ttfts = [r.first_at - r.sent_at for r in [*reqs, *self.probes] if r.first_at and r.sent_at]
         gaps = [
             (r.w_last - r.w_first) / (r.w_chunks - 1)
             for r in in_window
@@ -388,6 +453,7 @@ class _DecodeCell:
                 if len(ttfts) > 1 and median(ttfts)
                 else None
             ),
+            ttst_ms=ms(median([x for x in (r.ttst() for r in reqs) if x is not None])),
             client_cpu_pct=self.monitor.cpu_pct,
             loop_lag_p99_ms=self.monitor.lag_p99_ms,
         )
@@ -410,6 +476,7 @@ class _DecodeCell:
                 completed_requests=len(completed),
             )
             self._server_figures(w.ws, end)
+            self._window_figures()
         outputs = ["".join(r.text_parts) for r in reqs if r.text_parts]
         if cfg.copy_check and outputs:
             cell["copy_share"] = CopyCheck(self.builder.prompts.text).share(outputs)
@@ -424,6 +491,18 @@ class _DecodeCell:
         for row in rows:
             scale_times(row, cfg.time_scale, rows=True)
         return cell, rows if cfg.keep_requests else []
+
+    def _window_figures(self) -> None:
+        """How the window ended and how tight its throughput was (every decode cell)."""
+        cell, iv = self.cell, self.meter.last
+        cell["window_mode"] = "adaptive" if self.cfg.adaptive else "fixed"
+        cell["window_halfwidth_pct"] = None if iv is None else iv.half_width_pct
+        if self.cfg.adaptive:
+            cell["window_stop"] = self.meter.stop_reason(self.stopped_early)
+            cell["window_note"] = self.meter.explain(self.stopped_early)
+            cell["adaptive_target_pct"] = self.cfg.adaptive_target_pct
+        else:
+            cell["window_stop"] = STOP_CAP
 
     def _server_figures(self, ws: float, we: float) -> None:
         cell = self.cell
@@ -577,11 +656,7 @@ class _DecodeCell:
                     f"(vllm:generation_tokens_total); over {cfg.token_tolerance:.0%} and the "
                     f"{slack:.1f} tokens the two readings' timing allows"
                 )
-        # p90, not p99: a saturated loop is late most of the time, whereas a p99 spike is the
-        # OS scheduling something else once (the p99 is still recorded for analysts).
-        lag = self.monitor.lag_ms(90.0)
-        if lag is not None and lag > cfg.max_loop_lag_ms:
-            reasons.append(f"client saturated: event-loop lag p90 {lag:.1f} ms")
+        reasons += self.monitor.saturation(cfg.max_loop_lag_ms, cfg.max_client_cpu_pct)
         reasons += self._blind_spots()
         if self.window.ws != INF:
             reasons += self._readings_missing(self.window.ws, self.window.we)
@@ -591,9 +666,6 @@ class _DecodeCell:
                 f"average active requests {active:.2f} of C={self.C} ({self.active_basis}): "
                 f"the server was not running {self.C} through the window"
             )
-        cpu = cell["client_cpu_pct"]
-        if isinstance(cpu, float) and cpu > cfg.max_client_cpu_pct:
-            reasons.append(f"client saturated: {cpu:.0f}% CPU")
         if cfg.repetition_check:
             checked = [r for r in self.requests if r.text_parts]
             loops = sum(1 for r in checked if is_repetition_loop("".join(r.text_parts or [])))

@@ -74,3 +74,17 @@ class ClientMonitor:
     @property
     def lag_p99_ms(self) -> float | None:
         return self.lag_ms(99.0)
+
+    def saturation(self, max_loop_lag_ms: float, max_cpu_pct: float) -> list[str]:
+        """Why the client was the bottleneck in the window (rule 8), for every profile's cells.
+
+        p90 lag, not p99: a saturated loop is late most of the time, whereas a p99 spike is
+        the OS scheduling something else once (the p99 is still recorded for analysts)."""
+        out = []
+        lag = self.lag_ms(90.0)
+        if lag is not None and lag > max_loop_lag_ms:
+            out.append(f"client saturated: event-loop lag p90 {lag:.1f} ms")
+        cpu = self.cpu_pct
+        if cpu is not None and cpu > max_cpu_pct:
+            out.append(f"client saturated: {cpu:.0f}% CPU")
+        return out

@@ -5,7 +5,7 @@ Cold because each prompt starts with a run tag of its own and carries that tag's
 fresh tag per sample, the run's own tag last); the server's prefix-cache counters confirm it when
 it has them. Prompt tok/s = prompt tokens / the median TTFT; the record says how many samples
 (`samples`, `ttft_samples`) and how far apart they were (`ttft_spread_pct`), so a verdict can
-tell one slow moment of the host from a slower engine (issue 40). The last prompt is stream 0's
+tell one slow moment of the host from a slower engine. The last prompt is stream 0's
 decode prompt for this context and run tag, so the prefill also warms the cache for the decode
 cells that follow ("measured during decode warm-up"), and nothing sent after it pushes it out.
 """
@@ -21,8 +21,8 @@ from speedmatrix.records import WARM_PREFILL, CellRecord, context_label, empty_c
 from .common import Progress, Watchdog, check_model, progress_enabled, request_row
 from .config import PrefillConfig
 from .control import ControlClient, MetricsUnavailable
+from .prometheus import rise
 from .prompts import BodyBuilder, build_prompts
-from .promtext import rise
 from .stats import median, ms, percentile, scale_times
 from .stream import Endpoint, Request, Window, connect
 

@@ -1,18 +1,24 @@
 """The `published` measurement profile's cells: the published tool's definitions.
 
-What llm-inference-bench (``llm_decode_bench.py``) does, read line by line, and done here:
+What llm-inference-bench (``llm_decode_bench.py``) does, read line by line, and done here
+(where ours differs, it says so):
 
 - prompts: one chat-text payload per context, sized by characters (``published_prompt``), the
   same for all C streams of a decode cell;
 - TTFT runs from before the request body is built, on a new client per cell: the first request
   of each stream also pays its TCP connect;
 - ``ignore_eos`` without ``min_tokens``;
-- a global warm-up before the run's first cell: a short request, a hidden 8K prefill, a short
-  C=1 decode at the largest context (``global_warmup``);
+- a global warm-up before the run's first cell: a short request, a hidden 8K prefill, and at
+  the largest context one 32-token request where the tool runs a hidden 3 s C=1 decode cell
+  (``global_warmup``; docs/measurement.md lists this and the other differences: the window's
+  edges, TTFT's client work, the prompt text);
 - a decode cell sends one ``max_tokens=1`` scout request (the prefill into the prefix cache),
   then starts C streams; its window opens once, at least 2 s in, the server has had
-  ``running >= C`` with nothing waiting and every stream its first token for 3 s (read about
-  once a second), and lasts the cell's duration;
+  ``running >= C`` with nothing waiting and every stream its first token for 3 s (ours reads
+  /metrics at every 0.5 s poll, the tool once a second), and lasts the cell's duration; with
+  short outputs (``SHORT_OUTPUT_TOKENS``) C completed requests stand in for ``running >= C``;
+  not ready by the first-token timeout, the window opens anyway and the cell is kept with its
+  figures, marked invalid with the reason (the tool's capacity-limited cell);
 - total tok/s = the tokens whose usage rose inside the window / the time from the window's
   start to the last of them (the tool's ``usage_measure_end``, which is also what it records
   as the cell's measured time, the page's "Measured for"), not / the window: a window that
@@ -40,8 +46,9 @@ from . import published_prompt as pp
 from .common import check_model, request_row
 from .config import DecodeConfig, PrefillConfig
 from .control import ControlClient, MetricsUnavailable
-from .promtext import Snapshot, rise
-from .stats import median, ms, scale_times
+from .monitor import ClientMonitor
+from .prometheus import Snapshot, rise
+from .stats import median, ms, percentile, scale_times
 from .stream import INF, Endpoint, Request, StreamConnection, Window, connect
 
 PROFILE = "published"
@@ -50,6 +57,10 @@ MIN_WARMUP_S = 2.0
 STABLE_S = 3.0
 POLL_S = 1.0
 """The tool's decode window: at least 2 s in, ready for 3 s, /metrics read about every 1 s."""
+SHORT_OUTPUT_TOKENS = 512
+"""At most this many output tokens, requests end between two /metrics readings and ``running
+>= C`` seldom holds for 3 s: the tool (8649-8668) then reads readiness off completed request
+flow instead (at least C requests that produced tokens, nothing waiting, tokens flowing)."""
 WARMUP_SHORT_TOKENS = 64
 WARMUP_DECODE_TOKENS = 32
 """The global warm-up's short request and short decode (output tokens)."""
@@ -211,6 +222,8 @@ async def run_published_prefill(cfg: PrefillConfig) -> tuple[CellRecord, list[di
     cell.update(
         context_tokens=tokens or cfg.context,
         ttft_ms=ms(ttft),
+        ttft_p90_ms=ms(ttft),  # one request: its percentiles are its TTFT, as a default cell's
+        ttft_p99_ms=ms(ttft),
         total_tok_s=tokens / ttft if tokens and ttft > 0 else None,
         completed_requests=1,
         samples=1,
@@ -243,12 +256,15 @@ class _PublishedDecode:
         self.client = _Client(cfg, self.window, self._on_first)
         self.requests: list[Request] = []
         self.started: set[int] = set()
+        self.ended_with_tokens = 0  # requests that ended having produced a token (short path)
         self.readings: list[Snapshot] = []
         self.snap_start: Snapshot | None = None
         self.snap_end: Snapshot | None = None
         self.stopping = False
         self.failure: str | None = None
+        self.degraded: str | None = None  # readiness timed out: measured anyway, marked
         self.sampler: asyncio.Future[None] | None = None
+        self.monitor = ClientMonitor()  # rule 8, as in every cell: the client's own load
         self.cell = _record(cfg, "decode", self.C)
         self.cell.update(
             prompt_mode="shared", max_output_tokens=cfg.max_output_tokens, window_s=cfg.duration_s
@@ -274,12 +290,15 @@ class _PublishedDecode:
             self.client.close()
             return self._finish()
         streams = [asyncio.ensure_future(self._stream(i)) for i in range(self.C)]
+        self.monitor.start()
         try:
             opened = await self._open_window(perf_counter())
             if opened:
                 await asyncio.sleep(max(self.window.we - perf_counter(), 0.0))
                 self.snap_end = await self._read()
+                self.monitor.end_window()
         finally:
+            await self.monitor.stop()
             self.stopping = True
             self.client.closing = True
             t = perf_counter()
@@ -299,6 +318,8 @@ class _PublishedDecode:
             req = Request(len(self.requests), i, self.cfg.max_output_tokens, False)
             self.requests.append(req)
             _, conn = await self.client.request(req, self.msgs, conn)
+            if req.first_at is not None:
+                self.ended_with_tokens += 1
             if req.error is not None and not self.stopping:
                 self.failure = self.failure or req.error
                 self.stopping = True
@@ -310,35 +331,56 @@ class _PublishedDecode:
             return None
 
     async def _open_window(self, t_start: float) -> bool:
-        """Poll as the tool does until ready for STABLE_S; then the window is [now, now + d]."""
+        """Poll as the tool does until ready for STABLE_S; then the window is [now, now + d].
+
+        Not ready by the first-token timeout, the tool measures anyway from then and marks the
+        cell (capacity-limited, llm_decode_bench.py 8709-8742): so do we, the cell kept with
+        its figures and made invalid with the reason (``_judge``), never failed."""
         deadline = t_start + self.cfg.first_token_timeout(self.C)
         stable_since: float | None = None
         while not self.stopping:
             await asyncio.sleep(POLL_S / 2)
             now = perf_counter()
-            if now > deadline:
-                self.failure = f"not ready within {deadline - t_start:.0f} s"
-                return False
             snap = await self._read()
             if snap is not None:
                 self.readings.append(snap)
+            if now > deadline:
+                state = f"{len(self.started)} of {self.C} streams started"
+                if snap is not None:
+                    state += f", running {snap.get('running')}, waiting {snap.get('waiting')}"
+                self.degraded = (
+                    f"not ready within {deadline - t_start:.0f} s ({state}): measured anyway, "
+                    f"as the published tool does"
+                )
+                self._open(now, snap)
+                return True
             if now - t_start < MIN_WARMUP_S / self.cfg.time_scale:
                 continue
             ready = len(self.started) >= self.C
             if snap is not None:
+                short_flow = (
+                    self.cfg.max_output_tokens <= SHORT_OUTPUT_TOKENS
+                    and self.ended_with_tokens >= self.C
+                    and any(r.first_at is not None for r in self.requests)
+                )
                 ready = ready and (snap.get("waiting") or 0) == 0
-                ready = ready and (snap.get("running") or 0) >= self.C
+                ready = ready and ((snap.get("running") or 0) >= self.C or short_flow)
             if not ready:
                 stable_since = None
             elif stable_since is None:
                 stable_since = now
             elif now - stable_since >= STABLE_S / self.cfg.time_scale:
-                self.snap_start = snap
-                self.window.ws = now
-                self.window.we = now + self.cfg.duration_s / self.cfg.time_scale
-                self.sampler = asyncio.ensure_future(self._sample())
+                self._open(now, snap)
                 return True
         return False
+
+    def _open(self, now: float, snap: Snapshot | None) -> None:
+        """The window is [now, now + the cell's duration]."""
+        self.snap_start = snap
+        self.window.ws = now
+        self.window.we = now + self.cfg.duration_s / self.cfg.time_scale
+        self.monitor.begin_window()
+        self.sampler = asyncio.ensure_future(self._sample())
 
     async def _sample(self) -> None:
         step = min(POLL_S, self.cfg.duration_s / self.cfg.time_scale / 20)
@@ -360,6 +402,13 @@ class _PublishedDecode:
             samples=len(itls),
             ttft_ms=ms(median(ttfts)),
             tbt_ms=ms(median(itls)),
+            ttft_p90_ms=ms(percentile(ttfts, 90)),
+            ttft_p99_ms=ms(percentile(ttfts, 99)),
+            ttst_ms=ms(median([x for x in (r.ttst() for r in reqs) if x is not None])),
+            tbt_p90_ms=ms(percentile(itls, 90)),
+            tbt_p99_ms=ms(percentile(itls, 99)),
+            client_cpu_pct=self.monitor.cpu_pct,
+            loop_lag_p99_ms=self.monitor.lag_p99_ms,
         )
         if counted:
             cell["context_tokens"] = max(counted)
@@ -398,14 +447,14 @@ class _PublishedDecode:
         return cell, rows if cfg.keep_requests else []
 
     def _judge(self) -> tuple[str, str | None]:
-        """Our safeguards, which change no figure: failures fail; a queue, a preemption or
-        fewer than C running in the window make the cell invalid."""
+        """Our safeguards, which change no figure: failures fail; a queue, a preemption, fewer
+        than C running in the window or a saturated client (rule 8) make the cell invalid."""
         cell = self.cell
         if self.failure is not None:
             return "failed", self.failure
         if self.window.ws == INF:
             return "failed", "the window never opened"
-        reasons = []
+        reasons = [self.degraded] if self.degraded else []
         if cell["server_max_waiting"]:
             reasons.append(f"requests queued during the window ({cell['server_max_waiting']:g})")
         if cell["server_preemptions"]:
@@ -416,4 +465,5 @@ class _PublishedDecode:
             and abs(active - self.C) > self.cfg.max_active_deviation * self.C
         ):
             reasons.append(f"average active requests {active:.2f} of C={self.C}")
+        reasons += self.monitor.saturation(self.cfg.max_loop_lag_ms, self.cfg.max_client_cpu_pct)
         return ("invalid", "; ".join(reasons)) if reasons else ("valid", None)

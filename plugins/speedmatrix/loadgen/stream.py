@@ -73,6 +73,7 @@ class Request:
         "max_gap",
         "max_tokens",
         "prompt_tokens",
+        "second_at",
         "sent_at",
         "status",
         "stream",
@@ -94,6 +95,7 @@ class Request:
         self.first_at: float | None = None
         self.first_n = 0
         self.last_at: float | None = None
+        self.second_at: float | None = None  # the second arrival that carried tokens
         self.tokens = 0
         self.chunks = 0
         self.max_gap = 0.0
@@ -110,6 +112,12 @@ class Request:
         self.error: str | None = None
         self.ended_at: float | None = None
         self.text_parts: list[str] | None = [] if keep_text else None
+
+    def ttst(self) -> float | None:
+        """Time to the second token: its second token-carrying arrival - its first (seconds)."""
+        if self.first_at is None or self.second_at is None:
+            return None
+        return self.second_at - self.first_at
 
     @property
     def finished(self) -> bool:
@@ -475,6 +483,8 @@ class StreamConnection(asyncio.Protocol):
                 gap = t - req.last_at
                 if gap > req.max_gap:
                     req.max_gap = gap
+                if req.second_at is None:
+                    req.second_at = t
                 req.last_at = t
                 req.chunks += 1
             w = self.window

@@ -15,6 +15,7 @@ import re
 from speedmatrix.published import formats as F
 from speedmatrix.published.pagetext import Line, ReportParseError, find_table
 from speedmatrix.records import cell_sort_key, context_label, parse_context
+from speedmatrix.words import count
 
 
 def _close(summary: float, table: float, text: str) -> bool:
@@ -157,7 +158,7 @@ def check_matrix(lines: list[Line], cells: list[dict], source: str | None) -> No
         label, conc = missing[0]
         raise ReportParseError(
             f"Sustained decode: the matrix lacks {label} x {conc} "
-            f"({len(missing)} All measurements row(s) not in the matrix)",
+            f"({count(len(missing), 'All measurements row')} not in the matrix)",
             at,
             source,
         )

@@ -246,7 +246,18 @@ def _trend_chart(plt, points: pd.DataFrame, *, title: str, ylabel: str) -> str:
                 pts["engine_commit"], pts["engine_version"], pts["run_id"], strict=True
             )
         ]
+        # a commit is named where its runs start: the same label on every tick said nothing
+        ticks = [t if i == 0 or t != ticks[i - 1] else "" for i, t in enumerate(ticks)]
         ax.set_xticks(xs, ticks, rotation=45, ha="right", fontsize=8)
+        if len(pts) == 1:  # a lone dot is no trend: say what there is
+            ax.annotate(
+                f"One run so far ({pts['value'].iloc[0]:,.1f}): the trend starts with the next",
+                (0, pts["value"].iloc[0]),
+                xytext=(0, 12),
+                textcoords="offset points",
+                ha="center",
+                fontsize=9,
+            )
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)

@@ -20,12 +20,33 @@ def _shown(value: Any) -> Any:
     return value
 
 
+SHORT_ID = 32
+"""Characters of a run id a table shows whole; a longer one is shortened (:func:`short_id`)."""
+
+
+def short_id(run_id: Any) -> str:
+    """A run id short enough for a table column at 1280 px: the DAG's ids
+    (`<recipe>__<ref>__<trigger>__<UTC stamp>__<tag>`, ~80 characters, the recipe already in
+    its own column) as `<ref> <trigger> <stamp to the minute> <tag's first 4>`; any other long
+    id as its start and end. The whole id goes beside it (a title, the link)."""
+    text = str(run_id)
+    if len(text) <= SHORT_ID:
+        return text
+    parts = text.split("__")
+    if len(parts) == 5:
+        _recipe, ref, trigger, stamp, tag = parts
+        return f"{ref[:12]} {trigger} {stamp[:13]} {tag[:4]}"
+    return text[:14] + "…" + text[-(SHORT_ID - 15) :]
+
+
 def environment() -> Any:
     import jinja2
 
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.PackageLoader("speedmatrix.report", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined,
         finalize=_shown,
     )
+    env.filters["short_id"] = short_id
+    return env

@@ -391,9 +391,35 @@ EXTRA_COLUMNS: tuple[tuple[str, str, int], ...] = (
 )
 
 
-def extra_cells(cell: dict) -> list[str]:
-    """The HTML table's tail-latency texts of a cell and its reason (`error`)."""
+def window_text(cell: dict) -> str:
+    """An adaptive run's Window column: how the cell's window ended, with its interval
+    against its target (loadgen/adaptive.py); short, the table is wide already."""
+    stop = cell.get("window_stop")
+    half, target = cell.get("window_halfwidth_pct"), cell.get("adaptive_target_pct")
+    interval = (
+        f"±{half:.2f}% vs ±{target:.2f}%"
+        if isinstance(half, float | int) and isinstance(target, float | int)
+        else ""
+    )
+    if stop == "converged":
+        return f"early: {interval}"
+    if stop == "cap_not_steady":
+        return "to cap: not steady"
+    if stop == "cap_not_converged":
+        return f"to cap: {interval}"
+    return "fixed" if stop == "cap" else ""
+
+
+def adaptive_run(cells: Sequence[dict]) -> bool:
+    return any(c.get("window_mode") == "adaptive" for c in cells)
+
+
+def extra_cells(cell: dict, window: bool = False) -> list[str]:
+    """The HTML table's tail-latency texts of a cell, its window (an adaptive run's), and
+    its reason (`error`)."""
     out = [F.fmt_ms(cell.get(key), digits) for _, key, digits in EXTRA_COLUMNS]
+    if window:
+        out.append(window_text(cell))
     error = cell.get("error")
     out.append(error if isinstance(error, str) and error else "")
     return out
@@ -508,8 +534,9 @@ def render_html(
         table_note=TABLE_NOTE,
         table_header=[h for h, _ in F.TABLE_COLUMNS]
         + [h for h, _, _ in EXTRA_COLUMNS]
+        + (["Window"] if (adaptive := adaptive_run(cells)) else [])
         + ["Reason"],
-        table_rows=[F.table_cells(c) + extra_cells(c) for c in cells],
+        table_rows=[F.table_cells(c) + extra_cells(c, adaptive) for c in cells],
         table_status=[c.get("status") for c in cells],
         charts=run_charts(cells, baseline[1] if baseline else None) if charts is None else charts,
         comparison=comp,

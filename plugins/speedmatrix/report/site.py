@@ -47,6 +47,7 @@ from typing import Any
 
 from speedmatrix.errors import InputError
 from speedmatrix.ownership import claim_dir, marker_name
+from speedmatrix.report import site_pages
 from speedmatrix.report.site_fleet import (
     Verdict,
     fleet_verdicts,
@@ -65,7 +66,9 @@ from speedmatrix.report.site_pages import (
 )
 from speedmatrix.report.site_text import clean, text
 from speedmatrix.settings import settings
+from speedmatrix.store.dictionary import dictionary
 from speedmatrix.store.protocol import WarehouseReader
+from speedmatrix.words import count
 
 log = logging.getLogger("speedmatrix.site")
 
@@ -122,7 +125,7 @@ class SiteResult:
 
     def summary(self) -> str:
         return (
-            f"site {self.out}: {self.runs} runs, {self.recipes} recipes; run pages "
+            f"site {self.out}: {count(self.runs, 'run')}, {count(self.recipes, 'recipe')}; run pages "
             f"{self.run_pages_written} written, {self.run_pages_kept} unchanged; recipe pages "
             f"{self.recipe_pages_written} written, {self.recipe_pages_kept} unchanged"
             + (f", {self.run_pages_deferred} left for later" if self.run_pages_deferred else "")
@@ -248,6 +251,10 @@ def _build(
         ),
     )
     _write(root / "site.css", b.env.get_template("site.css").render())
+    _write(
+        root / "data-dictionary.html",
+        b.env.get_template("data_dictionary.html.j2").render(tables=dictionary()),
+    )
     _remove_stale(b)
     _write(
         root / MANIFEST,
@@ -333,7 +340,8 @@ def _write_recipe_pages(
             b.recipes[recipe_key] = fp
             b.result.recipe_pages_kept += 1
             continue
-        history = read_recipe(b.wh, recipe, rruns)
+        # the trends' window (site_pages.MAX_POINTS, read now: a test narrows it)
+        history = read_recipe(b.wh, recipe, rruns, window=site_pages.MAX_POINTS + 1)
         html_text = render_recipe_page(b.env, recipe, rruns, history, verdicts, b.runs)
         _write(b.root / page, html_text)
         b.recipes[recipe_key] = fp

@@ -18,6 +18,7 @@ from speedmatrix.records import COMPARABILITY_FIELDS, cell_name, cell_sort_key
 from speedmatrix.report.site_text import clean, text
 from speedmatrix.store.protocol import WarehouseReader
 from speedmatrix.store.schemas import COMPARISON_FIELDS
+from speedmatrix.words import count
 
 RUN_COLUMNS = (
     "run_id",
@@ -98,10 +99,16 @@ def recipe_comparisons(wh: WarehouseReader, recipe: str | None) -> pd.DataFrame:
     )
 
 
-def recipe_rows(wh: WarehouseReader, table: str, recipe: str | None) -> pd.DataFrame:
-    """One recipe's rows of `table` (the recipe_id partition: DuckDB reads only its files)."""
+def recipe_rows(
+    wh: WarehouseReader, table: str, recipe: str | None, since: str | None = None
+) -> pd.DataFrame:
+    """One recipe's rows of `table` (the recipe_id partition: DuckDB reads only its files),
+    from the month `since` (YYYY-MM, the run_month partition) on when given."""
     cols = ", ".join(CELL_COLUMNS)
-    return wh.query(f"SELECT {cols} FROM {table} WHERE recipe_id IS NOT DISTINCT FROM ?", [recipe])
+    sql = f"SELECT {cols} FROM {table} WHERE recipe_id IS NOT DISTINCT FROM ?"
+    if since is None:
+        return wh.query(sql, [recipe])
+    return wh.query(sql + " AND run_month >= ?", [recipe, since])
 
 
 @dataclass
@@ -115,17 +122,30 @@ class RecipeHistory:
     threshold: float
 
 
-def read_recipe(wh: WarehouseReader, recipe: str | None, rruns: pd.DataFrame) -> RecipeHistory:
-    """The history of `recipe` over its runs `rruns` (the runs the site lists)."""
+def read_recipe(
+    wh: WarehouseReader, recipe: str | None, rruns: pd.DataFrame, window: int | None = None
+) -> RecipeHistory:
+    """The history of `recipe` over its runs `rruns` (the runs the site lists); with `window`,
+    only each host's last `window` successful or partial runs (what its trends draw, the one
+    before the first shown point included) and their noise: the read stays flat as years of
+    history grow (the months before the window's are not opened)."""
     from speedmatrix.analysis.baseline import recipe_threshold
     from speedmatrix.analysis.noise import NoiseModel, between_run_noise
+    from speedmatrix.analysis.trend import HISTORY_RUN_STATUSES
 
+    since = None
+    if window is not None:
+        ok = rruns[rruns["status"].isin(HISTORY_RUN_STATUSES)]
+        rruns = ok.groupby(ok["host"].fillna(""), sort=False).tail(window)
+        if len(rruns):
+            since = pd.Timestamp(rruns["started_at"].min()).strftime("%Y-%m")
     ids = set(rruns["run_id"])
-    cells = recipe_rows(wh, "cells", recipe)
+    cells = recipe_rows(wh, "cells", recipe, since)
     cells = cells[cells["run_id"].isin(ids)]
     comparisons = recipe_comparisons(wh, recipe)
     comparisons = comparisons[comparisons["run_id"].isin(ids)]
-    repeats = recipe_rows(wh, "cell_repeats", recipe)
+    repeats = recipe_rows(wh, "cell_repeats", recipe, since)
+    repeats = repeats[repeats["run_id"].isin(ids)]
     noise = NoiseModel(between_run_noise(rruns, cells, repeats, columns=("total_tok_s",)))
     return RecipeHistory(cells, comparisons, noise, recipe_threshold(recipe))
 
@@ -176,11 +196,15 @@ def run_verdict(
         return Verdict("no baseline", "not compared (no baseline)", None)
     parts = []
     if reg:
-        parts.append(f"{len(reg)} cell{'s' if len(reg) != 1 else ''} regressed ({_few(reg)})")
+        parts.append(
+            f"{count(len(reg), 'cell')} regressed ({_few(reg)}): {_families(rows, 'regression')}"
+        )
     if imp:
-        parts.append(f"{len(imp)} cell{'s' if len(imp) != 1 else ''} improved ({_few(imp)})")
+        parts.append(
+            f"{count(len(imp), 'cell')} improved ({_few(imp)}): {_families(rows, 'improvement')}"
+        )
     word = "mixed" if reg and imp else "regressed" if reg else "improved" if imp else "clean"
-    text_ = ", ".join(parts) if parts else "no change beyond noise"
+    text_ = "; ".join(parts) if parts else "no change beyond noise"
     if status == "partial":
         text_ += " (partial run)"
     return Verdict(word, text_, baseline)
@@ -231,6 +255,20 @@ def _cells_with(rows: pd.DataFrame, verdict: str) -> list[str]:
         )
     }
     return sorted(cells, key=lambda name: (cell_sort_key(cells[name]), name))
+
+
+def _families(rows: pd.DataFrame | None, verdict: str) -> str:
+    """What moved, named (a badge names its metric): the figure families of the rows with
+    `verdict`, in the order analysis.display.FAMILIES gives them."""
+    from speedmatrix.analysis.display import family_of
+
+    if rows is None:
+        return ""
+    names: list[str] = []
+    for metric in rows.loc[rows["verdict"] == verdict, "metric"]:
+        if (name := family_of(metric)) not in names:
+            names.append(name)
+    return ", ".join(names)
 
 
 def _few(names: Sequence[str], most: int = 3) -> str:

@@ -185,12 +185,22 @@ def _footer(pts: pd.DataFrame, total: int) -> str:
     """The first and last engine commits under the axis, and how many runs are not shown."""
     esc = html.escape
     n = len(pts)
-    first, last = pts.iloc[0], pts.iloc[-1]
-    out = (
-        f'<text x="{_L}" y="{_H - 6}" class="tick">{esc(commit_label(first))}</text>'
-        f'<text x="{_W - _R}" y="{_H - 6}" class="tick" text-anchor="end">'
-        f"{esc(commit_label(last))}</text>"
-    )
+    first, last = commit_label(pts.iloc[0]), commit_label(pts.iloc[-1])
+    if n == 1:  # a lone dot is no trend: say what there is
+        out = (
+            f'<text x="{_L}" y="{_H - 6}" class="tick">{esc(first)}</text>'
+            f'<text x="{_L + _PW / 2}" y="{_T + 12}" class="tick" text-anchor="middle">'
+            + ("one run so far: the trend starts with the next" if total == 1 else "one run shown")
+            + "</text>"
+        )
+    elif first == last:  # one commit throughout: named once
+        out = f'<text x="{_L}" y="{_H - 6}" class="tick">{esc(first)}: every run</text>'
+    else:
+        out = (
+            f'<text x="{_L}" y="{_H - 6}" class="tick">{esc(first)}</text>'
+            f'<text x="{_W - _R}" y="{_H - 6}" class="tick" text-anchor="end">'
+            f"{esc(last)}</text>"
+        )
     if total > n:
         out += (
             f'<text x="{_L + _PW / 2}" y="{_H - 6}" class="tick" text-anchor="middle">'

@@ -133,7 +133,10 @@ def _write_model(
         for (a, b), (_t, href) in zip(pairs, comparisons, strict=True)
     ]
     page = model_page(model)
-    out.entries.append(ModelEntry(model, page, len(series), short))
+    # a view of series none of which has a GPU count has no point (tok/s per GPU would be
+    # made up: analysis.pareto.points_of): the index does not link an empty table
+    plottable = any((r.run.get("hardware_gpu_count") or 0) > 0 for r in series)
+    out.entries.append(ModelEntry(model, page if plottable else "", len(series), short))
     todo = {page: views.fingerprint(page, views.made_from(*series), [h for _t, h in comparisons])}
     for (a, b), (_t, href) in zip(pairs, comparisons, strict=True):
         todo[href] = views.fingerprint(href, views.made_from(a, b))

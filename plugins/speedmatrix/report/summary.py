@@ -18,6 +18,7 @@ from speedmatrix.analysis.verdict import KV_METRIC, METRIC_BY_NAME, STATUS_METRI
 from speedmatrix.published import formats as F
 from speedmatrix.records import cell_name
 from speedmatrix.report import palette
+from speedmatrix.words import count
 
 _ORDER = {"regression": 0, "improvement": 1}
 PROBLEM_STATUSES = ("invalid", "failed")
@@ -99,7 +100,7 @@ class Summary:
         else:
             head = f"No change beyond noise against the baseline: {headline(self.rows)}."
         if self.problems:
-            head += f" {len(self.problems)} cell(s) did not measure (invalid or failed)."
+            head += f" {count(len(self.problems), 'cell')} did not measure (invalid or failed)."
         return head
 
 

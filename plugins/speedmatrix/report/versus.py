@@ -93,6 +93,10 @@ def _text(cell: Mapping[str, Any] | None, digits: int = 1) -> str:
     return F.fmt_rate_summary(cell.get("total_tok_s"), digits)
 
 
+def _ok(cell: Mapping[str, Any] | None) -> bool:
+    return cell is not None and cell.get("status") == "valid"
+
+
 def versus_cells(a: Side, b: Side, prices: Prices | None = None) -> dict[str, Any]:
     """The page's content: the decode grid and the prefill rows, each cell with both values,
     B's change against A (total and per GPU) and both costs."""
@@ -135,6 +139,8 @@ def versus_cells(a: Side, b: Side, prices: Prices | None = None) -> dict[str, An
             ),
             "cls": str((cb or {}).get("status") or "empty"),
         }
+        # a status both sides share (over capacity on both) is said once, not "X / A: X"
+        entry["same"] = entry["a"] == entry["b"] and not _ok(ca) and not _ok(cb)
         if k[0] == "decode":
             decode_rows.setdefault(k[1], {})[k[2]] = entry
             row_tokens[k[1]] = int((cb or ca or {}).get("context_tokens") or 0)
@@ -142,6 +148,7 @@ def versus_cells(a: Side, b: Side, prices: Prices | None = None) -> dict[str, An
             prefill.append({"label": f"{k[1]} context", **entry})
     cols = sorted({c for row in decode_rows.values() for c in row})
     empty = {
+        "same": True,
         "a": F.DASH,
         "b": F.DASH,
         "change": None,

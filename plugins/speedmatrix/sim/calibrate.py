@@ -72,6 +72,7 @@ from typing import Any
 
 from speedmatrix.errors import InputError
 from speedmatrix.published.formats import ms_half_unit
+from speedmatrix.records import parse_context
 from speedmatrix.sim.predict import AGGREGATE, PER_STREAM, predict_decode, predict_prefill
 from speedmatrix.sim.profile import Profile, SpecDecode
 from speedmatrix.sim.spec_cells import (
@@ -358,6 +359,9 @@ def calibrate(
     if k:
         delay_ms = start_delays(decode, anchor)
     decode_by_key = {(c["context_tokens"], c["concurrency"]): c for c in decode}
+    # each cell's label, in tokens: a cell keyed on the prompt its page implies (64,000 for
+    # 64K) answers up to the label's own tokens (profile.cell_span)
+    labels = {c["context_tokens"]: parse_context(str(c["context_label"])) for c in decode}
     even = sorted(key for key, c in decode_by_key.items() if k and streams_even(c))
     # cells of more streams than the server runs: their first tokens wait for running requests
     # to finish (tens of seconds), which the engine forms; a first-token lever taking that wait
@@ -405,6 +409,7 @@ def calibrate(
                 spread=spread,
                 cells=[(c, n, v, sd) for (c, n), (v, sd) in sorted(acc.items())],
                 even_cells=list(even),
+                labels=labels,
             )
             if k
             else None,

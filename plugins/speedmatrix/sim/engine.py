@@ -287,6 +287,7 @@ class Engine:
         self.step_end: float | None = None
         self.step_plan: list[tuple[Request, int, bool]] = []
         self.max_running = max_running
+        self.step_scale = 1.0  # faults.slow_steps_pct: a slower engine from now on
         self.on_emit = on_emit
         self.live: dict[str, Request] = {}
         self.finished: OrderedDict[str, Request] = OrderedDict()
@@ -304,15 +305,12 @@ class Engine:
         self._out_gen = 0
 
     # --- the API the server and predictor use -----------------------------------------------
-    def add(self, req: Request, now: float | None = None, arrived: float | None = None) -> Request:
-        """A request is handed over at `now` (default: the engine's clock).
-
-        `arrived` (<= now) is when it reached the server: the front end's delay counts from
-        there, so time the server spent reading and parsing the body is part of that delay
-        (as it is part of the delay a calibration measured on the real server).
-        """
+    def add(self, req: Request, now: float | None = None) -> Request:
+        """A request arrives at `now` (default: the engine's clock): the front end's delay
+        counts from there. The server hands it over once it has parsed and tokenized it, so
+        none of the simulator's own work is modelled time."""
         self.advance(self.now if now is None else now)
-        req.arrival = self.now if arrived is None else min(arrived, self.now)
+        req.arrival = self.now
         req.plen = len(req.prompt)
         req.index = self._seq
         self._seq += 1
@@ -525,7 +523,7 @@ class Engine:
             self.step_plan = []
             return
         duration = p.decode_step_time(dec_b, dec_t, dec_p) + prefill_cost
-        duration = max(duration, p.min_step_s)
+        duration = max(duration, p.min_step_s) * self.step_scale
         self.step_plan = plan
         self.step_end = self.now + duration
         self.counters.steps += 1

@@ -24,6 +24,9 @@ from 1 in arrival order; 0 turns a fault off, 1 hits every request.
   (500: a server whose metrics read failed; 404: a server without ``/metrics``) for the next
   ``metrics_error_reads`` reads after the faults were set (0: every read). The counter starts
   again at each ``POST /sim/faults``, so a test can fail a few reads mid-cell.
+- ``slow_steps_pct``: every engine step from now on takes that many percent longer (a host or
+  a build that gets slower mid-cell: a trend inside a window, the case an adaptive window must
+  not stop early on).
 - ``engine_dead``: ``/health`` answers 503, new completion requests get 500 (EngineDeadError)
   and open streams are dropped, as when vLLM's engine core dies.
 
@@ -51,6 +54,7 @@ class Faults:
     max_running: int | None = None
     metrics_error: int | None = None
     metrics_error_reads: int = 0
+    slow_steps_pct: int = 0
     engine_dead: bool = False
 
     @classmethod

@@ -124,13 +124,15 @@ def predict_decode(
     prompt_mode: str | None = None,
     arrival_gap_s: float = ARRIVAL_GAP_S,
     accounting: str = PER_STREAM,
+    prompt_tag: int = 100,
 ) -> dict[str, Any]:
     """One sustained-decode cell; over_capacity (not run) by the KV-block rule.
 
     The C streams' first requests arrive `arrival_gap_s` apart (a client writes them one after
     the other): they then join the engine's steps the way they do over HTTP, rather than all
     landing in one idle step, which no real client achieves. `prompt_mode` defaults to
-    ``default_prompt_mode(profile)``; `accounting` how per-request tok/s is formed (ACCOUNTINGS).
+    ``default_prompt_mode(profile)``; `accounting` how per-request tok/s is formed (ACCOUNTINGS);
+    `prompt_tag` the first prompt's tag (another tag: other prompts, as another client's).
     """
     if accounting not in ACCOUNTINGS:
         raise InputError(f"accounting must be one of {ACCOUNTINGS}, got {accounting!r}")
@@ -151,7 +153,7 @@ def predict_decode(
     finished: list[Request] = []
     engine = Engine(profile, on_emit=lambda r: finished.append(r) if r.finished else None)
     n_prompts = 1 if prompt_mode == "shared" else concurrency
-    prompts = [make_prompt(context, 100 + i, profile.vocab_size) for i in range(n_prompts)]
+    prompts = [make_prompt(context, prompt_tag + i, profile.vocab_size) for i in range(n_prompts)]
     for i, prompt in enumerate(prompts):  # warm-up: the prefill request puts it in the cache
         _run_until_done(engine, engine.add(_request(f"warm-{i}", prompt, 1, profile)))
     finished.clear()

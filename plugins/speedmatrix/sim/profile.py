@@ -42,8 +42,10 @@ Keys (all optional except where noted; defaults in ``Profile``):
   the shape's own mean), ``spread`` (standard deviation of a request's acceptance length around
   that mean; a Beta draw on [1, k + 1] seeded from the prompt's tokens, so the same prompt
   always gets the same acceptance), and ``cells`` (list of ``{context, concurrency, length,
-  spread}``: a calibrated cell, which replaces the draw for every request whose prompt is
-  within 1% of that context while the engine holds exactly that many requests: its streams,
+  spread, label}``: a calibrated cell, which replaces the draw for every request whose prompt
+  the cell reaches (within 1% of its context, the prompt its page implies, up to every count
+  its ``label`` names: ``cell_span``) while the engine holds exactly that many requests; a
+  prompt between two cells of that many requests takes the two interpolated: its streams,
   ranked by their prompts, take ``length`` but one, which is ``spread`` (signed) apart from the
   others (the cell's mean kept), so a cell's streams differ as on the page they were fitted to,
   whose total tok/s and median time between tokens disagree when they do; with ``streams:
@@ -68,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from speedmatrix.errors import InputError
+from speedmatrix.records import context_label, label_span, parse_context
 
 PROFILE_DIR = Path(__file__).resolve().parents[3] / "include" / "sim-profiles"
 
@@ -141,8 +144,20 @@ class LogGrid:
 
 
 CELL_CONTEXT_TOLERANCE = 0.01
-"""A prompt belongs to a calibrated cell's context when within 1% of it: the loadgen sends the
-label's exact token count, or one token short at max_model_len, never a neighbouring label."""
+"""A prompt belongs to a calibrated cell when within 1% of its context (the prompt its page
+implies), or anywhere its label reaches (``cell_span``)."""
+
+
+def cell_span(context: int, label_tokens: int | None) -> tuple[float, float]:
+    """The prompt lengths (lowest, highest) a calibrated cell answers for: from the prompt its
+    page implies (``context``: the published tool's prompts fall 1-2.5% short of their labels,
+    64,000 for 64K) up to the label's own tokens and every count the one labelling rule names
+    so (``records.label_span``: a recipe measures 64K as 65,536, or shorter to fit
+    max_model_len), each end with CELL_CONTEXT_TOLERANCE. A cell without a label (profiles
+    written before labels were kept) reaches what its own context's label does."""
+    lo, hi = label_span(context_label(label_tokens or context))
+    tol = CELL_CONTEXT_TOLERANCE
+    return min(context * (1 - tol), lo), max(context * (1 + tol), hi)
 
 
 OUTLIER = "outlier"
@@ -166,6 +181,9 @@ class SpecDecode:
     cells: list[tuple[int, int, float, float]] = field(default_factory=list)
     even_cells: list[tuple[int, int]] = field(default_factory=list)
     """(context, concurrency) of the cells whose streams are evenly spaced (CELL_STREAMS)."""
+    labels: dict[int, int] = field(default_factory=dict)
+    """A cell context's label on its page, in tokens (65,536 for a 64K cell the page implies
+    was 64,000 tokens): how far the cell reaches (``cell_span``)."""
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -183,6 +201,10 @@ class SpecDecode:
         even = set(self.even_cells)
         self._cells = {(c, n): (v, sd, (c, n) in even) for c, n, v, sd in self.cells}
         self._cell_ctxs = sorted({c for c, _, _, _ in self.cells})
+        self._spans = {c: cell_span(c, self.labels.get(c)) for c in self._cell_ctxs}
+        self._rows: dict[int, list[int]] = {}  # concurrency -> its cells' contexts, ascending
+        for c, n in sorted(self._cells):
+            self._rows.setdefault(n, []).append(c)
         self._survival: dict[float, list[float]] = {}
 
     def shape_mean(self) -> float:
@@ -212,18 +234,39 @@ class SpecDecode:
         return 1.0 + k * rng.betavariate(mu * nu, (1 - mu) * nu)
 
     def cell_context(self, context: int) -> int | None:
-        """The calibrated cell context a prompt of `context` tokens belongs to, if any."""
+        """The calibrated cell context a prompt of `context` tokens belongs to (``cell_span``:
+        its label's own first, then any cell reaching it, the nearest), else `context` itself
+        (``cell`` then reads between the calibrated cells); None without calibrated cells."""
         if not self._cell_ctxs:
             return None
-        best = min(self._cell_ctxs, key=lambda c: abs(math.log(context / c)))
-        return best if abs(context / best - 1.0) <= CELL_CONTEXT_TOLERANCE else None
+        label = context_label(context)
+        own = [c for c in self._cell_ctxs if context_label(self.labels.get(c) or c) == label]
+        reach = own or [c for c, (lo, hi) in self._spans.items() if lo <= context <= hi]
+        if not reach:
+            return context
+        return min(reach, key=lambda c: abs(math.log(context / c)))
 
     def cell(self, cell_context: int | None, concurrency: int) -> tuple[float, float, bool] | None:
-        """A calibrated cell's (mean acceptance length, spread, streams evenly spaced); None:
-        not a published cell."""
+        """A calibrated cell's (mean acceptance length, spread, streams evenly spaced); between
+        two calibrated cells of that concurrency, the two interpolated in log2(context) from the
+        end of one's span to the start of the other's (a prompt between labels reads smoothly
+        between them, not a random draw; the streams placed as the nearer cell's); None beyond
+        the row's ends or for a concurrency without cells (the smooth line's draw then)."""
         if cell_context is None:
             return None
-        return self._cells.get((cell_context, concurrency))
+        hit = self._cells.get((cell_context, concurrency))
+        if hit is not None:
+            return hit
+        row = self._rows.get(concurrency, [])
+        below = [c for c in row if self._spans[c][1] < cell_context]
+        above = [c for c in row if self._spans[c][0] > cell_context]
+        if not below or not above:
+            return None
+        a, b = below[-1], above[0]
+        xa, xb = math.log2(self._spans[a][1]), math.log2(self._spans[b][0])
+        w = (math.log2(cell_context) - xa) / (xb - xa)
+        (va, sa, ea), (vb, sb, eb) = self._cells[(a, concurrency)], self._cells[(b, concurrency)]
+        return va + w * (vb - va), sa + w * (sb - sa), ea if w < 0.5 else eb
 
     def cell_length(
         self, mean: float, spread: float, rank: int, streams: int, even: bool = False
@@ -290,6 +333,7 @@ class SpecDecode:
                     # the key only where not the default: a profile without even cells is
                     # written as before
                     | ({"streams": EVEN} if (c, n) in self.even_cells else {})
+                    | ({"label": context_label(self.labels[c])} if c in self.labels else {})
                     for c, n, v, sd in self.cells
                 ],
             }
@@ -453,6 +497,11 @@ class Profile:
                             for m in al.get("cells") or []
                             if _cell_streams(m) == EVEN
                         ],
+                        labels={
+                            int(m["context"]): parse_context(str(m["label"]))
+                            for m in al.get("cells") or []
+                            if m.get("label")
+                        },
                     )
                 except ProfileError as exc:
                     raise ProfileError(f"{origin}: {exc}") from exc

@@ -20,9 +20,11 @@ Endpoints, as vLLM 0.32 answers them:
   against it (so min_tokens = max_tokens past max-model-len is a 400, as in vLLM). With a profile's ``natural_stop_tokens``, a request without
   ``ignore_eos`` ends "stop" there, or at token ``min_tokens + 1`` if later (vLLM masks EOS
   while fewer than min_tokens are out), unless max_tokens comes first. An ``X-Request-Id``
-  header becomes the request id (``cmpl-<id>``) and is echoed. A request "arrives" when its
-  handler starts: reading and parsing its body is part of the front end's calibrated delay, not
-  added to it.
+  header becomes the request id (``cmpl-<id>``) and is echoed. A request "arrives" (its
+  modelled time starts) once its body is read, parsed and tokenized: that is the simulator's own
+  work, not the modelled server's, and it must not leak into the model (on a loaded host a long
+  chat prompt's tokenizing took hundreds of ms). A client's wall-clock TTFT still
+  includes it (docs/measurement.md).
 - A client that disconnects has its request aborted (blocks freed), as vLLM does.
 
 Simulated time. The engine runs on a simulated clock that starts at 0 when the server starts
@@ -131,6 +133,7 @@ class SimServer:
             on_emit=self._on_emit,
             keep_finished=keep_finished,
         )
+        self.engine.step_scale = 1.0 + self.faults.slow_steps_pct / 100.0
         self.tokenizer = Tokenizer(profile.vocab_size)
         self.lag = LagMonitor()
         self.step_cpu: deque[float] = deque(maxlen=20_000)
@@ -222,6 +225,7 @@ class SimServer:
         self.faults = Faults.coerce(faults)
         self._metrics_reads = 0  # metrics_error_reads counts from here
         self.engine.max_running = self.faults.max_running
+        self.engine.step_scale = 1.0 + self.faults.slow_steps_pct / 100.0
         if self.faults.engine_dead:
             for req in list(self._streams):
                 w = req.waiter
@@ -465,27 +469,27 @@ class SimServer:
         return req
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        arrived = self.sim_now()
         data = await self._json(request)
         if "prompt" not in data:
             raise ApiError(400, "'prompt' is required", param="prompt")
         ids = prompt_ids(self.tokenizer, data["prompt"])
-        return await self._serve(request, data, ids, chat=False, default_max=16, arrived=arrived)
+        return await self._serve(request, data, ids, chat=False, default_max=16)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        arrived = self.sim_now()
         data = await self._json(request)
         ids = self.tokenizer.encode(chat_text(data.get("messages")))
-        return await self._serve(request, data, ids, chat=True, default_max=None, arrived=arrived)
+        return await self._serve(request, data, ids, chat=True, default_max=None)
 
-    async def _serve(self, request, data, ids, *, chat: bool, default_max, arrived: float):
+    async def _serve(self, request, data, ids, *, chat: bool, default_max):
         max_tokens, min_tokens, ignore_eos, stream, opts, salt = completion_params(
             self.profile, data, ids, default_max
         )
         prefix = "chatcmpl" if chat else "cmpl"
         req = self._new_request(request, ids, max_tokens, min_tokens, ignore_eos, salt, prefix)
         self.sync()
-        self.engine.add(req, max(self.sim_now(), self.engine.now), arrived=arrived)
+        # arrives now, its body read, parsed and tokenized: the simulator's own work (hundreds
+        # of ms for a long chat prompt on a loaded host) stays out of the modelled time
+        self.engine.add(req, max(self.sim_now(), self.engine.now))
         self._arm()
         self._flush()
         headers = (

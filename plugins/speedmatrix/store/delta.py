@@ -204,6 +204,22 @@ def with_retries(
         ) from exc
 
 
+def _kept_metadata(uri: str, data: pa.Table, opts: dict[str, str] | None) -> pa.Table:
+    """``data`` with the field metadata the table already has for its columns: delta-rs
+    refuses to merge two values of one key (a field's `doc` edited in records.py would make
+    every existing warehouse refuse its next landing), so an existing column keeps its
+    description; a new column brings its own."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        have = {f.name: f.metadata for f in DeltaTable(uri, storage_options=opts).schema().fields}
+    except TableNotFoundError:
+        return data
+    fields = [f.with_metadata(have[f.name] or {}) if f.name in have else f for f in data.schema]
+    return data.cast(pa.schema(fields, metadata=data.schema.metadata))
+
+
 def replace_rows(uri: str, data: pa.Table, predicate: str, root: str) -> None:
     """One commit to the Delta table at ``uri``: delete the rows matching ``predicate`` and add
     ``data`` (which must match it too). Creates the table, partitioned by PARTITION_KEYS, on
@@ -219,7 +235,7 @@ def replace_rows(uri: str, data: pa.Table, predicate: str, root: str) -> None:
     def commit() -> None:
         write_deltalake(
             uri,
-            data,
+            _kept_metadata(uri, data, opts),
             mode="overwrite",
             predicate=predicate,
             partition_by=[k for k in PARTITION_KEYS if k in data.column_names],
@@ -229,6 +245,30 @@ def replace_rows(uri: str, data: pa.Table, predicate: str, root: str) -> None:
 
     with readable_log(uri, posixpath.basename(uri.rstrip("/")), opts):
         with_retries(f"landing into {uri}", commit)
+
+
+def create_table(uri: str, schema: pa.Schema, root: str) -> bool:
+    """An empty Delta table at ``uri`` with ``schema`` (partitioned by PARTITION_KEYS) unless
+    one is there; True when this call made it. So that every table opens in every reader from
+    the first landing on (a scan of a table not yet written raises). Two writers creating it
+    at once: one commit wins, the other's is a conflict retried and then finds it."""
+    from deltalake import DeltaTable
+
+    opts = storage_options(root)
+
+    def commit() -> bool:
+        if DeltaTable.is_deltatable(uri, storage_options=opts):
+            return False
+        DeltaTable.create(
+            uri,
+            schema,
+            mode="ignore",
+            partition_by=[k for k in PARTITION_KEYS if k in schema.names],
+            storage_options=opts,
+        )
+        return True
+
+    return with_retries(f"creating {uri}", commit)
 
 
 def delete_rows(uri: str, predicate: str, root: str) -> int:

@@ -39,6 +39,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from speedmatrix.errors import InputError
 from speedmatrix.store.delta import MAX_WAIT_S, damaged_log, with_retries
 from speedmatrix.store.protocol import Warehouse
 from speedmatrix.store.schemas import view_tables
@@ -86,9 +87,7 @@ def _present(fs: Any, base: str, files: list[str]) -> set[str]:
     return {f for f, info in zip(files, infos, strict=True) if info.type != pafs.FileType.NotFound}
 
 
-def _maintain_table(
-    warehouse: Warehouse, table: str, retention_hours: float, force: bool
-) -> dict[str, Any]:
+def _maintain_table(warehouse: Warehouse, table: str, retention_hours: float) -> dict[str, Any]:
     import pyarrow.fs as pafs
 
     uri = warehouse.table_uri(table)
@@ -115,7 +114,7 @@ def _maintain_table(
 
     # delta-rs counts whole hours: a fraction is rounded up (never fewer hours than asked)
     hours = math.ceil(retention_hours)
-    below_floor = retention_hours < MIN_RETENTION_HOURS
+    below_floor = retention_hours < MIN_RETENTION_HOURS  # allowed by maintain() with force
 
     def vacuum(dry_run: bool) -> list[str]:
         delta.update_incremental()
@@ -149,16 +148,16 @@ def maintain(
     """Compact, checkpoint and vacuum every table of ``warehouse``; returns per table: files
     before / after compaction, files vacuumed, the version and seconds taken, or ``error``
     (one line) for a table that failed, after which the next table is maintained all the
-    same. A retention below the floor without ``force`` is a ValueError, before anything."""
+    same. A retention below the floor without ``force`` is an InputError, before anything."""
     problem = retention_problem(retention_hours, force)
     if problem:
-        raise ValueError(problem)
+        raise InputError(problem)
     report: dict[str, dict] = {}
     for table in view_tables():
         try:
             if warehouse.delta_table(table) is None:
                 continue
-            report[table] = _maintain_table(warehouse, table, retention_hours, force)
+            report[table] = _maintain_table(warehouse, table, retention_hours)
         except Exception as exc:
             damaged = damaged_log(exc, warehouse.table_uri(table), table, warehouse.storage_options)
             report[table] = {"error": _one_line(damaged or exc)}

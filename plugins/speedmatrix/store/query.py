@@ -27,7 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from speedmatrix.store.delta import arrow_dataset
+from speedmatrix.store.delta import arrow_dataset, sql_literal
+from speedmatrix.store.dictionary import columns
 from speedmatrix.store.schemas import WarehouseError, view_schema, view_tables
 
 _DUCK_TYPES = {
@@ -131,6 +132,7 @@ class WarehouseQueries:
                     for f in schema
                 )
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} FROM _{table}_src")
+            _comment_columns(con, table)
             self._view_versions[table] = version
 
     def query(self, sql: str, params: Iterable[Any] | None = None, timeout_s: float | None = None):
@@ -250,6 +252,14 @@ def _capped(reader: pa.RecordBatchReader, max_bytes: int, limit: str | None) -> 
 
 _CATALOG = re.compile(r"\b(show|describe|summarize|information_schema|duckdb_\w+|pg_\w+)\b", re.I)
 """SQL that lists or describes what exists: every view must be there to be listed."""
+
+
+def _comment_columns(con, table: str) -> None:
+    """Each column's description, [unit] and values as DuckDB's column comment (store/
+    dictionary.py): ``duckdb_columns().comment`` answers what a column is."""
+    for col in columns(table):
+        if col.comment:
+            con.execute(f'COMMENT ON COLUMN {table}."{col.name}" IS {sql_literal(col.comment)}')
 
 
 def _named_tables(sql: str) -> frozenset[str] | None:

@@ -26,11 +26,18 @@ from speedmatrix.records import (
     Field,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 6
 """Bumped when a table's columns change; stored in every row (``schema_version``).
 1: the first tables; 2: cells gained ``warmup_s`` (older files read it as null);
 3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES:
-``default`` or ``published``; older files read it as null, which means ``default``)."""
+``default`` or ``published``; older files read it as null, which means ``default``);
+4: cells gained ``ttst_ms``, the time to the second token (older files read it as null);
+5: cells gained ``ttft_samples`` and ``ttft_spread_pct`` (how many TTFTs a cell's
+figure is the median of, and how far apart; older files read them as null);
+6: runs gained ``kv_budget_tokens``, a manual KV budget (older files read it as
+null: the server's own capacity was used); cells gained the run's ``engine_commit``, ``host``,
+``trigger``, ``model`` (RUN_ON_CELLS) and ``prompt_tok_s`` (a prefill row's figure under its
+own name); older rows read null."""
 
 
 TABLES = ("runs", "cells", "requests")
@@ -54,7 +61,9 @@ class WarehouseError(InputError):
 
 
 def _field(f: Field) -> pa.Field:
-    return pa.field(f.name, _PA_TYPES[f.type], nullable=f.nullable, metadata={"doc": f.doc})
+    unit = records.unit_of(f.name)
+    meta = {"doc": f.doc, **({"unit": unit} if unit else {})}
+    return pa.field(f.name, _PA_TYPES[f.type], nullable=f.nullable, metadata=meta)
 
 
 _RUN_ID = Field("run_id", "str", False, "the run this row belongs to")
@@ -87,6 +96,22 @@ RUNS_SCHEMA = pa.schema(
     [*(_field(f) for f in RUN_FIELDS), _RUN_DATE, _RUN_MONTH, _LANDED_AT, _SCHEMA_VERSION],
     metadata={"table": "runs", "schema_version": str(SCHEMA_VERSION)},
 )
+RUN_ON_CELLS = ("engine_commit", "host", "trigger", "model")
+"""The run's fields every cell row carries (schema 4): "by commit / host / model" without a
+join. Filled by the warehouse from the run (never by the cell record); older rows read null."""
+_PROMPT_TOK_S = Field(
+    "prompt_tok_s",
+    "float",
+    True,
+    "prefill: prompt tokens / TTFT, the prefill figure under its own name (total_tok_s holds "
+    "the same for a prefill row); null for decode",
+)
+_ON_CELLS = tuple(
+    Field(f.name, f.type, True, f"the run's {f.name}: {f.doc}")
+    for f in RUN_FIELDS
+    if f.name in RUN_ON_CELLS
+)
+
 CELLS_SCHEMA = pa.schema(
     [
         _field(_RUN_ID),
@@ -95,6 +120,7 @@ CELLS_SCHEMA = pa.schema(
         _RUN_DATE,
         _RUN_MONTH,
         _SCHEMA_VERSION,
+        *(_field(f) for f in (*_ON_CELLS, _PROMPT_TOK_S)),
     ],
     metadata={"table": "cells", "schema_version": str(SCHEMA_VERSION)},
 )
@@ -115,7 +141,16 @@ SCHEMAS: dict[str, pa.Schema] = {
     "requests": REQUESTS_SCHEMA,
 }
 # Columns the warehouse fills itself (callers may pass them back from read_run; overwritten).
-_DERIVED = {"run_id", "recipe_id", "run_date", "run_month", "schema_version", "landed_at"}
+_DERIVED = {
+    "run_id",
+    "recipe_id",
+    "run_date",
+    "run_month",
+    "schema_version",
+    "landed_at",
+    *RUN_ON_CELLS,
+    "prompt_tok_s",
+}
 
 COMPARISONS_SCHEMA = pa.schema(
     [

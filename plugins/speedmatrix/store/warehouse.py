@@ -49,6 +49,7 @@ import pyarrow.fs as pafs
 from speedmatrix.store.delta import (
     arrow_dataset,
     check_partition_values,
+    create_table,
     delete_rows,
     readable_log,
     replace_rows,
@@ -64,6 +65,8 @@ from speedmatrix.store.layout import (
 )
 from speedmatrix.store.query import WarehouseQueries
 from speedmatrix.store.schemas import (
+    EXTRA_TABLES,
+    RUN_ON_CELLS,
     SCHEMA_VERSION,
     WarehouseError,
     _clean,
@@ -114,6 +117,7 @@ class Warehouse(WarehouseQueries):
         self._tables: dict[str, Any] = {}
         self._view_versions: dict[str, int | None] = {}
         self._lock = threading.RLock()
+        self._extra_created = False
         # test hook: called with a step name during land_run ("built", "landed:cells",
         # "landed:requests", "landed:runs"); a test raises or kills the process there.
         self._fault: Callable[[str], None] | None = None
@@ -260,9 +264,19 @@ class Warehouse(WarehouseQueries):
             "run_month": run_month,
             "schema_version": SCHEMA_VERSION,
         }
+        # every cell row carries the run's commit, host, trigger and model, and a prefill row
+        # its figure under its own name (schemas.RUN_ON_CELLS, prompt_tok_s)
+        on_cells = {k: _clean(run.get(k)) for k in RUN_ON_CELLS}
+        cell_rows = [
+            {
+                **c,
+                "prompt_tok_s": c.get("total_tok_s") if c.get("phase") == "prefill" else None,
+            }
+            for c in cells
+        ]
         return {
             "runs": build_table("runs", [run], fixed_run),
-            "cells": build_table("cells", list(cells), fixed),
+            "cells": build_table("cells", cell_rows, {**fixed, **on_cells}),
             "requests": build_table("requests", list(requests), fixed),
         }
 
@@ -291,6 +305,17 @@ class Warehouse(WarehouseQueries):
             for table in LANDING_ORDER:
                 self.land_table(table, run_id, tables[table])
                 self._fault_at(f"landed:{table}")
+            self._create_extra_tables()
+
+    def _create_extra_tables(self) -> None:
+        """The extra tables (comparisons, noise, cell_repeats), empty, where none is yet: every
+        table exists from the first landing, once per Warehouse."""
+        if self._extra_created:
+            return
+        for table in EXTRA_TABLES:
+            if self.delta_table(table, refresh=False) is None:
+                create_table(self.table_uri(table), view_schema(table), self.root)
+        self._extra_created = True
 
     def delete_run(self, run_id: str, recipe_id: str | None = None) -> bool:
         """Remove a run from runs, cells and requests (``runs`` first: once it is gone the run
