@@ -211,7 +211,7 @@ class Matrix(_Strict):
     # throughput's interval is tight enough for its verdict, after `adaptive_min_s` (at most
     # window_s), window_s being the cap. Off: every window runs window_s.
     adaptive: bool = False
-    adaptive_min_s: float = Field(default=10.0, gt=0)
+    adaptive_min_s: float = Field(default=5.0, gt=0)
 
     @field_validator("prefill_contexts", "contexts", mode="before")
     @classmethod
