@@ -309,10 +309,11 @@ def test_a_repeat_is_validated_like_a_cell():
 def _robust_sd(values):
     """#40's between-run scale of a sequence of measurements, written out: 1.4826 x the median
     absolute log ratio of consecutive ones, over sqrt(2)."""
+    import itertools
     import math
     import statistics
 
-    diffs = [abs(math.log(b / a)) for a, b in zip(values, values[1:])]
+    diffs = [abs(math.log(b / a)) for a, b in itertools.pairwise(values)]
     return 1.482602218505602 * statistics.median(diffs) / math.sqrt(2)
 
 
