@@ -11,7 +11,7 @@ running, an ingested page). The sources differ in what they know:
 - a release (`v0.32.0`) knows a tag.
 
 The value is the full SHA when any source has it or GitHub can tell it (the deployment's API,
-speedmatrix.upstream.commits). Where only a prefix is known it is the prefix's first
+speedmatrix.upstream.github_commits). Where only a prefix is known it is the prefix's first
 PREFIX_LEN hex digits, the length a vLLM version string carries, so the DAG's `9fedd24fa864`
 and the CLI's `9fedd24fa` land as one value. A release GitHub cannot resolve has none.
 Stdlib only: the bottom layer.

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from factories import decode_cell, prefill_cell, run_row
 
 from speedmatrix.flows.bisect_steps import (
     MAX_STEPS,
@@ -16,7 +17,6 @@ from speedmatrix.flows.bisect_steps import (
     judge_step,
     prepare_job,
 )
-from speedmatrix.records import empty_cell
 from speedmatrix.store.warehouse import Warehouse
 
 RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
@@ -27,33 +27,15 @@ T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 def _land(wh, run_id, commit, when, slow):
     """What one speed_matrix run leaves in the warehouse: the run and the asked-for cells."""
-    run = {
-        "run_id": run_id,
-        "recipe_id": RECIPE,
-        "trigger": "manual",
-        "status": "success",
-        "host": "local",
-        "engine_commit": commit,
-        "engine_ref": commit,
-        "started_at": when,
-    }
+    run = run_row(
+        run_id, recipe_id=RECIPE, engine_commit=commit, engine_ref=commit, started_at=when
+    )
     total = 81.0 * (0.9 if slow else 1.0)
     cells = [
-        empty_cell(
-            phase="prefill",
-            context_tokens=65536,
-            context_label="64K",
-            concurrency=1,
-            status="valid",
-            total_tok_s=5176.0,
-            ttft_ms=12661.0,
-        ),
-        empty_cell(
-            phase="decode",
-            context_tokens=65536,
-            context_label="64K",
-            concurrency=2,
-            status="valid",
+        prefill_cell(65536, total_tok_s=5176.0, ttft_ms=12661.0),
+        decode_cell(
+            65536,
+            2,
             total_tok_s=total,
             per_request_tok_s=total / 2,
             tbt_ms=2000.0 / total,
@@ -186,7 +168,7 @@ def test_commits_between_reads_the_compare_api(monkeypatch):
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from speedmatrix.upstream.commits import commits_between
+    from speedmatrix.upstream.github_commits import commits_between
 
     seen = []
 

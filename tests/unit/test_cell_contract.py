@@ -13,6 +13,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from factories import run_row
 from test_compare_warehouse import three_runs
 from test_repeats import decode, prefill, result
 
@@ -307,7 +308,7 @@ def test_a_value_rule_changed_in_records_changes_gx_and_the_table_builder(monkey
     both take it."""
     fixed = {"run_id": "x", "recipe_id": "r", "run_date": WHEN.date(), "run_month": "2026-12"}
     fixed["schema_version"] = 1
-    run = {f.name: None for f in RUN_FIELDS} | {"run_id": "x", "trigger": "manual"}
+    run = run_row("x")
     cell = _invalid_cell()
     assert validate_run(run, [cell]).bad_cells == []
     build_table("cells", [cell], fixed)
@@ -329,7 +330,7 @@ def test_a_value_rule_changed_in_records_changes_gx_and_the_table_builder(monkey
 def test_the_unique_key_changed_in_records_changes_gx_and_the_table_builder(monkeypatch):
     fixed = {"run_id": "x", "recipe_id": "r", "run_date": WHEN.date(), "run_month": "2026-12"}
     fixed["schema_version"] = 1
-    run = {f.name: None for f in RUN_FIELDS} | {"run_id": "x", "trigger": "manual"}
+    run = run_row("x")
     twins = [decode(workload="article"), decode(workload="continuation")]
     assert len(validate_run(run, twins).bad_cells) == 2
     with pytest.raises(WarehouseError, match="duplicate"):

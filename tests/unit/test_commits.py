@@ -7,7 +7,7 @@ import pytest
 from github_fake import FakeGitHub
 
 from speedmatrix.commits import commit_label, commit_text, same_commit
-from speedmatrix.upstream.commits import engine_commit
+from speedmatrix.upstream.github_commits import engine_commit
 
 FULL = "9fedd24fa8641f3c2b7d6e5a4c3b2a1908f7e6d5"
 

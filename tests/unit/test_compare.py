@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
+from factories import decode_cell, prefill_cell, run_row
 
 from speedmatrix.analysis.baseline import select_baseline
 from speedmatrix.analysis.noise import NoiseModel
@@ -18,32 +19,25 @@ from speedmatrix.analysis.verdict import (
     summarize,
     verdict_for,
 )
-from speedmatrix.records import empty_cell
 from speedmatrix.store.schemas import COMPARISONS_SCHEMA
 
 
 def _run(run_id="new", commit="bbbbbbb", kv=1_000_000, started="2026-11-02T00:00:00Z", **kw):
-    base = {
-        "run_id": run_id,
+    values = {
         "recipe_id": "sim/x",
-        "host": "local",
-        "status": "success",
         "engine_commit": commit,
         "engine_repository": "github.com/vllm-project/vllm",
         "kv_cache_tokens": kv,
         "started_at": datetime.fromisoformat(started.replace("Z", "+00:00")),
     }
-    base.update(kw)
-    return base
+    return run_row(run_id, **{**values, **kw})
 
 
 def _decode(ctx, conc, total, status="valid", tbt=None, ttft=200.0, **kw):
     tbt = tbt if tbt is not None else (1000.0 * conc / total if total else 1.0)
-    return empty_cell(
-        phase="decode",
-        context_tokens=ctx,
-        context_label=f"{ctx // 1024}K",
-        concurrency=conc,
+    return decode_cell(
+        ctx,
+        conc,
         status=status,
         total_tok_s=total if status == "valid" else None,
         per_request_tok_s=1000.0 / tbt if status == "valid" else None,
@@ -55,15 +49,7 @@ def _decode(ctx, conc, total, status="valid", tbt=None, ttft=200.0, **kw):
 
 
 def _prefill(ctx, tok_s):
-    return empty_cell(
-        phase="prefill",
-        context_tokens=ctx,
-        context_label=f"{ctx // 1024}K",
-        concurrency=1,
-        status="valid",
-        total_tok_s=tok_s,
-        ttft_ms=1000.0 * ctx / tok_s,
-    )
+    return prefill_cell(ctx, total_tok_s=tok_s, ttft_ms=1000.0 * ctx / tok_s)
 
 
 def _matrix(scale=None):

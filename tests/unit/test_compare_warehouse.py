@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 import duckdb
 import numpy as np
 import pytest
+from factories import decode_cell, prefill_cell, run_row
 
 from speedmatrix.analysis.compare import comparison_for_run, judge_regressions
 from speedmatrix.analysis.verdict import RegressionError
 from speedmatrix.cli import main
-from speedmatrix.records import empty_cell
 from speedmatrix.report.charts import write_comparison_charts
 from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse
@@ -24,28 +24,18 @@ CELLS = [(8192, 1, 55.0), (8192, 4, 170.0), (65536, 2, 90.0)]
 
 def _land(wh, run_id, commit, day, *, slow=None, seed=0):
     rng = np.random.default_rng(seed)
-    run = {
-        "run_id": run_id,
-        "recipe_id": "sim/wh-test",
-        "trigger": "commit",
-        "status": "success",
-        "host": "local",
-        "engine_commit": commit,
-        "engine_repository": "github.com/vllm-project/vllm",
-        "kv_cache_tokens": 320000,
-        "started_at": T0 + timedelta(days=day),
-    }
+    run = run_row(
+        run_id,
+        recipe_id="sim/wh-test",
+        trigger="commit",
+        engine_commit=commit,
+        engine_repository="github.com/vllm-project/vllm",
+        kv_cache_tokens=320000,
+        started_at=T0 + timedelta(days=day),
+    )
     cells, requests = [], []
     cells.append(
-        empty_cell(
-            phase="prefill",
-            context_tokens=8192,
-            context_label="8K",
-            concurrency=1,
-            status="valid",
-            total_tok_s=6000.0 * (1 + rng.normal(0, 0.003)),
-            ttft_ms=1365.0,
-        )
+        prefill_cell(8192, total_tok_s=6000.0 * (1 + rng.normal(0, 0.003)), ttft_ms=1365.0)
     )
     for ctx, conc, total in CELLS:
         total *= (slow or {}).get((ctx, conc), 1.0) * (1 + rng.normal(0, 0.003))
@@ -65,12 +55,9 @@ def _land(wh, run_id, commit, day, *, slow=None, seed=0):
                 }
             )
         cells.append(
-            empty_cell(
-                phase="decode",
-                context_tokens=ctx,
-                context_label=f"{ctx // 1024}K",
-                concurrency=conc,
-                status="valid",
+            decode_cell(
+                ctx,
+                conc,
                 total_tok_s=total,
                 per_request_tok_s=1000.0 / tbt,
                 tbt_ms=tbt,
@@ -220,7 +207,7 @@ def test_the_run_page_gets_its_baseline_verdicts_and_figures(wh):
 
 
 def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
-    import speedmatrix.upstream.commits
+    import speedmatrix.upstream.github_commits
 
     calls = []
 
@@ -228,7 +215,7 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
         calls.append((repo, a, b))
         return ["d" * 40, "b" * 40]
 
-    monkeypatch.setattr(speedmatrix.upstream.commits, "commits_between", fake)
+    monkeypatch.setattr(speedmatrix.upstream.github_commits, "commits_between", fake)
     with pytest.raises(RegressionError) as err:
         judge_regressions(wh, "r2", fetch_commits=True)
     assert calls == [("vllm-project/vllm", "a" * 40, "b" * 40)]
@@ -237,7 +224,7 @@ def test_regressions_task_lists_the_commits_between_when_asked(wh, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("no network")
 
-    monkeypatch.setattr(speedmatrix.upstream.commits, "commits_between", broken)
+    monkeypatch.setattr(speedmatrix.upstream.github_commits, "commits_between", broken)
     with pytest.raises(RegressionError) as err:
         judge_regressions(wh, "r2", fetch_commits=True)
     assert "commits between" not in str(err.value) and "/compare/" in str(err.value)

@@ -213,7 +213,7 @@ def test_compare_lists_the_commits_between_oldest_first(fake):
 def test_commits_between_goes_through_the_client(fake, monkeypatch):
     """analysis.bisection asked GitHub with a bare requests.get (no retries, no rate-limit
     handling, any JSON taken); it now asks the client, at the deployment's API."""
-    from speedmatrix.upstream.commits import commits_between
+    from speedmatrix.upstream.github_commits import commits_between
 
     monkeypatch.setenv("SPEEDMATRIX_GITHUB_API_URL", fake.base_url)
     assert commits_between(REPO, fake.sha(0), fake.sha(2)) == [fake.sha(1), fake.sha(2)]

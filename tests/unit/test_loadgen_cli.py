@@ -13,8 +13,8 @@ from loadgen_ideal import ideal_server
 
 from speedmatrix.loadgen import zipapp
 from speedmatrix.loadgen.cli import parse_tokens
+from speedmatrix.loadgen.prometheus import parse_metrics
 from speedmatrix.loadgen.prompts import PromptSet, header_text
-from speedmatrix.loadgen.promtext import parse_metrics
 from speedmatrix.loadgen.stats import is_repetition_loop, median, percentile, rate_median
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS
 

@@ -11,7 +11,7 @@ import pytest
 from speedmatrix.loadgen.config import DecodeConfig
 from speedmatrix.loadgen.control import reading_times
 from speedmatrix.loadgen.decode import _DecodeCell
-from speedmatrix.loadgen.promtext import Snapshot
+from speedmatrix.loadgen.prometheus import Snapshot
 from speedmatrix.loadgen.stream import Request
 
 

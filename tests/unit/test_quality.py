@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import factories
 import pytest
 
 from speedmatrix.quality import validate_run
-from speedmatrix.records import RUN_FIELDS, empty_cell
+from speedmatrix.records import empty_cell
 
 SECRET = "sk-test-Zx81qq"
 
@@ -53,20 +54,12 @@ def prefill(ctx=8192, **over):
 
 
 def run_row(**over):
-    row = {f.name: None for f in RUN_FIELDS}
-    row.update(
-        run_id="kimi.main.manual.20261129T2030Z",
-        recipe_id="sim/kimi-k2.7-nvfp4-rtxpro6k-x8",
-        trigger="manual",
-        status="success",
-        started_at="2026-11-29T20:30:00Z",
-        engine="vllm",
-        served_model="Kimi-K2.7-Code-NVFP4",
-        launch_command="vllm serve m --port 8000 --api-key <redacted>",
-        host="local",
-    )
-    row.update(over)
-    return row
+    values = {
+        "started_at": "2026-11-29T20:30:00Z",
+        "served_model": "Kimi-K2.7-Code-NVFP4",
+        "launch_command": "vllm serve m --port 8000 --api-key <redacted>",
+    }
+    return factories.run_row("kimi.main.manual.20261129T2030Z", **{**values, **over})
 
 
 def good_cells():

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 
 import duckdb
+import factories
 import pytest
 
 from speedmatrix.analysis.compare import judge_regressions
@@ -269,21 +270,13 @@ def test_collect_splits_primaries_from_repeats_and_fails_the_missing():
 
 
 def run_row():
-    from speedmatrix.records import RUN_FIELDS
-
-    row = {f.name: None for f in RUN_FIELDS}
-    row.update(
-        run_id="r1",
+    return factories.run_row(
+        "r1",
         recipe_id=SIM,
-        trigger="manual",
-        status="success",
         started_at="2026-11-29T20:30:00Z",
-        engine="vllm",
         served_model="Kimi-K2.7-Code-NVFP4",
         launch_command="vllm serve m --port 8000",
-        host="local",
     )
-    return row
 
 
 def test_a_repeat_is_validated_like_a_cell():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from factories import decode_cell, prefill_cell, run_row
 
 from speedmatrix.analysis.trend import trend, trends
 from speedmatrix.records import empty_cell
@@ -18,40 +19,27 @@ def _history(values, recipe="sim/x", host="local", statuses=None):
     for i, v in enumerate(values):
         rid = f"r{i}"
         runs.append(
-            {
-                "run_id": rid,
-                "recipe_id": recipe,
-                "host": host,
-                "status": "success",
-                "engine_commit": f"c{i:07d}",
-                "engine_version": "0.1",
-                "started_at": T0 + timedelta(days=i),
-            }
+            run_row(
+                rid,
+                recipe_id=recipe,
+                host=host,
+                engine_commit=f"c{i:07d}",
+                engine_version="0.1",
+                started_at=T0 + timedelta(days=i),
+            )
         )
         status = (statuses or {}).get(i, "valid")
         cells.append(
-            empty_cell(
-                phase="decode",
-                context_tokens=65536,
-                context_label="64K",
-                concurrency=16,
+            decode_cell(
+                65536,
+                16,
                 status=status,
                 total_tok_s=v if status == "valid" else None,
                 tbt_ms=16000.0 / v if status == "valid" else None,
             )
             | {"run_id": rid}
         )
-        cells.append(
-            empty_cell(
-                phase="prefill",
-                context_tokens=65536,
-                context_label="64K",
-                concurrency=1,
-                status="valid",
-                total_tok_s=5000.0 + i,
-            )
-            | {"run_id": rid}
-        )
+        cells.append(prefill_cell(65536, total_tok_s=5000.0 + i) | {"run_id": rid})
     return runs, cells
 
 

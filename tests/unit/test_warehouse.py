@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS, empty_cell
+from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, RUN_FIELDS
 from speedmatrix.store.schemas import (
     CELLS_SCHEMA,
     REQUESTS_SCHEMA,
@@ -27,50 +27,35 @@ from speedmatrix.store.schemas import (
 from speedmatrix.store.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
+# tests/ (factories.py) on the path: also for the subprocesses that import this module by path
+sys.path.insert(0, str(ROOT / "tests"))
+from factories import decode_cell, prefill_cell, run_row  # noqa: E402
 
 
 def make_run(run_id="r-1", recipe_id="sim/kimi-k2.7-nvfp4-rtxpro6k-x8", day=14, **extra):
-    run = {f.name: None for f in RUN_FIELDS}
-    run.update(
-        run_id=run_id,
-        recipe_id=recipe_id,
-        trigger="nightly",
-        status="success",
-        started_at=dt.datetime(2026, 3, day, 2, 0, tzinfo=dt.UTC),
-        finished_at=dt.datetime(2026, 3, day, 2, 40, tzinfo=dt.UTC),
-        engine="vllm",
-        engine_version="0.20.1",
-        hardware_gpu="sim",
-        hardware_gpu_count=8,
-        served_model="kimi",
-        measure_s=30.0,
-        max_output_tokens=4096,
-    )
-    run.update(extra)
-    return run
+    values = {
+        "recipe_id": recipe_id,
+        "trigger": "nightly",
+        "host": None,
+        "started_at": dt.datetime(2026, 3, day, 2, 0, tzinfo=dt.UTC),
+        "finished_at": dt.datetime(2026, 3, day, 2, 40, tzinfo=dt.UTC),
+        "engine_version": "0.20.1",
+        "hardware_gpu": "sim",
+        "hardware_gpu_count": 8,
+        "served_model": "kimi",
+        "measure_s": 30.0,
+        "max_output_tokens": 4096,
+    }
+    return run_row(run_id, **{**values, **extra})
 
 
 def make_cells(scale=1.0):
-    cells = [
-        empty_cell(
-            phase="prefill",
-            context_tokens=8192,
-            context_label="8K",
-            concurrency=1,
-            status="valid",
-            total_tok_s=6206.0 * scale,
-            ttft_ms=1320.0,
-            completed_requests=1,
-        )
-    ]
+    cells = [prefill_cell(8192, total_tok_s=6206.0 * scale, ttft_ms=1320.0, completed_requests=1)]
     for c in (1, 2, 4):
         cells.append(
-            empty_cell(
-                phase="decode",
-                context_tokens=8192,
-                context_label="8K",
-                concurrency=c,
-                status="valid",
+            decode_cell(
+                8192,
+                c,
                 total_tok_s=50.0 * c * scale,
                 per_request_tok_s=50.0 * scale,
                 ttft_ms=87.0,
@@ -82,15 +67,7 @@ def make_cells(scale=1.0):
                 started_at=dt.datetime(2026, 3, 14, 2, 5, tzinfo=dt.UTC),
             )
         )
-    cells.append(
-        empty_cell(
-            phase="decode",
-            context_tokens=8192,
-            context_label="8K",
-            concurrency=8,
-            status="over_capacity",
-        )
-    )
+    cells.append(decode_cell(8192, 8, status="over_capacity"))
     return cells
 
 

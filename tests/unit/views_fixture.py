@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from speedmatrix.records import RUN_FIELDS, empty_cell
+import factories
+
 from speedmatrix.store.warehouse import Warehouse
 
 MODEL = "moonshotai/Kimi-K2.7"
@@ -17,16 +18,12 @@ CONTEXTS = ((8192, "8K"), (65536, "64K"))
 
 
 def run_row(run_id: str, recipe: str, gpu: str, gpus: int, day: int, commit: str, model=MODEL):
-    run = {f.name: None for f in RUN_FIELDS}
-    run.update(
-        run_id=run_id,
+    return factories.run_row(
+        run_id,
         recipe_id=recipe,
         trigger="nightly",
-        status="success",
-        host="local",
         started_at=dt.datetime(2026, 11, day, 2, 0, tzinfo=dt.UTC),
         finished_at=dt.datetime(2026, 11, day, 2, 40, tzinfo=dt.UTC),
-        engine="vllm",
         engine_version="0.32.0",
         engine_commit=commit,
         hardware_gpu=gpu,
@@ -36,46 +33,24 @@ def run_row(run_id: str, recipe: str, gpu: str, gpus: int, day: int, commit: str
         measure_s=30.0,
         max_output_tokens=4096,
     )
-    return run
 
 
 def cells_for(per_request_1: float, decay: float, over: tuple = ()):
     """Decode cells whose per-request tok/s falls with concurrency (decay per doubling) and
     whose total grows: a real curve, so the frontier is not a single point. `over`: cells
     (tokens, concurrency) that are over capacity."""
-    cells = [
-        empty_cell(
-            phase="prefill",
-            context_tokens=8192,
-            context_label="8K",
-            concurrency=1,
-            status="valid",
-            total_tok_s=per_request_1 * 100,
-            ttft_ms=1300.0,
-        )
-    ]
-    for tokens, label in CONTEXTS:
+    cells = [factories.prefill_cell(8192, total_tok_s=per_request_1 * 100, ttft_ms=1300.0)]
+    for tokens, _label in CONTEXTS:
         slow = 0.7 if tokens > 8192 else 1.0
         for i, c in enumerate(CONCURRENCIES):
             if (tokens, c) in over:
-                cells.append(
-                    empty_cell(
-                        phase="decode",
-                        context_tokens=tokens,
-                        context_label=label,
-                        concurrency=c,
-                        status="over_capacity",
-                    )
-                )
+                cells.append(factories.decode_cell(tokens, c, status="over_capacity"))
                 continue
             per = per_request_1 * slow * decay**i
             cells.append(
-                empty_cell(
-                    phase="decode",
-                    context_tokens=tokens,
-                    context_label=label,
-                    concurrency=c,
-                    status="valid",
+                factories.decode_cell(
+                    tokens,
+                    c,
                     total_tok_s=per * c,
                     per_request_tok_s=per,
                     ttft_ms=90.0,

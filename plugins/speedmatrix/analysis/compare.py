@@ -39,7 +39,7 @@ from speedmatrix.analysis.verdict import (
 from speedmatrix.errors import InputError
 from speedmatrix.store.extra import land_extra
 from speedmatrix.store.protocol import Warehouse, WarehouseReader
-from speedmatrix.upstream import commits as upstream_commits
+from speedmatrix.upstream import github_commits
 from speedmatrix.upstream.github import github_repo
 
 log = logging.getLogger("speedmatrix.compare")
@@ -191,14 +191,14 @@ def judge_regressions(
 def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str] | None:
     """Commits after the baseline's engine commit up to the run's, or None when unknown.
 
-    Through upstream.commits.commits_between, the one caller of the GitHub client's compare API (the
+    Through upstream.github_commits.commits_between, the one caller of the GitHub client's compare API (the
     deployment's API, never a conf's)."""
     a, b = baseline.get("engine_commit"), run.get("engine_commit")
     repo = github_repo(run.get("engine_repository") or baseline.get("engine_repository"))
     if not a or not b or a == b or repo is None:
         return None
     try:
-        return upstream_commits.commits_between(repo, str(a), str(b))
+        return github_commits.commits_between(repo, str(a), str(b))
     except Exception as exc:  # network, rate limit, unknown commit: the URL still names them
         log.warning("could not list commits %s...%s: %s", a, b, exc)
         return None

@@ -98,7 +98,7 @@ def _one_commit_name(run: dict) -> None:
     """The page's Commit line becomes the run's engine ref (as the tool was asked for it), and
     engine_commit the value every path lands for that commit (speedmatrix.commits): a page of
     9fedd24fa864 and a run measured at it group together."""
-    from speedmatrix.upstream.commits import engine_commit
+    from speedmatrix.upstream.github_commits import engine_commit
 
     page = run.get("engine_commit")
     run["engine_ref"] = run.get("engine_ref") or page

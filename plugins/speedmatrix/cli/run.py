@@ -630,7 +630,7 @@ class RateMeter:
         self._thread.start()
 
     def _poll(self, phase: str) -> None:
-        from speedmatrix.loadgen.promtext import parse_metrics
+        from speedmatrix.loadgen.prometheus import parse_metrics
 
         while not self._stop.is_set():
             try:

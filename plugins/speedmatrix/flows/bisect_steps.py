@@ -23,7 +23,7 @@ from speedmatrix.recipes import load_recipe_id, wheel_index_for
 from speedmatrix.records import parse_cell, parse_context
 from speedmatrix.settings import settings
 from speedmatrix.store.protocol import WarehouseReader
-from speedmatrix.upstream.commits import commits_between
+from speedmatrix.upstream.github_commits import commits_between
 from speedmatrix.upstream.wheels import wheel_published
 
 Commit = Annotated[str, Field(pattern=r"^[0-9a-f]{7,40}$")]

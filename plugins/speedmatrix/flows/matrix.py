@@ -339,7 +339,7 @@ def run_row(
 ) -> dict[str, Any]:
     """The `runs` row: recipe facts, what the server reported, and the redacted launch line."""
     from speedmatrix.refs import classify_ref
-    from speedmatrix.upstream.commits import engine_commit
+    from speedmatrix.upstream.github_commits import engine_commit
 
     recipe = recipe_of(resolved)
     # every fact may be missing: a run whose server never started or answered still lands

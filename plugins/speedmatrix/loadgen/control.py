@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from .promtext import Snapshot, snapshot
+from .prometheus import Snapshot, snapshot
 from .stream import normalize_base_url
 
 IDLE_POLL_S = 0.05

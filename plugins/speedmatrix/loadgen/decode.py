@@ -26,8 +26,8 @@ from .common import Progress, Watchdog, check_model, progress_enabled, request_r
 from .config import DecodeConfig
 from .control import ControlClient, MetricsUnavailable, reading_times
 from .monitor import ClientMonitor
+from .prometheus import Snapshot, rise
 from .prompts import BodyBuilder, build_prompts
-from .promtext import Snapshot, rise
 from .stats import (
     COPY_NGRAM,
     CopyCheck,

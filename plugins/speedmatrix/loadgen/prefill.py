@@ -21,8 +21,8 @@ from speedmatrix.records import WARM_PREFILL, CellRecord, context_label, empty_c
 from .common import Progress, Watchdog, check_model, progress_enabled, request_row
 from .config import PrefillConfig
 from .control import ControlClient, MetricsUnavailable
+from .prometheus import rise
 from .prompts import BodyBuilder, build_prompts
-from .promtext import rise
 from .stats import median, ms, percentile, scale_times
 from .stream import Endpoint, Request, Window, connect
 

@@ -47,7 +47,7 @@ from .common import check_model, request_row
 from .config import DecodeConfig, PrefillConfig
 from .control import ControlClient, MetricsUnavailable
 from .monitor import ClientMonitor
-from .promtext import Snapshot, rise
+from .prometheus import Snapshot, rise
 from .stats import median, ms, percentile, scale_times
 from .stream import INF, Endpoint, Request, StreamConnection, Window, connect
 
