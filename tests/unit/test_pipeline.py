@@ -77,6 +77,11 @@ def test_resolve_applies_overrides_and_trigger_from_run_id():
         "prompt_mode": "shared",
         "workload": "continuation",
         "measurement_profile": "default",
+        # the recipe's (none set): the server's own KV capacity, fixed windows
+        "kv_budget": None,
+        "adaptive": False,
+        "adaptive_min_s": 10.0,
+        "adaptive_target_pct": 1.0,
     }
     assert (r["host"], r["warehouse"]) == ("gpu7", "/tmp/wh")
     # the recipe's workload (article) unless the conf says otherwise
