@@ -211,7 +211,7 @@ class Matrix(_Strict):
     # throughput's interval is tight enough for its verdict, after `adaptive_min_s` (at most
     # window_s), window_s being the cap. Off: every window runs window_s.
     adaptive: bool = False
-    adaptive_min_s: float = Field(default=10.0, gt=0)
+    adaptive_min_s: float = Field(default=5.0, gt=0)
 
     @field_validator("prefill_contexts", "contexts", mode="before")
     @classmethod
@@ -368,17 +368,22 @@ class Recipe(_Strict):
         }
 
     # ---------------------------------------------------------------- semantic checks
-    def _repeat_problems(self) -> Iterator[tuple[str, str]]:
+    def _spec(self) -> MatrixSpec:
+        """The recipe's matrix as plan's rules read it."""
         m = self.matrix
-        if m.repeats < 2:
-            yield "matrix.repeat_cells", "names cells to repeat but repeats is 1"
-        spec = MatrixSpec.build(
+        return MatrixSpec.build(
             prefill_contexts=m.prefill_contexts,
             contexts=m.contexts,
             concurrencies=m.concurrencies,
             max_output_tokens=m.max_output_tokens,
             window_s=m.window_s,
         )
+
+    def _repeat_problems(self) -> Iterator[tuple[str, str]]:
+        m = self.matrix
+        if m.repeats < 2:
+            yield "matrix.repeat_cells", "names cells to repeat but repeats is 1"
+        spec = self._spec()
         try:
             repeat_keys(spec, m.repeat_cells)
         except PlanError as exc:
@@ -391,14 +396,7 @@ class Recipe(_Strict):
             yield "matrix", "empty matrix: no prefill_contexts and no contexts"
         if m.contexts and not m.concurrencies:
             yield "matrix.concurrencies", "decode contexts given but no concurrencies"
-        size = MatrixSpec.build(
-            prefill_contexts=m.prefill_contexts,
-            contexts=m.contexts,
-            concurrencies=m.concurrencies,
-            max_output_tokens=m.max_output_tokens,
-            window_s=m.window_s,
-        )
-        for problem in matrix_size_problems(size):
+        for problem in matrix_size_problems(self._spec()):
             yield "matrix", problem
         for i, c in enumerate(m.concurrencies):
             if c < 1:

@@ -428,13 +428,13 @@ def parse_concurrency(value: int | str) -> int:
     problem at once. ValueError otherwise.
     """
     if isinstance(value, bool):
-        raise ValueError(f"not a number of requests: {value!r}")
+        raise InputError(f"not a number of requests: {value!r}")
     if isinstance(value, int):
         check_quantity(value, value)
         return value
     text = str(value).strip()
     if not isinstance(value, str) or _COUNT_RE.fullmatch(text) is None:
-        raise ValueError(f"not a number of requests: {value!r} (write ASCII digits: 16)")
+        raise InputError(f"not a number of requests: {value!r} (write ASCII digits: 16)")
     return int(check_quantity(int(text), value))
 
 

@@ -132,7 +132,7 @@ def test_an_adaptive_run_stops_windows_early_and_says_so(sim_url, tmp_path, caps
     assert cell["window_halfwidth_pct"] <= cell["adaptive_target_pct"]
     html = page.read_text()
     assert "Adaptive duration" in html
-    assert "<th>Window</th>" in html and "early: ±" in html
+    assert "Reason, window</th>" in html and "window early: ±" in html
 
 
 def test_run_repeats_the_cells_it_names_as_the_dag_does(sim_url, tmp_path, capsys) -> None:

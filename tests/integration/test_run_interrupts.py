@@ -127,6 +127,8 @@ def test_ctrl_c_during_a_run_is_an_interrupt(moment, sim_url, tmp_path):
     assert "Traceback" not in text and "speedmatrix: interrupted" in text, text
 
 
+@pytest.mark.timing  # it loads a core itself: run alone, after the rest (phase 2)
+@pytest.mark.timeout(1800)
 def test_a_run_exits_0_every_time_beside_a_busy_core(sim_url, tmp_path):
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     lease_dir = tmp_path / "lease"
@@ -137,7 +139,7 @@ def test_a_run_exits_0_every_time_beside_a_busy_core(sim_url, tmp_path):
             "--duration-s", "1", "--max-output-tokens", "256"]  # fmt: skip
     codes = []
     try:
-        for i in range(10):
+        for i in range(8):
             done = subprocess.run(
                 [sys.executable, "-m", "speedmatrix", *argv, "--warehouse", str(tmp_path / "wh")],
                 capture_output=True, text=True, env=env, timeout=300, cwd=str(ROOT),
@@ -148,4 +150,4 @@ def test_a_run_exits_0_every_time_beside_a_busy_core(sim_url, tmp_path):
     finally:
         busy.kill()
         busy.wait()
-    assert codes == [0] * 10
+    assert codes == [0] * 8

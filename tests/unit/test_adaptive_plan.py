@@ -40,15 +40,15 @@ def test_the_recipe_default_is_a_fixed_window() -> None:
 
 def test_conf_adaptive_reaches_every_decode_cell_with_its_minimum_under_its_cap() -> None:
     r = _resolve(contexts=["8K"], concurrencies=[1, 2], prefill_contexts=["8K"], adaptive=True,
-                 duration_s=6.0)  # fmt: skip
+                 duration_s=4.0)  # fmt: skip
     assert r["matrix"]["adaptive"] is True
     decode, prefill = _decode_cells(r)
     assert decode and all(c["adaptive"] is True for c in decode)
-    # the recipe's 10 s minimum, clamped to the 6 s cap: a window never exceeds its cap
-    assert {c["adaptive_min_s"] for c in decode} == {6.0}
+    # the recipe's 5 s minimum, clamped to the 4 s cap: a window never exceeds its cap
+    assert {c["adaptive_min_s"] for c in decode} == {4.0}
     assert all("adaptive" not in c for c in prefill)  # one cold request: no window
     cfg = _loadgen_config(r, SERVER, {**decode[0], "adaptive_target_pct": 0.4})  # as set
-    assert (cfg.adaptive, cfg.adaptive_min_s, cfg.duration_s) == (True, 6.0, 6.0)  # type: ignore[attr-defined]
+    assert (cfg.adaptive, cfg.adaptive_min_s, cfg.duration_s) == (True, 4.0, 4.0)  # type: ignore[attr-defined]
     assert cfg.adaptive_target_pct == 0.4  # type: ignore[attr-defined]
     cfg.validate()
 

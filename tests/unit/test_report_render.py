@@ -329,8 +329,9 @@ def test_a_published_profile_run_says_so_and_reads_back():
 
 
 def test_an_adaptive_runs_page_says_how_each_window_ended():
-    """Issue #45: the run page of an adaptive run has a Window column (a fixed run's has none)."""
-    from speedmatrix.report.render import adaptive_run, window_text
+    """The run page of an adaptive run says how each window ended in the cell's note (a fixed
+    run's says nothing of it)."""
+    from speedmatrix.report.render import adaptive_run, extra_cells, window_text
 
     early = {"window_mode": "adaptive", "window_stop": "converged", "window_halfwidth_pct": 0.84,
              "adaptive_target_pct": 1.0}  # fmt: skip
@@ -339,3 +340,7 @@ def test_an_adaptive_runs_page_says_how_each_window_ended():
     assert window_text({**early, "window_stop": "cap_not_converged"}) == "to cap: ±0.84% vs ±1.00%"
     assert window_text({"window_mode": "fixed", "window_stop": "cap"}) == "fixed"
     assert adaptive_run([{"window_mode": "fixed"}, early]) and not adaptive_run([{}])
+    assert extra_cells(early, window=True)[-1] == "window early: ±0.84% vs ±1.00%"
+    bad = {**early, "window_stop": "cap_not_steady", "error": "requests queued"}
+    assert extra_cells(bad, window=True)[-1] == "requests queued; window to cap: not steady"
+    assert extra_cells(bad)[-1] == "requests queued"

@@ -100,7 +100,8 @@ def entry() -> NoReturn:
 
     try:
         rc = main()
-    except KeyboardInterrupt:  # before main could catch it
+        note_only()  # from here an interrupt is noted: no gap where one raises uncaught
+    except KeyboardInterrupt:  # before main could catch it, or as it returned
         with contextlib.suppress(KeyboardInterrupt, OSError):
             print("speedmatrix: interrupted", file=sys.stderr)
         rc = EXIT_INTERRUPTED

@@ -111,7 +111,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
         "--adaptive-min-s",
         type=float,
         metavar="S",
-        help="adaptive: a window's least length in seconds (default the recipe's, 10)",
+        help="adaptive: a window's least length in seconds (default the recipe's, 5)",
     )
     g.add_argument("--max-output-tokens", type=int, metavar="T", help="output tokens per request")
     g.add_argument("--prompt-mode", choices=("distinct", "shared"))

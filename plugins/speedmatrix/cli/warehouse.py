@@ -32,7 +32,7 @@ _UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 def parse_size(text: str) -> int:
     """`500MB` -> 500,000,000; `1GiB` -> 2**30: a size as DuckDB reads its memory_limit
-    (KB, MB, GB in 1000s; KiB, MiB, GiB in 1024s). ValueError otherwise."""
+    (KB, MB, GB in 1000s; KiB, MiB, GiB in 1024s). InputError otherwise."""
     m = _SIZE.fullmatch(text or "")
     size = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()] if m else 0
     if not m or not 0 < size < 2**62:

@@ -158,7 +158,7 @@ class DecodeConfig(CellConfig):
     # (simulated seconds on a simulator), in fixed windows too: every cell records its interval.
     adaptive: bool = False
     adaptive_target_pct: float = 1.0
-    adaptive_min_s: float = 10.0
+    adaptive_min_s: float = 5.0
     window_check_s: float = 0.25
 
     def validate(self) -> None:

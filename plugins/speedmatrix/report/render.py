@@ -392,8 +392,8 @@ EXTRA_COLUMNS: tuple[tuple[str, str, int], ...] = (
 
 
 def window_text(cell: dict) -> str:
-    """An adaptive run's Window column: how the cell's window ended, with its interval
-    against its target (loadgen/adaptive.py); short, the table is wide already."""
+    """How an adaptive run's cell window ended, with its interval against its target
+    (loadgen/adaptive.py), for the measurements table's note; short, the table is wide."""
     stop = cell.get("window_stop")
     half, target = cell.get("window_halfwidth_pct"), cell.get("adaptive_target_pct")
     interval = (
@@ -415,13 +415,15 @@ def adaptive_run(cells: Sequence[dict]) -> bool:
 
 
 def extra_cells(cell: dict, window: bool = False) -> list[str]:
-    """The HTML table's tail-latency texts of a cell, its window (an adaptive run's), and
-    its reason (`error`)."""
+    """The HTML table's tail-latency texts of a cell, and its note: the reason (`error`) and,
+    in an adaptive run, how its window ended (in the note, not a column of its own: the table
+    must stay readable at 1280 px)."""
     out = [F.fmt_ms(cell.get(key), digits) for _, key, digits in EXTRA_COLUMNS]
-    if window:
-        out.append(window_text(cell))
     error = cell.get("error")
-    out.append(error if isinstance(error, str) and error else "")
+    notes = [error] if isinstance(error, str) and error else []
+    if window and (text := window_text(cell)):
+        notes.append(f"window {text}")
+    out.append("; ".join(notes))
     return out
 
 
@@ -534,8 +536,7 @@ def render_html(
         table_note=TABLE_NOTE,
         table_header=[h for h, _ in F.TABLE_COLUMNS]
         + [h for h, _, _ in EXTRA_COLUMNS]
-        + (["Window"] if (adaptive := adaptive_run(cells)) else [])
-        + ["Reason"],
+        + (["Reason, window"] if (adaptive := adaptive_run(cells)) else ["Reason"]),
         table_rows=[F.table_cells(c) + extra_cells(c, adaptive) for c in cells],
         table_status=[c.get("status") for c in cells],
         charts=run_charts(cells, baseline[1] if baseline else None) if charts is None else charts,
