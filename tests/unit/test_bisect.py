@@ -103,3 +103,36 @@ def test_state_round_trips_through_json_between_steps():
         BisectState.start(commits).result()
     with pytest.raises(ValueError, match="distinct"):
         BisectState.start([commits[0], commits[0]])
+
+
+def _row(metric, verdict, change_pct, higher_is_better=True, phase="decode"):
+    return {
+        "phase": phase,
+        "metric": metric,
+        "verdict": verdict,
+        "change_pct": change_pct,
+        "higher_is_better": higher_is_better,
+    }
+
+
+def test_a_step_reads_bad_only_from_a_slower_change_beyond_what_is_known():
+    """A step's verdict from its rows against the known-good run. A figure without a noise
+    history is "unverified" (never a gate), but a bisection must place the change its caller
+    saw: one slower beyond the threshold and every known band is bad; faster or within is good."""
+    from speedmatrix.analysis.bisection import step_verdict
+
+    assert step_verdict([_row("total_tok_s", "regression", -10.0)]) == "bad"
+    assert step_verdict([_row("total_tok_s", "unverified", -10.0)]) == "bad"
+    assert step_verdict([_row("tbt_ms", "unverified", 11.0, higher_is_better=False)]) == "bad"
+    assert step_verdict([_row("total_tok_s", "unverified", 10.0)]) == "good"
+    assert step_verdict([_row("tbt_ms", "unverified", -9.0, higher_is_better=False)]) == "good"
+    assert step_verdict([_row("total_tok_s", "noise", -2.0)]) == "good"
+    # the run-level KV row is not a cell of the bisection
+    assert step_verdict([_row("kv_cache_tokens", "regression", -50.0, phase="run")]) == "skip"
+    assert step_verdict([]) == "skip"
+    assert (
+        step_verdict(
+            [_row("total_tok_s", "regression", -10.0), _row("status", "not_comparable", None)]
+        )
+        == "skip"
+    )

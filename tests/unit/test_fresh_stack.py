@@ -50,9 +50,18 @@ def test_the_task_bodies_after_the_stop_run_on_a_fresh_stack(monkeypatch):
     monkeypatch.setattr(matrix, "warehouse_of", seen)
     monkeypatch.setattr(matrix, "collect_cells", seen)
     resolved = {"run_id": "r", "warehouse": "/nonexistent"}
+    # what `validate` hands `land` (contracts.VALIDATED, checked before any work), empty
+    validated = {
+        "run": {},
+        "cells": [],
+        "requests": [],
+        "repeats": [],
+        "quarantined": [],
+        "gx_results": "",
+    }
     calls = {
         "validate": lambda: matrix.validate(resolved, {}, {}, {"prefill": [], "decode": []}, []),
-        "land": lambda: matrix.land(resolved, {}),
+        "land": lambda: matrix.land(resolved, validated),
         "report": lambda: matrix.report(resolved, {"run_id": "r"}),
         "regressions": lambda: matrix.regressions(resolved, {"run_id": "r"}),
         "refresh": lambda: site.refresh(resolved),

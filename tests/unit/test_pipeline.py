@@ -10,6 +10,7 @@ import pytest
 
 from speedmatrix.flows import collect, matrix, resolution
 from speedmatrix.flows.resolution import ResolveError
+from speedmatrix.recipes import load_recipe_id
 
 WHEN = dt.datetime(2026, 11, 29, 20, 30, 5, tzinfo=dt.UTC)
 SIM = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
@@ -77,6 +78,11 @@ def test_resolve_applies_overrides_and_trigger_from_run_id():
         "prompt_mode": "shared",
         "workload": "continuation",
         "measurement_profile": "default",
+        # the recipe's (none set): the server's own KV capacity, fixed windows
+        "kv_budget": None,
+        "adaptive": False,
+        "adaptive_min_s": load_recipe_id(CPU).matrix.adaptive_min_s,
+        "adaptive_target_pct": 1.0,
     }
     assert (r["host"], r["warehouse"]) == ("gpu7", "/tmp/wh")
     # the recipe's workload (article) unless the conf says otherwise

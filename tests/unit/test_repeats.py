@@ -299,16 +299,38 @@ def test_a_repeat_is_validated_like_a_cell():
 # ------------------------------------------------------------------------------------- noise
 
 
+def _robust_sd(values):
+    """#40's between-run scale of a sequence of measurements, written out: 1.4826 x the median
+    absolute log ratio of consecutive ones, over sqrt(2)."""
+    import itertools
+    import math
+    import statistics
+
+    diffs = [abs(math.log(b / a)) for a, b in itertools.pairwise(values)]
+    return 1.482602218505602 * statistics.median(diffs) / math.sqrt(2)
+
+
 def test_between_run_noise_counts_a_runs_own_repeats():
-    runs = [
-        {"run_id": "a", "recipe_id": "r", "host": "h", "engine_commit": "c1", "status": "success"},
-        {"run_id": "b", "recipe_id": "r", "host": "h", "engine_commit": "c2", "status": "success"},
-        {"run_id": "x", "recipe_id": "r", "host": "h", "engine_commit": "c1", "status": "failed"},
-    ]
+    """#40 item 2: the between-run noise is the robust scale of consecutive differences of a
+    cell's measurements, whatever their commits, and a run's repeats are measurements like its
+    primary cell (in the order they were made). A failed run and an invalid repeat are none."""
+    t0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+
+    def run(run_id, commit, status, day):
+        return {
+            "run_id": run_id,
+            "recipe_id": "r",
+            "host": "h",
+            "engine_commit": commit,
+            "status": status,
+            "started_at": t0 + dt.timedelta(days=day),
+        }
+
+    runs = [run("a", "c1", "success", 0), run("b", "c2", "success", 1), run("x", "c1", "failed", 2)]
     cells = [
         {"run_id": "a", **decode(c=2, scale=1.00)},
         {"run_id": "a", **decode(c=1)},
-        {"run_id": "b", **decode(c=2, scale=0.90)},  # another engine: alone, no spread
+        {"run_id": "b", **decode(c=2, scale=0.90)},  # another engine: a measurement all the same
         {"run_id": "x", **decode(c=2, scale=0.50)},
     ]
     repeats = [
@@ -317,18 +339,29 @@ def test_between_run_noise_counts_a_runs_own_repeats():
         {"run_id": "b", "repeat": 1, **decode(c=2, scale=0.90, status="invalid")},
         {"run_id": "x", "repeat": 1, **decode(c=2, scale=0.70)},  # a failed run's: ignored
     ]
-    assert between_run_noise(runs, cells, columns=["total_tok_s"]).empty  # without repeats
+    # without repeats: a and b, one difference, too few for a spread of the cell's own
+    (alone,) = between_run_noise(runs, cells, columns=["total_tok_s"]).to_dict("records")
+    assert (alone["dof"], alone["runs"]) == (1, 2)
+    assert NoiseModel.from_history(runs, cells).lookup(
+        "r", "h", "decode", 8 * K, 2, "total_tok_s"
+    ) == (None, "none")
     table = between_run_noise(runs, cells, repeats, columns=["total_tok_s"])
     (row,) = table.to_dict("records")
-    assert (row["concurrency"], row["dof"], row["runs"], row["engines"]) == (2, 2, 3, 1)
-    assert row["rel_sd"] == pytest.approx(0.02, rel=1e-6)  # sd of 1.00, 1.02, 0.98
+    assert (row["concurrency"], row["dof"], row["runs"], row["engines"]) == (2, 3, 4, 2)
+    assert row["rel_sd"] == pytest.approx(_robust_sd([1.00, 1.02, 0.98, 0.90]), rel=1e-6)
     model = NoiseModel.from_history(runs, cells, repeats)
     assert model.lookup("r", "h", "decode", 8 * K, 2, "total_tok_s") == (
-        pytest.approx(0.02, rel=1e-6),
+        pytest.approx(_robust_sd([1.00, 1.02, 0.98, 0.90]), rel=1e-6),
         "cell",
     )
     assert model.lookup("r", "h", "decode", 8 * K, 1, "total_tok_s")[1] == "pooled"
     assert model.lookup("r", "other", "decode", 8 * K, 2, "total_tok_s")[1] == "none"
+    # a verdict on run a reads no history before it, but a's own repeats are its noise
+    first = NoiseModel.from_history(runs, cells, repeats, before=runs[0])
+    assert first.lookup("r", "h", "decode", 8 * K, 2, "total_tok_s") == (
+        pytest.approx(_robust_sd([1.00, 1.02, 0.98]), rel=1e-6),
+        "pooled",  # two differences: the phase's pool, not yet the cell's own three
+    )
 
 
 # ----------------------------------------------------------------------------- warehouse
@@ -440,26 +473,34 @@ def test_speedmatrix_query_reads_cell_repeats(wh, capsys):
 
 def test_one_run_with_repeats_lands_them_and_gives_its_cells_their_own_noise(tmp_path):
     """validate -> land -> regressions over a real warehouse (no Airflow, no server): the
-    primary in cells, the repeat in cell_repeats, a bad repeat quarantined, and the noise
-    table's between-run spread of the repeated cell from this one run."""
+    primary in cells, the repeats in cell_repeats, a bad repeat quarantined, and the noise
+    table's between-run spread of the repeated cell from this one run (#40: its own repeats
+    are its noise; a cell's own spread rests on three differences, so four measurements)."""
     r = resolve(
         {
             "contexts": ["8K"],
             "concurrencies": [1, 2],
             "prefill_contexts": ["8K"],
-            "repeats": 3,
+            "repeats": 5,
             "repeat_cells": ["8Kx2"],
             "warehouse": str(tmp_path / "wh"),
         }
     )
     info = {"kv_num_blocks": 16640, "kv_block_size": 16, "kv_cache_tokens": 266240}
     planned = matrix.plan(r, info)
-    assert keys(planned["decode"])[2:] == [("8K x 2 #2", 1), ("8K x 2 #3", 2)]
+    assert keys(planned["decode"])[2:] == [
+        ("8K x 2 #2", 1),
+        ("8K x 2 #3", 2),
+        ("8K x 2 #4", 3),
+        ("8K x 2 #5", 4),
+    ]
     measured = {
         ("decode", 1, 0): decode(c=1),
         ("decode", 2, 0): decode(c=2),
         ("decode", 2, 1): decode(c=2, scale=1.03),
         ("decode", 2, 2): decode(c=2, avg_active_requests=0.4),  # fails validation
+        ("decode", 2, 3): decode(c=2, scale=0.98),
+        ("decode", 2, 4): decode(c=2, scale=1.01),
     }
     results = [result(prefill())] + [
         result(measured[(p["phase"], p["concurrency"], p["repeat"])], p["repeat"])
@@ -469,14 +510,14 @@ def test_one_run_with_repeats_lands_them_and_gives_its_cells_their_own_noise(tmp
     assert validated["run"]["status"] == "success"  # the matrix itself is whole
     assert [(q["concurrency"], q["repeat"]) for q in validated["quarantined"]] == [(2, 2)]
     landed = matrix.land(r, validated)
-    assert (landed["cells"], landed["repeats"]) == (3, 1)
+    assert (landed["cells"], landed["repeats"]) == (3, 3)
 
     wh = matrix.warehouse_of(r)
     run, cells, _ = wh.read_run(r["run_id"])
     assert run["status"] == "success"
     assert [c["total_tok_s"] for c in cells if c["concurrency"] == 2] == [pytest.approx(109.8)]
     repeats = read_extra(wh, "cell_repeats", run_id=r["run_id"])
-    assert repeats[["concurrency", "repeat"]].values.tolist() == [[2, 1]]
+    assert sorted(repeats[["concurrency", "repeat"]].values.tolist()) == [[2, 1], [2, 3], [2, 4]]
     rows, doc = wh.read_quarantine(r["run_id"], "cell_repeats")
     assert [(q["repeat"], q["concurrency"]) for q in rows] == [(2, 2)]
     assert doc["result"]["expectations"]
@@ -491,5 +532,8 @@ def test_one_run_with_repeats_lands_them_and_gives_its_cells_their_own_noise(tmp
     assert source[("decode", 1, "total_tok_s")] == "pooled"
     assert source[("prefill", 1, "total_tok_s")] == "none"
     sd = noise[(noise["concurrency"] == 2) & (noise["metric"] == "total_tok_s")]
-    assert sd["between_rel_sd"].item() == pytest.approx(0.03 / 2.03 * 2**0.5, rel=1e-3)
+    # the primary and the valid repeats, in the order they ran (the quarantined one is none)
+    assert sd["between_rel_sd"].item() == pytest.approx(
+        _robust_sd([1.00, 1.03, 0.98, 1.01]), rel=1e-3
+    )
     wh.close()

@@ -9,7 +9,7 @@ the between-run noise model) and the repository's compare URL between two engine
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -156,12 +156,14 @@ def read_history(
     host: str | None = None,
     *,
     before: Mapping[str, Any] | None = None,
+    noise_excludes: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, NoiseModel]:
     """(runs, cells, comparisons, between-run noise model) of one recipe (and host).
 
     The noise model counts the runs' repeats (`cell_repeats`) as measurements too; with
     `before` (a run), it reads only the history strictly before that run: a verdict never
-    uses the candidate or a later run."""
+    uses the candidate or a later run. `noise_excludes(run)` keeps runs out of the noise (a
+    bisection's own steps, which alternate between the two sides of the change it places)."""
     where, params = ["recipe_id IS NOT DISTINCT FROM ?"], [recipe_id]
     if host is not None:
         where.append("host IS NOT DISTINCT FROM ?")
@@ -179,5 +181,8 @@ def read_history(
         else:
             rows = read_extra(warehouse, table)
             extra[table] = rows[rows["recipe_id"].isna()]
-    noise = NoiseModel.from_history(runs, cells, extra["cell_repeats"], before=before)
+    noisy = runs
+    if noise_excludes is not None and not runs.empty:
+        noisy = runs[[not noise_excludes(r) for r in runs.to_dict("records")]]
+    noise = NoiseModel.from_history(noisy, cells, extra["cell_repeats"], before=before)
     return runs, cells, extra["comparisons"], noise

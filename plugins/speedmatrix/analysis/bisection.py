@@ -16,12 +16,43 @@ flows/bisect_steps.py, which drives this state one measurement at a time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 BAD_VERDICTS = frozenset({"bad", "regression"})
 GOOD_VERDICTS = frozenset({"good", "noise", "improvement"})
 SKIP_VERDICTS = frozenset({"skip", "not_comparable"})
+
+
+def _slower(row: Mapping[str, Any]) -> bool:
+    """Whether a comparison row's figure moved the slower way (its change against the good run)."""
+    change = row.get("change_pct")
+    if change is None or change != change or change == 0:
+        return False
+    return (change > 0) != bool(row.get("higher_is_better"))
+
+
+def step_verdict(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A step's verdict from the comparison rows of its regressed cells with the known-good run
+    (analysis/verdict.py's rule): bad, good, or skip (nothing comparable).
+
+    A bisection is not a gate: its caller saw a change between the good and the bad commit and
+    asks on which side each commit lies. A regression is bad. So is an "unverified" figure that
+    moved the slower way: verdict.py calls it so when the change is beyond the threshold and
+    every band that is known (within-window intervals, counting resolution, sample spread) but
+    the host has no between-run noise history yet or the figure is one sample; reading it as
+    good would walk every step to the bad end (the job's threshold is its caller's step size).
+    """
+    rows = [r for r in rows if r.get("phase") != "run"]
+    if not rows or any(r.get("verdict") == "not_comparable" for r in rows):
+        return "skip"
+    if any(
+        r.get("verdict") == "regression" or (r.get("verdict") == "unverified" and _slower(r))
+        for r in rows
+    ):
+        return "bad"
+    return "good"
 
 
 @dataclass

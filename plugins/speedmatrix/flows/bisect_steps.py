@@ -10,13 +10,14 @@ judge compares the landed cells with the good run (compare.py's rule) to get the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 from pydantic import Field, with_config
 from typing_extensions import TypedDict
 
-from speedmatrix.analysis.bisection import BisectState
+from speedmatrix.analysis.bisection import BisectState, step_verdict
+from speedmatrix.commits import same_commit
 from speedmatrix.flows.contracts import CHECKED, Contract
 from speedmatrix.recipes import load_recipe_id, wheel_index_for
 from speedmatrix.records import parse_cell, parse_context
@@ -221,7 +222,18 @@ def judge_step(chosen: dict, warehouse: WarehouseReader | None = None) -> dict:
         def keep_req(rows: list[dict]) -> list[dict]:
             return [r for r in rows if (r["phase"], r["context_tokens"], r["concurrency"]) in keys]
 
-        noise = read_history(wh, job["recipe"], job["host"])[3]
+        # The noise of the history strictly before the step's run (never the run itself),
+        # without the runs at the commits being searched: the bisection's own steps sit on
+        # either side of the change, and their differences would read as noise.
+        searched = job["state"]["commits"][:-1]
+
+        def in_search(r: Mapping[str, Any]) -> bool:
+            names = (r.get("engine_commit"), r.get("engine_ref"))
+            return any(same_commit(n, c) for n in names for c in searched)
+
+        noise = read_history(wh, job["recipe"], job["host"], before=run, noise_excludes=in_search)[
+            3
+        ]
         rows = compare_runs(
             run,
             keep(cells),
@@ -232,11 +244,7 @@ def judge_step(chosen: dict, warehouse: WarehouseReader | None = None) -> dict:
             noise=noise,
             threshold=job["threshold"],
         )
-        rows = [r for r in rows if r["phase"] != "run"]
-        if not rows or any(r["verdict"] == "not_comparable" for r in rows):
-            verdict = "skip"
-        else:
-            verdict = "regression" if any(r["verdict"] == "regression" for r in rows) else "noise"
+        verdict = step_verdict(rows)
     state.record(commit, verdict)
     return BISECT_JOB.to_wire({**job, "state": state.to_dict()})
 
