@@ -61,6 +61,10 @@ NON_DEFAULT: dict[str, Any] = {
     "metrics_interval_s": 0.1,
     "max_active_deviation": 0.3,
     "min_window_readings": 3,
+    "adaptive": True,
+    "adaptive_target_pct": 0.4,
+    "adaptive_min_s": 2.5,
+    "window_check_s": 0.125,
 }
 
 
