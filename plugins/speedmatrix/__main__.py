@@ -5,11 +5,12 @@
 if __name__ == "__main__":
     try:
         from speedmatrix.cli import entry
-    except KeyboardInterrupt:  # while importing, before the command can catch it
+
+        entry()  # never returns; an interrupt before its own handling starts lands below
+    except KeyboardInterrupt:  # while importing, or before the command can catch it
         import sys
 
         try:
             print("speedmatrix: interrupted", file=sys.stderr)
         finally:
             raise SystemExit(130) from None
-    entry()

@@ -18,6 +18,9 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
+# stdlib-only, imported with the package so that entry() starts with nothing left to import
+import speedmatrix.cli.exiting
+import speedmatrix.cli.interrupts  # noqa: F401
 from speedmatrix.errors import InputError
 
 # command name -> (module providing register(subparsers), one-line help)
@@ -94,7 +97,9 @@ def unknown_arguments(parser: argparse.ArgumentParser, extra: Sequence[str]) -> 
 def entry() -> NoReturn:
     """The process's entry point (`speedmatrix`, `python -m speedmatrix`): main, then the
     process's end (cli.exiting: what is open closed in order, no native destructor left to
-    abort the exit). An interrupt from the first import to the exit is exit code 130."""
+    abort the exit). An interrupt from the first import to the exit is exit code 130 (the
+    two modules it needs are imported with the package: an interrupt while importing them is
+    `python -m speedmatrix`'s to catch, never a traceback here)."""
     from speedmatrix.cli.exiting import end_process
     from speedmatrix.cli.interrupts import EXIT_INTERRUPTED, interrupted, note_only
 
