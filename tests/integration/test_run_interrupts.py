@@ -127,6 +127,13 @@ def test_ctrl_c_during_a_run_is_an_interrupt(moment, sim_url, tmp_path):
     assert "Traceback" not in text and "speedmatrix: interrupted" in text, text
 
 
+RUNS = 3
+"""Each run beside the busy core takes ~80 s on 2 cores (measured in a fresh clone's phase 2:
+8 runs were 11 minutes of a suite that must stay far under CI's limit); the abort this guards
+against was never seen in 9 runs before the fix, so three runs here keep the check, not a
+frequency estimate."""
+
+
 @pytest.mark.timing  # it loads a core itself: run alone, after the rest (phase 2)
 @pytest.mark.timeout(1800)
 def test_a_run_exits_0_every_time_beside_a_busy_core(sim_url, tmp_path):
@@ -139,7 +146,7 @@ def test_a_run_exits_0_every_time_beside_a_busy_core(sim_url, tmp_path):
             "--duration-s", "1", "--max-output-tokens", "256"]  # fmt: skip
     codes = []
     try:
-        for i in range(8):
+        for i in range(RUNS):
             done = subprocess.run(
                 [sys.executable, "-m", "speedmatrix", *argv, "--warehouse", str(tmp_path / "wh")],
                 capture_output=True, text=True, env=env, timeout=300, cwd=str(ROOT),
@@ -150,4 +157,4 @@ def test_a_run_exits_0_every_time_beside_a_busy_core(sim_url, tmp_path):
     finally:
         busy.kill()
         busy.wait()
-    assert codes == [0] * 8
+    assert codes == [0] * RUNS
