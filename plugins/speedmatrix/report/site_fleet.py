@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from speedmatrix.records import COMPARABILITY_FIELDS, cell_name, cell_sort_key
 from speedmatrix.report.site_text import clean, text
@@ -65,21 +66,87 @@ COMPARISON_COLUMNS = (
 # reading the warehouse
 
 
-def load_fleet(wh: WarehouseReader) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(runs oldest first, per run the count, newest time and baseline of its comparison
-    rows, the comparison rows with a regression or an improvement): what every build needs."""
+FLEET_ORDER = "started_at NULLS LAST, run_id"
+"""The fleet's order, oldest first, in every query of the site: the pages of a full build and
+of an incremental one list runs in the same order (ties of started_at by run id)."""
+_NEWEST_FIRST = "started_at DESC NULLS FIRST, run_id DESC"
+_HITS = ("regression", "improvement")
+
+
+def fleet_fingerprints(wh: WarehouseReader) -> pa.Table:
+    """Per run, oldest first: its id, its recipe and the fingerprint of what its page is made
+    from (its landing time and status, and of its comparison rows the count, the newest time,
+    the baseline and every regression or improvement: all a verdict is made of). One
+    aggregate in the query engine: the only per-run read of a build, so that a refresh after
+    one run costs no Python per run of the fleet beyond comparing these with the manifest."""
+    hit = (
+        "concat_ws('/', phase, coalesce(CAST(context_tokens AS VARCHAR), '-'), "
+        "coalesce(context_label, '-'), coalesce(CAST(concurrency AS VARCHAR), '-'), metric, "
+        "verdict)"
+    )
+    hits = ", ".join(f"'{v}'" for v in _HITS)
+    return wh.query_arrow(
+        f"""
+        WITH c AS (
+            SELECT run_id, count(*) AS n, max(compared_at) AS compared_at,
+                min(baseline_run_id) AS baseline_run_id,
+                string_agg(CASE WHEN verdict IN ({hits}) THEN {hit} END, ';' ORDER BY {hit})
+                    AS hits
+            FROM comparisons GROUP BY run_id
+        )
+        SELECT r.run_id, r.recipe_id, md5(CAST([
+            CAST(r.landed_at AS VARCHAR), r.status, CAST(c.n AS VARCHAR),
+            CAST(c.compared_at AS VARCHAR), c.baseline_run_id, c.hits
+        ] AS VARCHAR)) AS fingerprint
+        FROM runs AS r LEFT JOIN c ON c.run_id = r.run_id
+        ORDER BY r.{FLEET_ORDER.replace(", ", ", r.")}
+        """
+    )
+
+
+def _run_rows(wh: WarehouseReader, where: str, params: list[Any], order: str) -> pd.DataFrame:
     cols = ", ".join(RUN_COLUMNS)
-    runs = wh.query(f"SELECT {cols} FROM runs")
-    summary = wh.query(
-        "SELECT run_id, count(*) AS n, max(compared_at) AS compared_at, "
-        "min(baseline_run_id) AS baseline_run_id FROM comparisons GROUP BY run_id"
+    return wh.query(f"SELECT {cols} FROM runs WHERE {where} ORDER BY {order}", params)
+
+
+def recipe_runs(wh: WarehouseReader, recipe_key: str) -> pd.DataFrame:
+    """One recipe's runs, oldest first (`recipe_key`: its id, '' for none), for its page."""
+    return _run_rows(wh, "coalesce(recipe_id, '') = ?", [recipe_key], FLEET_ORDER)
+
+
+def latest_runs(wh: WarehouseReader, n: int) -> list[dict[str, Any]]:
+    """The fleet's `n` newest runs, newest first (the index's latest runs)."""
+    cols = ", ".join(RUN_COLUMNS)
+    rows = wh.query(f"SELECT {cols} FROM runs ORDER BY {_NEWEST_FIRST} LIMIT {int(n)}")
+    return rows.to_dict("records")
+
+
+def latest_per_host(wh: WarehouseReader) -> list[dict[str, Any]]:
+    """Per recipe x host (missing ones as ''), its latest run and how many it has: the index's
+    rows, by recipe then host."""
+    cols = ", ".join(RUN_COLUMNS)
+    part = "PARTITION BY coalesce(recipe_id, ''), coalesce(host, '')"
+    rows = wh.query(
+        f"SELECT * FROM (SELECT {cols}, count(*) OVER ({part}) AS runs_of_host, "
+        f"row_number() OVER ({part} ORDER BY {_NEWEST_FIRST}) AS newest FROM runs) "
+        "WHERE newest = 1"
+    ).to_dict("records")
+    rows.sort(key=lambda r: (text(r.get("recipe_id")), text(r.get("host"))))
+    return rows
+
+
+def series_candidates(wh: WarehouseReader) -> list[dict[str, Any]]:
+    """The runs the model views can choose from, oldest first: per model id, served name,
+    recipe and host the latest successful run (analysis.pareto.choose_series picks among
+    these what it would pick among all runs: its groups are unions of these)."""
+    cols = ", ".join(RUN_COLUMNS)
+    part = "PARTITION BY model, served_model, coalesce(recipe_id, ''), coalesce(host, '')"
+    rows = wh.query(
+        f"SELECT {cols} FROM (SELECT {cols}, row_number() OVER ({part} ORDER BY "
+        f"{_NEWEST_FIRST}) AS newest FROM runs WHERE status = 'success') "
+        f"WHERE newest = 1 ORDER BY {FLEET_ORDER}"
     )
-    cols = ", ".join(COMPARISON_COLUMNS)
-    hits = wh.query(
-        f"SELECT {cols} FROM comparisons WHERE verdict IN ('regression', 'improvement')"
-    )
-    runs = runs.sort_values("started_at", kind="stable").reset_index(drop=True)
-    return runs, summary, hits
+    return [{k: clean(v) for k, v in r.items()} for r in rows.to_dict("records")]
 
 
 def run_comparisons(wh: WarehouseReader, run_id: str) -> pd.DataFrame | None:
@@ -210,18 +277,31 @@ def run_verdict(
     return Verdict(word, text_, baseline)
 
 
-def fleet_verdicts(
-    records: Sequence[Mapping[str, Any]], summary: pd.DataFrame, hits: pd.DataFrame
-) -> tuple[dict[str, Verdict], dict[str, tuple[int, str, str] | None]]:
-    """Each run's verdict from the fleet's aggregate read (:func:`load_fleet`), and what of
-    its comparisons a page shows (row count, newest time, verdict text; None: not compared),
-    the part of a run page's fingerprint the `regressions` task changes."""
+def verdicts_of(wh: WarehouseReader, runs: Sequence[Mapping[str, Any]]) -> dict[str, Verdict]:
+    """The verdicts of `runs` (the runs a page being written shows), from what the
+    `regressions` task landed: per run the count and baseline of its comparison rows and its
+    rows with a regression or an improvement, read for these runs only."""
+    ids = sorted({str(r["run_id"]) for r in runs})
+    if not ids:
+        return {}
+    summary = wh.query(
+        "SELECT run_id, count(*) AS n, min(baseline_run_id) AS baseline_run_id "
+        "FROM comparisons WHERE list_contains(?, run_id) GROUP BY run_id",
+        [ids],
+    )
+    cols = ", ".join(COMPARISON_COLUMNS)
+    hits = wh.query(
+        f"SELECT {cols} FROM comparisons WHERE list_contains(?, run_id) "
+        f"AND verdict IN ({', '.join(repr(v) for v in _HITS)})",
+        [ids],
+    )
     hits_of = {k: g for k, g in hits.groupby("run_id", sort=False)}
     summary_of = {str(r["run_id"]): r for r in summary.to_dict("records")}
     verdicts: dict[str, Verdict] = {}
-    compared: dict[str, tuple[int, str, str] | None] = {}
-    for r in records:
+    for r in runs:
         rid = str(r["run_id"])
+        if rid in verdicts:
+            continue
         agg = summary_of.get(rid)
         verdicts[rid] = run_verdict(
             r,
@@ -229,10 +309,7 @@ def fleet_verdicts(
             compared=agg is not None,
             baseline=clean(agg["baseline_run_id"]) if agg is not None else None,
         )
-        compared[rid] = (
-            None if agg is None else (int(agg["n"]), text(agg["compared_at"]), verdicts[rid].text)
-        )
-    return verdicts, compared
+    return verdicts
 
 
 def _cells_with(rows: pd.DataFrame, verdict: str) -> list[str]:
