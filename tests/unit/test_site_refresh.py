@@ -84,9 +84,9 @@ def test_an_incremental_build_writes_every_page_as_a_full_build_does(tmp_path):
 
 
 def test_a_refresh_reads_the_fleet_per_run_only_as_fingerprints(tmp_path, monkeypatch):
-    """What a refresh asks the warehouse for every run of the fleet is one aggregate: the
-    run's id, its recipe and the fingerprint of what its page is made from; no row of the
-    whole runs table comes back as a row of every column."""
+    """What a refresh asks the warehouse for every run of the fleet is one aggregate, the
+    fingerprint of what each run's page is made from, and it comes back as Arrow (no
+    DataFrame, no Python row per run); no other query returns a row for every run."""
     monkeypatch.setattr(site_pages, "LATEST_RUNS", 2)  # the index's few, fewer than the fleet
     wh = _fleet(tmp_path)
     out = tmp_path / "site"
@@ -94,16 +94,16 @@ def test_a_refresh_reads_the_fleet_per_run_only_as_fingerprints(tmp_path, monkey
     _land(wh, "r2", "b" * 40, 2, slow={(65536, 2): 0.9}, seed=2)
     _judge(wh, "r2")
     fleet = int(wh.query("SELECT count(*) AS n FROM runs")["n"][0])
-    per_run: list[tuple[str, list[str]]] = []
+    per_run: list[tuple[str, str, list[str]]] = []
     for name in ("query", "query_arrow"):
         real = getattr(wh, name)
 
-        def recording(sql, params=None, _real=real, **kw):
+        def recording(sql, params=None, _real=real, _name=name, **kw):
             result = _real(sql, params, **kw)
             names = list(getattr(result, "column_names", None) or result.columns)
             ids = result["run_id"] if "run_id" in names else []
             if len(set(ids.to_pylist() if hasattr(ids, "to_pylist") else ids)) >= fleet:
-                per_run.append((" ".join(sql.split()), names))  # a row for every run
+                per_run.append((_name, " ".join(sql.split()), names))  # a row for every run
             return result
 
         setattr(wh, name, recording)
@@ -111,7 +111,9 @@ def test_a_refresh_reads_the_fleet_per_run_only_as_fingerprints(tmp_path, monkey
     assert (new.run_pages_written, new.recipe_pages_written) == (1, 1)
     assert "1 cell regressed (64Kx2): throughput" in (out / "index.html").read_text()
     assert len(per_run) == 1, per_run
-    assert set(per_run[0][1]) <= {"run_id", "recipe_id", "fingerprint"}, per_run
+    method, sql, columns = per_run[0]
+    assert method == "query_arrow" and "fingerprint" in columns, per_run
+    assert "GROUP BY run_id" in sql and "FROM comparisons" in sql  # the verdicts' inputs
     wh.close()
 
 

@@ -28,7 +28,9 @@ Why incremental: a three-year warehouse holds tens of thousands of runs; after o
 that run's page, its recipe's page and the index change. A page is rewritten when what it was
 made from changed: for a run page the run's landing time, its verdicts and the renderer's own
 code; for a recipe page the same of every run of the recipe. ``_site.json`` keeps those
-fingerprints; a page whose file is missing is rendered again whatever it says.
+fingerprints; a page whose file is missing is rendered again whatever it says. The runs'
+fingerprints are one aggregate query (report.site_fleet): the part of a refresh that grows
+with the fleet is that query and a dict lookup per run, not pandas rows or verdicts.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,13 +50,10 @@ from speedmatrix.errors import InputError
 from speedmatrix.ownership import claim_dir, marker_name
 from speedmatrix.report import site_pages
 from speedmatrix.report.site_fleet import (
+    Fleet,
     fleet_fingerprints,
-    latest_per_host,
-    latest_runs,
     read_recipe,
-    recipe_runs,
     run_comparisons,
-    series_candidates,
     verdicts_of,
 )
 from speedmatrix.report.site_pages import (
@@ -225,18 +223,15 @@ def _build(
     warehouse: WarehouseReader, root: Path, *, force: bool, max_run_pages: int | None, t0: float
 ) -> SiteResult:
     b = _start(warehouse, root, force=force)
-    # per run of the fleet, only its id, recipe and page fingerprint (one aggregate query):
-    # what a run's page or a recipe's is made from is compared with the manifest by these
-    fleet = fleet_fingerprints(warehouse)
-    run_ids = [str(r) for r in fleet.column("run_id").to_pylist()]
-    recipes = [r or "" for r in fleet.column("recipe_id").to_pylist()]
-    run_fp = dict(zip(run_ids, fleet.column("fingerprint").to_pylist(), strict=True))
-    b.result.runs = len(run_ids)
-    _write_run_pages(b, run_ids, recipes, run_fp, max_run_pages)
-    _write_recipe_pages(b, run_ids, recipes)
-    views = _write_views(b)
-    latest = latest_runs(warehouse, site_pages.LATEST_RUNS)
-    hosts = latest_per_host(warehouse)
+    # one aggregate query: per run its page's fingerprint (compared with the manifest) and
+    # the columns the few runs a page shows need; no Python runs over every run's row
+    fleet = Fleet(fleet_fingerprints(warehouse))
+    b.result.runs = len(fleet)
+    _write_run_pages(b, fleet, max_run_pages)
+    _write_recipe_pages(b, fleet)
+    views = _write_views(b, fleet)
+    latest = fleet.latest(site_pages.LATEST_RUNS)
+    hosts = fleet.latest_per_host()
     verdicts = verdicts_of(warehouse, [*hosts, *(r for r in latest if str(r["run_id"]) in b.runs)])
     _write(
         root / "index.html",
@@ -244,7 +239,7 @@ def _build(
             b.env,
             index_rows(hosts, verdicts),
             latest,
-            len(run_ids),
+            len(fleet),
             verdicts,
             b.runs,
             models=views.entries,
@@ -286,13 +281,7 @@ def _start(warehouse: WarehouseReader, root: Path, *, force: bool) -> _Build:
     return _Build(warehouse, root, code, prices, old, SiteResult(out=str(root)), env=_env())
 
 
-def _write_run_pages(
-    b: _Build,
-    run_ids: Sequence[str],
-    recipes: Sequence[str],
-    run_fp: Mapping[str, str],
-    max_run_pages: int | None,
-) -> None:
+def _write_run_pages(b: _Build, fleet: Fleet, max_run_pages: int | None) -> None:
     """Every run's page whose fingerprint changed (or whose file is gone), newest first,
     at most `max_run_pages` of them; `b.runs` ends as the runs that have a page."""
     old_runs: dict[str, str] = b.old.get("runs", {})
@@ -300,18 +289,21 @@ def _write_run_pages(
     budget = math.inf if max_run_pages is None else max_run_pages
     folder = b.root / "runs"
     on_disk = set(os.listdir(folder)) if folder.is_dir() else set()  # one listing, not a stat a run
-    for rid, recipe_key in zip(reversed(run_ids), reversed(recipes), strict=True):  # newest first
-        page = run_page(rid)
-        there = page.removeprefix("runs/") in on_disk
-        if old_runs.get(rid) == run_fp[rid] and there:
+    run_fp = fleet.fingerprints
+    newest_first = zip(reversed(fleet.run_ids), reversed(fleet.recipes), strict=True)
+    for rid, recipe_key in newest_first:
+        # only a page the last build listed can be kept (and only then is its file looked for)
+        old_fp = old_runs.get(rid)
+        there = old_fp is not None and run_page(rid).removeprefix("runs/") in on_disk
+        if old_fp == run_fp[rid] and there:
             b.runs[rid] = run_fp[rid]
             result.run_pages_kept += 1
             continue
         if result.run_pages_written >= budget:
             # left for a later build; an older page of the run stays (and is linked) meanwhile
             result.run_pages_deferred += 1
-            if rid in old_runs and there:
-                b.runs[rid] = old_runs[rid]
+            if there:
+                b.runs[rid] = old_fp
             continue
         started = time.monotonic()
         recipe = recipe_key or None
@@ -321,18 +313,18 @@ def _write_run_pages(
             log.warning("site: no page for run %s: %s", rid, exc)
             result.failed.append(f"{rid}: {exc}")
             continue
-        _write(b.root / page, site_run_page(html_page, recipe))
+        _write(b.root / run_page(rid), site_run_page(html_page, recipe))
         b.runs[rid] = run_fp[rid]
         result.run_pages_written += 1
         result.run_pages_seconds += time.monotonic() - started
 
 
-def _write_recipe_pages(b: _Build, run_ids: Sequence[str], recipes: Sequence[str]) -> None:
+def _write_recipe_pages(b: _Build, fleet: Fleet) -> None:
     """Every recipe's page whose runs' pages changed: only such a recipe's runs are read whole,
     and verdicts made for those of them its page lists."""
     old_recipes: dict[str, str] = b.old.get("recipes", {})
     of_recipe: dict[str, list[str]] = {}
-    for rid, recipe_key in zip(run_ids, recipes, strict=True):
+    for rid, recipe_key in zip(fleet.run_ids, fleet.recipes, strict=True):
         of_recipe.setdefault(recipe_key, []).append(rid)
     b.result.recipes = len(of_recipe)
     for recipe_key in sorted(of_recipe):
@@ -343,7 +335,7 @@ def _write_recipe_pages(b: _Build, run_ids: Sequence[str], recipes: Sequence[str
             b.recipes[recipe_key] = fp
             b.result.recipe_pages_kept += 1
             continue
-        rruns = recipe_runs(b.wh, recipe_key)
+        rruns = fleet.recipe_runs(recipe_key)
         shown = rruns[[str(rid) in b.runs for rid in rruns["run_id"]]].to_dict("records")
         # the trends' window (site_pages.MAX_POINTS, read now: a test narrows it)
         history = read_recipe(b.wh, recipe, rruns, window=site_pages.MAX_POINTS + 1)
@@ -355,11 +347,11 @@ def _write_recipe_pages(b: _Build, run_ids: Sequence[str], recipes: Sequence[str
         b.result.recipe_pages_written += 1
 
 
-def _write_views(b: _Build) -> Any:
+def _write_views(b: _Build, fleet: Fleet) -> Any:
     """Per model: the Pareto view and the comparison pages of its configurations."""
     from speedmatrix.report.site_views import write_views
 
-    candidates = series_candidates(b.wh)
+    candidates = fleet.series_candidates()
     views = write_views(
         b.wh,
         b.root,
