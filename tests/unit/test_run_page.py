@@ -304,3 +304,23 @@ def test_analysis_does_not_draw():
         text = path.read_text(encoding="utf-8")
         assert "matplotlib" not in text, path.name
         assert not re.search(r"^\s*(from|import) speedmatrix\.report", text, re.M), path.name
+
+
+def test_time_to_second_token_beside_ttft_on_our_page_not_in_the_published_markdown():
+    """Issue #43 item 10: a decode cell's time to the second token (ttst_ms, the first decode
+    step apart from the prefill) shows beside its TTFT on the HTML page, in the matrix cell
+    and as a column of the measurements table next to the TTFT tails; the Markdown keeps the
+    published format, which has no such column."""
+    run, cells, base_run, base, rows = _regressed()
+    for c in cells:
+        if c["phase"] == "decode" and c["status"] == "valid":
+            c["ttst_ms"] = 18.3
+    page = render_html(run, cells, (base_run, base), comparison=rows)
+    matrix_at = page.index('<table class="matrix">')
+    matrix = page[matrix_at : page.index("</table>", matrix_at)]
+    assert "87 ms TTFT (p99 231 ms) · 2nd token 18.3 ms" in matrix
+    table = page[page.index('<table class="all">') :]
+    assert "<th>Time to 2nd token</th><th>TTFT p90</th>" in table
+    assert "<td>18.3 ms</td><td>140 ms</td><td>231 ms</td>" in table
+    md = render_markdown(run, cells)
+    assert "2nd token" not in md and "18.3" not in md
