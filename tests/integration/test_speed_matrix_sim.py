@@ -38,7 +38,7 @@ from speedmatrix.store.warehouse import Warehouse
 
 pytestmark = pytest.mark.integration
 
-# 8K and 16K at C = 1, 2 fit the calibrated KV cache (16,640 blocks of 16); C = 32 does not.
+# 8K and 16K at C = 1, 2 fit the calibrated KV cache (16,498 blocks of 16); C = 32 does not.
 CONF = {
     "recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8",
     "prefill_contexts": ["8K"],
@@ -100,7 +100,7 @@ def home(tmp_path: Path) -> Path:
 
 
 # A manual KV budget of 32K tokens (2,048 blocks of 16, 2,047 usable) in place of the
-# server's 16,640 blocks: 16K x 2 needs 2 x ceil((16,384 + 512) / 16) = 2,112 blocks, so the
+# server's 16,498 blocks: 16K x 2 needs 2 x ceil((16,384 + 512) / 16) = 2,112 blocks, so the
 # budget, not the server, puts it over capacity; 8K x 2 (1,088) and 16K x 1 (1,056) still run.
 KV_BUDGET = "32K"
 
@@ -156,7 +156,7 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
     assert "<redacted>" in run["launch_command"] and KEY not in run["launch_command"]
     # the manual budget is recorded with the run beside the server's own capacity...
     assert run["kv_budget_tokens"] == 32768
-    assert (run["kv_num_blocks"], run["kv_block_size"]) == (16640, 16)
+    assert (run["kv_num_blocks"], run["kv_block_size"]) == (16498, 16)
     by_cell = {(c["phase"], c["context_label"], c["concurrency"]): c for c in cells}
     assert by_cell[("prefill", "8K", 1)]["status"] == "valid"
     # ...and the over-capacity rule used it: 16K x 2 fits the server, not the budget

@@ -192,3 +192,36 @@ class DecodeConfig(CellConfig):
             raise InputError(f"ttft_probes must be 0..20, got {self.ttft_probes}")
         if self.prompt_mode not in PROMPT_MODES:
             raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")
+
+
+@dataclass
+class BurstConfig(CellConfig):
+    """`concurrency` requests sent at once and measured to their completion (loadgen/burst.py):
+    the published tool's request-count ("Burst / E2E") mode with as many requests as it keeps
+    in flight. No window: the burst's time runs from its first request sent to its last token."""
+
+    concurrency: int = 1
+    max_output_tokens: int = 4096
+    prompt_mode: str = "distinct"
+    warm_cache: bool = True
+    # the longest the burst may run, first request sent to last token (seconds, simulated on a
+    # simulator); past it every request still running is cut and the cell fails
+    max_burst_s: float = 3600.0
+    # validity limits (docs/measurement.md rules 6-8), as a decode cell's
+    token_tolerance: float = 0.01
+    max_loop_lag_ms: float = 10.0
+    max_client_cpu_pct: float = 90.0
+    keep_requests: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        if self.concurrency < 1:
+            raise InputError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.max_output_tokens < 2:
+            raise InputError("max_output_tokens must be at least 2 (one interval)")
+        if self.max_burst_s <= 0:
+            raise InputError(f"max_burst_s must be positive, got {self.max_burst_s}")
+        if self.prompt_mode not in PROMPT_MODES:
+            raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")
+        if self.measurement_profile != DEFAULT_MEASUREMENT_PROFILE:
+            raise InputError("a burst is measured by our definitions only (profile 'default')")
