@@ -324,3 +324,49 @@ def test_time_to_second_token_beside_ttft_on_our_page_not_in_the_published_markd
     assert "<td>18.3 ms</td><td>140 ms</td><td>231 ms</td>" in table
     md = render_markdown(run, cells)
     assert "2nd token" not in md and "18.3" not in md
+
+
+def _with_bursts():
+    from speedmatrix.records import empty_cell
+
+    run = make_run(run_id="bursts", day=14)
+    cells = make_cells()
+    burst = empty_cell(
+        phase="burst", context_tokens=8192, context_label="8K", concurrency=4, status="valid",
+        total_tok_s=155.6, per_request_tok_s=41.3, ttft_ms=214.9, ttst_ms=23.6, tbt_ms=24.2,
+        latency_ms=3290.2, latency_p90_ms=3301.0, latency_p99_ms=3310.5,
+        e2e_per_request_tok_s=38.9, completed_requests=4, output_tokens=512, measured_s=3.29,
+        max_output_tokens=128, prompt_mode="distinct", workload="article",
+    )  # fmt: skip
+    over = empty_cell(
+        phase="burst", context_tokens=8192, context_label="8K", concurrency=64,
+        status="over_capacity", max_output_tokens=128,
+    )  # fmt: skip
+    return run, [*cells, burst, over]
+
+
+def test_burst_cells_have_their_own_section_never_the_decode_matrix():
+    """Issue #43 item 12: a burst cell shows in a section of its own (Markdown and HTML),
+    with its latency and per-user end-to-end tok/s; the sustained decode matrix holds the
+    decode cells only (a burst 8K x 4 beside a decode 8K x 4 is not its figure)."""
+    run, cells = _with_bursts()
+    md = render_markdown(run, cells)
+    section = md[md.index("## Burst / E2E decode") : md.index("## All measurements")]
+    assert md.index("## Sustained decode") < md.index("## Burst / E2E decode")
+    assert (
+        "| 8K | 4 | Valid | 4/4 | 155.6 | 3,290 ms | 3,301 ms | 3,310 ms | 38.9 | 215 ms | "
+        "23.6 ms | 24.2 ms | 3.3 s |"
+    ) in section, section
+    assert "| 8K | 64 | Over capacity | — |" in section
+    matrix = md[md.index("## Sustained decode") : md.index("## Burst / E2E decode")]
+    assert "155.6" not in matrix and "64" not in matrix.splitlines()[4]
+    page = render_html(run, cells)
+    at = page.index("<h2>Burst / E2E decode</h2>")
+    html_section = page[at : page.index("</table>", at)]
+    assert "<td>3,290 ms</td><td>3,301 ms</td><td>3,310 ms</td><td>38.9</td>" in html_section
+    decode_matrix = page[page.index('<table class="matrix">') :]
+    decode_matrix = decode_matrix[: decode_matrix.index("</table>")]
+    assert "155.6" not in decode_matrix
+    # a run without bursts keeps the published page exactly: no such section
+    plain = render_markdown(run, make_cells())
+    assert "Burst" not in plain and "Burst" not in render_html(run, make_cells())

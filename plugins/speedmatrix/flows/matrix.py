@@ -244,7 +244,7 @@ def _loadgen_config(
 ) -> CellConfig:
     """The load generator's config for a planned cell: the same for a local cell (run
     in-process) and a remote one (engine.remote_cell writes it as the zipapp's flags)."""
-    from speedmatrix.loadgen import DecodeConfig, PrefillConfig
+    from speedmatrix.loadgen import BurstConfig, DecodeConfig, PrefillConfig
 
     common = {
         "base_url": server["base_url"],
@@ -266,6 +266,13 @@ def _loadgen_config(
         common["largest_context"] = max([*m["contexts"], *m["prefill_contexts"]])
     if cell["phase"] == "prefill":
         return PrefillConfig(**common)
+    if cell["phase"] == "burst":
+        return BurstConfig(
+            **common,
+            concurrency=int(cell["concurrency"]),
+            max_output_tokens=int(cell["max_output_tokens"]),
+            prompt_mode=str(cell["prompt_mode"]),
+        )
     return DecodeConfig(
         **common,
         concurrency=int(cell["concurrency"]),

@@ -25,7 +25,7 @@ from typing import Any
 
 from speedmatrix.published import formats as F
 from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
-from speedmatrix.report import palette
+from speedmatrix.report import burst, palette
 from speedmatrix.report.cellchange import cell_changes
 from speedmatrix.report.matrices import (
     ACCEPTANCE_NOTE,
@@ -320,6 +320,7 @@ def render_markdown(run: dict, cells: list[dict], baseline: Baseline | None = No
             [[r["label"], *(matrix_text(grid.get((r["tokens"], c))) for c in cols)] for r in rows],
         )
         out += ["", OVER_CAPACITY_NOTE, "", TTFT_NOTE, ""]
+    out += burst.markdown_section(cells)
     out += ["## All measurements", "", TABLE_NOTE, "", F.table_header(), F.table_rule()]
     out += [F.table_row(c) for c in cells]
     out += ["", OVER_CAPACITY_NOTE, ""]
@@ -537,6 +538,10 @@ def render_html(
         over_note=OVER_CAPACITY_NOTE,
         ttft_note=TTFT_NOTE,
         tail_note=TAIL_NOTE,
+        burst_title=burst.TITLE,
+        burst_note=burst.NOTE,
+        burst_header=burst.HEADER,
+        burst_rows=burst.burst_rows(cells),
         table_note=TABLE_NOTE,
         table_header=[h for h, _ in F.TABLE_COLUMNS]
         + [h for h, _, _ in EXTRA_COLUMNS]
