@@ -29,12 +29,19 @@ from time import perf_counter
 
 from speedmatrix.records import CellRecord, context_label, empty_cell
 
-from .common import Progress, Watchdog, check_model, progress_enabled, request_row
+from .common import (
+    Progress,
+    Watchdog,
+    measure_with_prompts,
+    progress_enabled,
+    request_row,
+    server_figures,
+)
 from .config import BurstConfig
 from .control import ControlClient, MetricsUnavailable
 from .monitor import ClientMonitor
-from .prometheus import Snapshot, rise
-from .prompts import BodyBuilder, build_prompts
+from .prometheus import Snapshot
+from .prompts import BodyBuilder
 from .stats import median, ms, percentile, rate_median, scale_times
 from .stream import Endpoint, Request, StreamConnection, Window, connect
 
@@ -45,15 +52,7 @@ async def run_burst(cfg: BurstConfig) -> tuple[CellRecord, list[dict[str, object
     Raises CellNotAttempted when the server is unreachable or does not serve the model;
     every other problem ends up in the record's status and error."""
     cfg.validate()
-    endpoint = Endpoint(cfg.base_url, cfg.api_key)
-    async with ControlClient(cfg.base_url, cfg.api_key) as ctl:
-        await check_model(ctl, cfg.model)
-        shared = cfg.prompt_mode == "shared"
-        prompts = await build_prompts(
-            ctl, cfg.model, cfg.context, cfg.run_tag, cfg.concurrency, shared, cfg.workload
-        )
-        builder = BodyBuilder(cfg.model, prompts, cfg.salt, cfg.extra_body)
-        return await _Burst(cfg, endpoint, ctl, builder).run()
+    return await measure_with_prompts(cfg, _Burst)
 
 
 class _Burst:
@@ -129,9 +128,7 @@ class _Burst:
 
     # -- the steps ------------------------------------------------------------------------------
     async def _connect(self) -> StreamConnection:
-        return await connect(
-            self.endpoint, Window(), lambda r, t: None, self.cfg.connect_timeout_s
-        )
+        return await connect(self.endpoint, Window(), lambda r, t: None, self.cfg.connect_timeout_s)
 
     async def _open(self) -> bool:
         results = await asyncio.gather(
@@ -195,7 +192,7 @@ class _Burst:
         # written back to back in one turn of the loop: "at once" as a client can
         futures = [conn.send(req, message) for conn, req, message in sends]
         sampler = asyncio.get_running_loop().create_task(self._sample())
-        done, pending = await asyncio.wait(futures, timeout=cfg.max_burst_s / cfg.time_scale)
+        _, pending = await asyncio.wait(futures, timeout=cfg.max_burst_s / cfg.time_scale)
         self.monitor.end_window()
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -302,22 +299,8 @@ class _Burst:
             )
             cell["avg_active_requests"] = busy / (end - start) if end > start else None
             cell["active_source"] = "client"
-        points = [*inside, *(s for s in (self.before, self.after) if s is not None)]
-        waiting = [v for v in (s.get("waiting") for s in points) if v is not None]
-        kv = [v for v in (s.get("kv_usage") for s in points) if v is not None]
-        cell["server_max_waiting"] = max(waiting) if waiting else None
-        cell["kv_cache_usage_max"] = max(kv) if kv else None
         a, b = self.before, self.after
-        gen = rise(a, b, "generation_tokens")
-        cell["server_generation_tokens"] = None if gen is None else round(gen)
-        pre = rise(a, b, "preemptions")
-        cell["server_preemptions"] = None if pre is None else round(pre)
-        queries, hits = rise(a, b, "prefix_queries"), rise(a, b, "prefix_hits")
-        if queries and hits is not None:
-            cell["prefix_cache_hit_rate"] = hits / queries
-        drafts, accepted = rise(a, b, "spec_drafts"), rise(a, b, "spec_accepted")
-        if drafts and accepted is not None:
-            cell["spec_acceptance_length"] = 1.0 + accepted / drafts
+        server_figures(cell, [*inside, *(s for s in (a, b) if s is not None)], a, b)
 
     def _judge(self, failed: list[Request], counts: set[int | None]) -> tuple[str, str | None]:
         """failed: something broke; invalid: it ran, but the numbers cannot be trusted. A
@@ -336,13 +319,16 @@ class _Burst:
         if cell["server_preemptions"]:
             reasons.append(f"{cell['server_preemptions']} preemptions during the burst")
         gen, out = cell["server_generation_tokens"], cell["output_tokens"]
-        if isinstance(gen, int) and isinstance(out, int):
-            # both readings on an idle server: the counts must agree, up to the tolerance
-            if abs(gen - out) > cfg.token_tolerance * max(gen, out):
-                reasons.append(
-                    f"client counted {out} output tokens, server {gen} "
-                    f"(vllm:generation_tokens_total); over {cfg.token_tolerance:.0%}"
-                )
+        # both readings on an idle server: the counts must agree, up to the tolerance
+        if (
+            isinstance(gen, int)
+            and isinstance(out, int)
+            and abs(gen - out) > cfg.token_tolerance * max(gen, out)
+        ):
+            reasons.append(
+                f"client counted {out} output tokens, server {gen} "
+                f"(vllm:generation_tokens_total); over {cfg.token_tolerance:.0%}"
+            )
         reasons += self.monitor.saturation(cfg.max_loop_lag_ms, cfg.max_client_cpu_pct)
         if reasons:
             return "invalid", "; ".join(reasons + self.notes)

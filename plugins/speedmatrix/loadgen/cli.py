@@ -217,6 +217,7 @@ DECODE_FLAGS: tuple[Flag, ...] = (
          "is invalid", type=_positive_int, metavar="N"),
 )  # fmt: skip
 
+
 def _decode_flag(name: str) -> Flag:
     return next(f for f in DECODE_FLAGS if f.field == name)
 

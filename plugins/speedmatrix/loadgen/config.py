@@ -117,6 +117,16 @@ class PrefillConfig(CellConfig):
             raise InputError(f"samples must be 1..20, got {self.samples}")
 
 
+def _check_load(cfg: DecodeConfig | BurstConfig) -> None:
+    """The load a decode or burst cell asks for: requests, output length, prompt mode."""
+    if cfg.concurrency < 1:
+        raise InputError(f"concurrency must be at least 1, got {cfg.concurrency}")
+    if cfg.max_output_tokens < 2:
+        raise InputError("max_output_tokens must be at least 2 (one interval)")
+    if cfg.prompt_mode not in PROMPT_MODES:
+        raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {cfg.prompt_mode!r}")
+
+
 @dataclass
 class DecodeConfig(CellConfig):
     concurrency: int = 1
@@ -178,20 +188,15 @@ class DecodeConfig(CellConfig):
                 )
         if not self.window_check_s > 0:
             raise ValueError("window_check_s must be positive")
-        if self.concurrency < 1:
-            raise InputError(f"concurrency must be at least 1, got {self.concurrency}")
+        _check_load(self)
         if self.duration_s <= 0:
             raise InputError(f"duration must be positive, got {self.duration_s}")
         if not 0 < self.max_copy_share <= 1:
             raise InputError("max_copy_share must be in (0, 1]")
         if self.min_window_readings < 1:
             raise InputError("min_window_readings must be at least 1")
-        if self.max_output_tokens < 2:
-            raise InputError("max_output_tokens must be at least 2 (one interval)")
         if not 0 <= self.ttft_probes <= 20:
             raise InputError(f"ttft_probes must be 0..20, got {self.ttft_probes}")
-        if self.prompt_mode not in PROMPT_MODES:
-            raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")
 
 
 @dataclass
@@ -215,13 +220,8 @@ class BurstConfig(CellConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.concurrency < 1:
-            raise InputError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.max_output_tokens < 2:
-            raise InputError("max_output_tokens must be at least 2 (one interval)")
+        _check_load(self)
         if self.max_burst_s <= 0:
             raise InputError(f"max_burst_s must be positive, got {self.max_burst_s}")
-        if self.prompt_mode not in PROMPT_MODES:
-            raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")
         if self.measurement_profile != DEFAULT_MEASUREMENT_PROFILE:
             raise InputError("a burst is measured by our definitions only (profile 'default')")
