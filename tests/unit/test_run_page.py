@@ -370,3 +370,32 @@ def test_burst_cells_have_their_own_section_never_the_decode_matrix():
     # a run without bursts keeps the published page exactly: no such section
     plain = render_markdown(run, make_cells())
     assert "Burst" not in plain and "Burst" not in render_html(run, make_cells())
+
+
+def test_the_burst_section_and_the_second_token_in_headless_chromium(tmp_path, browser):
+    """The page with bursts and times to the second token in a real browser: no console
+    errors, the burst table and the measurements table (one column wider) within a 1280 px
+    window, the burst section before the measurements."""
+    import json
+
+    run, cells = _with_bursts()
+    for c in cells:
+        if c["phase"] == "decode" and c["status"] == "valid":
+            c["ttst_ms"] = 18.3
+    page = render_html(run, cells)
+    probe = (
+        "<script>addEventListener('load',()=>{const t=s=>document.querySelector(s)"
+        ".getBoundingClientRect();document.body.dataset.layout=JSON.stringify({"
+        "burst:t('table.burst').top,burstRight:t('table.burst').right,"
+        "all:t('table.all:not(.burst)').top,width:document.documentElement.scrollWidth})})"
+        "</script>"
+    )
+    path = tmp_path / "bursts.html"
+    path.write_text(page.replace("</body>", probe + "</body>"), encoding="utf-8")
+    shot = browser.open_page(path, height=1200)
+    assert shot.console == [], shot.console
+    layout = json.loads(
+        re.search(r'data-layout="([^"]*)"', shot.dom).group(1).replace("&quot;", '"')
+    )
+    assert 0 < layout["burst"] < layout["all"]
+    assert layout["burstRight"] <= 1280 and layout["width"] <= 1280
