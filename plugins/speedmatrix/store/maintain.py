@@ -150,7 +150,8 @@ def _vacuum(delta: DeltaTable, uri: str, retention_hours: float) -> int:
     fs, base = pafs.FileSystem.from_uri(uri)
     base = base.rstrip("/")
     present = _present(fs, base, candidates)
-    removed = _removal_times(fs, base, delta.version(), cutoff_ms - CLOCK_SLACK_MS)
+    since_ms = cutoff_ms - CLOCK_SLACK_MS
+    removed = _removal_times(fs, base, delta.version(), since_ms) if present else {}
 
     def expired(path: str) -> bool:
         if path in removed:
