@@ -286,9 +286,15 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("model_revision", "str", True, "model revision"),
     Field("bench_tool", "str", True, "speedmatrix, llm-inference-bench…"),
     Field("bench_tool_version", "str", True, "its version"),
-    Field("decode_test", "str", True, "Fixed duration, or Adaptive duration (measure_s the cap)"),
+    Field("decode_test", "str", True, "Fixed duration, or Adaptive duration (window_s the cap)"),
     Field("prefill_mode", "str", True, "Measured during decode warm-up"),
-    Field("measure_s", "float", True, "time per measurement, s"),
+    Field(
+        "window_s",
+        "float",
+        True,
+        "the measurement window of each decode cell, as asked for (the page's \"Time per "
+        'measurement"); named measure_s in tables landed before schema 7, which read here',
+    ),
     Field("max_output_tokens", "int", True, "max output tokens per request"),
     Field("prompt_mode", "str", True, "distinct or shared"),
     Field("launch_command", "str", True, "the launch command, secrets as <redacted>"),

@@ -120,7 +120,7 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
                 text = HARDWARE_NOT_KNOWN
             elif key == "hardware_vram_gb":
                 text = _vram_text(run)
-            elif key == "measure_s":
+            elif key == "window_s":
                 text = F.fmt_seconds_header(value) if value is not None else None
             elif key == "max_output_tokens":
                 text = F.fmt_tokens(value) if value is not None else None
