@@ -44,7 +44,7 @@ CONF = {
     "prefill_contexts": ["8K"],
     "contexts": ["8K", "16K"],
     "concurrencies": [1, 2, 32],
-    "duration_s": 2,
+    "window_s": 2,
     "max_output_tokens": 512,  # no stream finishes inside a 2 s window: C stays in flight
 }
 
@@ -321,7 +321,7 @@ def test_two_runs_for_one_host_are_serialised_by_the_lease(migrated, tmp_path, h
     # first, the other must wait until the first one's teardown released it.
     other = tmp_path / "airflow-b"
     shutil.copytree(migrated, other)
-    small = {**CONF, "prefill_contexts": ["8K", "16K"], "contexts": ["8K"], "duration_s": 5}
+    small = {**CONF, "prefill_contexts": ["8K", "16K"], "contexts": ["8K"], "window_s": 5}
     small["concurrencies"] = [1, 2]
     a, log_a, res_a = start_run(tmp_path, home, migrated, {**small, "port": free_port()}, "a")
     b, log_b, res_b = start_run(tmp_path, home, other, {**small, "port": free_port()}, "b")

@@ -43,7 +43,7 @@ def make_run(run_id="r-1", recipe_id="sim/kimi-k2.7-nvfp4-rtxpro6k-x8", day=14, 
         "hardware_gpu": "sim",
         "hardware_gpu_count": 8,
         "served_model": "kimi",
-        "measure_s": 30.0,
+        "window_s": 30.0,
         "max_output_tokens": 4096,
     }
     return run_row(run_id, **{**values, **extra})
