@@ -274,7 +274,14 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("hardware_os", "str", True, "linux…"),
     Field("engine", "str", True, "vllm"),
     Field("engine_version", "str", True, "vLLM version string as the server reports it"),
-    Field("engine_commit", "str", True, "commit (short or full hex)"),
+    Field(
+        "engine_commit",
+        "str",
+        True,
+        "the vLLM commit: its full 40-hex SHA when known, else the 9-hex prefix a dev build's "
+        "version carries (an abbreviation, never padded: group it with its SHA by "
+        "starts_with); shown everywhere as 12 hex, or the 9 known marked …",
+    ),
     Field("engine_pr", "int", True, "pull request number when the build is a PR"),
     Field("engine_ref", "str", True, "the ref asked for (v0.29.0, 40-hex, pr/N, main)"),
     Field("engine_repository", "str", True, "e.g. github.com/vllm-project/vllm"),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedmatrix.analysis.cost import Prices, cost_per_million
+from speedmatrix.commits import shown_commit
 from speedmatrix.records import cell_name, parse_context
 
 
@@ -133,7 +134,7 @@ def choose_series(
         if key[1] not in ("", "local"):
             label += f" @ {key[1]}"
         if by_commit:
-            label += f" · {key[2][:12] or 'unknown commit'}"
+            label += f" · {shown_commit(key[2]) or key[2][:12] or 'unknown commit'}"
         out.append(Series(key="|".join(key), label=label, run=r))
     return out
 

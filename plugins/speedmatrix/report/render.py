@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from speedmatrix.commits import engine_text
 from speedmatrix.published import formats as F
 from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
 from speedmatrix.report import palette
@@ -508,6 +509,7 @@ def render_html(
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined,
     )
+    env.filters["engine"] = engine_text  # a run's engine as every commit is shown (commits)
     template = env.get_template("report.html.j2")
     return template.render(
         title="Speed test matrix",
