@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import views_fixture
 import yaml
 from deltalake import write_deltalake
-from factories import decode_cell, prefill_cell, run_row
 
 from speedmatrix.flows import resolution
 from speedmatrix.flows.resolution import ResolveError
@@ -142,26 +142,14 @@ def test_a_recipe_still_reads_the_old_names(tmp_path, old, caplog):
 
 
 def _run(run_id, day, **extra):
-    return run_row(
-        run_id,
-        recipe_id=SIM,
-        trigger="nightly",
-        started_at=dt.datetime(2026, 3, day, 2, 0, tzinfo=dt.UTC),
-        finished_at=dt.datetime(2026, 3, day, 2, 40, tzinfo=dt.UTC),
-        engine_version="0.20.1",
-        hardware_gpu="sim",
-        hardware_gpu_count=8,
-        served_model="kimi",
-        max_output_tokens=4096,
-        **extra,
-    )
+    """A run of views_fixture's model, its window as given (`window_s=` or `measure_s=`)."""
+    row = views_fixture.run_row(run_id, views_fixture.RTX, views_fixture.RTX_GPU, 8, day, "a" * 40)
+    del row["window_s"]
+    return {**row, **extra}
 
 
 def _cells():
-    return [
-        prefill_cell(8192, total_tok_s=6206.0, ttft_ms=1320.0, completed_requests=1),
-        decode_cell(8192, 1, total_tok_s=50.0, per_request_tok_s=50.0, ttft_ms=90.0),
-    ]
+    return views_fixture.cells_for(60.0, 0.85)[:2]
 
 
 def test_the_runs_table_names_the_window_window_s():
@@ -203,7 +191,5 @@ def test_a_warehouse_landed_with_measure_s_still_reads(tmp_path):
 
     assert "Time per measurement: 30 s" in render_markdown(*wh.read_run("old")[:2])
     # a row given under the old name (a caller of the old API) lands under the new one
-    row = _run("again", 21)
-    del row["window_s"]
-    wh.land_run({**row, "measure_s": 45.0}, _cells(), [])
+    wh.land_run(_run("again", 21, measure_s=45.0), _cells(), [])
     assert wh.read_run("again")[0]["window_s"] == 45.0
