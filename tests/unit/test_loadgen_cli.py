@@ -213,6 +213,7 @@ def test_the_package_imports_nothing_but_records_and_errors_from_speedmatrix() -
                     in (
                         "from speedmatrix import records",
                         "from speedmatrix import errors, records",
+                        "from speedmatrix import errors, records, renames",
                     )
                 )
                 assert ok, (path.name, line)

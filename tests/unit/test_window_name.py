@@ -10,6 +10,7 @@ import argparse
 import datetime as dt
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -83,6 +84,7 @@ def test_the_decode_config_still_takes_duration_s():
     with pytest.warns(DeprecationWarning, match="window_s"):
         old = DecodeConfig(base_url="http://x", model="m", context=8, concurrency=1, duration_s=7)
     assert new.window_s == old.window_s == 7
+    assert replace(new, window_s=9).window_s == 9  # the old name's InitVar does not undo it
 
 
 # ---------------------------------------------------------------------------------------- conf
