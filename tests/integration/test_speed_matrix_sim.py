@@ -158,6 +158,8 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
         assert by_cell[("decode", ctx, 32)]["output_tokens"] is None
     assert len(cells) == 7
     assert requests and not any(r["concurrency"] == 32 for r in requests)
+    # the conf's window (window_s, its one name) reached both tables through Airflow's Params
+    assert run["window_s"] == by_cell[("decode", "8K", 1)]["window_s"] == CONF["window_s"]
 
     gx = json.loads(wh.read_artifact(run_id, "validation/gx-results.json"))
     assert gx["cells"]["gx"]["success"] is True and gx["runs"]["gx"]["success"] is True
