@@ -302,6 +302,13 @@ RUN_FIELDS: tuple[Field, ...] = (
         "the measurement window of each decode cell, as asked for (the page's \"Time per "
         'measurement"); named measure_s in tables landed before schema 7, which read here',
     ),
+    Field(
+        "measure_s",
+        "float",
+        True,
+        "window_s under its old name (the same value, written beside it for readers of that "
+        "name: speedmatrix.renames.MIRRORED); read window_s",
+    ),
     Field("max_output_tokens", "int", True, "max output tokens per request"),
     Field("prompt_mode", "str", True, "distinct or shared"),
     Field("launch_command", "str", True, "the launch command, secrets as <redacted>"),

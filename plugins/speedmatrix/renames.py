@@ -32,6 +32,11 @@ OPTIONS: dict[str, str] = {"--duration-s": "--window-s", "--duration": "--window
 COLUMNS: dict[str, dict[str, str]] = {"runs": {"measure_s": WINDOW}}
 """Per table: a column's name in tables landed before (schema 6 and older) -> its name now
 (schema 7, store/schemas.SCHEMA_VERSION)."""
+MIRRORED: dict[str, dict[str, str]] = {"runs": {"measure_s": WINDOW}}
+"""Per table: an old column name still written beside its new one, with the same value. The
+design's table contract names the runs table's window `measure_s`, and readers of that contract
+(DuckDB, pandas or Polars reading the Delta files directly) must still find it; everything of
+ours reads and writes the new name."""
 
 log = logging.getLogger("speedmatrix.renames")
 

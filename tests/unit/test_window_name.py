@@ -155,8 +155,20 @@ def _cells():
 
 
 def test_the_runs_table_names_the_window_window_s():
-    assert "window_s" in RUNS_SCHEMA.names and "measure_s" not in RUNS_SCHEMA.names
+    assert "window_s" in RUNS_SCHEMA.names
     assert SCHEMA_VERSION >= 7
+
+
+def test_the_old_column_name_is_still_written_for_readers_of_the_contract(tmp_path):
+    """The design's table contract names runs' window `measure_s`: a reader of the Delta files
+    (pandas, Polars, DuckDB without our views) still finds it, with window_s's value."""
+    from deltalake import DeltaTable
+
+    wh = Warehouse(tmp_path)
+    wh.land_run(_run("r", 14, window_s=12.0), _cells(), [])
+    data = DeltaTable(os.path.join(tmp_path, "runs")).to_pyarrow_table()
+    assert data.column("window_s").to_pylist() == data.column("measure_s").to_pylist() == [12.0]
+    assert wh.query("SELECT measure_s FROM runs")["measure_s"].tolist() == [12.0]
 
 
 def test_a_warehouse_landed_with_measure_s_still_reads(tmp_path):
@@ -168,8 +180,12 @@ def test_a_warehouse_landed_with_measure_s_still_reads(tmp_path):
     for table in ("cells", "requests", "runs"):
         data = built[table]
         if table == "runs":
-            data = data.rename_columns(
-                ["measure_s" if n == "window_s" else n for n in data.column_names]
+            data = data.drop_columns(["measure_s"]).rename_columns(
+                [
+                    "measure_s" if n == "window_s" else n
+                    for n in data.column_names
+                    if n != "measure_s"
+                ]
             )
         i = data.schema.get_field_index("schema_version")
         data = data.set_column(i, "schema_version", pa.array([6] * data.num_rows, pa.int32()))
@@ -188,7 +204,7 @@ def test_a_warehouse_landed_with_measure_s_still_reads(tmp_path):
         {"run_id": "old", "window_s": 30.0, "schema_version": 6},
     ]
     run, _cells_read, _ = wh.read_run("old")
-    assert run["window_s"] == 30.0 and "measure_s" not in run
+    assert run["window_s"] == run["measure_s"] == 30.0
     from speedmatrix.report.render import render_markdown
 
     assert "Time per measurement: 30 s" in render_markdown(*wh.read_run("old")[:2])

@@ -335,6 +335,10 @@ def renamed_columns(table: str, have: Iterable[str]) -> dict[str, list[str]]:
     for old, new in renames.COLUMNS.get(table, {}).items():
         if old in have:
             out.setdefault(new, [new] if new in have else []).append(old)
+    for old, new in renames.MIRRORED.get(table, {}).items():
+        names = [c for c in (old, new) if c in have]
+        if names and old not in out:  # a mirror reads its twin where it is null itself
+            out[old] = names
     return out
 
 
@@ -348,6 +352,14 @@ def build_table(table: str, rows: list[dict], fixed: dict[str, Any]) -> pa.Table
     schema = SCHEMAS[table]
     names = set(schema.names)
     rows = [_renamed(table, i, row) for i, row in enumerate(rows)]
+    mirrored = renames.MIRRORED.get(table, {})
+    if mirrored:  # an old name still written with its new name's value (the caller's rows kept)
+        rows = [
+            {**row, **{old: row.get(new) for old, new in mirrored.items()}}
+            if isinstance(row, dict)
+            else row
+            for row in rows
+        ]
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise WarehouseError(f"{table} row {i}: not a dict: {type(row).__name__}")
