@@ -79,7 +79,7 @@ def time_budget_s(cfg: CellConfig) -> float:
     """How long the command may take: the first-token timeout for every stream, the window
     (a burst's: its time limit), and SLACK_S."""
     concurrency = cfg.concurrency if isinstance(cfg, DecodeConfig | BurstConfig) else 1
-    window = cfg.duration_s if isinstance(cfg, DecodeConfig) else 0.0
+    window = cfg.window_s if isinstance(cfg, DecodeConfig) else 0.0
     if isinstance(cfg, BurstConfig):  # no window: the burst's own limit
         window = cfg.max_burst_s / cfg.time_scale
     return cfg.first_token_timeout(concurrency) + SLACK_S + float(window)
