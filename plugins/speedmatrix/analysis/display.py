@@ -192,8 +192,9 @@ def comparison_markdown(
         "",
         ", ".join(f"{n} {v.replace('_', ' ')}" for v, n in counts.items()) + " (figures).",
         "A change counts only when it exceeds both the threshold and the noise band (three"
-        " run-to-run standard deviations of its recent history on this host); a figure"
-        " without such history is unverified.",
+        " standard deviations of a run-to-run difference in its recent history on this host,"
+        " or the two cells' own intervals when wider); the interval is the change ± that band."
+        " A figure without such history, or measured from one sample, is unverified.",
         "",
     ]
     shown = display_rows(rows if show_all else notable(rows))
