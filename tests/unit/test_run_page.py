@@ -269,7 +269,6 @@ def test_run_page_in_headless_chromium(wh, tmp_path, browser):
     """The real page in a real browser: no console errors, the summary (with the regression)
     in the first screen of a 1280 px wide window, before the matrix. A probe script is
     added to a copy of the page (the page itself has no script) to read the layout."""
-    import json
 
     page = render_run_page(wh, "r2")
     path = tmp_path / "r2.html"
@@ -280,17 +279,12 @@ def test_run_page_in_headless_chromium(wh, tmp_path, browser):
     # for the author to look at (the issue asks for it): SPEEDMATRIX_SCREENSHOTS=dir/prefix-
     if os.environ.get("SPEEDMATRIX_SCREENSHOTS"):
         shutil.copyfile(shot.screenshot, f"{os.environ['SPEEDMATRIX_SCREENSHOTS']}run-page.png")
-    probe = (
-        "<script>addEventListener('load',()=>{const t=s=>document.querySelector(s)"
-        ".getBoundingClientRect();document.body.dataset.layout=JSON.stringify({"
+    layout = browser.layout(
+        page,
+        tmp_path,
         "summary:t('#summary').top,regression:t('#summary tr.regression').bottom,"
-        "matrix:t('table.matrix').top,width:document.documentElement.scrollWidth})})</script>"
+        "matrix:t('table.matrix').top,width",
     )
-    probed = tmp_path / "probe.html"
-    probed.write_text(page.replace("</body>", probe + "</body>"), encoding="utf-8")
-    dom = browser.open_page(probed, height=800).dom
-    raw = re.search(r'data-layout="([^"]*)"', dom).group(1).replace("&quot;", '"')
-    layout = json.loads(raw)
     assert layout["summary"] < 300 and layout["regression"] < 800  # the first screen
     assert layout["summary"] < layout["matrix"]
     assert layout["width"] <= 1280  # nothing wider than the window

@@ -522,7 +522,7 @@ def report(resolved: Resolved, landed: Landing) -> dict[str, str]:
     data = load_run_page(
         wh, resolved["run_id"], result=handed_on_comparison(wh, resolved["run_id"])
     )
-    md = render_markdown(data.run, data.cells, data.baseline) + (
+    md = render_markdown(data.run, data.cells, data.baseline, comparison=data.rows) + (
         "\n" + data.markdown if data.markdown else ""
     )
     keep_charts(wh, data)  # the site's page of the run shows the same charts, not drawn again
