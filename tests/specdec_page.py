@@ -88,6 +88,28 @@ VARIANTS: dict[str, dict] = {
         "window_s": 30.0,
         "accounting": "aggregate",
     },
+    # issue #43: the DeepSeek DSpark page's shape: contexts 8K to 256K, then its 512K row sent
+    # as 507K (519,172 tokens: the tool's chars-per-token short of the label; the recipe's
+    # max-model-len 524,288 leaves no room for 4,096 outputs at the label's own tokens), at C=1
+    # only (KV for 983,040 tokens), its first token seconds long (the API server's delay grows
+    # with the prompt) in 30 s windows: the 507K request finishes inside the window and its
+    # restart waits its first token there. Prefill at 25K tok/s (the 507K warm-up of a test
+    # over HTTP is wall time)
+    "dspark-like": {
+        "mean": [(8192, 4.4), (519168, 3.3)],
+        "spread": 0.7,
+        "seed": 43,
+        "prefill": [[8192, 0.3], [131072, 4.8], [519168, 20.0]],
+        "base_s": 0.016,
+        "per_kv_s": 8.0e-09,
+        "frontend": [(1024, 1, 5.0), (1024, 16, 20.0), (257024, 1, 1490.0)],
+        "contexts": [8192, 16384, 32768, 65536, 131072, 262144, 524288],
+        "sent": {524288: 519168},
+        "num_gpu_blocks": 61440,
+        "max_model_len": 524288,
+        "window_s": 30.0,
+        "accounting": "aggregate",
+    },
     # high-acceptance-long with seed 47: its 2K x 8 median TBT is 0.85 x C / total, which one
     # outlier stream cannot give (seven streams at the median's rate would already exceed the
     # total): the fit spaces that cell's streams evenly (5.55% -> under 1% on that cell)
