@@ -110,12 +110,16 @@ VARIANTS: dict[str, dict] = {
         "window_s": 30.0,
         "accounting": "aggregate",
     },
-    # high-acceptance-long with seed 47: its 2K x 8 median TBT is 0.85 x C / total, which one
+    # high-acceptance-long with seed 60: its 1K x 8 median TBT is 0.85 x C / total, which one
     # outlier stream cannot give (seven streams at the median's rate would already exceed the
-    # total): the fit spaces that cell's streams evenly (5.55% -> under 1% on that cell)
-    "many-streams-apart": {**HIGH_ACCEPTANCE_LONG, "seed": 47},
-    # the same shape with seed 49: its 2K x 8 cell also has a median far faster than its mean
-    # (evenly spaced streams; with one outlier stream that cell's TBT was 3.83% off)
+    # total): the fit spaces that cell's streams evenly. (Seed 47's 2K x 8 was that cell while
+    # the twin opened a published-tool window at the first token; with the tool's readiness
+    # rule, issue #43, its r is above 7 / 8)
+    "many-streams-apart": {**HIGH_ACCEPTANCE_LONG, "seed": 60},
+    # the same shape with seed 49: its 2K x 8 cell had a median far faster than its mean while
+    # the twin opened a published-tool window at the first token (evenly spaced streams; with
+    # one outlier stream that cell's TBT was 3.83% off); with the tool's readiness rule it fits
+    # alike-but-one streams
     "streams-apart-49": {**HIGH_ACCEPTANCE_LONG, "seed": 49},
     # and seed 51, whose cells all fit alike-but-one streams
     "high-acceptance-51": {**HIGH_ACCEPTANCE_LONG, "seed": 51},

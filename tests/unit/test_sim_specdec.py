@@ -308,15 +308,16 @@ def test_a_cells_streams_alike_but_one_or_evenly_spaced():
     data["spec_decode"]["acceptance_length"]["cells"][1]["streams"] = "spread"
     with pytest.raises(ProfileError, match="streams"):
         Profile.from_dict(data)
-    # the seed-47 page's 2K x 8 cell (r = 0.85) is the one even cell of that page
+    # the seed-60 page's 1K x 8 cell (r = 0.85) is the one even cell of that page
     decode = _decode(spec_page("many-streams-apart"))
-    assert [key for key, c in decode.items() if spec_cells.streams_even(c)] == [(2048, 8)]
+    assert [key for key, c in decode.items() if spec_cells.streams_even(c)] == [(1024, 8)]
     fitted, _ = calibrated_page("many-streams-apart")
-    assert fitted.spec_decode.even_cells == [(2050, 8)]
-    decode = _decode(spec_page("streams-apart-49"))
-    assert [key for key, c in decode.items() if spec_cells.streams_even(c)] == [(2048, 8)]
-    # the published-tool shapes of other seeds fit alike-but-one streams everywhere
-    for variant in ("high-acceptance-long", "high-acceptance-51", "eight-drafts", "falling"):
+    assert [conc for _, conc in fitted.spec_decode.even_cells] == [8]
+    assert 1000 < fitted.spec_decode.even_cells[0][0] < 1100
+    # the published-tool shapes of other seeds fit alike-but-one streams everywhere (seed 49's
+    # 2K x 8 was even while the twin opened a published-tool window at the first token)
+    variants = ("high-acceptance-long", "high-acceptance-51", "streams-apart-49", "eight-drafts")
+    for variant in (*variants, "falling"):
         assert not any(spec_cells.streams_even(c) for c in _decode(spec_page(variant)).values())
 
 
