@@ -3,8 +3,9 @@
 This is a load generator in simulated time that follows docs/measurement.md the way the published
 tool does: a prefill cell is one cold request with max_tokens=1 (prompt tok/s = tokens / TTFT);
 a decode cell warms the prompt(s) into the prefix cache, starts C streams at once, restarts a
-stream the moment it finishes, opens the window when all C have their first token, and counts
-only tokens inside the window. Time between tokens is per token, per request, then the median.
+stream the moment it finishes, opens the window when all C have their first token (ours) or,
+for a page of the published tool (``aggregate``), at that tool's readiness judgement 3-4 s
+later (``loadgen/published_window.py``), and counts only tokens inside the window. Time between tokens is per token, per request, then the median.
 
 Calibration fits the profile against these predictions, and the tests hold the calibrated
 profile to the published report through them: fast and exact, with no wall clock involved.
