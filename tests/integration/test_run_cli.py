@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "include" / "sim-profiles" / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
 RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
 MODEL = "Kimi-K2.7-Code-NVFP4"
-TINY = ["--prefill-contexts", "8K", "--contexts", "8K", "--duration-s", "1"]
+TINY = ["--prefill-contexts", "8K", "--contexts", "8K", "--window-s", "1"]
 TINY += ["--max-output-tokens", "256"]
 
 
@@ -114,17 +114,17 @@ def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None
 
 def test_an_adaptive_run_stops_windows_early_and_says_so(sim_url, tmp_path, capsys) -> None:
     """`run --adaptive` (issue #45): each decode window ends once tight (the simulator is
-    steady), its cap being --duration-s; the cell records the window it used and why it
+    steady), its cap being --window-s; the cell records the window it used and why it
     stopped, the run that its decode test was adaptive, and the page shows both."""
     wh = tmp_path / "wh"
     rc = main(["run", "--base-url", sim_url, "--model", MODEL, "--contexts", "8K",
-               "--concurrencies", "4", "--prefill-contexts", "8K", "--duration-s", "20",
+               "--concurrencies", "4", "--prefill-contexts", "8K", "--window-s", "20",
                "--adaptive", "--adaptive-min-s", "3", "--max-output-tokens", "4096",
                "--warehouse", str(wh)])  # fmt: skip
     out, err = capsys.readouterr()
     assert rc == 0, err
     run, cells, page = _landed(wh, out)
-    assert run["decode_test"] == "Adaptive duration" and run["measure_s"] == 20.0
+    assert run["decode_test"] == "Adaptive duration" and run["window_s"] == 20.0
     decode = [c for c in cells if c["phase"] == "decode"]
     assert len(decode) == 1, (cells, err)
     cell = decode[0]
@@ -294,7 +294,7 @@ def test_a_killed_run_is_taken_over_and_ctrl_c_stops_what_it_started(tmp_path) -
     env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     env.pop("SPEEDMATRIX_API_KEY", None)
     argv = [sys.executable, "-m", "speedmatrix", "run", RECIPE, "--prefill-contexts", "8K",
-            "--contexts", "8K", "--concurrencies", "1", "--duration-s", "60",
+            "--contexts", "8K", "--concurrencies", "1", "--window-s", "60",
             "--port", str(_free_port()), "--warehouse", str(wh)]  # fmt: skip
     first = Terminal(argv, env=env, cwd=str(ROOT))
     try:
@@ -336,3 +336,45 @@ def test_a_manual_kv_budget_decides_over_capacity_and_is_recorded(sim_url, tmp_p
     got = {(c["phase"], c["context_label"], c["concurrency"]): c["status"] for c in cells}
     assert got[("decode", "8K", 2)] == "over_capacity"
     assert got[("decode", "8K", 1)] in ("valid", "invalid")
+
+
+def test_burst_cells_are_measured_landed_and_shown_beside_the_matrix(sim_url, tmp_path, capsys):
+    """Issue #43 item 12: `--burst N…` adds burst cells (recipe `matrix.burst`, conf `burst`):
+    at each decode context, N requests sent at once and measured to their completion. Their
+    own cells (phase burst), over capacity by the same rule, landed with their latency and
+    per-user end-to-end tok/s (the cells suite passed: they are in `cells`, not quarantined),
+    their requests in `requests`, and a section of their own on the page."""
+    wh = tmp_path / "wh"
+    rc = main(["run", "--base-url", sim_url, "--model", MODEL, *TINY, "--concurrencies", "1",
+               "--burst", "2", "64", "--warehouse", str(wh)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    run, cells, page = _landed(wh, out)
+    got = {(c["phase"], c["context_label"], c["concurrency"]): c for c in cells}
+    assert set(got) == {
+        ("prefill", "8K", 1),
+        ("decode", "8K", 1),
+        ("burst", "8K", 2),
+        ("burst", "8K", 64),
+    }
+    burst = got[("burst", "8K", 2)]
+    assert burst["status"] == "valid", burst["error"]
+    assert burst["completed_requests"] == 2 and burst["output_tokens"] == 2 * 256
+    assert burst["window_s"] is None and burst["max_output_tokens"] == 256
+    assert burst["latency_ms"] > burst["ttft_ms"] > 0
+    assert burst["latency_ms"] <= burst["latency_p90_ms"] <= burst["latency_p99_ms"]
+    assert burst["e2e_per_request_tok_s"] == pytest.approx(
+        256 / (burst["latency_ms"] / 1000), rel=0.02
+    )
+    assert burst["total_tok_s"] == pytest.approx(512 / burst["measured_s"], rel=1e-6)
+    assert got[("burst", "8K", 64)]["status"] == "over_capacity"
+    # the decode cell's figures are its own: it has no latency of a completed burst
+    assert got[("decode", "8K", 1)]["latency_ms"] is None
+    _, _, requests = Warehouse(str(wh)).read_run(run["run_id"])
+    assert len([r for r in requests if r["phase"] == "burst"]) == 2
+    # the progress names it, and the page has its section with its latency
+    assert "burst 8K x 2: " in err
+    html = page.read_text()
+    assert "<h2>Burst / E2E decode</h2>" in html
+    section = html[html.index("<h2>Burst / E2E decode</h2>") :]
+    assert f"{burst['latency_ms']:,.0f} ms" in section

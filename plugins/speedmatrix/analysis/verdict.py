@@ -36,7 +36,7 @@ import pandas as pd
 import pyarrow as pa
 
 from speedmatrix.analysis.noise import CELL_KEY, Interval, NoiseModel, frame, within_window
-from speedmatrix.commits import same_commit
+from speedmatrix.commits import engine_text, resolved, same_commit
 from speedmatrix.records import cell_key, cell_name, cell_sort_key, not_comparable_reason
 from speedmatrix.store.schemas import COMPARISON_FIELDS, COMPARISONS_SCHEMA
 from speedmatrix.upstream.github import github_repo
@@ -63,11 +63,23 @@ class Metric:
     label: str
 
 
+# a burst cell (loadgen/burst.py) is judged by its own figures too, against the same burst of
+# the baseline only (its phase is in its key and in the comparability rule)
 METRICS: tuple[Metric, ...] = (
-    Metric("total_tok_s", "total_tok_s", ("decode",), True, "total tok/s"),
-    Metric("per_request_tok_s", "per_request_tok_s", ("decode",), True, "per request tok/s"),
-    Metric("ttft_ms", "ttft_ms", ("decode",), False, "TTFT ms"),
-    Metric("tbt_ms", "tbt_ms", ("decode",), False, "time between tokens ms"),
+    Metric("total_tok_s", "total_tok_s", ("decode", "burst"), True, "total tok/s"),
+    Metric(
+        "per_request_tok_s", "per_request_tok_s", ("decode", "burst"), True, "per request tok/s"
+    ),
+    Metric("ttft_ms", "ttft_ms", ("decode", "burst"), False, "TTFT ms"),
+    Metric("tbt_ms", "tbt_ms", ("decode", "burst"), False, "time between tokens ms"),
+    Metric("latency_ms", "latency_ms", ("burst",), False, "completed-request latency ms"),
+    Metric(
+        "e2e_per_request_tok_s",
+        "e2e_per_request_tok_s",
+        ("burst",),
+        True,
+        "per user end-to-end tok/s",
+    ),
     Metric("prefill_tok_s", "total_tok_s", ("prefill",), True, "prefill tok/s"),
     Metric(
         "spec_acceptance_length", "spec_acceptance_length", ("decode",), True, "spec acceptance"
@@ -475,8 +487,9 @@ def summarize(
             f" noise {f'±{noise:.1f}%' if noise is not None else 'unknown'})"
             + (f": {r.get('reason')}" if r.get("reason") else "")
         )
-    a = baseline.get("engine_commit") or baseline.get("engine_version") or "?"
-    b = run.get("engine_commit") or run.get("engine_version") or "?"
+    # this run's commit is the last of the commits between, when GitHub listed them
+    a = engine_text(baseline)
+    b = engine_text({**run, "engine_commit": resolved(run.get("engine_commit"), commits or ())})
     lines.append(f"engine: baseline {a} -> this run {b}")
     if commits:
         shown = list(commits)

@@ -244,7 +244,7 @@ def _loadgen_config(
 ) -> CellConfig:
     """The load generator's config for a planned cell: the same for a local cell (run
     in-process) and a remote one (engine.remote_cell writes it as the zipapp's flags)."""
-    from speedmatrix.loadgen import DecodeConfig, PrefillConfig
+    from speedmatrix.loadgen import BurstConfig, DecodeConfig, PrefillConfig
 
     common = {
         "base_url": server["base_url"],
@@ -266,10 +266,17 @@ def _loadgen_config(
         common["largest_context"] = max([*m["contexts"], *m["prefill_contexts"]])
     if cell["phase"] == "prefill":
         return PrefillConfig(**common)
+    if cell["phase"] == "burst":
+        return BurstConfig(
+            **common,
+            concurrency=int(cell["concurrency"]),
+            max_output_tokens=int(cell["max_output_tokens"]),
+            prompt_mode=str(cell["prompt_mode"]),
+        )
     return DecodeConfig(
         **common,
         concurrency=int(cell["concurrency"]),
-        duration_s=float(cell["window_s"]),
+        window_s=float(cell["window_s"]),
         max_output_tokens=int(cell["max_output_tokens"]),
         prompt_mode=str(cell["prompt_mode"]),
         **_adaptive_settings(cell),
@@ -383,11 +390,11 @@ def run_row(
         model_revision=recipe.model.revision,
         bench_tool="speedmatrix",
         bench_tool_version=__version__,
-        # adaptive: each window stopped when tight enough, measure_s its cap; every cell's
+        # adaptive: each window stopped when tight enough, window_s its cap; every cell's
         # "Measured" is the window it used and window_stop why it ended
         decode_test="Adaptive duration" if resolved["matrix"].get("adaptive") else "Fixed duration",
         prefill_mode="Measured during decode warm-up",
-        measure_s=resolved["matrix"]["window_s"],
+        window_s=resolved["matrix"]["window_s"],
         max_output_tokens=resolved["matrix"]["max_output_tokens"],
         prompt_mode=resolved["matrix"]["prompt_mode"],
         workload=resolved["matrix"].get("workload"),

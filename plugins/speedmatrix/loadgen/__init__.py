@@ -3,7 +3,7 @@
 In-process use (Airflow tasks, tests)::
 
     cell, rows = asyncio.run(run_decode(DecodeConfig(base_url=..., model=..., context=8192,
-                                                     concurrency=16, duration_s=30)))
+                                                     concurrency=16, window_s=30)))
 
 `cell` is the flat cell record (records.CELL_FIELDS, every key present), `rows` the per-request
 rows (records.REQUEST_FIELDS). CellNotAttempted means the cell could not be attempted at all.
@@ -11,18 +11,21 @@ This package imports nothing from speedmatrix but `speedmatrix.records`, so it s
 host as one zipapp (`speedmatrix.loadgen.zipapp.build`).
 """
 
-from .config import CellConfig, DecodeConfig, PrefillConfig, new_run_tag
+from .burst import run_burst
+from .config import BurstConfig, CellConfig, DecodeConfig, PrefillConfig, new_run_tag
 from .control import CellNotAttempted
 from .decode import run_decode
 from .prefill import run_prefill
 from .runner import run_cell
 
 __all__ = [
+    "BurstConfig",
     "CellConfig",
     "CellNotAttempted",
     "DecodeConfig",
     "PrefillConfig",
     "new_run_tag",
+    "run_burst",
     "run_cell",
     "run_decode",
     "run_prefill",

@@ -10,8 +10,9 @@ no flag are the in-process ones (cli.IN_PROCESS_ONLY).
 from __future__ import annotations
 
 import secrets
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from speedmatrix.errors import InputError
@@ -23,6 +24,7 @@ from speedmatrix.records import (
     PROMPT_MODES,
     WORKLOADS,
 )
+from speedmatrix.renames import note
 
 
 def new_run_tag() -> str:
@@ -117,10 +119,20 @@ class PrefillConfig(CellConfig):
             raise InputError(f"samples must be 1..20, got {self.samples}")
 
 
+def _check_load(cfg: DecodeConfig | BurstConfig) -> None:
+    """The load a decode or burst cell asks for: requests, output length, prompt mode."""
+    if cfg.concurrency < 1:
+        raise InputError(f"concurrency must be at least 1, got {cfg.concurrency}")
+    if cfg.max_output_tokens < 2:
+        raise InputError("max_output_tokens must be at least 2 (one interval)")
+    if cfg.prompt_mode not in PROMPT_MODES:
+        raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {cfg.prompt_mode!r}")
+
+
 @dataclass
 class DecodeConfig(CellConfig):
     concurrency: int = 1
-    duration_s: float = 30.0
+    window_s: float = 30.0
     max_output_tokens: int = 4096
     prompt_mode: str = "distinct"
     warm_cache: bool = True
@@ -153,13 +165,22 @@ class DecodeConfig(CellConfig):
     max_copy_share: float = 0.2
     keep_requests: bool = True
     # Adaptive windows (loadgen/adaptive.py): stop once total tok/s's 95% interval is within
-    # `adaptive_target_pct` of it, after `adaptive_min_s`, duration_s being the cap; a window
+    # `adaptive_target_pct` of it, after `adaptive_min_s`, window_s being the cap; a window
     # that trends, queues or preempts runs to the cap. Checkpoints every `window_check_s`
     # (simulated seconds on a simulator), in fixed windows too: every cell records its interval.
     adaptive: bool = False
     adaptive_target_pct: float = 1.0
     adaptive_min_s: float = 5.0
     window_check_s: float = 0.25
+    # the old name of window_s (speedmatrix.renames): still read, with a DeprecationWarning
+    duration_s: InitVar[float | None] = None
+
+    def __post_init__(self, duration_s: float | None) -> None:
+        if duration_s is not None:
+            warnings.warn(
+                note("DecodeConfig(duration_s=...)", "window_s"), DeprecationWarning, stacklevel=3
+            )
+            self.window_s = duration_s
 
     def validate(self) -> None:
         super().validate()
@@ -171,24 +192,47 @@ class DecodeConfig(CellConfig):
                 )
             if not self.adaptive_target_pct > 0:
                 raise ValueError("adaptive_target_pct must be positive")
-            if not 0 < self.adaptive_min_s <= self.duration_s:
+            if not 0 < self.adaptive_min_s <= self.window_s:
                 raise ValueError(
                     f"adaptive_min_s ({self.adaptive_min_s:g}) must be positive and at most the "
-                    f"window's cap, duration_s ({self.duration_s:g})"
+                    f"window's cap, window_s ({self.window_s:g})"
                 )
         if not self.window_check_s > 0:
             raise ValueError("window_check_s must be positive")
-        if self.concurrency < 1:
-            raise InputError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.duration_s <= 0:
-            raise InputError(f"duration must be positive, got {self.duration_s}")
+        _check_load(self)
+        if self.window_s <= 0:
+            raise InputError(f"window_s must be positive, got {self.window_s}")
         if not 0 < self.max_copy_share <= 1:
             raise InputError("max_copy_share must be in (0, 1]")
         if self.min_window_readings < 1:
             raise InputError("min_window_readings must be at least 1")
-        if self.max_output_tokens < 2:
-            raise InputError("max_output_tokens must be at least 2 (one interval)")
         if not 0 <= self.ttft_probes <= 20:
             raise InputError(f"ttft_probes must be 0..20, got {self.ttft_probes}")
-        if self.prompt_mode not in PROMPT_MODES:
-            raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")
+
+
+@dataclass
+class BurstConfig(CellConfig):
+    """`concurrency` requests sent at once and measured to their completion (loadgen/burst.py):
+    the published tool's request-count ("Burst / E2E") mode with as many requests as it keeps
+    in flight. No window: the burst's time runs from its first request sent to its last token."""
+
+    concurrency: int = 1
+    max_output_tokens: int = 4096
+    prompt_mode: str = "distinct"
+    warm_cache: bool = True
+    # the longest the burst may run, first request sent to last token (seconds, simulated on a
+    # simulator); past it every request still running is cut and the cell fails
+    max_burst_s: float = 3600.0
+    # validity limits (docs/measurement.md rules 6-8), as a decode cell's
+    token_tolerance: float = 0.01
+    max_loop_lag_ms: float = 10.0
+    max_client_cpu_pct: float = 90.0
+    keep_requests: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        _check_load(self)
+        if self.max_burst_s <= 0:
+            raise InputError(f"max_burst_s must be positive, got {self.max_burst_s}")
+        if self.measurement_profile != DEFAULT_MEASUREMENT_PROFILE:
+            raise InputError("a burst is measured by our definitions only (profile 'default')")

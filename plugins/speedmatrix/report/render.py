@@ -23,9 +23,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from speedmatrix.commits import engine_text
 from speedmatrix.published import formats as F
 from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
-from speedmatrix.report import palette
+from speedmatrix.report import burst, palette
 from speedmatrix.report.cellchange import cell_changes
 from speedmatrix.report.matrices import (
     ACCEPTANCE_NOTE,
@@ -120,7 +121,7 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
                 text = HARDWARE_NOT_KNOWN
             elif key == "hardware_vram_gb":
                 text = _vram_text(run)
-            elif key == "measure_s":
+            elif key == "window_s":
                 text = F.fmt_seconds_header(value) if value is not None else None
             elif key == "max_output_tokens":
                 text = F.fmt_tokens(value) if value is not None else None
@@ -320,6 +321,7 @@ def render_markdown(run: dict, cells: list[dict], baseline: Baseline | None = No
             [[r["label"], *(matrix_text(grid.get((r["tokens"], c))) for c in cols)] for r in rows],
         )
         out += ["", OVER_CAPACITY_NOTE, "", TTFT_NOTE, ""]
+    out += burst.markdown_section(cells)
     out += ["## All measurements", "", TABLE_NOTE, "", F.table_header(), F.table_rule()]
     out += [F.table_row(c) for c in cells]
     out += ["", OVER_CAPACITY_NOTE, ""]
@@ -379,11 +381,15 @@ def _change_colour(change: float | None) -> str:
 
 TAIL_NOTE = (
     "Tail latencies: TTFT and time between tokens at the 90th and 99th percentile over the "
-    "cell's requests (the matrix shows the p99 TTFT under the median)."
+    "cell's requests (the matrix shows the p99 TTFT under the median). Time to 2nd token: "
+    "the median over requests of their second token's arrival minus their first, the first "
+    "decode step apart from the prefill (as the published tool reports it)."
 )
 # The HTML "All measurements" table adds these after the published columns (the Markdown
-# keeps the published format): the tails and why a cell is not valid.
+# keeps the published format, which has none of them): the time to the second token beside
+# the TTFT tails, the tails, and why a cell is not valid.
 EXTRA_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("Time to 2nd token", "ttst_ms", 1),
     ("TTFT p90", "ttft_p90_ms", 0),
     ("TTFT p99", "ttft_p99_ms", 0),
     ("Time between tokens p90", "tbt_p90_ms", 1),
@@ -508,6 +514,7 @@ def render_html(
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined,
     )
+    env.filters["engine"] = engine_text  # a run's engine as every commit is shown (commits)
     template = env.get_template("report.html.j2")
     return template.render(
         title="Speed test matrix",
@@ -533,6 +540,10 @@ def render_html(
         over_note=OVER_CAPACITY_NOTE,
         ttft_note=TTFT_NOTE,
         tail_note=TAIL_NOTE,
+        burst_title=burst.TITLE,
+        burst_note=burst.NOTE,
+        burst_header=burst.HEADER,
+        burst_rows=burst.burst_rows(cells),
         table_note=TABLE_NOTE,
         table_header=[h for h, _ in F.TABLE_COLUMNS]
         + [h for h, _, _ in EXTRA_COLUMNS]

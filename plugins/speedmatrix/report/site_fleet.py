@@ -37,15 +37,19 @@ RUN_COLUMNS = (
     "landed_at",
     "sim_profile",
 )
-CELL_COLUMNS = (
-    "run_id",
-    "phase",
-    "context_tokens",
-    "context_label",
-    "concurrency",
-    "status",
-    "total_tok_s",
-    *COMPARABILITY_FIELDS,  # the trends apply the verdicts' rule of what may be compared
+CELL_COLUMNS = tuple(
+    dict.fromkeys(  # each column once: the rule names `phase` too
+        (
+            "run_id",
+            "phase",
+            "context_tokens",
+            "context_label",
+            "concurrency",
+            "status",
+            "total_tok_s",
+            *COMPARABILITY_FIELDS,  # the trends apply the verdicts' rule of what may be compared
+        )
+    )
 )
 COMPARISON_COLUMNS = (
     "run_id",

@@ -271,6 +271,68 @@ def predict_decode(
     return cell
 
 
+def predict_burst(
+    profile: Profile,
+    context: int,
+    requests: int,
+    *,
+    max_output: int = 4096,
+    prompt_mode: str = "distinct",
+    arrival_gap_s: float = ARRIVAL_GAP_S,
+    prompt_tag: int = 100,
+) -> dict[str, Any]:
+    """One burst cell (loadgen/burst.py): the prompts warmed into the prefix cache, then
+    `requests` requests sent at once (`arrival_gap_s` apart, as a client writes them) and run
+    to completion. Latency is a request's last token - its arrival; per-user end-to-end tok/s
+    its tokens / its latency; total tok/s every token / (the last token - the first arrival).
+    Over capacity (not run) by the KV-block rule."""
+    cell = empty_cell(
+        phase="burst",
+        context_tokens=context,
+        context_label=context_label(context),
+        concurrency=requests,
+        status="valid",
+        prompt_mode=prompt_mode,
+        max_output_tokens=max_output,
+    )
+    if over_capacity(profile, context, requests, max_output):
+        cell["status"] = "over_capacity"
+        return cell
+    engine = Engine(profile)
+    n_prompts = 1 if prompt_mode == "shared" else requests
+    prompts = [make_prompt(context, prompt_tag + i, profile.vocab_size) for i in range(n_prompts)]
+    for i, prompt in enumerate(prompts):
+        _run_until_done(engine, engine.add(_request(f"warm-{i}", prompt, 1, profile)))
+    engine.advance(engine.now + 1.0)
+    reqs: list[Request] = []
+    for i in range(requests):
+        if i:
+            engine.advance(engine.now + arrival_gap_s)
+        reqs.append(engine.add(_request(f"b{i}", prompts[i % n_prompts], max_output, profile)))
+    for req in reqs:
+        _run_until_done(engine, req)
+    latencies = [r.token_times[-1] - r.arrival for r in reqs]
+    tokens = sum(len(r.token_times) for r in reqs)
+    span = max(r.token_times[-1] for r in reqs) - min(r.arrival for r in reqs)
+    tbts = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) for r in reqs]
+    cell.update(
+        total_tok_s=tokens / span,
+        per_request_tok_s=rate_median(tbts),
+        ttft_ms=statistics.median(r.token_times[0] - r.arrival for r in reqs) * 1000.0,
+        tbt_ms=statistics.median(tbts) * 1000.0,
+        latency_ms=statistics.median(latencies) * 1000.0,
+        e2e_per_request_tok_s=statistics.median(
+            len(r.token_times) / lat for r, lat in zip(reqs, latencies, strict=True)
+        ),
+        completed_requests=requests,
+        output_tokens=tokens,
+        measured_s=span,
+        requests_started=requests,
+        requests_failed=0,
+    )
+    return cell
+
+
 def predict_matrix(
     profile: Profile,
     *,
