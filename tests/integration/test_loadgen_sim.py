@@ -641,7 +641,7 @@ def test_a_dspark_like_pages_507k_x1_holds_over_http_by_the_published_tools_defi
         got, _ = run_loop(
             run_decode(DecodeConfig(
                 base_url=url, model=profile.served_model_name, context=want["context_tokens"],
-                concurrency=1, duration_s=30.0, max_output_tokens=4096, run_tag="dspark",
+                concurrency=1, window_s=30.0, max_output_tokens=4096, run_tag="dspark",
                 measurement_profile="published", first_token_timeout_s=300.0,
                 max_loop_lag_ms=200.0, max_client_cpu_pct=100.0, max_active_deviation=0.2,
             ))
