@@ -42,6 +42,11 @@ def site(tmp_path_factory):
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     for i, recipe in enumerate((RECIPE, RECIPE, TINY)):
         wh.land_run(demo_run(recipe, now - dt.timedelta(hours=3 - i)), make_cells(), [])
+    # the demo's own first run: the simulated engine's long hardware text, a dev version
+    # beside its commit, and "not compared (no baseline)" (its index row overflowed 1280 px)
+    first = demo_run("sim/another-recipe", now - dt.timedelta(minutes=30))
+    first.update(sim_profile="kimi-k2.7-nvfp4-rtxpro6k-x8", engine_version="0.1.dev1+g9fedd24fa")
+    wh.land_run(first, make_cells(), [])
     build_site(wh, root / "site")
     runs = wh.query("SELECT run_id, recipe_id FROM runs ORDER BY started_at")
     return root / "site", runs["run_id"][0], RECIPE
