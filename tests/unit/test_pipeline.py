@@ -322,3 +322,51 @@ def test_burst_sizes_come_from_the_conf_as_a_list_or_a_text_and_are_checked():
         resolve(
             {"recipe": CPU, "burst": [2], "measurement_profile": "published"}, run_id="manual__b"
         )
+
+
+def test_a_simulated_engine_never_asks_github(monkeypatch):
+    """`make demo`'s run of the simulator named its made-up commit prefix to api.github.com
+    (the lookup of a full SHA; the demo sets no API URL), though a simulated engine has no
+    upstream commit and the demo must touch nothing but loopback. A real engine's prefix still
+    asks the deployment's API, as before."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from github_fake import FakeGitHub
+
+    fake = FakeGitHub(head=2).start()
+    try:
+        monkeypatch.setenv("SPEEDMATRIX_GITHUB_API_URL", fake.base_url)
+        r = resolve({"recipe": SIM, "engine_ref": "9fedd24fa864"})
+        info = {"version": "0.1.dev1+g9fedd24fa"}
+        row = matrix.run_row(r, info, {}, "success")
+        assert row["engine_commit"] and row["engine_commit"].startswith("9fedd24fa")
+        assert fake.requests == [], [q.path for q in fake.requests]
+        real = resolve({"recipe": "cpu/tiny/llama-tiny", "engine_ref": fake.sha(1)[:12]})
+        matrix.run_row(real, {}, {}, "success")
+        assert fake.requests, "a real engine's prefix no longer asks the deployment's API"
+    finally:
+        fake.stop()
+
+
+def test_a_simulated_runs_regression_lists_no_commits_from_github(monkeypatch):
+    """A regression between two simulator runs asked GitHub's compare API for the commits
+    between their made-up commits; a real engine's still does."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from github_fake import FakeGitHub
+
+    from speedmatrix.analysis.compare import _fetch_commits
+
+    fake = FakeGitHub(head=3).start()
+    try:
+        monkeypatch.setenv("SPEEDMATRIX_GITHUB_API_URL", fake.base_url)
+        repo = "https://github.com/vllm-project/vllm"
+        base = {"engine_commit": fake.sha(0), "engine_repository": repo}
+        run = {"engine_commit": fake.sha(2), "engine_repository": repo}
+        assert _fetch_commits(base, {**run, "sim_profile": "kimi"}) is None
+        assert fake.requests == []
+        assert _fetch_commits(base, run) == [fake.sha(1), fake.sha(2)]
+    finally:
+        fake.stop()

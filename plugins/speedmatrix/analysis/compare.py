@@ -197,6 +197,8 @@ def _fetch_commits(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[
     repo = github_repo(run.get("engine_repository") or baseline.get("engine_repository"))
     if not a or not b or a == b or repo is None:
         return None
+    if run.get("sim_profile") or baseline.get("sim_profile"):
+        return None  # a simulated engine's commits are made up: nobody upstream knows them
     try:
         return github_commits.commits_between(repo, str(a), str(b))
     except Exception as exc:  # network, rate limit, unknown commit: the URL still names them

@@ -378,6 +378,7 @@ def run_row(
             ref=ref,
             version=said.get("version") or started.get("engine_version"),
             repository=recipe.engine.repository,
+            ask=recipe.engine.install.kind != "sim",  # a simulator's commit is made up
         ),
         engine_pr=int(value) if kind == "pr" else recipe.engine.pr,
         engine_ref=ref,

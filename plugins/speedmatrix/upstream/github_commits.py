@@ -39,14 +39,17 @@ def engine_commit(
     version: Any = None,
     repository: Any = None,
     lookup: Callable[[str], str] | None = None,
+    ask: bool = True,
 ) -> str | None:
     """The run's engine_commit: `recorded` is what provisioning resolved or the wheel's
-    `__commit_id__` says, `ref` the engine ref, `version` the server's version string."""
+    `__commit_id__` says, `ref` the engine ref, `version` the server's version string. With
+    `ask` False (a simulated engine: its commit is made up, and nobody upstream knows it) the
+    deployment's GitHub API is never asked for the full SHA."""
     from speedmatrix.upstream.github import github_repo
 
     name = known_commit(recorded, ref, version)
-    if name and len(name) == 40:
-        return name
+    if (name and len(name) == 40) or not ask:
+        return canonical(name)
     ask = name or release_tag(ref, version)
     repo = github_repo(repository or f"github.com/{DEFAULT_REPO}")
     if ask and repo:
