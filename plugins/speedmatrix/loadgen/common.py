@@ -25,6 +25,11 @@ async def check_model(ctl: ControlClient, model: str) -> None:
         raise CellNotAttempted(f"model {model!r} is not served here (served: {', '.join(served)})")
 
 
+NO_FIRST_TOKEN = "no first token within"
+"""How a request the server never started reads (the watchdog's words): in a decode cell whose
+other streams run, that is an under-filled cell, measured anyway, not a failure."""
+
+
 class Watchdog:
     """One task enforcing first-token and stall timeouts on every in-flight request.
 
@@ -54,7 +59,7 @@ class Watchdog:
                 if req.first_at is None:
                     since = req.sent_at
                     if since is not None and now - since > first_token_s:
-                        conn.fail(f"no first token within {first_token_s:.0f} s")
+                        conn.fail(f"{NO_FIRST_TOKEN} {first_token_s:.0f} s")
                 elif req.last_at is not None and now - req.last_at > self.stall_s:
                     conn.fail(f"stream stalled: no token for {self.stall_s:.0f} s")
 

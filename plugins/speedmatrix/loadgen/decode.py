@@ -23,6 +23,7 @@ from speedmatrix.records import CellRecord, context_label, empty_cell
 
 from .adaptive import STOP_CAP, AdaptiveWindow
 from .common import (
+    NO_FIRST_TOKEN,
     Progress,
     Watchdog,
     measure_with_prompts,
@@ -87,6 +88,9 @@ class _DecodeCell:
         self.snap_end: Snapshot | None = None
         self.missing_readings: list[str] = []  # window readings lost to failed /metrics reads
         self._snap_task: asyncio.Task[Snapshot | None] | None = None
+        # readiness timed out with some streams running: measured anyway, marked invalid
+        # (the published tool keeps such a cell as under-filled; a figure, never a verdict)
+        self.degraded: str | None = None
         self.monitor = ClientMonitor()
         self.nonce = secrets.token_hex(3)
         self.notes: list[str] = []
@@ -266,12 +270,25 @@ class _DecodeCell:
             await conn.send(req, [head, *parts])
             self.active.pop(i, None)
             if req.error is not None:
+                if self._never_started(req):
+                    return  # under-fill: the window opens on the streams that run
                 if not self.stopping:
                     self.failed_requests += 1
                     self._fail(req.error)
                 return
             if not conn.keep_alive:
                 conn.close()
+
+    def _never_started(self, req: Request) -> bool:
+        """A stream the server never started (its first request got no first token) while
+        others run, before the window opened on all C: under-filled, not failed."""
+        return (
+            req.first_at is None
+            and (req.error or "").startswith(NO_FIRST_TOKEN)
+            and req.stream not in self.started_streams
+            and bool(self.started_streams)
+            and (self.degraded is not None or not self.window_open.is_set())
+        )
 
     def _on_first_token(self, req: Request, t: float) -> None:
         if self._snap_task is not None or req.index < 0:
@@ -305,10 +322,17 @@ class _DecodeCell:
             f.cancel()
         if not self.window_open.is_set() and self.failure is None:
             load = f" (server: {self.ctl.describe(self.samples[-1])})" if self.samples else ""
-            self._fail(
-                f"only {len(self.started_streams)} of {self.C} streams started within "
-                f"{timeout_s:.0f} s{load}"
+            started = len(self.started_streams)
+            said = f"only {started} of {self.C} streams started within {timeout_s:.0f} s{load}"
+            if not started or self._snap_task is not None:
+                self._fail(said)  # nothing to measure (or the window is opening: not ours)
+                return
+            # under-filled: the streams that run are measured, and the cell is kept, invalid
+            self.degraded = f"{said}: measured anyway, under-filled"
+            self._snap_task = asyncio.get_running_loop().create_task(
+                self._open_window(perf_counter())
             )
+            await self._snap_task
 
     async def _hold_window(self) -> None:
         """Hold the window to its end, checkpointing its tokens; an adaptive window ends
@@ -623,7 +647,7 @@ class _DecodeCell:
             n = self.failed_requests
             extra = f" ({n} failed request{'s' if n != 1 else ''})" if n > 1 else ""
             return "failed", self.failure + extra
-        reasons: list[str] = []
+        reasons: list[str] = [self.degraded] if self.degraded else []
         if not prompt_counts_ok:
             seen = sorted({r.prompt_tokens for r in self.requests if r.prompt_tokens is not None})
             reasons.append(f"server counted prompt tokens {seen}, not {cfg.context}")
