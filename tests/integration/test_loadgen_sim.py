@@ -9,14 +9,9 @@ runs in its own process so the two event loops never share a GIL.
 from __future__ import annotations
 
 import json
-import socket
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +20,7 @@ import yaml
 from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_prefill
 from speedmatrix.loadgen.runner import run_loop
 from speedmatrix.records import CELL_FIELDS
+from speedmatrix.sim.runner import run_in_process as sim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
@@ -33,12 +29,6 @@ PROFILES = ROOT / "include" / "sim-profiles"
 REFERENCE_PROFILE = PROFILES / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
 REFERENCE_REPORT = ROOT / "include" / "reference" / "speed-matrix-kimi-k2.7-nvfp4-rtxpro6k-x8.txt"
 CELL_KEYS = sorted(f.name for f in CELL_FIELDS)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> object:
@@ -52,35 +42,6 @@ def _post(url: str, body: dict) -> object:
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.load(resp)
-
-
-@contextmanager
-def sim(profile: Path, time_scale: float = 1.0) -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "speedmatrix", "sim", "serve", "--profile", str(profile),
-         "--host", "127.0.0.1", "--port", str(port), "--time-scale", str(time_scale)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("simulator did not start") from None
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def sim_clock_origin(url: str) -> float:
