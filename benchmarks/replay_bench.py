@@ -71,10 +71,13 @@ def _summary(rows: list[Row], wall_s: float) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("replays", nargs="*", choices=["reference", "spec", "short"])
+    names = ["reference", "spec", "short"]
+    ap.add_argument("replays", nargs="*", help=f"any of {', '.join(names)} (default: all)")
     ap.add_argument("--out", type=Path, help="also write the rows and summaries as JSON")
     args = ap.parse_args()
-    chosen = args.replays or ["reference", "spec", "short"]
+    if unknown := set(args.replays) - set(names):
+        ap.error(f"unknown replay: {', '.join(sorted(unknown))}")
+    chosen = args.replays or names
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in chosen:
