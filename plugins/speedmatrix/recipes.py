@@ -85,6 +85,10 @@ class _Strict(BaseModel):
         return v
 
 
+UNKNOWN_HARDWARE = "unknown"
+"""The hardware type of a server already running: nothing says what serves it."""
+
+
 class Hardware(_Strict):
     type: str = Field(description="Discrete GPU, CPU…, as the report's Hardware section says")
     gpu: str = Field(description="GPU (or CPU) model name")
@@ -94,6 +98,12 @@ class Hardware(_Strict):
     backend: str = Field(description="cuda, rocm, cpu…")
     build: str | None = Field(default=None, description="cuda-13.2…")
     slug: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", description="short name in env dirs")
+
+    @property
+    def known(self) -> bool:
+        """False for a server we did not start (`speedmatrix run --base-url`, hardware
+        :data:`UNKNOWN_HARDWARE`): its GPU count and memory are unknown, never a CPU's 0."""
+        return self.type != UNKNOWN_HARDWARE
 
 
 class Install(_Strict):

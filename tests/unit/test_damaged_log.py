@@ -92,3 +92,42 @@ def test_the_maintenance_task_fails_after_maintaining_the_other_tables(damaged, 
     logged = [r.getMessage() for r in caplog.records]
     for table in ("runs", "requests", "comparisons", "noise", "cell_repeats"):
         assert any(m.startswith(f"{table}: ") and "vacuumed" in m for m in logged), logged
+
+
+@pytest.fixture
+def damaged_checkpoint(tmp_path) -> tuple[Path, Path]:
+    """Two runs landed and maintained (a checkpoint written); the checkpoint then cut short.
+    The same class as a cut entry: it gave a Python and a Rust traceback ("Corrupt footer")."""
+    root = tmp_path / "wh"
+    wh = Warehouse(root)
+    for i in range(2):
+        wh.land_run(make_run(f"a{i}", day=1 + i), make_cells(), make_requests(1))
+    assert cli.main(["warehouse", "maintain", "--warehouse", str(root)]) == 0
+    checkpoint = sorted((root / "cells" / "_delta_log").glob("*.checkpoint.parquet"))[-1]
+    checkpoint.write_bytes(checkpoint.read_bytes()[:100])
+    return root, checkpoint
+
+
+def test_a_damaged_checkpoint_is_named_in_one_line_by_query_and_ingest(damaged_checkpoint, capsys):
+    root, checkpoint = damaged_checkpoint
+    capsys.readouterr()
+    assert cli.main(["query", "SELECT count(*) AS n FROM cells", "--warehouse", str(root)]) == 2
+    _one_line(capsys.readouterr().err, checkpoint)
+    assert cli.main(["ingest", str(REFERENCE), "--warehouse", str(root)]) == 2
+    err = capsys.readouterr().err
+    _one_line(err, checkpoint)
+    assert "_last_checkpoint aside" in err, err
+
+
+def test_the_documented_recovery_of_a_checkpoint_keeps_every_run(damaged_checkpoint, capsys):
+    """warehouse/README.md: move the checkpoint and `_last_checkpoint` aside; the entries
+    before it are read instead, so nothing is lost, and the next maintenance checkpoints again."""
+    root, checkpoint = damaged_checkpoint
+    readme = (ROOT / "warehouse" / "README.md").read_text()
+    assert "_last_checkpoint" in readme, "the recovery of a checkpoint is not documented"
+    checkpoint.rename(root / "damaged.checkpoint.parquet")
+    (root / "cells" / "_delta_log" / "_last_checkpoint").rename(root / "last_checkpoint")
+    rows = Warehouse(root).query("SELECT run_id, count(*) AS n FROM cells GROUP BY 1 ORDER BY 1")
+    assert rows.values.tolist() == [["a0", 5], ["a1", 5]]
+    assert cli.main(["warehouse", "maintain", "--warehouse", str(root)]) == 0
+    assert (root / "cells" / "_delta_log" / "_last_checkpoint").exists()

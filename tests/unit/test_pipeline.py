@@ -282,3 +282,24 @@ def test_a_cell_failing_validation_is_quarantined_with_its_requests_and_the_rest
     assert json.loads(gx) and "active_ratio" in gx
     assert matrix.conclude(landed) == "partial"
     wh.close()
+
+
+def test_a_server_we_did_not_start_has_unknown_gpus_never_zero():
+    """`speedmatrix run --base-url`: nothing says how many GPUs serve it or their memory. The
+    runs row held 0 and 0 (a CPU's values, made up); unknown is NULL. What the inspection of
+    the machine says still counts, and a recipe's own counts are kept as they are."""
+    from speedmatrix.cli.run import existing_recipe
+
+    recipe = existing_recipe("http://127.0.0.1:1", "m", "main", 65536, None)
+    r = resolution.resolve(
+        {"recipe": recipe.id, "contexts": ["8K"], "concurrencies": [1], "prefill_contexts": []},
+        dag_run_id="manual__2026-11-29T20:30:05+00:00",
+        run_after=dt.datetime(2026, 11, 29, 20, 30, 5, tzinfo=dt.UTC),
+        recipe=recipe,
+        base_url="http://127.0.0.1:1",
+    )
+    row = matrix.run_row(r, {"gpu_count": 0}, {}, "success")
+    assert (row["hardware_gpu_count"], row["hardware_vram_gb"]) == (None, None)
+    assert matrix.run_row(r, {"gpu_count": 2}, {}, "success")["hardware_gpu_count"] == 2
+    cpu = matrix.run_row(resolve({"recipe": "cpu/tiny/llama-tiny"}), {}, {}, "success")
+    assert (cpu["hardware_gpu_count"], cpu["hardware_vram_gb"]) == (0, 0)

@@ -389,7 +389,15 @@ def existing_recipe(
     and model, so its runs compare with each other), hardware unknown (the run row takes
     what `inspect` reads from this machine). Never provisioned: its install kind and launch
     command are placeholders that `setup` does not reach for a run with a base URL."""
-    from speedmatrix.recipes import Engine, Hardware, Install, Model, Recipe, Serve
+    from speedmatrix.recipes import (
+        UNKNOWN_HARDWARE,
+        Engine,
+        Hardware,
+        Install,
+        Model,
+        Recipe,
+        Serve,
+    )
     from speedmatrix.refs import classify_ref
 
     try:
@@ -402,7 +410,12 @@ def existing_recipe(
         id=f"external/{where}/{slug}",
         description=f"a server already running at {url}",
         hardware=Hardware(
-            type="unknown", gpu="unknown", gpu_count=0, vram_gb=0, backend="unknown", slug="ext"
+            type=UNKNOWN_HARDWARE,
+            gpu="unknown",
+            gpu_count=0,  # the row records NULL for unknown hardware (Hardware.known)
+            vram_gb=0,
+            backend="unknown",
+            slug="ext",
         ),
         engine=Engine(ref=ref, install=Install(kind="release")),
         model=Model(

@@ -358,8 +358,10 @@ def run_row(
         status=status,
         hardware_type=recipe.hardware.type,
         hardware_gpu=said.get("gpu") or recipe.hardware.gpu,
-        hardware_gpu_count=said.get("gpu_count") or recipe.hardware.gpu_count,
-        hardware_vram_gb=recipe.hardware.vram_gb,
+        # a server we did not start: unknown (NULL) unless the machine's inspection says
+        hardware_gpu_count=said.get("gpu_count")
+        or (recipe.hardware.gpu_count if recipe.hardware.known else None),
+        hardware_vram_gb=recipe.hardware.vram_gb if recipe.hardware.known else None,
         hardware_os=recipe.hardware.os,
         engine=recipe.engine.name,
         engine_version=said.get("version") or started.get("engine_version"),

@@ -50,34 +50,63 @@ class CommitConflictError(WarehouseError):
 
 
 class DamagedLogError(WarehouseError):
-    """A table's Delta log cannot be read (an entry cut short or not JSON): one line naming
-    the table and the entry, and where recovery is described."""
+    """A table's Delta log cannot be read (an entry cut short or not JSON, a checkpoint that is
+    not Parquet): one line naming the table and the file, and where recovery is described."""
 
 
-_LOG_WORDS = ("json", "parse", "deserializ", "truncated", "eof while", "invalid log", "checkpoint")
+_LOG_WORDS = (
+    "json",
+    "parse",
+    "deserializ",
+    "truncated",
+    "eof while",
+    "invalid log",
+    "checkpoint",
+    "parquet",
+    "corrupt",
+)
 """What delta-rs says when a log entry or checkpoint cannot be read."""
 MAX_LOG_ENTRIES_CHECKED = 2000
 """How many of the newest log entries are parsed to find the damaged one."""
 
 
 def _damaged_entry(uri: str, storage_options: dict[str, str] | None) -> str | None:
-    """The newest ``_delta_log/*.json`` entry of the table at ``uri`` that is not JSON lines
-    (None: none of the newest :data:`MAX_LOG_ENTRIES_CHECKED` is)."""
+    """The newest file of the table's ``_delta_log`` that cannot be read: ``_last_checkpoint``
+    or a ``*.json`` entry that is not JSON lines, or a ``*.checkpoint.parquet`` whose Parquet
+    footer does not read (None: none of the newest :data:`MAX_LOG_ENTRIES_CHECKED` files is)."""
     import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
 
     fs, base = pafs.FileSystem.from_uri(uri)
     log_dir = posixpath.join(base.rstrip("/"), "_delta_log")
     infos = fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
-    entries = sorted((i.path for i in infos if i.path.endswith(".json")), reverse=True)
-    for path in entries[:MAX_LOG_ENTRIES_CHECKED]:
-        with fs.open_input_stream(path) as fh:
-            text = fh.read().decode("utf-8", errors="replace")
+    names = {posixpath.basename(i.path): i.path for i in infos}
+    logs = sorted(
+        (
+            n
+            for n in names
+            if n.endswith((".json", ".checkpoint.parquet")) or n == "_last_checkpoint"
+        ),
+        # the newest version first; at one version its checkpoint before its entry, and
+        # _last_checkpoint (which points at the newest checkpoint) before everything
+        key=lambda n: (n != "_last_checkpoint", n),
+    )
+    ordered = logs[:1] if logs[:1] == ["_last_checkpoint"] else []
+    ordered += sorted((n for n in logs if n != "_last_checkpoint"), reverse=True)
+    for name in ordered[:MAX_LOG_ENTRIES_CHECKED]:
+        path = names[name]
         try:
+            if name.endswith(".parquet"):
+                with fs.open_input_file(path) as fh:
+                    pq.ParquetFile(fh).metadata  # noqa: B018 (reading the footer is the check)
+                continue
+            with fs.open_input_stream(path) as fh:
+                text = fh.read().decode("utf-8", errors="replace")
             for line in text.splitlines():
                 if line.strip():
                     json.loads(line)
-        except ValueError:
-            return posixpath.join("_delta_log", posixpath.basename(path))
+        except ValueError:  # pyarrow's ArrowInvalid (not Parquet) is a ValueError too
+            return posixpath.join("_delta_log", name)
     return None
 
 
@@ -104,7 +133,11 @@ def damaged_log(
     return DamagedLogError(
         f"table {table}: its log entry {uri}/{entry} cannot be read ({first}); the table is not read or "
         "written until it is repaired: see warehouse/README.md, 'A damaged log' (move the "
-        "entry aside: the table's earlier version)"
+        + (
+            "checkpoint and _last_checkpoint aside: the entries before it are read instead)"
+            if entry.endswith(("checkpoint.parquet", "_last_checkpoint"))
+            else "entry aside: the table's earlier version)"
+        )
     )
 
 
