@@ -131,7 +131,8 @@ def test_a_run_exits_0_every_time_beside_a_busy_core(sim_url, tmp_path):
             codes.append(done.returncode)
             assert "terminate called" not in done.stderr, done.stderr[-2000:]
             assert done.returncode == 0, (i, done.returncode, done.stderr[-2000:])
-            assert ": success (2 cells" in done.stdout, done.stdout[-2000:]  # it landed
+            # it landed (a cell the busy core made invalid lands too: the run is partial)
+            assert re.search(r": (success|partial) \(2 cells", done.stdout), done.stdout[-2000:]
     finally:
         busy.kill()
         busy.wait()
