@@ -125,7 +125,7 @@ def bench(
     matrix = [
         "--contexts", *(contexts or e["contexts"]),
         "--concurrencies", *(concurrencies or e["concurrencies"]),
-        "--prefill-contexts", *e["prefill"], "--duration-s", str(window_s or e["window_s"]),
+        "--prefill-contexts", *e["prefill"], "--window-s", str(window_s or e["window_s"]),
         "--max-output-tokens", str(e["max_output"]),
     ]  # fmt: skip
     wh = Path(tempfile.mkdtemp(prefix="adaptive-bench-"))

@@ -81,7 +81,7 @@ def measure_night(base: dict[str, Any], night: int, time_scale: float, tag: str)
                     base_url=u,
                     context=8192,
                     concurrency=4,
-                    duration_s=10.0,
+                    window_s=10.0,
                     max_output_tokens=512,
                     run_tag=f"{tag}n{night}",
                     max_loop_lag_ms=50.0,

@@ -130,7 +130,7 @@ def run_ours(sc: Scenario, window: float, cpu: str, out_dir: Path) -> dict:
         rc, text, _ = _run(
             _pinned(cpu, [PY, "-m", "speedmatrix.loadgen", "decode", "--base-url", server.url,
                           "--model", "ideal", "--context", "1024", "--concurrency",
-                          str(sc.concurrency), "--duration", str(window), "--max-output",
+                          str(sc.concurrency), "--window-s", str(window), "--max-output",
                           "10000000", "--json", str(out)]),
             timeout=window + 120,
         )  # fmt: skip

@@ -499,7 +499,7 @@ def main() -> int:
         "scheduler sleeps before it sees a finished task",
     )
     args = p.parse_args()
-    conf = {**FULL, "duration_s": args.duration}
+    conf = {**FULL, "window_s": args.duration}
     if args.short:
         conf.update(SHORT)
     from speedmatrix.cli.demo import free_port

@@ -133,7 +133,7 @@ def run_profile(
                 cfg = DecodeConfig(
                     **common,
                     concurrency=n,
-                    duration_s=spec["window_s"],
+                    window_s=spec["window_s"],
                     max_output_tokens=spec["max_output"],
                     prompt_mode=prompt_mode,
                     keep_requests=False,

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "include" / "sim-profiles" / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
 MODEL = "Kimi-K2.7-Code-NVFP4"
 MATRIX = ["--prefill-contexts", "8K", "--contexts", "8K", "--concurrencies", "1", "4"]
-MATRIX += ["--duration-s", "2", "--max-output-tokens", "256"]
+MATRIX += ["--window-s", "2", "--max-output-tokens", "256"]
 TIME_SCALE = 2.0
 """The simulator runs twice as fast as the hardware it models (every run alike): half the
 machine time, and the loaded host's jitter weighs twice as much against each step."""
@@ -83,7 +83,7 @@ def _matrix(args: argparse.Namespace) -> list[str]:
     change)."""
     out = [*MATRIX]
     if args.window_s is not None:
-        out[out.index("--duration-s") + 1] = str(args.window_s)
+        out[out.index("--window-s") + 1] = str(args.window_s)
     if args.adaptive:
         out += ["--adaptive", "--adaptive-min-s", str(args.adaptive_min_s)]
     return out

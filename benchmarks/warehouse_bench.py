@@ -167,7 +167,7 @@ def template(recipe_index: int) -> tuple[dict, list[dict], list[dict]]:
         "quantization": "NVFP4",
         "served_model": f"model-{recipe_index:02d}",
         "bench_tool": "speedmatrix",
-        "measure_s": 30.0,
+        "window_s": 30.0,
         "max_output_tokens": 4096,
         "host": "bench",
     }

@@ -57,7 +57,7 @@ COMMIT = r"^[0-9a-f]{7,40}$"
         "good_run_id": Param(None, type=["null", "string"], description="the good run"),
         "ssh_conn_id": Param(None, type=["null", "string"], description="host (recipe's)"),
         "warehouse": Param(None, type=["null", "string"], description="warehouse root"),
-        "duration_s": Param(None, type=["null", "number"], exclusiveMinimum=0),
+        "window_s": Param(None, type=["null", "number"], exclusiveMinimum=0),
         "max_output_tokens": Param(None, type=["null", "integer"], minimum=2),
         "threshold_pct": Param(None, type=["null", "number"], minimum=0),
     },

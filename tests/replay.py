@@ -131,7 +131,7 @@ def _replay_reference_cells(url: str, profile: Any, cells: list[dict], scale: fl
                 continue
             got, _ = run_loop(
                 run_decode(DecodeConfig(**common, **guards, concurrency=conc,
-                                        duration_s=REPLAY_WINDOW_S, max_output_tokens=4096,
+                                        window_s=REPLAY_WINDOW_S, max_output_tokens=4096,
                                         prompt_mode="shared"))
             )  # fmt: skip
             # the published count is over its own 30 s window: compared per second of window
@@ -228,7 +228,7 @@ def spec_cell(
     got, _ = run_loop(
         run_decode(DecodeConfig(
             base_url=url, model=profile.served_model_name, context=ctx,
-            concurrency=conc, duration_s=WINDOW_S, max_output_tokens=4096,
+            concurrency=conc, window_s=WINDOW_S, max_output_tokens=4096,
             time_scale=scale, run_tag="spec-replay", first_token_timeout_s=120.0,
             max_loop_lag_ms=50.0, max_client_cpu_pct=100.0, token_tolerance=0.03,
         ))

@@ -210,7 +210,7 @@ def spec_page(variant: str = "falling") -> str:
     run.update(
         served_model="sim-specdec",
         model="sim/specdec-synthetic",
-        measure_s=v.get("window_s", WINDOW_S),
+        window_s=v.get("window_s", WINDOW_S),
         launch_command="vllm serve sim/specdec-synthetic --served-model-name sim-specdec "
         f"--max-model-len {mml} --speculative-config "
         f'\'{{"method": "draft_model", "num_speculative_tokens": {k}}}\'',

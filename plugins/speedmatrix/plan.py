@@ -233,7 +233,7 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
     if spec.max_output_tokens < 1:
         problems.append(f"max_output_tokens must be >= 1, got {spec.max_output_tokens}")
     if spec.contexts and spec.window_s <= 0:
-        problems.append(f"duration_s must be > 0, got {spec.window_s:g}")
+        problems.append(f"window_s must be > 0, got {spec.window_s:g}")
     if spec.prompt_mode not in PROMPT_MODES:
         problems.append(
             f"prompt_mode must be one of {list(PROMPT_MODES)}, got {spec.prompt_mode!r}"

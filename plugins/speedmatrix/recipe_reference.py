@@ -45,8 +45,9 @@ _DOCS = {  # what the model's own field descriptions do not say (those win where
     "matrix.prefill_contexts": "contexts of the prefill sweep (8K, 251K or tokens)",
     "matrix.contexts": "contexts of the decode matrix",
     "matrix.concurrencies": "requests kept in flight, per decode column",
-    "matrix.window_s": "the measurement window of each decode cell, seconds (the conf's and "
-    "CLI's duration_s, --duration-s)",
+    "matrix.window_s": "the measurement window of each decode cell, seconds (the conf's "
+    "window_s, the CLI's --window-s, the tables' window_s; old names duration_s and measure_s "
+    "still read)",
     "matrix.max_output_tokens": "max_tokens of each request",
     "matrix.prompt_mode": "distinct: every request its own prompt; shared: one prompt",
     "matrix.workload": "what the decode prompts say (docs/recipes.md, Workload)",

@@ -23,13 +23,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from speedmatrix.errors import InputError
 from speedmatrix.plan import MatrixSpec, PlanError, fits_model, matrix_size_problems, repeat_keys
 from speedmatrix.records import check_quantity, parse_concurrency, parse_context
 from speedmatrix.redact import REDACTED, SECRET_FLAGS, is_secret_name, looks_like_secret
 from speedmatrix.refs import classify_ref, ref_slug
+from speedmatrix.renames import RECIPE_MATRIX_KEYS, renamed
 from speedmatrix.settings import settings
 
 # vLLM's per-commit wheel index, and the variable a deployment sets to redirect every recipe
@@ -222,6 +230,15 @@ class Matrix(_Strict):
     # window_s), window_s being the cap. Off: every window runs window_s.
     adaptive: bool = False
     adaptive_min_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        # the window's old names (duration_s, measure_s) still read, with a deprecation note
+        # (speedmatrix.renames); given beside window_s with another value: refused, not guessed
+        if isinstance(data, dict):
+            return renamed(data, RECIPE_MATRIX_KEYS, where="matrix.")[0]
+        return data
 
     @field_validator("prefill_contexts", "contexts", mode="before")
     @classmethod

@@ -274,7 +274,14 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("hardware_os", "str", True, "linux…"),
     Field("engine", "str", True, "vllm"),
     Field("engine_version", "str", True, "vLLM version string as the server reports it"),
-    Field("engine_commit", "str", True, "commit (short or full hex)"),
+    Field(
+        "engine_commit",
+        "str",
+        True,
+        "the vLLM commit: its full 40-hex SHA when known, else the 9-hex prefix a dev build's "
+        "version carries (an abbreviation, never padded: group it with its SHA by "
+        "starts_with); shown everywhere as 12 hex, or the 9 known marked …",
+    ),
     Field("engine_pr", "int", True, "pull request number when the build is a PR"),
     Field("engine_ref", "str", True, "the ref asked for (v0.29.0, 40-hex, pr/N, main)"),
     Field("engine_repository", "str", True, "e.g. github.com/vllm-project/vllm"),
@@ -286,9 +293,22 @@ RUN_FIELDS: tuple[Field, ...] = (
     Field("model_revision", "str", True, "model revision"),
     Field("bench_tool", "str", True, "speedmatrix, llm-inference-bench…"),
     Field("bench_tool_version", "str", True, "its version"),
-    Field("decode_test", "str", True, "Fixed duration, or Adaptive duration (measure_s the cap)"),
+    Field("decode_test", "str", True, "Fixed duration, or Adaptive duration (window_s the cap)"),
     Field("prefill_mode", "str", True, "Measured during decode warm-up"),
-    Field("measure_s", "float", True, "time per measurement, s"),
+    Field(
+        "window_s",
+        "float",
+        True,
+        "the measurement window of each decode cell, as asked for (the page's \"Time per "
+        'measurement"); named measure_s in tables landed before schema 7, which read here',
+    ),
+    Field(
+        "measure_s",
+        "float",
+        True,
+        "window_s under its old name (the same value, written beside it for readers of that "
+        "name: speedmatrix.renames.MIRRORED); read window_s",
+    ),
     Field("max_output_tokens", "int", True, "max output tokens per request"),
     Field("prompt_mode", "str", True, "distinct or shared"),
     Field("launch_command", "str", True, "the launch command, secrets as <redacted>"),

@@ -291,7 +291,7 @@ def test_worker_killed_mid_decode_cell(env: Env) -> None:
     port = free_port()
     run_id = dep.trigger(
         SM,
-        {"recipe": TINY, "ssh_conn_id": "local", "port": port, "duration_s": 20},
+        {"recipe": TINY, "ssh_conn_id": "local", "port": port, "window_s": 20},
         "manual__kill-pin-worker1",
     )
 
@@ -432,7 +432,7 @@ def test_bisect_names_the_planted_commit(env: Env) -> None:
         "cells": ["8Kx1"],
         "commits": after,
         "warehouse": dep.warehouse,
-        "duration_s": 2,
+        "window_s": 2,
         # The planted change is 30-40% on tok/s and time between tokens; the recipe's 3% would
         # let a loaded 2-core box's jitter on an 87 ms TTFT call a good commit bad.
         "threshold_pct": 20,

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = {"prefill_contexts": ["8K", "16K"], "contexts": ["8K", "16K"], "concurrencies": [1],
-        "duration_s": 1, "max_output_tokens": 256}  # fmt: skip
+        "window_s": 1, "max_output_tokens": 256}  # fmt: skip
 ORDER = ["8K", "8K x 1", "prefill 16K", "16K x 1"]  # plan.run_order: per context
 
 

@@ -118,7 +118,7 @@ def test_accuracy_against_simulator_ground_truth(
         origin = sim_clock_origin(url)
         cfg = DecodeConfig(
             base_url=url, model="sim-specdec", context=context, concurrency=concurrency,
-            duration_s=8.0, max_output_tokens=max_out, repetition_check=True,
+            window_s=8.0, max_output_tokens=max_out, repetition_check=True,
             # accuracy is checked against the truth directly here; the saturation guard is
             # loosened because this 2-core box is shared (the guard has its own tests)
             max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
@@ -172,7 +172,7 @@ def test_simulator_faults_give_status_and_reason(
     with sim(wide_profile) as url:
         _post(url + "/sim/faults", faults)
         cfg = DecodeConfig(
-            base_url=url, model="sim-specdec", context=1024, concurrency=4, duration_s=3.0,
+            base_url=url, model="sim-specdec", context=1024, concurrency=4, window_s=3.0,
             max_output_tokens=64, first_token_timeout_s=3.0, first_token_s_per_1k=0.1,
         )  # fmt: skip
         cell, _ = run_loop(run_decode(cfg))
@@ -200,7 +200,7 @@ def test_engine_dead_mid_cell_fails_the_cell(wide_profile: Path) -> None:
         killer = threading.Thread(target=kill_when_busy, args=(url,))
         killer.start()
         cfg = DecodeConfig(
-            base_url=url, model="sim-specdec", context=1024, concurrency=4, duration_s=5.0,
+            base_url=url, model="sim-specdec", context=1024, concurrency=4, window_s=5.0,
             max_output_tokens=20_000,
         )  # fmt: skip
         cell, _ = run_loop(run_decode(cfg))
@@ -313,7 +313,7 @@ def test_decode_cells_of_a_context_reuse_its_prompts_so_warm_up_is_small(
 
 def _decode_cfg(url: str) -> DecodeConfig:
     return DecodeConfig(
-        base_url=url, model="sim-specdec", context=1024, concurrency=4, duration_s=3.0,
+        base_url=url, model="sim-specdec", context=1024, concurrency=4, window_s=3.0,
         first_token_timeout_s=3.0, first_token_s_per_1k=0.1, idle_timeout_s=10.0,
         # no request ends inside the window (C held), and the saturation guard loosened as in
         # the accuracy test: these cells are about the server readings, on a shared box

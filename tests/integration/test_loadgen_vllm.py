@@ -89,7 +89,7 @@ def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[n
         base_url=s.base_url, model=s.model, context=512, concurrency=concurrency,
         # 256 tokens: requests restart in the window, each turnover leaving the server idle for
         # ~50 ms (the end of one, the next one's arrival and prefill), a few % of a request
-        duration_s=5.0, max_output_tokens=256, api_key=_key(s), run_tag="vllmtest",
+        window_s=5.0, max_output_tokens=256, api_key=_key(s), run_tag="vllmtest",
         # a CPU shared with the other tests: the saturation guard would measure the box
         max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
     )  # fmt: skip
@@ -137,7 +137,7 @@ def test_short_requests_leave_the_server_idle_and_the_cell_invalid(  # type: ign
     of their slots put a held-looking average (>= 0.9) at about 3 sigma from the ~0.65 read."""
     s = vllm_cpu_server
     cfg = DecodeConfig(
-        base_url=s.base_url, model=s.model, context=512, concurrency=1, duration_s=3.0,
+        base_url=s.base_url, model=s.model, context=512, concurrency=1, window_s=3.0,
         max_output_tokens=8, api_key=_key(s), run_tag="vllmtest", max_loop_lag_ms=50.0,
         max_client_cpu_pct=100.0, min_window_readings=40,
     )  # fmt: skip
@@ -153,7 +153,7 @@ def test_cli_against_real_vllm(vllm_cpu_server, tmp_path) -> None:  # type: igno
     out = tmp_path / "cell.json"
     proc = subprocess.run(
         [sys.executable, "-m", "speedmatrix", "loadgen", "decode", "--base-url", s.base_url,
-         "--model", s.model, "--context", "256", "--concurrency", "2", "--duration", "3",
+         "--model", s.model, "--context", "256", "--concurrency", "2", "--window-s", "3",
          "--max-output", "256", "--api-key-env", s.api_key_env, "--json", str(out),
          "--max-loop-lag-ms", "50", "--max-client-cpu", "100"],
         capture_output=True, text=True, timeout=300,
@@ -200,7 +200,7 @@ def test_article_workload_is_exact_with_the_instruction_last(  # type: ignore[no
     assert text.endswith(f"<|user|>\n{INSTRUCTION}\n<|assistant|>\n"), text[-300:]
 
     cfg = DecodeConfig(
-        base_url=s.base_url, model=s.model, context=512, concurrency=2, duration_s=5.0,
+        base_url=s.base_url, model=s.model, context=512, concurrency=2, window_s=5.0,
         max_output_tokens=256, api_key=_key(s), run_tag="vllmart", workload="article",
         max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
     )  # fmt: skip
@@ -236,7 +236,7 @@ def test_published_profile_cells_on_real_vllm(vllm_cpu_server) -> None:  # type:
     cell, rows = run_loop(
         run_decode(
             DecodeConfig(
-                **common, context=512, concurrency=2, duration_s=4.0, max_output_tokens=256,
+                **common, context=512, concurrency=2, window_s=4.0, max_output_tokens=256,
                 max_active_deviation=0.15,
             )
         )

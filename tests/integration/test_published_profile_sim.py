@@ -41,7 +41,7 @@ def test_published_profile_cells_on_the_simulator() -> None:
                     **common,
                     context=16384,
                     concurrency=2,
-                    duration_s=10.0,
+                    window_s=10.0,
                     run_tag="pubp",
                     measurement_profile="published",
                     # rule 8 holds in this profile too: a CPU shared with other tests
@@ -53,7 +53,7 @@ def test_published_profile_cells_on_the_simulator() -> None:
         default, _ = run_loop(
             run_decode(
                 DecodeConfig(
-                    **common, context=16384, concurrency=2, duration_s=10.0, run_tag="defp",
+                    **common, context=16384, concurrency=2, window_s=10.0, run_tag="defp",
                     # a CPU shared with other tests: the saturation guards would measure the box
                     max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
                 )
@@ -102,7 +102,7 @@ def test_short_outputs_open_the_published_window_by_the_tools_short_request_path
             run_decode(
                 DecodeConfig(
                     base_url=url, model=MODEL, time_scale=SCALE, progress=False,
-                    context=8192, concurrency=8, duration_s=10.0, max_output_tokens=8,
+                    context=8192, concurrency=8, window_s=10.0, max_output_tokens=8,
                     run_tag="pubshort", measurement_profile="published",
                     max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
                     first_token_timeout_s=60.0,
@@ -131,7 +131,7 @@ def test_a_cell_that_never_gets_ready_is_measured_and_marked_not_failed(tmp_path
             run_decode(
                 DecodeConfig(
                     base_url=url, model=MODEL, time_scale=SCALE, progress=False,
-                    context=8192, concurrency=4, duration_s=6.0, run_tag="pubcap",
+                    context=8192, concurrency=4, window_s=6.0, run_tag="pubcap",
                     measurement_profile="published", max_loop_lag_ms=50.0,
                     max_client_cpu_pct=100.0, first_token_timeout_s=8.0,
                     first_token_s_per_1k=0.0,

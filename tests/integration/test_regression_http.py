@@ -68,7 +68,7 @@ def measure_run(commit: int, seed: int, *, planted_at=5, planted=None, cells=CEL
                 model="sim-model",
                 context=ctx,
                 concurrency=conc,
-                duration_s=WINDOW_S,
+                window_s=WINDOW_S,
                 max_output_tokens=512,
                 # The simulator shares this process and two busy cores with the client: the
                 # lag/CPU limits that protect real measurements would flag the machine, not the

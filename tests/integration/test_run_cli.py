@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "include" / "sim-profiles" / "kimi-k2.7-nvfp4-rtxpro6k-x8.yaml"
 RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
 MODEL = "Kimi-K2.7-Code-NVFP4"
-TINY = ["--prefill-contexts", "8K", "--contexts", "8K", "--duration-s", "1"]
+TINY = ["--prefill-contexts", "8K", "--contexts", "8K", "--window-s", "1"]
 TINY += ["--max-output-tokens", "256"]
 
 
@@ -99,17 +99,17 @@ def test_run_against_a_server_already_running(sim_url, tmp_path, capsys) -> None
 
 def test_an_adaptive_run_stops_windows_early_and_says_so(sim_url, tmp_path, capsys) -> None:
     """`run --adaptive` (issue #45): each decode window ends once tight (the simulator is
-    steady), its cap being --duration-s; the cell records the window it used and why it
+    steady), its cap being --window-s; the cell records the window it used and why it
     stopped, the run that its decode test was adaptive, and the page shows both."""
     wh = tmp_path / "wh"
     rc = main(["run", "--base-url", sim_url, "--model", MODEL, "--contexts", "8K",
-               "--concurrencies", "4", "--prefill-contexts", "8K", "--duration-s", "20",
+               "--concurrencies", "4", "--prefill-contexts", "8K", "--window-s", "20",
                "--adaptive", "--adaptive-min-s", "3", "--max-output-tokens", "4096",
                "--warehouse", str(wh)])  # fmt: skip
     out, err = capsys.readouterr()
     assert rc == 0, err
     run, cells, page = _landed(wh, out)
-    assert run["decode_test"] == "Adaptive duration" and run["measure_s"] == 20.0
+    assert run["decode_test"] == "Adaptive duration" and run["window_s"] == 20.0
     decode = [c for c in cells if c["phase"] == "decode"]
     assert len(decode) == 1, (cells, err)
     cell = decode[0]
@@ -279,7 +279,7 @@ def test_a_killed_run_is_taken_over_and_ctrl_c_stops_what_it_started(tmp_path) -
     env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     env.pop("SPEEDMATRIX_API_KEY", None)
     argv = [sys.executable, "-m", "speedmatrix", "run", RECIPE, "--prefill-contexts", "8K",
-            "--contexts", "8K", "--concurrencies", "1", "--duration-s", "60",
+            "--contexts", "8K", "--concurrencies", "1", "--window-s", "60",
             "--port", str(_free_port()), "--warehouse", str(wh)]  # fmt: skip
     first = Terminal(argv, env=env, cwd=str(ROOT))
     try:

@@ -95,7 +95,7 @@ def test_ctrl_c_while_importing_is_an_interrupt(module, tmp_path):
 )
 def test_ctrl_c_during_a_run_is_an_interrupt(moment, sim_url, tmp_path):
     argv = ["run", "--base-url", sim_url, "--model", MODEL, "--prefill-contexts", "8K",
-            "--contexts", "8K", "--concurrencies", "1", "2", "--duration-s", "1",
+            "--contexts", "8K", "--concurrencies", "1", "2", "--window-s", "1",
             "--max-output-tokens", "256", "--warehouse", str(tmp_path / "wh")]  # fmt: skip
     rc, text = interrupt_when(argv, moment)
     assert rc == 130, text
@@ -119,7 +119,7 @@ def test_a_run_exits_0_every_time_beside_a_busy_core(sim_url, tmp_path):
     env = {**os.environ, "SPEEDMATRIX_LEASE_DIR": str(lease_dir)}
     env.pop("SPEEDMATRIX_API_KEY", None)
     argv = ["run", "--base-url", sim_url, "--model", MODEL, "--prefill-contexts", "8K",
-            "--contexts", "8K", "--concurrencies", "1", "--duration-s", "1",
+            "--contexts", "8K", "--concurrencies", "1", "--window-s", "1",
             "--max-output-tokens", "256"]  # fmt: skip
     codes = []
     try:

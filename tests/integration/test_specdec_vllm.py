@@ -68,7 +68,7 @@ def test_ngram_speculative_decoding_chunks_and_acceptance(  # type: ignore[no-un
         # both requests in the 160 KV blocks (2 x (512 + 640) = 2,304 of 2,560 tokens).
         cfg = DecodeConfig(
             base_url=handle.base_url, model=handle.served_name, context=512, concurrency=2,
-            duration_s=5.0, max_output_tokens=640, api_key=key, run_tag="specdec",
+            window_s=5.0, max_output_tokens=640, api_key=key, run_tag="specdec",
             extra_body={"temperature": 0}, repetition_check=False,
             max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
         )  # fmt: skip

@@ -44,7 +44,7 @@ CONF = {
     "prefill_contexts": ["8K"],
     "contexts": ["8K", "16K"],
     "concurrencies": [1, 2, 32],
-    "duration_s": 2,
+    "window_s": 2,
     "max_output_tokens": 512,  # no stream finishes inside a 2 s window: C stays in flight
 }
 
@@ -158,6 +158,8 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
         assert by_cell[("decode", ctx, 32)]["output_tokens"] is None
     assert len(cells) == 7
     assert requests and not any(r["concurrency"] == 32 for r in requests)
+    # the conf's window (window_s, its one name) reached both tables through Airflow's Params
+    assert run["window_s"] == by_cell[("decode", "8K", 1)]["window_s"] == CONF["window_s"]
 
     gx = json.loads(wh.read_artifact(run_id, "validation/gx-results.json"))
     assert gx["cells"]["gx"]["success"] is True and gx["runs"]["gx"]["success"] is True
@@ -321,7 +323,7 @@ def test_two_runs_for_one_host_are_serialised_by_the_lease(migrated, tmp_path, h
     # first, the other must wait until the first one's teardown released it.
     other = tmp_path / "airflow-b"
     shutil.copytree(migrated, other)
-    small = {**CONF, "prefill_contexts": ["8K", "16K"], "contexts": ["8K"], "duration_s": 5}
+    small = {**CONF, "prefill_contexts": ["8K", "16K"], "contexts": ["8K"], "window_s": 5}
     small["concurrencies"] = [1, 2]
     a, log_a, res_a = start_run(tmp_path, home, migrated, {**small, "port": free_port()}, "a")
     b, log_b, res_b = start_run(tmp_path, home, other, {**small, "port": free_port()}, "b")

@@ -65,7 +65,7 @@ def test_speed_matrix_real_vllm_cpu_through_sshd(
         "prefill_contexts": [256, "1K"],
         "contexts": [256, "1K"],
         "concurrencies": [1, 4, 16],
-        "duration_s": 4,
+        "window_s": 4,
         "max_output_tokens": 960,
         "port": free_port(),
     }

@@ -40,7 +40,7 @@ def test_the_recipe_default_is_a_fixed_window() -> None:
 
 def test_conf_adaptive_reaches_every_decode_cell_with_its_minimum_under_its_cap() -> None:
     r = _resolve(contexts=["8K"], concurrencies=[1, 2], prefill_contexts=["8K"], adaptive=True,
-                 duration_s=4.0)  # fmt: skip
+                 window_s=4.0)  # fmt: skip
     assert r["matrix"]["adaptive"] is True
     decode, prefill = _decode_cells(r)
     assert decode and all(c["adaptive"] is True for c in decode)
@@ -48,7 +48,7 @@ def test_conf_adaptive_reaches_every_decode_cell_with_its_minimum_under_its_cap(
     assert {c["adaptive_min_s"] for c in decode} == {4.0}
     assert all("adaptive" not in c for c in prefill)  # one cold request: no window
     cfg = _loadgen_config(r, SERVER, {**decode[0], "adaptive_target_pct": 0.4})  # as set
-    assert (cfg.adaptive, cfg.adaptive_min_s, cfg.duration_s) == (True, 4.0, 4.0)  # type: ignore[attr-defined]
+    assert (cfg.adaptive, cfg.adaptive_min_s, cfg.window_s) == (True, 4.0, 4.0)  # type: ignore[attr-defined]
     assert cfg.adaptive_target_pct == 0.4  # type: ignore[attr-defined]
     cfg.validate()
 
@@ -73,7 +73,7 @@ def test_a_recipe_may_ask_for_adaptive_windows() -> None:
 
 
 def test_conf_sets_the_minimum_and_a_bad_one_is_named() -> None:
-    r = _resolve(contexts=["8K"], concurrencies=[1], adaptive=True, duration_s=30.0,
+    r = _resolve(contexts=["8K"], concurrencies=[1], adaptive=True, window_s=30.0,
                  adaptive_min_s=3.5)  # fmt: skip
     assert r["matrix"]["adaptive_min_s"] == 3.5
     decode, _ = _decode_cells(r)

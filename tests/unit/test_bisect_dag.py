@@ -61,7 +61,7 @@ def test_bisection_job_finds_the_planted_commit_step_by_step(tmp_path, planted):
             "cells": ["64Kx2"],
             "commits": COMMITS,
             "warehouse": wh.root,
-            "duration_s": 10,
+            "window_s": 10,
         },
         has_wheel=lambda c: c not in no_wheel,
     )
@@ -73,7 +73,7 @@ def test_bisection_job_finds_the_planted_commit_step_by_step(tmp_path, planted):
         conf = chosen["conf"]
         assert conf["engine_ref"] == commit and conf["recipe"] == RECIPE
         assert conf["contexts"] == ["64K"] and conf["concurrencies"] == [2]
-        assert conf["prefill_contexts"] == ["64K"] and conf["duration_s"] == 10
+        assert conf["prefill_contexts"] == ["64K"] and conf["window_s"] == 10
         assert None not in conf.values()
         assert (
             chosen["trigger_run_id"].startswith("bisect__")

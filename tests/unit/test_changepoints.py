@@ -82,7 +82,7 @@ def test_a_change_point_names_its_commit_range_and_size():
     cp = found[0]
     assert (cp.before_run_id, cp.run_id) == ("n11", "n12")
     assert cp.commit_before.startswith("11c") and cp.commit_after.startswith("12c")
-    assert cp.commit_range() == "11ccccccc..12ccccccc"
+    assert cp.commit_range() == "11cccccccccc..12cccccccccc"  # 12 hex, as every commit shown
     assert cp.change_pct == pytest.approx(-4.0, abs=0.6) and cp.pvalue < 0.001
     assert cp.verdict == "regression"
     tbt = change_points(pts.assign(value=1000.0 / pts["value"]), higher_is_better=False)

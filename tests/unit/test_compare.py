@@ -309,7 +309,7 @@ def test_summary_names_cells_baseline_and_commits():
     assert text.startswith("3 regressions in run new")
     assert "against baseline base" in text
     assert "64Kx2: total_tok_s 81.0 -> 72.9 (-10.0%" in text
-    assert "aaaaaaa -> this run bbbbbbb" in text
+    assert "aaaaaaa… -> this run bbbbbbb…" in text  # 7 hex known: marked abbreviated
     assert "commits between (2): a1a1a1a1a1a1, b2b2b2b2b2b2" in text
     assert "https://github.com/vllm-project/vllm/compare/aaaaaaa...bbbbbbb" in text
     with pytest.raises(RegressionError, match="64Kx2"):

@@ -41,7 +41,7 @@ def check_comments(rows) -> None:
     missing = sorted(k for k, v in got.items() if not v)
     assert not missing, missing
     assert "[ms]" in got["cells", "ttft_ms"] and "[tok/s]" in got["cells", "total_tok_s"]
-    assert "[s]" in got["runs", "measure_s"]
+    assert "[s]" in got["runs", "window_s"]
     assert "values: valid, over_capacity, failed, invalid" in got["cells", "status"]
     assert "values: success, failed, partial" in got["runs", "status"]
     assert "exact" in got["comparisons", "noise_source"]

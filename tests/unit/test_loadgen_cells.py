@@ -69,7 +69,7 @@ def test_decode_matches_the_ideal_servers_truth(
             url,
             context=context,
             concurrency=concurrency,
-            duration_s=4.0,
+            window_s=4.0,
             max_output_tokens=100_000,  # no restarts: the true rate is exactly C * k / interval
         )
         ttft_truth = server_ttft_ms(url)
@@ -111,7 +111,7 @@ def test_decode_matches_the_ideal_servers_truth(
 
 def test_restarted_streams_count_completed_requests_and_cached_ttft() -> None:
     with ideal_server(ttft_s=0.020, interval_s=0.020) as url:
-        cell, rows = decode(url, context=4096, concurrency=8, duration_s=3.0, max_output_tokens=20)
+        cell, rows = decode(url, context=4096, concurrency=8, window_s=3.0, max_output_tokens=20)
         ttft_truth = server_ttft_ms(url)
     assert cell["status"] == "valid", cell["error"]
     # each request: 20 ms to the first token + 19 intervals of 20 ms = 0.40 s
@@ -134,7 +134,7 @@ def test_shared_prompt_mode_is_recorded_and_exact() -> None:
             url,
             context=3000,
             concurrency=4,
-            duration_s=1.5,
+            window_s=1.5,
             max_output_tokens=64,
             prompt_mode="shared",
         )
@@ -174,7 +174,7 @@ def test_512k_context_prefill_and_decode() -> None:
             url,
             context=524288,
             concurrency=2,
-            duration_s=3.0,
+            window_s=3.0,
             max_output_tokens=1000,
             run_tag="big",
         )
@@ -199,7 +199,7 @@ def test_injected_faults_give_status_and_reason(
     fault: dict[str, object], status: str, reason: str
 ) -> None:
     with ideal_server(ttft_s=0.01, interval_s=0.005, **fault) as url:
-        cell, rows = decode(url, context=1024, concurrency=4, duration_s=2.0, max_output_tokens=40)
+        cell, rows = decode(url, context=1024, concurrency=4, window_s=2.0, max_output_tokens=40)
     assert cell["status"] == status
     assert reason in cell["error"], cell["error"]
     assert sorted(cell) == sorted(CELL_KEYS)
@@ -214,7 +214,7 @@ def test_queueing_server_never_opens_the_window() -> None:
             url,
             context=1024,
             concurrency=4,
-            duration_s=1.0,
+            window_s=1.0,
             max_output_tokens=100_000,
             first_token_timeout_s=1.0,
             first_token_s_per_1k=0.01,
@@ -225,7 +225,7 @@ def test_queueing_server_never_opens_the_window() -> None:
 
 def test_unreachable_server_is_not_attempted() -> None:
     with pytest.raises(CellNotAttempted, match="unreachable"):
-        decode("http://127.0.0.1:9", context=1024, concurrency=1, duration_s=1)
+        decode("http://127.0.0.1:9", context=1024, concurrency=1, window_s=1)
 
 
 def test_unknown_model_is_not_attempted() -> None:
@@ -253,7 +253,7 @@ def test_an_adaptive_window_stops_at_its_minimum_on_a_steady_server() -> None:
     past its minimum, the figures are the truth over what it measured, and the cell says why."""
     with ideal_server(ttft_s=0.02, interval_s=0.010) as url:
         cell, _ = decode(
-            url, context=1024, concurrency=4, duration_s=8.0, max_output_tokens=100_000,
+            url, context=1024, concurrency=4, window_s=8.0, max_output_tokens=100_000,
             adaptive=True, adaptive_min_s=2.0, adaptive_target_pct=1.0,
         )  # fmt: skip
     assert cell["status"] == "valid", cell["error"]
@@ -273,9 +273,7 @@ def test_an_adaptive_window_stops_at_its_minimum_on_a_steady_server() -> None:
 
 def test_a_fixed_window_records_its_interval_and_runs_its_length() -> None:
     with ideal_server(ttft_s=0.02, interval_s=0.010) as url:
-        cell, _ = decode(
-            url, context=1024, concurrency=2, duration_s=3.0, max_output_tokens=100_000
-        )
+        cell, _ = decode(url, context=1024, concurrency=2, window_s=3.0, max_output_tokens=100_000)
     assert cell["status"] == "valid", cell["error"]
     assert (cell["window_mode"], cell["window_stop"]) == ("fixed", "cap")
     assert cell["measured_s"] == pytest.approx(3.0)
@@ -287,7 +285,7 @@ def test_an_adaptive_window_on_a_queueing_server_runs_to_its_cap() -> None:
     """Queueing inside the window is not a steady state: no early stop, whatever the interval."""
     with ideal_server(ttft_s=0.02, interval_s=0.010, report_waiting=1) as url:
         cell, _ = decode(
-            url, context=1024, concurrency=2, duration_s=3.0, max_output_tokens=100_000,
+            url, context=1024, concurrency=2, window_s=3.0, max_output_tokens=100_000,
             adaptive=True, adaptive_min_s=1.0,
         )  # fmt: skip
     assert cell["measured_s"] == pytest.approx(3.0)
@@ -298,8 +296,6 @@ def test_an_adaptive_window_on_a_queueing_server_runs_to_its_cap() -> None:
 
 def test_bad_adaptive_settings_are_rejected() -> None:
     with pytest.raises(ValueError, match="at most the window's cap"):
-        decode(
-            "http://127.0.0.1:1", context=1024, adaptive=True, duration_s=5.0, adaptive_min_s=9.0
-        )
+        decode("http://127.0.0.1:1", context=1024, adaptive=True, window_s=5.0, adaptive_min_s=9.0)
     with pytest.raises(ValueError, match="not the published tool's"):
         decode("http://127.0.0.1:1", context=1024, adaptive=True, measurement_profile="published")

@@ -39,7 +39,7 @@ def test_decode_writes_the_cell_and_request_rows(tmp_path: Path) -> None:
     with ideal_server(api_key="k3y", ttft_s=0.01, interval_s=0.01) as url:
         proc = speedmatrix(
             "loadgen", "decode", "--base-url", url, "--model", "ideal", "--context", "2K",
-            "--concurrency", "3", "--duration", "1.5", "--max-output", "50",
+            "--concurrency", "3", "--window-s", "1.5", "--max-output", "50",
             "--api-key-env", "MY_KEY", "--json", str(out), "--requests", str(rows),
             env={"MY_KEY": "k3y"},
         )  # fmt: skip
@@ -71,7 +71,7 @@ def test_failed_cell_still_exits_zero_with_its_record(tmp_path: Path) -> None:
     with ideal_server(ttft_s=0.01, interval_s=0.005, http_500_every=3) as url:
         proc = speedmatrix(
             "loadgen", "decode", "--base-url", url, "--model", "ideal", "--context", "512",
-            "--concurrency", "2", "--duration", "1", "--max-output", "20", "--json", str(out),
+            "--concurrency", "2", "--window-s", "1", "--max-output", "20", "--json", str(out),
         )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     cell = json.loads(out.read_text())
@@ -150,7 +150,7 @@ def test_decode_help_explains_every_option() -> None:
     assert proc.returncode == 0
     text = proc.stdout
     for option in (
-        "--base-url", "--model", "--api-key-env", "--context", "--concurrency", "--duration",
+        "--base-url", "--model", "--api-key-env", "--context", "--concurrency", "--window-s",
         "--max-output", "--prompt-mode", "--json", "--requests", "--run-tag", "--no-warm",
         "--first-token-timeout", "--stall-timeout", "--connect-timeout", "--token-tolerance",
         "--max-loop-lag-ms", "--max-client-cpu", "--progress", "--extra-body",
@@ -177,7 +177,7 @@ def test_zipapp_runs_a_cell_standalone(tmp_path: Path) -> None:
     with ideal_server(ttft_s=0.01, interval_s=0.01) as url:
         proc = subprocess.run(
             [sys.executable, "-I", str(pyz), "decode", "--base-url", url, "--model", "ideal",
-             "--context", "1024", "--concurrency", "2", "--duration", "1", "--max-output", "30",
+             "--context", "1024", "--concurrency", "2", "--window-s", "1", "--max-output", "30",
              "--json", str(out)],
             capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
         )  # fmt: skip
@@ -190,7 +190,8 @@ def test_zipapp_runs_a_cell_standalone(tmp_path: Path) -> None:
     assert "speedmatrix/records.py" in names and "speedmatrix/loadgen/corpus.txt" in names
     assert not any(n.startswith("speedmatrix/") and n.count("/") == 1 and n not in (
         "speedmatrix/",
-        "speedmatrix/__init__.py", "speedmatrix/records.py", "speedmatrix/errors.py")
+        "speedmatrix/__init__.py", "speedmatrix/records.py", "speedmatrix/errors.py",
+        "speedmatrix/renames.py")
         for n in names)  # fmt: skip
 
 
@@ -200,12 +201,19 @@ def test_the_package_imports_nothing_but_records_and_errors_from_speedmatrix() -
         for line in path.read_text().splitlines():
             if line.startswith(("import speedmatrix", "from speedmatrix")):
                 ok = (
-                    line.startswith(("from speedmatrix.records import", "from speedmatrix.loadgen"))
+                    line.startswith(
+                        (
+                            "from speedmatrix.records import",
+                            "from speedmatrix.loadgen",
+                            "from speedmatrix.renames import",
+                        )
+                    )
                     or line == "from speedmatrix.errors import InputError"
                     or line
                     in (
                         "from speedmatrix import records",
                         "from speedmatrix import errors, records",
+                        "from speedmatrix import errors, records, renames",
                     )
                 )
                 assert ok, (path.name, line)
@@ -304,7 +312,7 @@ def test_decode_on_a_terminal_ends_with_a_readable_summary_and_json_on_request(
 ) -> None:
     out = tmp_path / "cell.json"
     cell_args = ["--model", "ideal", "--context", "2K", "--concurrency", "2",
-                 "--duration", "1", "--max-output", "50"]  # fmt: skip
+                 "--window-s", "1", "--max-output", "50"]  # fmt: skip
     with ideal_server(ttft_s=0.01, interval_s=0.01) as url:
         rc, text = _on_a_terminal("loadgen", "decode", "--base-url", url, *cell_args,
                                   "--json", str(out))  # fmt: skip

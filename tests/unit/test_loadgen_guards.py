@@ -140,7 +140,7 @@ def test_too_few_running_requests_on_the_server_make_it_invalid() -> None:
     put a real-vLLM C = 1 cell at 0.857: the loader called it valid, and the cells suite
     quarantined it (CI). The loader now says so itself, and samples a short window densely
     enough that one such reading is 5%."""
-    c = cell(concurrency=1, duration_s=4.0)
+    c = cell(concurrency=1, window_s=4.0)
     _readings(c, [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
     status, reason = c._judge(True)
     assert status == "invalid"
@@ -153,11 +153,11 @@ def test_too_few_running_requests_on_the_server_make_it_invalid() -> None:
 
 
 def test_short_windows_are_sampled_often_enough() -> None:
-    assert cell(duration_s=4.0)._sample_interval() == pytest.approx(0.2)
-    assert cell(duration_s=30.0)._sample_interval() == 0.5  # the configured interval
+    assert cell(window_s=4.0)._sample_interval() == pytest.approx(0.2)
+    assert cell(window_s=30.0)._sample_interval() == 0.5  # the configured interval
     # a simulator at 5x: the window lasts 6 s on the wall clock
-    assert cell(duration_s=30.0, time_scale=5.0)._sample_interval() == pytest.approx(0.3)
-    assert cell(duration_s=4.0, min_window_readings=4)._sample_interval() == 0.5
+    assert cell(window_s=30.0, time_scale=5.0)._sample_interval() == pytest.approx(0.3)
+    assert cell(window_s=4.0, min_window_readings=4)._sample_interval() == 0.5
     with pytest.raises(ValueError, match="min_window_readings"):
         DecodeConfig(base_url="http://h", model="m", context=8, min_window_readings=0).validate()
 

@@ -172,7 +172,7 @@ def test_an_echoing_server_makes_the_cell_invalid_and_a_normal_one_is_valid():
     for faults, status in (({}, "valid"), ({"echo_every": 1}, "invalid")):
         with run_in_thread(str(root / PROFILE), faults=faults) as url:
             cfg = DecodeConfig(
-                base_url=url, model=MODEL, context=1024, concurrency=2, duration_s=2.0,
+                base_url=url, model=MODEL, context=1024, concurrency=2, window_s=2.0,
                 max_output_tokens=200, max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
                 token_tolerance=0.05,
             )  # fmt: skip

@@ -7,13 +7,16 @@ has a floor (below it only with --force), keeps fractions and leaves delta-rs's 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
@@ -51,6 +54,38 @@ def _untracked_file(root: Path, table: str, name: str, age_hours: float) -> Path
     when = time.time() - age_hours * 3600
     os.utime(dead, (when, when))
     return dead
+
+
+def removed_hours_ago(wh: Warehouse, run_id: str, age_hours: float) -> dict[str, str]:
+    """Delete ``run_id`` (each table's commit removes the run's one data file) and date that
+    removal ``age_hours`` back, as if committed then: the commit's time and the remove's
+    ``deletionTimestamp`` in the table's log, rewritten through the warehouse's filesystem
+    (a local path or S3). Returns, per table, where the removed file is (a filesystem path)."""
+    tables = ("runs", "cells", "requests")
+    before = {t: wh.delta_table(t).version() for t in tables}
+    assert wh.delete_run(run_id)
+    when = int((time.time() - age_hours * 3600) * 1000)
+    removed = {}
+    for table in tables:
+        after = wh.delta_table(table).version()
+        assert after == before[table] + 1, (table, before[table], after)
+        entry = f"{wh.base}/{table}/_delta_log/{after:020d}.json"
+        with wh.fs.open_input_stream(entry) as fh:
+            actions = [json.loads(line) for line in fh.read().decode().splitlines() if line]
+        for action in actions:
+            if "commitInfo" in action:
+                action["commitInfo"]["timestamp"] = when
+            if "remove" in action:
+                action["remove"]["deletionTimestamp"] = when
+                removed[table] = f"{wh.base}/{table}/{unquote(action['remove']['path'])}"
+        with wh.fs.open_output_stream(entry) as out:
+            out.write(("\n".join(json.dumps(a) for a in actions) + "\n").encode())
+        wh.forget(table)
+    return removed
+
+
+def exists(wh: Warehouse, path: str) -> bool:
+    return wh.fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
 @contextlib.contextmanager
@@ -168,10 +203,10 @@ def test_retention_below_the_floor_needs_force_and_fractions_are_not_truncated(r
         if hours in ("0", "0.5"):
             assert "--force" in err and f"floor of {MIN_RETENTION_HOURS:g} h" in err, err
     assert dead.exists()
-    # 1.9 h is not 1 h: a file 1.5 h old stays (delta-rs counts whole hours: rounded up)
+    # 1.9 h is not 1 h: a file 1.5 h old stays
     rc = cli.main(["warehouse", "maintain", "--warehouse", str(root), "--retention-hours", "1.9"])
     assert rc == 0 and dead.exists()
-    assert "retention 1.9 h kept as 2 h" in capsys.readouterr().err
+    assert capsys.readouterr().err == ""
     # delta-rs's own check stays on: each table says the floor is its minimum retention
     for table in ("runs", "cells", "requests"):
         conf = DeltaTable(root / table).metadata().configuration
@@ -183,6 +218,36 @@ def test_retention_below_the_floor_needs_force_and_fractions_are_not_truncated(r
     rc = cli.main(["warehouse", "maintain", "--warehouse", str(root), "--retention-hours", "1"])
     assert rc == 0 and not dead.exists()
     capsys.readouterr()
+
+
+def test_a_fraction_of_an_hour_is_kept_exactly(root, capsys):
+    """--retention-hours 1.5 keeps what was removed 1.2 h ago and deletes what was removed
+    1.7 h ago (today's code rounded 1.5 up to 2 h, and after its checkpoint judged the removed
+    files by their age on disk: both went). The removed files are 30 h old on disk (written
+    long before their removal), and a landing's checkpoint has since been written: delta-rs's
+    checkpoint keeps no tombstone older than the table's retention property (the floor)."""
+    wh = Warehouse(root)
+    older = removed_hours_ago(wh, "a0", 1.7)
+    newer = removed_hours_ago(wh, "a1", 1.2)
+    long_ago = time.time() - 30 * 3600
+    for path in (*older.values(), *newer.values()):
+        os.utime(path, (long_ago, long_ago))
+    for table in older:
+        DeltaTable(root / table).create_checkpoint()
+    args = ["warehouse", "maintain", "--warehouse", str(root), "--retention-hours"]
+    assert cli.main([*args, "1.5"]) == 0
+    out, err = capsys.readouterr()
+    assert not [p for p in older.values() if exists(wh, p)], out
+    assert all(exists(wh, p) for p in newer.values()), out
+    for table in older:  # the count is the file that went (compaction's own are kept)
+        line = next(x for x in out.splitlines() if x.startswith(f"{table}:"))
+        assert ", 1 vacuumed" in line, out
+    assert err == "", err
+    # and 1.1 h, below the newer removal's age, takes it
+    assert cli.main([*args, "1.1"]) == 0
+    capsys.readouterr()
+    assert not [p for p in newer.values() if exists(wh, p)]
+    assert set(wh.query("SELECT run_id FROM runs")["run_id"]) == {"a2"}
 
 
 def test_force_below_the_floor_is_said(root, capsys):

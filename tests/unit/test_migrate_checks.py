@@ -86,7 +86,7 @@ def test_migration_lands_only_what_a_landing_would(tmp_path, capsys):
         run, cells = landable(rid, day=2 + i)
         land_old(old, run, cells)
     land_old(old, *landable("negative-gpus", day=7, hardware_gpu_count=-8))
-    land_old(old, *landable("huge-run-figure", day=8, measure_s=-1e300))
+    land_old(old, *landable("huge-run-figure", day=8, window_s=-1e300))
     run, cells = landable("bad-figures", day=9)
     cells[1]["total_tok_s"] = math.nan  # a valid decode cell without its figure
     cells[2]["ttft_ms"] = -1e300
@@ -101,7 +101,7 @@ def test_migration_lands_only_what_a_landing_would(tmp_path, capsys):
     assert len(refused) == 6, refused
     assert any("too long" in why for why in refused.values())
     assert any("negative" in why or "hardware_gpu_count" in why for why in refused.values())
-    assert "huge-run-figure" in refused and "measure_s" in refused["huge-run-figure"]
+    assert "huge-run-figure" in refused and "window_s" in refused["huge-run-figure"]
     wh = Warehouse(new)
     landed = wh.query("SELECT run_id, status FROM runs ORDER BY 1").values.tolist()
     # its status as a landing makes it: a failed cell (quarantined) makes the run failed

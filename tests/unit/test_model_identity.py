@@ -83,3 +83,76 @@ def test_a_model_whose_view_would_be_empty_is_not_linked(tmp_path):
     assert "Pareto view</a>" not in row and "no GPU count" in row
     row = index[index.index("org/with-gpus") :].split("</tr>")[0]
     assert "Pareto view</a>" in row
+
+
+# ------------------------------------------- runs landed before the fix, under the served name
+
+
+@pytest.fixture(scope="module")
+def both_kinds(tmp_path_factory):
+    """A warehouse holding both kinds of run of one model: two recipe runs under the model id
+    (`moonshotai/Kimi-K2.7`, served as `Kimi-K2.7`) and one `run --base-url` landed before the
+    fix, under the served name as its model (model = served_model = `Kimi-K2.7`); and a served
+    name two model ids share (`shared`), which no view may guess."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from views_fixture import H200, H200_GPU, MODEL, RTX, RTX_GPU, cells_for, run_row
+
+    from speedmatrix.store.warehouse import Warehouse
+
+    wh = Warehouse(tmp_path_factory.mktemp("both") / "wh")
+    wh.land_run(run_row("rtx-1", RTX, RTX_GPU, 8, 10, "a" * 40), cells_for(60.0, 0.85), [])
+    wh.land_run(run_row("h200-1", H200, H200_GPU, 4, 11, "a" * 40), cells_for(50.0, 0.9), [])
+    old = run_row("old-1", "external/127.0.0.1-8000/kimi", RTX_GPU, 8, 12, "b" * 40)
+    old["model"] = old["served_model"] = MODEL.split("/")[-1]
+    wh.land_run(old, cells_for(55.0, 0.85), [])
+    for i, model in enumerate(("org-a/shared", "org-b/shared", "shared")):
+        row = run_row(f"shared-{i}", f"sim/shared-{i}", H200_GPU, 8, 13, "c" * 40, model=model)
+        row["served_model"] = "shared"
+        wh.land_run(row, cells_for(40.0, 0.9), [])
+    yield wh, MODEL
+    wh.close()
+
+
+def test_views_group_a_served_name_run_under_its_model_id(both_kinds):
+    from speedmatrix.analysis.pareto import choose_series
+    from speedmatrix.report.pareto import build_view, models, warehouse_runs
+
+    wh, model = both_kinds
+    runs = warehouse_runs(wh)
+    # one model, not two; a served name two ids share is left as it was recorded
+    assert models(runs) == sorted([model, "org-a/shared", "org-b/shared", "shared"])
+    assert {s.run["run_id"] for s in choose_series(runs, model)} == {"rtx-1", "h200-1", "old-1"}
+    view = build_view(wh, model, runs=runs)
+    assert {p.run_id for p in view.points} == {"rtx-1", "h200-1", "old-1"}
+
+
+def test_report_versus_compares_a_served_name_run_with_a_model_id_run(both_kinds, capsys):
+    from speedmatrix.cli import main
+
+    wh, model = both_kinds
+    assert main(["report", "--warehouse", wh.root, "--versus", "rtx-1", "old-1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"# {model}: B against A") and "run old-1" in out
+    assert main(["report", "--warehouse", wh.root, "--pareto", "Kimi-K2.7"]) == 0  # served name
+    out = capsys.readouterr().out
+    assert f"# Pareto view: {model}" in out and "external/127.0.0.1-8000/kimi" in out
+    assert main(["report", "--warehouse", wh.root, "--versus", "old-1", "shared-2"]) == 2
+    assert "a comparison is of one model" in capsys.readouterr().err
+
+
+def test_the_site_lists_one_model_for_both_kinds(both_kinds, tmp_path):
+    from speedmatrix.report.site import build_site
+    from speedmatrix.report.site_views import model_page, versus_page
+
+    wh, model = both_kinds
+    build_site(wh, tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert f"<td>{model}</td>" in index and "<td>Kimi-K2.7</td>" not in index
+    assert not (tmp_path / "site" / model_page("Kimi-K2.7")).exists()
+    view = (tmp_path / "site" / model_page(model)).read_text(encoding="utf-8")
+    assert "external/127.0.0.1-8000/kimi" in view
+    pair = versus_page("external/127.0.0.1-8000/kimi|local", "sim/kimi-rtx-x8|local")
+    assert (tmp_path / "site" / pair).exists()

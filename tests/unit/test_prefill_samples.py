@@ -85,7 +85,7 @@ def _decode(url: str, **kw) -> tuple[dict, list[dict]]:
     from speedmatrix.loadgen import DecodeConfig, run_decode
 
     before = {r["id"] for r in _truth(url)}
-    cfg = DecodeConfig(base_url=url, model=MODEL, context=2048, concurrency=1, duration_s=2.0,
+    cfg = DecodeConfig(base_url=url, model=MODEL, context=2048, concurrency=1, window_s=2.0,
                        max_output_tokens=2048, max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
                        token_tolerance=0.03, **kw)  # fmt: skip
     cell, rows = asyncio.run(run_decode(cfg))

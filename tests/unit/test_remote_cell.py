@@ -44,7 +44,7 @@ NON_DEFAULT: dict[str, Any] = {
     "time_scale": 5.0,
     "progress": False,
     "concurrency": 7,
-    "duration_s": 4.5,
+    "window_s": 4.5,
     "max_output_tokens": 333,
     "prompt_mode": "shared",
     "warm_cache": False,

@@ -59,7 +59,7 @@ def test_run_fields(parsed):
         "bench_tool_version": "0.7.9",
         "decode_test": "Fixed duration",
         "prefill_mode": "Measured during decode warm-up",
-        "measure_s": 30.0,
+        "window_s": 30.0,
         "max_output_tokens": 4096,
         "max_model_len": 262144,
         "source": REFERENCE.name,

@@ -43,7 +43,7 @@ def make_run(run_id="r-1", recipe_id="sim/kimi-k2.7-nvfp4-rtxpro6k-x8", day=14, 
         "hardware_gpu": "sim",
         "hardware_gpu_count": 8,
         "served_model": "kimi",
-        "measure_s": 30.0,
+        "window_s": 30.0,
         "max_output_tokens": 4096,
     }
     return run_row(run_id, **{**values, **extra})
@@ -140,7 +140,8 @@ def test_land_and_read_round_trip(tmp_path):
     run, cells, requests = make_run(), make_cells(), make_requests()
     wh.land_run(run, cells, requests)
     got_run, got_cells, got_requests = wh.read_run("r-1")
-    assert {k: got_run[k] for k in run} == run
+    # runs.measure_s is window_s under its old name, written beside it (renames.MIRRORED)
+    assert {k: got_run[k] for k in run} == {**run, "measure_s": run["window_s"]}
     assert got_run["run_date"] == dt.date(2026, 3, 14)
     assert got_run["schema_version"] == SCHEMA_VERSION
     assert [{k: c[k] for k in cells[0]} for c in got_cells] == cells

@@ -30,7 +30,7 @@ def run_row(run_id: str, recipe: str, gpu: str, gpus: int, day: int, commit: str
         hardware_gpu_count=gpus,
         model=model,
         served_model=model.split("/")[-1],
-        measure_s=30.0,
+        window_s=30.0,
         max_output_tokens=4096,
     )
 

@@ -182,4 +182,6 @@ def _commit(row: Mapping[str, Any]) -> str | None:
 
 
 def _short(commit: str | None) -> str:
-    return commit[:9] if commit else "?"
+    from speedmatrix.commits import shown_commit
+
+    return shown_commit(commit) or commit or "?"

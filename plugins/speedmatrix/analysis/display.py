@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from speedmatrix.analysis.verdict import VERDICTS, _fmt, number
+from speedmatrix.commits import engine_text
 from speedmatrix.records import cell_name
 
 _VERDICT_MARK = {
@@ -172,8 +173,8 @@ def comparison_markdown(
 ) -> str:
     """The report's "Comparison" section: counts, then a table of the notable (or all) rows."""
     counts = verdict_counts(rows)
-    a = baseline.get("engine_commit") or baseline.get("engine_version") or "?"
-    b = run.get("engine_commit") or run.get("engine_version") or "?"
+    a = engine_text(baseline)
+    b = engine_text(run)
     lines = [
         "## Comparison",
         "",

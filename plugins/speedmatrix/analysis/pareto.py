@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedmatrix.analysis.cost import Prices, cost_per_million
+from speedmatrix.commits import shown_commit
 from speedmatrix.records import cell_name, parse_context
 
 
@@ -67,6 +68,43 @@ def model_of(run: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _under_served_name(run: Mapping[str, Any]) -> str | None:
+    """The served name a run recorded as its model (a `run --base-url` landed before it read
+    the model id from the server: model = served_model), else None."""
+    model, served = run.get("model"), run.get("served_model")
+    if isinstance(served, str) and served and model in (None, "", served):
+        return served
+    return None
+
+
+def model_ids(runs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Served name -> model id, as the warehouse tells it: from the runs that recorded both
+    (a recipe run, or a `run --base-url` since it reads /v1/models' root). A served name
+    recorded under two model ids names neither: it is left out, never guessed."""
+    seen: dict[str, set[str]] = {}
+    for r in runs:
+        model, served = r.get("model"), r.get("served_model")
+        if isinstance(model, str) and model and isinstance(served, str) and served != model:
+            seen.setdefault(served, set()).add(model)
+    return {served: next(iter(ids)) for served, ids in seen.items() if len(ids) == 1}
+
+
+def with_model_ids(
+    runs: Iterable[Mapping[str, Any]], ids: Mapping[str, str] | None = None
+) -> list[Mapping[str, Any]]:
+    """The runs, each one landed under its served name given its model id where `ids`
+    (default: :func:`model_ids` of these runs) names it, so the views (the site's, the Pareto
+    view, ``report --versus``) group a run landed before the fix with its model's other runs.
+    Only the copy the views read changes: the warehouse's rows keep what was recorded."""
+    runs = list(runs)
+    ids = model_ids(runs) if ids is None else ids
+    out: list[Mapping[str, Any]] = []
+    for r in runs:
+        served = _under_served_name(r)
+        out.append({**r, "model": ids[served]} if served in ids else r)
+    return out
+
+
 def gpu_text(run: Mapping[str, Any]) -> str:
     gpu = run.get("hardware_gpu") or "hardware not known"
     count = _num(run.get("hardware_gpu_count"))
@@ -96,7 +134,7 @@ def choose_series(
         if key[1] not in ("", "local"):
             label += f" @ {key[1]}"
         if by_commit:
-            label += f" · {key[2][:12] or 'unknown commit'}"
+            label += f" · {shown_commit(key[2]) or key[2][:12] or 'unknown commit'}"
         out.append(Series(key="|".join(key), label=label, run=r))
     return out
 

@@ -36,7 +36,7 @@ import pandas as pd
 import pyarrow as pa
 
 from speedmatrix.analysis.noise import CELL_KEY, Interval, NoiseModel, frame, within_window
-from speedmatrix.commits import same_commit
+from speedmatrix.commits import engine_text, resolved, same_commit
 from speedmatrix.records import cell_key, cell_name, cell_sort_key, not_comparable_reason
 from speedmatrix.store.schemas import COMPARISON_FIELDS, COMPARISONS_SCHEMA
 from speedmatrix.upstream.github import github_repo
@@ -475,8 +475,9 @@ def summarize(
             f" noise {f'±{noise:.1f}%' if noise is not None else 'unknown'})"
             + (f": {r.get('reason')}" if r.get("reason") else "")
         )
-    a = baseline.get("engine_commit") or baseline.get("engine_version") or "?"
-    b = run.get("engine_commit") or run.get("engine_version") or "?"
+    # this run's commit is the last of the commits between, when GitHub listed them
+    a = engine_text(baseline)
+    b = engine_text({**run, "engine_commit": resolved(run.get("engine_commit"), commits or ())})
     lines.append(f"engine: baseline {a} -> this run {b}")
     if commits:
         shown = list(commits)

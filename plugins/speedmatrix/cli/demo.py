@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from speedmatrix.renames import add_window_option
 from speedmatrix.settings import settings
 
 REPO = Path(__file__).resolve().parents[3]  # the checkout (plugins/speedmatrix/cli/demo.py)
@@ -42,7 +43,7 @@ RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
 SHORT = {
     "prefill_contexts": ["8K", "16K", "32K", "64K"],
     "contexts": ["8K", "16K", "32K", "64K"],
-    "duration_s": 5,
+    "window_s": 5,
 }
 
 
@@ -362,10 +363,10 @@ def _xcom(result: dict, task_id: str):
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def demo_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m speedmatrix.cli.demo", description=__doc__)
     parser.add_argument("--full", action="store_true", help="the whole reference matrix")
-    parser.add_argument("--duration", type=float, default=None, help="decode window, s")
+    add_window_option(parser, "--duration", help="decode window, s")
     parser.add_argument("--conf", help="JSON conf for speed_matrix (overrides the demo's)")
     parser.add_argument("--result-json", help="write the run's outcome (tasks, XComs) here")
     parser.add_argument(
@@ -373,13 +374,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="where Airflow's log goes (default .airflow/logs/demo-<time>.log; - : the terminal)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = demo_parser().parse_args(argv)
     _airflow_env()
     conf: dict = {"recipe": RECIPE, "ssh_conn_id": "local", "port": free_port()}
     if not args.full:
         conf.update(SHORT)
-    if args.duration:
-        conf["duration_s"] = args.duration
+    if args.window_s:
+        conf["window_s"] = args.window_s
     if args.conf:
         conf.update(json.loads(args.conf))
     migrate_once()

@@ -10,7 +10,10 @@ timer that outlived a command was one case of the class. So the process ends in 
 the warehouses' DuckDB connections closed (`store.query.close_all`), DuckDB's default
 connection closed, our own threads joined, Python's exit work run (atexit: logging's flush,
 temporary folders), the streams flushed, and then `os._exit`: no finalizer or static
-destructor runs after the work is done, so none can abort it. Only the process's own entry
+destructor runs after the work is done, so none can abort it. The mechanism, reproduced by
+tests/unit/test_cli_exiting.py: a thread whose native call (the GIL released) returns while the
+interpreter finalizes is ended by CPython where it stands (pthread_exit), and the unwinding
+through the library's C++ frames calls std::terminate. Only the process's own entry
 points call this (`speedmatrix`, `python -m speedmatrix`), never `cli.main`, which tests call
 in process.
 """

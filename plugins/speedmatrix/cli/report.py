@@ -163,6 +163,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def _views_page(args: argparse.Namespace, wh) -> str:
     """The Pareto view (--pareto) or the comparison of two configurations (--versus), priced
     by the deployment (SPEEDMATRIX_GPU_PRICES; none set: no cost)."""
+    from speedmatrix.analysis.pareto import model_ids
     from speedmatrix.report.page import deployment_prices
     from speedmatrix.report.pareto import (
         build_view,
@@ -181,6 +182,8 @@ def _views_page(args: argparse.Namespace, wh) -> str:
     prices = deployment_prices()
     runs = warehouse_runs(wh)
     if args.pareto is not None:
+        # a served name names its model id where the warehouse knows it
+        args.pareto = model_ids(runs).get(args.pareto, args.pareto)
         known = models(runs)
         if args.pareto not in known:
             raise _cli_error(
@@ -192,6 +195,11 @@ def _views_page(args: argparse.Namespace, wh) -> str:
     try:
         a, b = (pick_run(runs, ref) for ref in args.versus)
         sides = [wh.read_run(str(r["run_id"]), r.get("recipe_id"))[:2] for r in (a, b)]
+        # the model each side is grouped under (warehouse_runs: a served name -> its model id)
+        sides = [
+            ({**run, "model": r.get("model")}, cells)
+            for r, (run, cells) in zip((a, b), sides, strict=True)
+        ]
         if args.format == "html":
             return render_versus_html(sides[0], sides[1], prices=prices)
         return render_versus_markdown(sides[0], sides[1], prices=prices)

@@ -38,6 +38,7 @@ from speedmatrix.cli.interrupts import finishing, terminate_as_interrupt
 from speedmatrix.cli.verdict import EXIT_REGRESSION, run_verdict, verdict_text
 from speedmatrix.flows.contracts import Landing, Planned, ServerHandoff, ServerInfo
 from speedmatrix.flows.resolved import Resolved
+from speedmatrix.renames import add_window_option
 from speedmatrix.settings import settings
 
 # The matrix of a server already running when the command line names none: the published
@@ -98,13 +99,13 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     g.add_argument("--contexts", nargs="+", metavar="N", help="decode contexts, e.g. 8K 16K")
     g.add_argument("--concurrencies", nargs="+", type=_concurrency, metavar="C", help="e.g. 1 2 4")
     g.add_argument("--prefill-contexts", nargs="+", metavar="N", help="prefill contexts")
-    g.add_argument("--duration-s", type=float, metavar="S", help="decode window, seconds")
+    add_window_option(g, "--duration-s", help="decode window, seconds")
     g.add_argument(
         "--adaptive",
         action="store_true",
         default=None,
         help="adaptive windows: a decode cell stops once its throughput's interval is tight "
-        "enough for its verdict (after the recipe's adaptive_min_s), --duration-s being the "
+        "enough for its verdict (after the recipe's adaptive_min_s), --window-s being the "
         "cap (docs/measurement.md, 'Adaptive windows')",
     )
     g.add_argument(

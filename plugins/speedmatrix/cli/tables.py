@@ -7,7 +7,6 @@ from __future__ import annotations
 # speedmatrix imports inside the command functions: `speedmatrix <cmd> --help` stays cheap.
 import argparse
 import json
-import math
 import sys
 
 from speedmatrix.words import count
@@ -43,7 +42,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
         default=None,
         help="vacuum only files no version of the last N hours needs, and files no version "
         "ever referenced once N hours old (default 24; at least 1, the longest a landing "
-        "takes, unless --force; delta-rs counts whole hours: a fraction is rounded up)",
+        "takes, unless --force; a fraction is kept: 1.5 is 90 minutes)",
     )
     m.add_argument(
         "--force",
@@ -81,12 +80,6 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
     hours = RETENTION_HOURS if args.retention_hours is None else args.retention_hours
     report = maintain(Warehouse(args.warehouse), hours, force=args.force)
-    if hours != int(hours):
-        print(
-            f"speedmatrix warehouse maintain: vacuum retention {hours:g} h kept as "
-            f"{math.ceil(hours)} h (delta-rs counts whole hours; rounded up, never down)",
-            file=sys.stderr,
-        )
     if hours < MIN_RETENTION_HOURS:
         print(
             f"speedmatrix warehouse maintain: --force: vacuum retention {hours:g} h is below "

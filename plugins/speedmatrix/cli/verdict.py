@@ -34,12 +34,13 @@ def verdict_text(s: RunSummary) -> str:
     """The verdict block: its first line is the answer, the lines after it the evidence."""
     # here, not at the top: `speedmatrix run --help` must not import pandas (analysis does)
     from speedmatrix.analysis.display import all_not_compared, cells_with, headline
+    from speedmatrix.commits import shown_commit
 
     if s.baseline_run_id:
         against = f"against run {s.baseline_run_id}"
         commit = s.baseline_engine_commit
         if isinstance(commit, str) and commit:  # (a missing value reads back as NaN)
-            against += f" (engine commit {commit})"
+            against += f" (engine commit {shown_commit(commit)})"
         why = all_not_compared(s.rows)
         if why is not None:
             head = f"verdict: not compared {against}: {why}"

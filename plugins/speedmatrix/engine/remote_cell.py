@@ -79,7 +79,7 @@ def time_budget_s(cfg: CellConfig) -> float:
     """How long the command may take: the first-token timeout for every stream, the window,
     and SLACK_S."""
     concurrency = cfg.concurrency if isinstance(cfg, DecodeConfig) else 1
-    window = cfg.duration_s if isinstance(cfg, DecodeConfig) else 0.0
+    window = cfg.window_s if isinstance(cfg, DecodeConfig) else 0.0
     return cfg.first_token_timeout(concurrency) + SLACK_S + float(window)
 
 

@@ -21,6 +21,8 @@ from speedmatrix.commits import same_commit
 from speedmatrix.flows.contracts import CHECKED, Contract
 from speedmatrix.recipes import load_recipe_id, wheel_index_for
 from speedmatrix.records import parse_cell, parse_context
+from speedmatrix.renames import CONF_KEYS as RENAMED_KEYS
+from speedmatrix.renames import renamed
 from speedmatrix.settings import settings
 from speedmatrix.store.protocol import WarehouseReader
 from speedmatrix.upstream.github_commits import commits_between
@@ -111,6 +113,16 @@ def wheel_check(recipe: Any) -> Callable[[str], bool]:
     return lambda commit: wheel_published(index, commit, variant)
 
 
+def matrix_conf(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The matrix settings a bisection's every step runs with, under their conf names: the
+    window (`window_s`; its old name `duration_s` still read, speedmatrix.renames) and the
+    output tokens per request."""
+    window = renamed({k: params.get(k) for k in ("window_s", *RENAMED_KEYS)}, RENAMED_KEYS)[0].get(
+        "window_s"
+    )
+    return {"window_s": window, "max_output_tokens": params.get("max_output_tokens")}
+
+
 def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) -> dict:
     """Check the params and build the job: commits, wheels, good run, conf of a step's run."""
     # pandas and pyarrow come with these: the bisect DAG file imports this module when it is
@@ -160,8 +172,7 @@ def prepare_job(params: dict, has_wheel: Callable[[str], bool] | None = None) ->
                 "recipe": recipe.id,
                 "ssh_conn_id": host,
                 "warehouse": params.get("warehouse"),
-                "duration_s": params.get("duration_s"),
-                "max_output_tokens": params.get("max_output_tokens"),
+                **matrix_conf(params),
                 **conf,
             },
             "state": state.to_dict(),

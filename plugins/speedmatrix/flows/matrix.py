@@ -269,7 +269,7 @@ def _loadgen_config(
     return DecodeConfig(
         **common,
         concurrency=int(cell["concurrency"]),
-        duration_s=float(cell["window_s"]),
+        window_s=float(cell["window_s"]),
         max_output_tokens=int(cell["max_output_tokens"]),
         prompt_mode=str(cell["prompt_mode"]),
         **_adaptive_settings(cell),
@@ -383,11 +383,11 @@ def run_row(
         model_revision=recipe.model.revision,
         bench_tool="speedmatrix",
         bench_tool_version=__version__,
-        # adaptive: each window stopped when tight enough, measure_s its cap; every cell's
+        # adaptive: each window stopped when tight enough, window_s its cap; every cell's
         # "Measured" is the window it used and window_stop why it ended
         decode_test="Adaptive duration" if resolved["matrix"].get("adaptive") else "Fixed duration",
         prefill_mode="Measured during decode warm-up",
-        measure_s=resolved["matrix"]["window_s"],
+        window_s=resolved["matrix"]["window_s"],
         max_output_tokens=resolved["matrix"]["max_output_tokens"],
         prompt_mode=resolved["matrix"]["prompt_mode"],
         workload=resolved["matrix"].get("workload"),

@@ -164,12 +164,13 @@ def speed_matrix_params() -> dict[str, Any]:
             section=MATRIX,
         ),
         "prefill_contexts": Param(None, **_contexts("Prefill contexts", "One prefill per length.")),
-        "duration_s": Param(
+        "window_s": Param(
             None,
             type=["null", "number"],
             exclusiveMinimum=0,
             title="Window per decode cell (s)",
-            description=f"Seconds measured per decode cell. {FROM_RECIPE}",
+            description="Seconds measured per decode cell (the conf key duration_s, its old "
+            f"name, is still read). {FROM_RECIPE}",
             section=MATRIX,
         ),
         "adaptive": Param(

@@ -102,7 +102,7 @@ def resolve(
             contexts=_override(conf, "contexts", m.contexts),
             concurrencies=_override(conf, "concurrencies", m.concurrencies),
             max_output_tokens=_override(conf, "max_output_tokens", m.max_output_tokens),
-            window_s=_override(conf, "duration_s", m.window_s),
+            window_s=_override(conf, "window_s", m.window_s),
             prompt_mode=_override(conf, "prompt_mode", m.prompt_mode),
             workload=_override(conf, "workload", m.workload),
             measurement_profile=_override(conf, "measurement_profile", m.profile),

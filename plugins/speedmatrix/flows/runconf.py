@@ -22,8 +22,11 @@ from speedmatrix.records import (
     parse_context,
     split_list_text,
 )
+from speedmatrix.renames import CONF_KEYS as RENAMED_KEYS
+from speedmatrix.renames import RenameConflict, renamed
 
-# The conf keys of speed_matrix (docs/design.md, contract); anything else is refused.
+# The conf keys of speed_matrix (docs/design.md, contract); anything else is refused but the
+# old names of renamed keys (speedmatrix.renames.CONF_KEYS: duration_s), read as the new ones.
 CONF_KEYS = (
     "recipe",
     "engine_ref",
@@ -31,7 +34,7 @@ CONF_KEYS = (
     "contexts",
     "concurrencies",
     "prefill_contexts",
-    "duration_s",
+    "window_s",
     "max_output_tokens",
     "prompt_mode",
     "workload",
@@ -107,7 +110,10 @@ def normalise_conf(conf: Mapping[str, Any]) -> dict[str, Any]:
     person type them; records.split_list_text) made lists, each item read by its one rule
     (records.parse_context, records.parse_concurrency). A text that does not read stays as it is, for
     conf_problems to name; a list stays a list (its items are plan's to check)."""
-    out = dict(conf)
+    try:  # an old key (duration_s) under its name now, with a deprecation note
+        out = renamed(conf, RENAMED_KEYS)[0]
+    except RenameConflict:
+        out = dict(conf)  # both given: conf_problems names them
     for key, read in LIST_TEXT_KEYS.items():
         value = out.get(key)
         if not isinstance(value, str):
@@ -128,10 +134,14 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
     matrix's ranges (positive, no duplicates, within max_model_len, repeats 1-10, repeat cells
     in the matrix) are plan's rules, checked next in `resolve` with their own messages."""
     problems: list[str] = []
+    try:
+        conf = renamed(conf, RENAMED_KEYS)[0]
+    except RenameConflict as exc:
+        problems.append(str(exc))
     for key in conf:
         if key in _REMOVED:
             problems.append(f"{key} is not a conf key: {_REMOVED[key]}")
-        elif key not in CONF_KEYS:
+        elif key not in CONF_KEYS and key not in RENAMED_KEYS:
             problems.append(f"unknown conf key {key!r} (known: {', '.join(CONF_KEYS)})")
 
     def given(key: str) -> bool:
@@ -175,12 +185,11 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
             _is_int,
             "integers, or a text like `1, 2, 4`",
         )
-    if given("duration_s") and not (
-        _is_number(conf["duration_s"]) and conf["duration_s"] <= MAX_WINDOW_S
+    if given("window_s") and not (
+        _is_number(conf["window_s"]) and conf["window_s"] <= MAX_WINDOW_S
     ):
         problems.append(
-            f"duration_s must be a number of seconds up to {MAX_WINDOW_S:g}, "
-            f"got {conf['duration_s']!r}"
+            f"window_s must be a number of seconds up to {MAX_WINDOW_S:g}, got {conf['window_s']!r}"
         )
     if given("max_output_tokens") and not (
         _is_int(conf["max_output_tokens"]) and conf["max_output_tokens"] >= 2

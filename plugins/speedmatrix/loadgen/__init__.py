@@ -3,7 +3,7 @@
 In-process use (Airflow tasks, tests)::
 
     cell, rows = asyncio.run(run_decode(DecodeConfig(base_url=..., model=..., context=8192,
-                                                     concurrency=16, duration_s=30)))
+                                                     concurrency=16, window_s=30)))
 
 `cell` is the flat cell record (records.CELL_FIELDS, every key present), `rows` the per-request
 rows (records.REQUEST_FIELDS). CellNotAttempted means the cell could not be attempted at all.

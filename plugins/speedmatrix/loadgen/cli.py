@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from speedmatrix.records import MEASUREMENT_PROFILES, PROMPT_MODES, WORKLOADS, parse_context
+from speedmatrix.renames import StoreRenamed
 
 from .config import CellConfig, DecodeConfig, PrefillConfig
 from .control import CellNotAttempted
@@ -100,6 +101,7 @@ class Flag:
     # "off": `option` is a --no-… switch setting the field False; "both": --x / --no-x, unset None
     switch: str = ""
     short: str | None = None
+    old: tuple[str, ...] = ()  # old spellings still read, each with a deprecation note (renames)
 
 
 COMMON_FLAGS: tuple[Flag, ...] = (
@@ -144,7 +146,7 @@ COMMON_FLAGS: tuple[Flag, ...] = (
          "how long to wait for the server to be idle before and after the cell",
          type=_positive_float),
     Flag("time_scale", "--time-scale", "timeouts (seconds)", "the server is a simulator "
-         "running X times faster than the wall clock: --duration and every reported time are "
+         "running X times faster than the wall clock: --window-s and every reported time are "
          "simulated seconds", type=_positive_float, metavar="X"),
     Flag("progress", "--progress", "output",
          "live progress line on stderr (unset: only when stderr is a terminal)", switch="both"),
@@ -159,8 +161,8 @@ PREFILL_FLAGS: tuple[Flag, ...] = (
 DECODE_FLAGS: tuple[Flag, ...] = (
     Flag("concurrency", "--concurrency", "load", "streams kept in flight", type=int,
          metavar="C", required=True, short="-c"),
-    Flag("duration_s", "--duration", "load", "measurement window in seconds",
-         type=_positive_float, metavar="S"),
+    Flag("window_s", "--window-s", "load", "measurement window in seconds",
+         type=_positive_float, metavar="S", old=("--duration",)),
     Flag("max_output_tokens", "--max-output", "load",
          "output tokens per request (max_tokens = min_tokens, ignore_eos)", type=parse_tokens,
          metavar="T"),
@@ -173,7 +175,7 @@ DECODE_FLAGS: tuple[Flag, ...] = (
     Flag("warm_cache", "--no-warm", "load",
          "skip the max_tokens=1 cache warm-up (TTFT then includes prefill)", switch="off"),
     Flag("adaptive", "--adaptive", "load", "stop the window once total tok/s's 95%% interval "
-         "is within --adaptive-target of it (after --adaptive-min; --duration is the cap; a "
+         "is within --adaptive-target of it (after --adaptive-min; --window-s is the cap; a "
          "window that trends, queues or preempts runs to the cap)", switch="both"),
     Flag("adaptive_target_pct", "--adaptive-target", "load", "adaptive: the interval's "
          "half-width, %% of total tok/s, that is tight enough", type=_positive_float,
@@ -241,12 +243,16 @@ def _field_defaults(cls: type[CellConfig]) -> dict[str, Any]:
 
 def _add(group: argparse._ArgumentGroup, flag: Flag, defaults: Mapping[str, Any]) -> None:
     names = (flag.option, flag.short) if flag.short else (flag.option,)
+    names += flag.old
     if flag.switch == "off":
         group.add_argument(*names, dest=flag.field, action="store_false", help=flag.help)
         return
     kwargs: dict[str, Any] = {"dest": flag.field, "help": flag.help}
     if flag.switch == "both":
         kwargs["action"] = argparse.BooleanOptionalAction
+    if flag.old:
+        kwargs["action"] = StoreRenamed
+        kwargs["help"] += f" ({', '.join(flag.old)}: the old name, deprecated)"
     if flag.type is not None:
         kwargs["type"] = flag.type
     if flag.metavar is not None:
@@ -309,7 +315,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "decode",
         help="C streams over a fixed window: total tok/s, TTFT, time between tokens",
         description="Measure one sustained-decode cell: --concurrency streams kept busy (a stream "
-        "that finishes restarts at once) over an exact --duration window that opens when all "
+        "that finishes restarts at once) over an exact --window-s window that opens when all "
         "streams have their first token. Prompts are exact token ids from the server's "
         "/tokenize; output length is fixed (ignore_eos, min_tokens = max_tokens). The cell is "
         "valid, failed or invalid with the reason; exit 0 whenever it was attempted.",

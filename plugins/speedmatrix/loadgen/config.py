@@ -10,8 +10,9 @@ no flag are the in-process ones (cli.IN_PROCESS_ONLY).
 from __future__ import annotations
 
 import secrets
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from speedmatrix.errors import InputError
@@ -23,6 +24,7 @@ from speedmatrix.records import (
     PROMPT_MODES,
     WORKLOADS,
 )
+from speedmatrix.renames import note
 
 
 def new_run_tag() -> str:
@@ -120,7 +122,7 @@ class PrefillConfig(CellConfig):
 @dataclass
 class DecodeConfig(CellConfig):
     concurrency: int = 1
-    duration_s: float = 30.0
+    window_s: float = 30.0
     max_output_tokens: int = 4096
     prompt_mode: str = "distinct"
     warm_cache: bool = True
@@ -153,13 +155,22 @@ class DecodeConfig(CellConfig):
     max_copy_share: float = 0.2
     keep_requests: bool = True
     # Adaptive windows (loadgen/adaptive.py): stop once total tok/s's 95% interval is within
-    # `adaptive_target_pct` of it, after `adaptive_min_s`, duration_s being the cap; a window
+    # `adaptive_target_pct` of it, after `adaptive_min_s`, window_s being the cap; a window
     # that trends, queues or preempts runs to the cap. Checkpoints every `window_check_s`
     # (simulated seconds on a simulator), in fixed windows too: every cell records its interval.
     adaptive: bool = False
     adaptive_target_pct: float = 1.0
     adaptive_min_s: float = 5.0
     window_check_s: float = 0.25
+    # the old name of window_s (speedmatrix.renames): still read, with a DeprecationWarning
+    duration_s: InitVar[float | None] = None
+
+    def __post_init__(self, duration_s: float | None) -> None:
+        if duration_s is not None:
+            warnings.warn(
+                note("DecodeConfig(duration_s=...)", "window_s"), DeprecationWarning, stacklevel=3
+            )
+            self.window_s = duration_s
 
     def validate(self) -> None:
         super().validate()
@@ -171,17 +182,17 @@ class DecodeConfig(CellConfig):
                 )
             if not self.adaptive_target_pct > 0:
                 raise ValueError("adaptive_target_pct must be positive")
-            if not 0 < self.adaptive_min_s <= self.duration_s:
+            if not 0 < self.adaptive_min_s <= self.window_s:
                 raise ValueError(
                     f"adaptive_min_s ({self.adaptive_min_s:g}) must be positive and at most the "
-                    f"window's cap, duration_s ({self.duration_s:g})"
+                    f"window's cap, window_s ({self.window_s:g})"
                 )
         if not self.window_check_s > 0:
             raise ValueError("window_check_s must be positive")
         if self.concurrency < 1:
             raise InputError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.duration_s <= 0:
-            raise InputError(f"duration must be positive, got {self.duration_s}")
+        if self.window_s <= 0:
+            raise InputError(f"window_s must be positive, got {self.window_s}")
         if not 0 < self.max_copy_share <= 1:
             raise InputError("max_copy_share must be in (0, 1]")
         if self.min_window_readings < 1:

@@ -3,7 +3,7 @@
 Order of a cell: model check -> prompts as token ids -> server idle? -> C connections ->
 warm the prefix cache (max_tokens=1 per distinct prompt) -> C streams, each restarted the
 moment it ends -> the window opens when every stream has its first token -> exactly
-`duration_s` later the window closes: counters read, every stream cut -> server idle again.
+`window_s` later the window closes: counters read, every stream cut -> server idle again.
 
 Only tokens that arrive inside the window count; a cut stream's cut time is never a token
 time. The status is decided from what was seen, never smoothed over (`_judge`).
@@ -96,7 +96,7 @@ class _DecodeCell:
         # checkpoints of the window's tokens: the throughput's interval for every cell, and
         # for an adaptive window the decision to stop (loadgen/adaptive.py)
         self.meter = AdaptiveWindow(
-            cfg.adaptive_target_pct, min(cfg.adaptive_min_s, cfg.duration_s), cfg.duration_s
+            cfg.adaptive_target_pct, min(cfg.adaptive_min_s, cfg.window_s), cfg.window_s
         )
         self.stopped_early = False
         self.cell = empty_cell(
@@ -108,7 +108,7 @@ class _DecodeCell:
             prompt_mode=cfg.prompt_mode,
             workload=cfg.workload,
             max_output_tokens=cfg.max_output_tokens,
-            window_s=cfg.duration_s,
+            window_s=cfg.window_s,
             started_at=datetime.now(UTC),
             measurement_profile="default",
         )
@@ -293,7 +293,7 @@ class _DecodeCell:
         if self.stopping:
             return snap
         self.window.ws = t
-        self.window.we = t + self.cfg.duration_s / self.cfg.time_scale
+        self.window.we = t + self.cfg.window_s / self.cfg.time_scale
         self.monitor.begin_window()
         self.window_open.set()
         return snap
@@ -401,7 +401,7 @@ class _DecodeCell:
         """The configured interval, shortened so the window gets `min_window_readings`."""
         cfg = self.cfg
         # an adaptive window may end at its minimum: it gets its readings by then
-        shortest = min(cfg.adaptive_min_s, cfg.duration_s) if cfg.adaptive else cfg.duration_s
+        shortest = min(cfg.adaptive_min_s, cfg.window_s) if cfg.adaptive else cfg.window_s
         return min(cfg.metrics_interval_s, shortest / cfg.time_scale / cfg.min_window_readings)
 
     def _progress_line(self) -> str:
@@ -412,7 +412,7 @@ class _DecodeCell:
         tokens = sum(r.w_tokens for r in self.requests)
         rate = tokens / elapsed if elapsed > 0 else 0.0
         return (
-            f"{elapsed:5.1f}/{self.cfg.duration_s / self.cfg.time_scale:.0f} s  tokens {tokens:,}  "
+            f"{elapsed:5.1f}/{self.cfg.window_s / self.cfg.time_scale:.0f} s  tokens {tokens:,}  "
             f"{rate:,.1f} tok/s  active {len(self.active)}"
         )
 

@@ -267,7 +267,7 @@ class _PublishedDecode:
         self.monitor = ClientMonitor()  # rule 8, as in every cell: the client's own load
         self.cell = _record(cfg, "decode", self.C)
         self.cell.update(
-            prompt_mode="shared", max_output_tokens=cfg.max_output_tokens, window_s=cfg.duration_s
+            prompt_mode="shared", max_output_tokens=cfg.max_output_tokens, window_s=cfg.window_s
         )
 
     def _on_first(self, req: Request, t: float) -> None:
@@ -378,12 +378,12 @@ class _PublishedDecode:
         """The window is [now, now + the cell's duration]."""
         self.snap_start = snap
         self.window.ws = now
-        self.window.we = now + self.cfg.duration_s / self.cfg.time_scale
+        self.window.we = now + self.cfg.window_s / self.cfg.time_scale
         self.monitor.begin_window()
         self.sampler = asyncio.ensure_future(self._sample())
 
     async def _sample(self) -> None:
-        step = min(POLL_S, self.cfg.duration_s / self.cfg.time_scale / 20)
+        step = min(POLL_S, self.cfg.window_s / self.cfg.time_scale / 20)
         while not self.stopping and perf_counter() < self.window.we:
             await asyncio.sleep(step)
             snap = await self._read()

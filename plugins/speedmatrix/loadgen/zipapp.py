@@ -2,8 +2,8 @@
 
 The host runs it with the Python of its vLLM environment (`python loadgen.pyz decode …`),
 which already has aiohttp (and uvloop); nothing is installed there. The archive holds only
-`speedmatrix.records`, `speedmatrix.errors` (the input-error type; standard library only) and
-this package, under a minimal `speedmatrix/__init__.py`, so it
+`speedmatrix.records`, `speedmatrix.errors` (the input-error type), `speedmatrix.renames` (an
+old option's name still read: `--duration`; standard library only each) and this package, under a minimal `speedmatrix/__init__.py`, so it
 cannot drag in Airflow, pandas or anything else of the project.
 """
 
@@ -14,7 +14,7 @@ import tempfile
 import zipapp
 from pathlib import Path
 
-from speedmatrix import errors, records
+from speedmatrix import errors, records, renames
 
 _PACKAGE = Path(__file__).resolve().parent
 _MAIN = "from speedmatrix.loadgen.cli import main\n\nraise SystemExit(main())\n"
@@ -31,6 +31,7 @@ def build(path: str | Path, interpreter: str | None = "/usr/bin/env python3") ->
         (pkg / "__init__.py").write_text(_INIT)
         shutil.copy2(records.__file__, pkg / "records.py")
         shutil.copy2(errors.__file__, pkg / "errors.py")
+        shutil.copy2(renames.__file__, pkg / "renames.py")
         for item in _PACKAGE.iterdir():
             if item.suffix in (".py", ".txt") and item.is_file():
                 shutil.copy2(item, pkg / "loadgen" / item.name)

@@ -122,7 +122,7 @@ def _cell_from_row(row: list[str], ln: Line, run: dict, source: str | None) -> d
         error=error,
         metric_version=INGEST_METRIC_VERSION,
         max_output_tokens=1 if phase == "prefill" else max_out,
-        window_s=run.get("measure_s") if phase == "decode" else None,
+        window_s=run.get("window_s") if phase == "decode" else None,
     )
 
 

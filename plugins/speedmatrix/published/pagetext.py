@@ -59,7 +59,7 @@ HEADER_LABELS: dict[str, tuple[tuple[str, str], ...]] = {
         ("Benchmark tool", "bench_tool"),
         ("Decode test", "decode_test"),
         ("Prefill mode", "prefill_mode"),
-        ("Time per measurement", "measure_s"),
+        ("Time per measurement", "window_s"),
         ("Max output", "max_output_tokens"),
     ),
 }

@@ -74,7 +74,7 @@ def _header_value(field_name: str, text: str, no: int, source: str | None) -> ob
             raise F.QuantityError(f"not a VRAM size like '768 GB (8 × 96 GB)': {text!r}")
         if field_name == "engine_pr":
             return F.parse_int(text.lstrip("#"))
-        if field_name == "measure_s":
+        if field_name == "window_s":
             return F.parse_seconds(text)
         if field_name == "max_output_tokens":
             return F.parse_tokens(text)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from speedmatrix.commits import engine_text
 from speedmatrix.redact import redact
 
 
@@ -49,4 +50,5 @@ def environment() -> Any:
         finalize=_shown,
     )
     env.filters["short_id"] = short_id
+    env.filters["engine"] = engine_text  # a run's engine as every commit is shown (commits)
     return env

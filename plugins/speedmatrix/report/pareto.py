@@ -25,6 +25,7 @@ from speedmatrix.analysis.pareto import (
     mark_frontier,
     model_of,
     points_of,
+    with_model_ids,
 )
 from speedmatrix.report import palette
 from speedmatrix.store.protocol import WarehouseReader
@@ -72,7 +73,8 @@ def warehouse_runs(wh: WarehouseReader) -> list[dict[str, Any]]:
     """Every run's row with what the views group by (model, recipe, host, commit, GPUs)."""
     frame = wh.query(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs")
     rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
-    return [{k: (None if v != v else v) for k, v in r.items()} for r in rows]
+    # a run landed under its served name is grouped under the model id the warehouse knows
+    return with_model_ids([{k: (None if v != v else v) for k, v in r.items()} for r in rows])
 
 
 def models(runs: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from speedmatrix.commits import engine_text
 from speedmatrix.published import formats as F
 from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
 from speedmatrix.report import palette
@@ -120,7 +121,7 @@ def header_fields(run: dict, html: bool = False) -> dict[str, list[tuple[str, st
                 text = HARDWARE_NOT_KNOWN
             elif key == "hardware_vram_gb":
                 text = _vram_text(run)
-            elif key == "measure_s":
+            elif key == "window_s":
                 text = F.fmt_seconds_header(value) if value is not None else None
             elif key == "max_output_tokens":
                 text = F.fmt_tokens(value) if value is not None else None
@@ -508,6 +509,7 @@ def render_html(
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined,
     )
+    env.filters["engine"] = engine_text  # a run's engine as every commit is shown (commits)
     template = env.get_template("report.html.j2")
     return template.render(
         title="Speed test matrix",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speedmatrix.analysis.pareto import choose_series, model_of
+from speedmatrix.analysis.pareto import choose_series, model_ids, model_of, with_model_ids
 from speedmatrix.report.pareto import build_view, models, render_pareto_html
 from speedmatrix.report.slugs import slug
 from speedmatrix.report.versus import render_versus_html, side_label
@@ -71,11 +71,13 @@ class _Views:
     old: Mapping[str, str]
     write: Callable[[Path, str], None]
     hrefs: Mapping[str, str]  # run id -> its page, relative to a view's page
+    ids: Mapping[str, str] = field(default_factory=dict)  # served name -> model id
     cells: dict[str, tuple] = field(default_factory=dict)
 
     def read(self, run_id: str, recipe_id: str | None) -> tuple:
         if run_id not in self.cells:  # each run read once per build, for its view and its pairs
-            self.cells[run_id] = self.wh.read_run(run_id, recipe_id)[:2]
+            run, cells = self.wh.read_run(run_id, recipe_id)[:2]
+            self.cells[run_id] = (with_model_ids([run], self.ids)[0], cells)
         return self.cells[run_id]
 
     def made_from(self, *group: Any) -> list[str]:
@@ -104,7 +106,10 @@ def write_views(
     the site root, for the runs that have one. `written` / `kept` count models."""
     out = ViewsResult()
     hrefs = {rid: _UP + href for rid, href in run_pages.items()}
-    views = _Views(wh, root, prices, fingerprint, run_fp, old, write, hrefs)
+    # a run landed under its served name counts under the model id the warehouse knows
+    ids = model_ids(runs)
+    runs = with_model_ids(runs, ids)
+    views = _Views(wh, root, prices, fingerprint, run_fp, old, write, hrefs, ids)
     # each model's runs, in the fleet's order, found in one pass: choosing the series per model
     # over every run of the fleet was a pass per model
     of_model: dict[str, list[Mapping[str, Any]]] = {}

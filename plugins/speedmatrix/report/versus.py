@@ -18,6 +18,7 @@ from typing import Any
 
 from speedmatrix.analysis.cost import Prices, cost_per_million, fmt_cost
 from speedmatrix.analysis.pareto import gpu_text, model_of
+from speedmatrix.commits import engine_text
 from speedmatrix.errors import InputError
 from speedmatrix.published import formats as F
 from speedmatrix.records import cell_key, cell_sort_key
@@ -53,7 +54,7 @@ def check_same_model(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
 
 
 def side_label(run: Mapping[str, Any]) -> str:
-    engine = str(run.get("engine_commit") or "")[:12] or run.get("engine_version") or "?"
+    engine = engine_text(run)
     return f"{run.get('recipe_id') or 'no recipe'} · {gpu_text(run)} · engine {engine}"
 
 

@@ -310,7 +310,7 @@ def calibrate(
     run, cells = parsed.run, parsed.cells
     accounting = page_accounting(cells)
     max_out = int(run.get("max_output_tokens") or 4096)
-    window = float(run.get("measure_s") or 30.0)
+    window = float(run.get("window_s") or 30.0)
     prefill = [c for c in cells if c["phase"] == "prefill" and c["status"] == "valid"]
     decode = [c for c in cells if c["phase"] == "decode" and c["status"] == "valid"]
     if not prefill or not decode:
@@ -618,7 +618,7 @@ def compare(
 
     parsed = parse_report(text, source)
     max_out = int(parsed.run.get("max_output_tokens") or 4096)
-    window = float(parsed.run.get("measure_s") or 30.0)
+    window = float(parsed.run.get("window_s") or 30.0)
     accounting = page_accounting(parsed.cells)
     rows: list[dict[str, Any]] = []
     for cell in parsed.cells:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from speedmatrix import renames
 from speedmatrix.store.schemas import view_schema
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -64,6 +65,10 @@ def read_legacy_file(fs: pafs.FileSystem, table: str, path: str, known: dict) ->
     win over copies inside the file), columns a file lacks null, ``run_month`` from
     ``run_date`` where the path had none."""
     data = pq.read_table(path, filesystem=fs, partitioning=None)
+    old = renames.COLUMNS.get(table, {})  # a renamed column, under its name now
+    data = data.rename_columns(
+        [old[c] if c in old and old[c] not in data.column_names else c for c in data.column_names]
+    )
     schema = view_schema(table)
     n = data.num_rows
     cols = []

@@ -1,4 +1,4 @@
-"""Warehouse maintenance: compaction, checkpoints and vacuum of every Delta table.
+"""Warehouse maintenance: compaction, vacuum and checkpoints of every Delta table.
 
 One job: keeping reads fast and storage bounded. Every landing adds a small file per table
 and a log entry; answers slow down with the number of files (a fleet-wide query: 0.27 s
@@ -9,23 +9,35 @@ after compaction against 50-77 s before, on 5,460 runs). :func:`maintain` runs, 
    (``enforce_retention_duration``) stays on and refuses any vacuum below it;
 2. ``optimize.compact()``: small files of each partition (recipe x month) rewritten into few
    large ones;
-3. ``create_checkpoint()``: the log's state in one Parquet file, so opening a table reads it
+3. the vacuum: data files no version of the last ``retention_hours`` needs are deleted (by
+   the time their removal was committed), and so are files no version ever referenced (a
+   writer killed before its commit) once their own age passes ``retention_hours``. The
+   default, 24 h, is far longer than any reader holds a version (a ``speedmatrix query``
+   stops at its timeout, minutes; readers of this package bring their table to the newest
+   version before each read) and than any landing takes (a landing gives up after
+   ``MAX_WAIT_S`` of conflicts), so no running reader or writer loses a file. Below the
+   floor only with ``force`` (a landing under way could lose its files);
+4. ``create_checkpoint()``: the log's state in one Parquet file, so opening a table reads it
    and the few entries after it, not every entry since the first landing;
-4. ``cleanup_metadata()``: log entries older than the table's log retention (30 days) go;
-5. ``vacuum(full=True)``: data files no version of the last ``retention_hours`` needs are
-   deleted (by the time their removal was committed), and so are files no version ever
-   referenced (a writer killed before its commit) once their own age passes
-   ``retention_hours``. The default, 24 h, is far longer than any reader holds a version (a
-   ``speedmatrix query`` stops at its timeout, minutes; readers of this package bring their
-   table to the newest version before each read) and than any landing takes (a landing gives
-   up after ``MAX_WAIT_S`` of conflicts), so no running reader or writer loses a file. Below
-   the floor only with ``force`` (a landing under way could lose its files).
+5. ``cleanup_metadata()``: log entries older than the table's log retention (30 days) go.
 
-Every commit made here (the property, the compaction, the vacuum's own) is retried as a
-landing's is (:func:`speedmatrix.store.delta.with_retries`): safe beside landing writers,
-which never wait for it. A table that still fails is reported (``error``) and the others are
-maintained all the same. The vacuum's count is the files that were there before and are gone
-after: delta-rs lists every expired removal of the log, also those deleted long ago.
+The retention is kept to the second, fractions too (:func:`_vacuum`): delta-rs's
+``vacuum(retention_hours=int)`` takes whole hours, so it is asked, with its check on, for the
+files it would delete at the whole hours below (a dry run: a superset), and of those only the
+files whose removal (the ``remove`` action's ``deletionTimestamp`` in the table's log; for a
+file the log does not name, its own age) is older than the exact cutoff are deleted, through
+the table's filesystem. delta-rs's Python API gives no remove actions, so the log's newest
+entries are read for them (:func:`_removal_times`): its checkpoints keep no tombstone older
+than the table's retention property (the floor), after which delta-rs itself judges a removed
+file by its age on disk. The vacuum comes before the checkpoint so that delta-rs still knows
+the tombstones the checkpoint would drop.
+
+Every commit made here (the property, the compaction) is retried as a landing's is
+(:func:`speedmatrix.store.delta.with_retries`): safe beside landing writers, which never wait
+for it; the vacuum makes no commit. A table that still fails is reported (``error``) and the
+others are maintained all the same. The vacuum's count is the files that were there before
+and are gone after: delta-rs lists every expired removal of the log, also those deleted long
+ago.
 
 Run daily by the DAG ``speedmatrix_warehouse_maintenance`` and by ``speedmatrix warehouse
 maintain``.
@@ -33,9 +45,12 @@ maintain``.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import time
 from typing import Any
+from urllib.parse import unquote
 
 from deltalake import DeltaTable
 
@@ -53,6 +68,9 @@ then one more attempt), so vacuum never deletes the files of a landing under way
 assert MIN_RETENTION_HOURS * 3600 >= 2 * MAX_WAIT_S
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 """The table property delta-rs checks a vacuum's retention against (its default: a week)."""
+CLOCK_SLACK_MS = 3600 * 1000
+"""How much further back than the cutoff the log is read for removals: commits are dated by
+their writers' clocks, which may differ (S3 refuses a request 15 minutes off)."""
 
 
 def retention_problem(hours: float, force: bool = False) -> str | None:
@@ -77,19 +95,78 @@ def _one_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
-def _present(fs: Any, base: str, files: list[str]) -> set[str]:
-    """Which of ``files`` (paths relative to the table) exist now."""
+def _present(fs: Any, base: str, files: list[str]) -> dict[str, Any]:
+    """Which of ``files`` (paths relative to the table) exist now, with their file info."""
     import pyarrow.fs as pafs
 
     if not files:
-        return set()
+        return {}
     infos = fs.get_file_info([f"{base}/{f}" for f in files])
-    return {f for f, info in zip(files, infos, strict=True) if info.type != pafs.FileType.NotFound}
+    return {
+        f: info for f, info in zip(files, infos, strict=True) if info.type != pafs.FileType.NotFound
+    }
+
+
+def _removal_times(fs: Any, base: str, version: int, since_ms: float) -> dict[str, int]:
+    """When each data file the log's entries from ``since_ms`` on removed was removed (ms
+    since the epoch, by path relative to the table as stored): the entries read from
+    ``version`` back until one committed before ``since_ms`` (or the first one kept)."""
+    times: dict[str, int] = {}
+    for v in range(version, -1, -1):
+        try:
+            with fs.open_input_stream(f"{base}/_delta_log/{v:020d}.json") as fh:
+                lines = fh.read().decode().splitlines()
+        except FileNotFoundError:  # cleaned up: older than the log's retention
+            break
+        actions = [json.loads(line) for line in lines if line.strip()]
+        committed = next(
+            (a["commitInfo"].get("timestamp") for a in actions if "commitInfo" in a), None
+        )
+        for a in actions:
+            remove = a.get("remove")
+            if remove and "://" not in remove["path"] and not remove["path"].startswith("/"):
+                when = remove.get("deletionTimestamp") or committed
+                if when is not None:
+                    times.setdefault(unquote(remove["path"]), int(when))
+        if committed is not None and committed < since_ms:
+            break
+    return times
+
+
+def _vacuum(delta: DeltaTable, uri: str, retention_hours: float) -> int:
+    """Delete the data files no version of the last ``retention_hours`` needs (a fraction
+    kept: see the module docstring); returns how many were there and are gone."""
+    import pyarrow.fs as pafs
+
+    below_floor = retention_hours < MIN_RETENTION_HOURS  # allowed by maintain() with force
+    delta.update_incremental()
+    candidates = delta.vacuum(
+        retention_hours=math.floor(retention_hours),
+        dry_run=True,
+        enforce_retention_duration=not below_floor,
+        full=True,
+    )
+    cutoff_ms = time.time() * 1000 - retention_hours * 3600 * 1000
+    fs, base = pafs.FileSystem.from_uri(uri)
+    base = base.rstrip("/")
+    present = _present(fs, base, candidates)
+    since_ms = cutoff_ms - CLOCK_SLACK_MS
+    removed = _removal_times(fs, base, delta.version(), since_ms) if present else {}
+
+    def expired(path: str) -> bool:
+        if path in removed:
+            return removed[path] < cutoff_ms
+        mtime_ns = present[path].mtime_ns  # never referenced, or removed before the cutoff
+        return mtime_ns is not None and mtime_ns / 1e6 < cutoff_ms
+
+    doomed = sorted(p for p in present if expired(p))
+    for path in doomed:
+        with contextlib.suppress(FileNotFoundError):  # gone already
+            fs.delete_file(f"{base}/{path}")
+    return len(doomed) - len(_present(fs, base, doomed))
 
 
 def _maintain_table(warehouse: Warehouse, table: str, retention_hours: float) -> dict[str, Any]:
-    import pyarrow.fs as pafs
-
     uri = warehouse.table_uri(table)
     # a DeltaTable of its own: one that ran optimize reads its new files' statistics as
     # string_view afterwards, and a later filter on it fails (delta-rs 1.6.6)
@@ -108,28 +185,10 @@ def _maintain_table(warehouse: Warehouse, table: str, retention_hours: float) ->
 
     with_retries(f"setting {table}'s vacuum floor", set_floor)
     metrics = with_retries(f"compacting {table}", compact)
+    removed = _vacuum(delta, uri, retention_hours)
     delta.update_incremental()
     delta.create_checkpoint()
     delta.cleanup_metadata()
-
-    # delta-rs counts whole hours: a fraction is rounded up (never fewer hours than asked)
-    hours = math.ceil(retention_hours)
-    below_floor = retention_hours < MIN_RETENTION_HOURS  # allowed by maintain() with force
-
-    def vacuum(dry_run: bool) -> list[str]:
-        delta.update_incremental()
-        return delta.vacuum(
-            retention_hours=hours,
-            dry_run=dry_run,
-            enforce_retention_duration=not below_floor,
-            full=True,
-        )
-
-    fs, base = pafs.FileSystem.from_uri(uri)
-    candidates = vacuum(True)
-    present = _present(fs, base.rstrip("/"), candidates)
-    with_retries(f"vacuuming {table}", lambda: vacuum(False))
-    removed = len(present) - len(_present(fs, base.rstrip("/"), sorted(present)))
     delta.update_incremental()
     return {
         "files_before": before,

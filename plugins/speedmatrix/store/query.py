@@ -29,7 +29,12 @@ import pyarrow as pa
 
 from speedmatrix.store.delta import arrow_dataset, sql_literal
 from speedmatrix.store.dictionary import columns
-from speedmatrix.store.schemas import WarehouseError, view_schema, view_tables
+from speedmatrix.store.schemas import (
+    WarehouseError,
+    renamed_columns,
+    view_schema,
+    view_tables,
+)
 
 _DUCK_TYPES = {
     pa.string(): "VARCHAR",
@@ -125,12 +130,9 @@ class WarehouseQueries:
                 data = arrow_dataset(delta, views=table in self._string_view_tables)
                 con.register(f"_{table}_src", data)
                 have = set(data.schema.names)
-                cols = ", ".join(
-                    f'"{f.name}"'
-                    if f.name in have
-                    else f'CAST(NULL AS {_DUCK_TYPES.get(f.type, "VARCHAR")}) AS "{f.name}"'
-                    for f in schema
-                )
+                # a renamed column of rows landed before reads under its name now
+                renamed = renamed_columns(table, have)
+                cols = ", ".join(_column_sql(f, have, renamed) for f in schema)
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} FROM _{table}_src")
             _comment_columns(con, table)
             self._view_versions[table] = version
@@ -252,6 +254,17 @@ def _capped(reader: pa.RecordBatchReader, max_bytes: int, limit: str | None) -> 
 
 _CATALOG = re.compile(r"\b(show|describe|summarize|information_schema|duckdb_\w+|pg_\w+)\b", re.I)
 """SQL that lists or describes what exists: every view must be there to be listed."""
+
+
+def _column_sql(f: pa.Field, have: set[str], renamed: dict[str, list[str]]) -> str:
+    """A view's column: the file column; for a renamed one, the first of its names (new, then
+    old) that holds a value; a column the files lack, null of its type."""
+    if f.name in renamed:
+        names = ", ".join(f'"{c}"' for c in renamed[f.name])
+        return f'COALESCE({names}) AS "{f.name}"'
+    if f.name in have:
+        return f'"{f.name}"'
+    return f'CAST(NULL AS {_DUCK_TYPES.get(f.type, "VARCHAR")}) AS "{f.name}"'
 
 
 def _comment_columns(con, table: str) -> None:

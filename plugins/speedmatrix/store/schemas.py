@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
 
-from speedmatrix import records
+from speedmatrix import records, renames
 from speedmatrix.errors import InputError
 from speedmatrix.records import (
     CELL_FIELDS,
@@ -26,7 +27,7 @@ from speedmatrix.records import (
     Field,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Bumped when a table's columns change; stored in every row (``schema_version``).
 1: the first tables; 2: cells gained ``warmup_s`` (older files read it as null);
 3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES:
@@ -37,7 +38,10 @@ figure is the median of, and how far apart; older files read them as null);
 6: runs gained ``kv_budget_tokens``, a manual KV budget (older files read it as
 null: the server's own capacity was used); cells gained the run's ``engine_commit``, ``host``,
 ``trigger``, ``model`` (RUN_ON_CELLS) and ``prompt_tok_s`` (a prefill row's figure under its
-own name); older rows read null."""
+own name); older rows read null.
+7: runs' ``measure_s`` is ``window_s``, the measurement window's one name (speedmatrix.renames;
+COLUMNS): the Delta table keeps the old column for the rows landed before, and every reader
+(the query views, read_table, a row given under the old name) reads it as ``window_s``."""
 
 
 TABLES = ("runs", "cells", "requests")
@@ -311,6 +315,33 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _renamed(table: str, i: int, row: Any) -> Any:
+    """A row given under a column's old name (renames.COLUMNS: a caller of the older API)
+    with that value under the new name."""
+    old = renames.COLUMNS.get(table)
+    if not old or not isinstance(row, dict) or not set(old) & set(row):
+        return row
+    try:
+        return renames.renamed(row, old, where=f"{table}.")[0]
+    except renames.RenameConflict as exc:
+        raise WarehouseError(f"{table} row {i}: {exc}") from None
+
+
+def renamed_columns(table: str, have: Iterable[str]) -> dict[str, list[str]]:
+    """For each column of ``table`` whose older name (renames.COLUMNS) a table landed before
+    holds (``have``: its columns), the names to read it from, newest first."""
+    out: dict[str, list[str]] = {}
+    have = set(have)
+    for old, new in renames.COLUMNS.get(table, {}).items():
+        if old in have:
+            out.setdefault(new, [new] if new in have else []).append(old)
+    for old, new in renames.MIRRORED.get(table, {}).items():
+        names = [c for c in (old, new) if c in have]
+        if names and old not in out:  # a mirror reads its twin where it is null itself
+            out[old] = names
+    return out
+
+
 def build_table(table: str, rows: list[dict], fixed: dict[str, Any]) -> pa.Table:
     """Rows (dicts keyed by the records.py field names) -> a pyarrow table of ``table``'s
     schema, with ``fixed`` columns (run_id, partition keys, schema_version…) set on every row.
@@ -320,6 +351,15 @@ def build_table(table: str, rows: list[dict], fixed: dict[str, Any]) -> pa.Table
     row and the column. Missing nullable keys are null."""
     schema = SCHEMAS[table]
     names = set(schema.names)
+    rows = [_renamed(table, i, row) for i, row in enumerate(rows)]
+    mirrored = renames.MIRRORED.get(table, {})
+    if mirrored:  # an old name still written with its new name's value (the caller's rows kept)
+        rows = [
+            {**row, **{old: row.get(new) for old, new in mirrored.items()}}
+            if isinstance(row, dict)
+            else row
+            for row in rows
+        ]
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise WarehouseError(f"{table} row {i}: not a dict: {type(row).__name__}")

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from speedmatrix.store.delta import (
@@ -71,6 +72,7 @@ from speedmatrix.store.schemas import (
     WarehouseError,
     _clean,
     build_table,
+    renamed_columns,
     run_date_of,
     view_schema,
     view_tables,
@@ -84,13 +86,18 @@ def _rows(table: pa.Table) -> list[dict]:
     return table.to_pylist()
 
 
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+def conform(table: pa.Table, schema: pa.Schema, name: str | None = None) -> pa.Table:
     """``table`` with exactly ``schema``'s columns in its order: a column a table written by an
-    older version lacks is null; one we no longer have is left out."""
+    older version lacks is null; one we no longer have is left out; a renamed column
+    (``name``: the table's; renames.COLUMNS) reads its old column where the new one is null."""
     n = table.num_rows
     cols = []
+    renamed = renamed_columns(name, table.column_names) if name else {}
     for f in schema:
-        if f.name in table.column_names:
+        if f.name in renamed:
+            sources = [table.column(c).cast(f.type) for c in renamed[f.name]]
+            cols.append(sources[0] if len(sources) == 1 else pc.coalesce(*sources))
+        elif f.name in table.column_names:
             cols.append(table.column(f.name).cast(f.type))
         else:
             cols.append(pa.nulls(n, type=f.type))
@@ -221,10 +228,10 @@ class Warehouse(WarehouseQueries):
         else:
             dataset = arrow_dataset(delta, prune)
             try:
-                data = conform(dataset.to_table(filter=filter_expr), schema)
+                data = conform(dataset.to_table(filter=filter_expr), schema, table)
             except pa.ArrowNotImplementedError:
                 # string and string_view files mixed (see arrow_dataset): read, then filter
-                data = conform(dataset.to_table(), schema)
+                data = conform(dataset.to_table(), schema, table)
                 if filter_expr is not None:
                     data = data.filter(filter_expr)
         return data.select(columns) if columns else data
