@@ -101,6 +101,26 @@ class Browser:
         dom = proc.stdout if shot is None else ""
         return PageLoad(url=url, console=console, screenshot=shot, log=log, dom=dom)
 
+    def layout(self, page: str, folder: Path, fields: str, *, height: int = 800) -> dict:
+        """Where things are on `page` (HTML text) once loaded, 1280 px wide: `fields` is the
+        body of a JavaScript object literal, with `t(selector)` an element's bounding rect
+        and `width` the document's scroll width. A probe script is added to a copy of the
+        page (our pages have no script) that writes the object into the DOM, read back here."""
+        import json
+
+        probe = (
+            "<script>addEventListener('load',()=>{const t=s=>document.querySelector(s)"
+            ".getBoundingClientRect();const width=document.documentElement.scrollWidth;"
+            f"document.body.dataset.layout=JSON.stringify({{{fields}}})}})</script>"
+        )
+        probed = Path(folder) / "probe.html"
+        probed.write_text(page.replace("</body>", probe + "</body>"), encoding="utf-8")
+        dom = self.open_page(probed, height=height).dom
+        found = re.search(r'data-layout="([^"]*)"', dom)
+        if found is None:
+            raise RuntimeError(f"the probe wrote no layout into {probed}")
+        return json.loads(found.group(1).replace("&quot;", '"'))
+
 
 class _Refs(HTMLParser):
     """Every URL a page names: a/link href, img/script/iframe/source src (SVG <a href> too)."""

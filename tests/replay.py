@@ -147,6 +147,20 @@ def _replay_reference_cells(url: str, profile: Any, cells: list[dict], scale: fl
     return rows
 
 
+def calibrated_page(variant: str, folder: Path) -> tuple[Any, Path, list[dict]]:
+    """A synthetic page (tests/specdec_page.py) calibrated (once per session: cached), its
+    profile saved in `folder` for `sim serve`, and the page's decode cells."""
+    from specdec_page import calibrated, spec_page
+
+    from speedmatrix.published.parse import parse_report
+    from speedmatrix.sim.profile import save_profile
+
+    profile, _ = calibrated(variant)
+    path = save_profile(profile, folder / f"{variant}.yaml")
+    cells = [c for c in parse_report(spec_page(variant)).cells if c["phase"] == "decode"]
+    return profile, path, cells
+
+
 def spec_replay(cells: Iterable[tuple[int, int]], folder: Path) -> list[Row]:
     """Cells (context, concurrency) of the synthetic speculative-decoding page, replayed
     against the profile calibrated from it at 2x time (a 10 s window is 5 s of wall time: the
@@ -154,19 +168,11 @@ def spec_replay(cells: Iterable[tuple[int, int]], folder: Path) -> list[Row]:
     would weigh on them): total tok/s, per-request tok/s, time between tokens and output tokens
     within 5% of the page, status valid, and the acceptance length read from the simulator's
     vLLM counters within 5% of what the profile predicts."""
-    from specdec_page import calibrated, spec_page
-
-    from speedmatrix.published.parse import parse_report
     from speedmatrix.records import parse_context
-    from speedmatrix.sim.profile import save_profile
 
-    profile, _ = calibrated()  # the session's one calibration of this page (shared, cached)
-    path = save_profile(profile, folder / "spec.yaml")
-    published = {  # by label: a cell's own tokens are what the page implies (issue #35)
-        (parse_context(c["context_label"]), c["concurrency"]): c
-        for c in parse_report(spec_page()).cells
-        if c["phase"] == "decode"
-    }
+    profile, path, page_cells = calibrated_page("falling", folder)
+    # by label: a cell's own tokens are what the page implies (issue #35)
+    published = {(parse_context(c["context_label"]), c["concurrency"]): c for c in page_cells}
     keys = ("total_tok_s", "per_request_tok_s", "tbt_ms", "output_tokens")
     rows: list[Row] = []
     with run_in_process(path, time_scale=2.0) as url:
@@ -183,19 +189,8 @@ def short_prompt_replay(cells: Iterable[tuple[str, int, int]], folder: Path) -> 
     short of their labels, each replayed at the implied prompt length and at the nominal one
     (2x time): valid, total tok/s and time between tokens within 5% of the page, the acceptance
     within 5% of the profile's own prediction at that length."""
-    from specdec_page import calibrated, spec_page
-
-    from speedmatrix.published.parse import parse_report
-    from speedmatrix.sim.profile import save_profile
-
-    variant = "short-prompts"
-    profile, _ = calibrated(variant)
-    path = save_profile(profile, folder / "short.yaml")
-    published = {
-        (c["context_label"], c["concurrency"]): c
-        for c in parse_report(spec_page(variant)).cells
-        if c["phase"] == "decode"
-    }
+    profile, path, page_cells = calibrated_page("short-prompts", folder)
+    published = {(c["context_label"], c["concurrency"]): c for c in page_cells}
     rows: list[Row] = []
     with run_in_process(path, time_scale=2.0) as url:
         for label, conc, nominal in cells:

@@ -75,12 +75,12 @@ def _tokens(value: int | str, name: str) -> int:
         raise PlanError(f"{name}: {exc}") from None
 
 
-def _count(value: int | str) -> int:
+def _count(value: int | str, name: str = "concurrencies") -> int:
     """`records.parse_concurrency`, its error as a PlanError (the matrix's fault)."""
     try:
         return parse_concurrency(value)
     except ValueError as exc:
-        raise PlanError(f"concurrencies: {exc}") from None
+        raise PlanError(f"{name}: {exc}") from None
 
 
 def cell_label(context_tokens: int, concurrency: int) -> str:
@@ -143,6 +143,9 @@ class MatrixSpec:
     # a manual KV cache size in tokens, in place of what the server reports, for servers whose
     # /metrics cannot tell their real capacity (context parallelism, DCP): `kv_capacity`
     kv_budget: int | None = None
+    # burst sizes (loadgen/burst.py): for each decode context and each N here, a burst cell of
+    # N requests sent at once and measured to completion; empty: none
+    burst: tuple[int, ...] = ()
 
     @classmethod
     def build(
@@ -160,6 +163,7 @@ class MatrixSpec:
         adaptive_min_s: float = ADAPTIVE_MIN_S,
         adaptive_target_pct: float = ADAPTIVE_TARGET_PCT,
         kv_budget: int | str | None = None,
+        burst: Iterable[int | str] = (),
     ) -> MatrixSpec:
         return cls(
             prefill_contexts=tuple(_tokens(c, "prefill_contexts") for c in prefill_contexts),
@@ -174,6 +178,7 @@ class MatrixSpec:
             adaptive_min_s=float(adaptive_min_s),
             adaptive_target_pct=float(adaptive_target_pct),
             kv_budget=None if kv_budget is None else _tokens(kv_budget, "kv_budget"),
+            burst=tuple(_count(n, "burst") for n in burst),
         )
 
 
@@ -191,17 +196,21 @@ def matrix_size_problems(spec: MatrixSpec) -> list[str]:
     """The bounds of a matrix (cells per run, each value), as readable sentences: the one rule
     for a conf, `speedmatrix run` and a recipe alike."""
     problems: list[str] = []
-    cells = len(spec.prefill_contexts) + len(spec.contexts) * len(spec.concurrencies)
+    cells = len(spec.prefill_contexts) + len(spec.contexts) * (
+        len(spec.concurrencies) + len(spec.burst)
+    )
     if cells > MAX_CELLS:
+        bursts = f" + {len(spec.burst)} burst sizes" if spec.burst else ""
         problems.append(
             f"{cells} cells ({len(spec.prefill_contexts)} prefill + {len(spec.contexts)} "
-            f"contexts x {len(spec.concurrencies)} concurrencies): a run measures at most "
-            f"{MAX_CELLS} cells"
+            f"contexts x ({len(spec.concurrencies)} concurrencies{bursts})): a run measures "
+            f"at most {MAX_CELLS} cells"
         )
     for name, values, most in (
         ("prefill_contexts", spec.prefill_contexts, MAX_CONTEXT_TOKENS),
         ("contexts", spec.contexts, MAX_CONTEXT_TOKENS),
         ("concurrencies", spec.concurrencies, MAX_CONCURRENCY),
+        ("burst", spec.burst, MAX_CONCURRENCY),
     ):
         big = [v for v in values if v > most]
         if big:
@@ -216,11 +225,14 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
         problems.append("the matrix is empty: no contexts and no prefill_contexts")
     if spec.contexts and not spec.concurrencies:
         problems.append("contexts are given but concurrencies is empty")
+    if spec.burst and not spec.contexts:
+        problems.append("burst sizes need decode contexts: a burst is run at each of them")
     problems += matrix_size_problems(spec)
     for name, values in (
         ("prefill_contexts", spec.prefill_contexts),
         ("contexts", spec.contexts),
         ("concurrencies", spec.concurrencies),
+        ("burst", spec.burst),
     ):
         bad = [v for v in values if v < 1]
         if bad:
@@ -244,6 +256,11 @@ def matrix_problems(spec: MatrixSpec, max_model_len: int | None = None) -> list[
         problems.append(
             f"measurement profile must be one of {list(MEASUREMENT_PROFILES)}, "
             f"got {spec.measurement_profile!r}"
+        )
+    if spec.burst and spec.measurement_profile == "published":
+        problems.append(
+            "burst cells are measured by our definitions only (profile default), not the "
+            "published profile"
         )
     if spec.adaptive and spec.measurement_profile == "published":
         problems.append("adaptive windows are not the published tool's: its windows are fixed")
@@ -312,8 +329,9 @@ def check_matrix(spec: MatrixSpec, max_model_len: int | None = None) -> None:
 class Plan:
     """Planned cells: small dicts (XCom- and map-friendly) plus the over-capacity records.
 
-    `prefill` and `decode` are the cells of each phase; `order` is every cell to run, both
-    phases, in the order the host runs them (`run_order`), which the DAG's two mapped tasks
+    `prefill` are the prefill cells, `decode` the sustained-decode and burst cells (a burst
+    is a decode-side cell: its own phase, run by the `decode` task); `order` is every cell to
+    run, in the order the host runs them (`run_order`), which the DAG's two mapped tasks
     split between them (`task_cells`)."""
 
     prefill: list[dict] = field(default_factory=list)
@@ -331,18 +349,19 @@ class Plan:
 
 
 def _planned(spec: MatrixSpec, phase: str, context: int, concurrency: int) -> dict:
+    label = context_label(context) if phase == "prefill" else cell_label(context, concurrency)
     return {
         "phase": phase,
         "context_tokens": context,
         "concurrency": concurrency,
-        "label": context_label(context) if phase == "prefill" else cell_label(context, concurrency),
+        "label": f"burst {label}" if phase == "burst" else label,
         "max_output_tokens": 1 if phase == "prefill" else spec.max_output_tokens,
-        "window_s": None if phase == "prefill" else spec.window_s,
+        "window_s": spec.window_s if phase == "decode" else None,
         "prompt_mode": None if phase == "prefill" else spec.prompt_mode,
         "workload": spec.workload,
         "measurement_profile": spec.measurement_profile,
         "repeat": 0,
-        **({} if phase == "prefill" or not spec.adaptive else _adaptive(spec)),
+        **(_adaptive(spec) if phase == "decode" and spec.adaptive else {}),
     }
 
 
@@ -392,8 +411,9 @@ def repeat_keys(
         if phase == "prefill":
             hits = [c for c in spec.prefill_contexts if context_label(c) == label]
         else:
+            sizes = spec.burst if phase == "burst" else spec.concurrencies
             hits = [c for c in spec.contexts if context_label(c) == label]
-            hits = hits if conc in spec.concurrencies else []
+            hits = hits if conc in sizes else []
         if hits:
             keys.add((phase, hits[0], conc))
         else:
@@ -452,7 +472,7 @@ def plan_matrix(
     repeats = check_repeats(repeats)
     chosen = repeat_keys(spec, repeat_cells)
     if chosen is not None:
-        out = {"prefill": 1, "decode": spec.max_output_tokens}
+        out = {"prefill": 1, "decode": spec.max_output_tokens, "burst": spec.max_output_tokens}
         chosen = [(ph, sent_context(c, out[ph], max_model_len), n) for ph, c, n in chosen]
     spec = fit_matrix(spec, max_model_len)
     plan = Plan()
@@ -472,6 +492,12 @@ def plan_matrix(
         for conc in sorted(spec.concurrencies):
             if (ctx, conc) not in runnable:
                 plan.over_capacity.append(_over_capacity(spec, "decode", ctx, conc, capacity))
+    for ctx in sorted(spec.contexts):  # a burst holds its N requests' KV at once, as C streams
+        for n in sorted(spec.burst):
+            if fits(ctx, n, spec.max_output_tokens, capacity):
+                plan.decode.append(_planned(spec, "burst", ctx, n))
+            else:
+                plan.over_capacity.append(_over_capacity(spec, "burst", ctx, n, capacity))
     plan.order = run_order(plan.prefill, plan.decode)
     if spec.measurement_profile == "published" and plan.order:
         # the published tool's global warm-up (a short request, a hidden 8K prefill, a short
@@ -480,18 +506,19 @@ def plan_matrix(
         largest = max(c1 or [int(c["context_tokens"]) for c in plan.order])
         plan.order[0]["global_warmup_context"] = largest
     plan.prefill = [c for c in plan.order if c["phase"] == "prefill"]
-    plan.decode = [c for c in plan.order if c["phase"] == "decode"]
+    plan.decode = [c for c in plan.order if c["phase"] != "prefill"]
     if repeats > 1:
         _add_repeats(plan, repeats, chosen)
     return plan
 
 
 def run_order(prefill: Sequence[dict], decode: Sequence[dict]) -> list[dict]:
-    """Prefill and decode cells of one pass in the order that prefills each prompt once.
+    """Prefill, decode and burst cells of one pass in the order that prefills each prompt once.
 
     First the prefill cells whose prompt no decode cell sends (their context has no runnable
     decode cell); then, context by context (ascending), the context's prefill cell, then its
-    decode cells C ascending (`plan_matrix` says why)."""
+    decode cells C ascending, then its burst cells N ascending (`plan_matrix` says why: a
+    burst's request i sends the prompt of the decode cells' stream i)."""
     decode_contexts = sorted({int(c["context_tokens"]) for c in decode})
     by_context: dict[int, list[dict]] = {}
     for c in prefill:
@@ -501,7 +528,7 @@ def run_order(prefill: Sequence[dict], decode: Sequence[dict]) -> list[dict]:
         order += by_context.get(ctx, [])
         order += sorted(
             (c for c in decode if int(c["context_tokens"]) == ctx),
-            key=lambda c: int(c["concurrency"]),
+            key=lambda c: (c["phase"] == "burst", int(c["concurrency"])),
         )
     return order
 
@@ -549,7 +576,7 @@ def _add_repeats(plan: Plan, repeats: int, chosen: list[tuple[str, int, int]] | 
     passes = [_repeat(c, r) for r in range(1, repeats) for c in picked]
     plan.order.extend(passes)
     plan.prefill.extend(c for c in passes if c["phase"] == "prefill")
-    plan.decode.extend(c for c in passes if c["phase"] == "decode")
+    plan.decode.extend(c for c in passes if c["phase"] != "prefill")
 
 
 def _over_capacity(
@@ -571,7 +598,7 @@ def _over_capacity(
         workload=spec.workload,
         measurement_profile=spec.measurement_profile,
         max_output_tokens=out,
-        window_s=None if phase == "prefill" else spec.window_s,
+        window_s=spec.window_s if phase == "decode" else None,
     )
 
 

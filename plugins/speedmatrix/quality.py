@@ -156,6 +156,24 @@ def cells_frame(cells: Sequence[dict], extra: Sequence[str] = ()):
         else _ratio(_ratio(r["total_tok_s"], 1) * _ratio(r["ttft_ms"], 1000), r["context_tokens"])
         for r in rows
     ]
+    # a burst (loadgen/burst.py): every one of its N requests completed; its latency tails at
+    # or above the median; per-user e2e tok/s x latency = the output tokens of a request (a
+    # median of reciprocals against the reciprocal of a median for an even N: RATE_TBT_TOL)
+    df["completed_ratio"] = [_ratio(r["completed_requests"], r["concurrency"]) for r in rows]
+    df["latency_tail_ratio"] = [
+        min(
+            _ratio(r["latency_p90_ms"], r["latency_ms"]),
+            _ratio(r["latency_p99_ms"], r["latency_p90_ms"]),
+        )
+        for r in rows
+    ]
+    df["e2e_latency_product"] = [
+        _ratio(
+            _ratio(r["e2e_per_request_tok_s"], 1) * _ratio(r["latency_ms"], 1000),
+            r["max_output_tokens"],
+        )
+        for r in rows
+    ]
     df["published_prompt_ratio"] = [
         _nan_if_none(implied.label_ratio(r)) if _ingested(r) else math.nan for r in rows
     ]
@@ -181,6 +199,8 @@ CELL_SCOPES: dict[str, dict[str, tuple[str, ...]]] = {
     "over-capacity cells": {"status": ("over_capacity",)},
     "valid decode cells": {"status": ("valid",), "phase": ("decode",)},
     "valid prefill cells": {"status": ("valid",), "phase": ("prefill",)},
+    "burst cells": {"phase": ("burst",)},
+    "valid burst cells": {"status": ("valid",), "phase": ("burst",)},
 }
 """The rows each group of the cells suite's expectations applies to: column -> the values a
 row must hold (every column's). Why scopes and not GX row conditions: GX applies a row
@@ -232,6 +252,38 @@ def _cells_expectations(key: Sequence[str] | None = None) -> dict[str, list]:
             max_value=1 + implied.LONG_ALLOWANCE,
         )
     )
+    valid_burst: list = [
+        gxe.ExpectColumnValuesToBeBetween(column="output_tokens", min_value=1),
+        gxe.ExpectColumnValuesToBeBetween(column="completed_ratio", min_value=1, max_value=1),
+        gxe.ExpectColumnValuesToBeBetween(column="latency_tail_ratio", min_value=1),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="tokens_ratio", min_value=1 - TOKENS_TOL, max_value=1 + TOKENS_TOL
+        ),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="e2e_latency_product",
+            min_value=1 - RATE_TBT_TOL,
+            max_value=1 + RATE_TBT_TOL,
+        ),
+    ]
+    for col in (
+        "total_tok_s",
+        "latency_ms",
+        "latency_p90_ms",
+        "latency_p99_ms",
+        "e2e_per_request_tok_s",
+        "ttft_ms",
+        "tbt_ms",
+        "measured_s",
+        "tokens_ratio",
+        "completed_ratio",
+        "latency_tail_ratio",
+        "e2e_latency_product",
+    ):
+        valid_burst.append(gxe.ExpectColumnValuesToNotBeNull(column=col))
+        if not col.endswith(("_ratio", "_product")):
+            valid_burst.append(
+                gxe.ExpectColumnValuesToBeBetween(column=col, min_value=0, strict_min=True)
+            )
     return {
         "all cells": [
             *_in_set("cells"),
@@ -250,6 +302,9 @@ def _cells_expectations(key: Sequence[str] | None = None) -> dict[str, list]:
         "over-capacity cells": [gxe.ExpectColumnValuesToBeNull(column="output_tokens")],
         "valid decode cells": valid_decode,
         "valid prefill cells": valid_prefill,
+        # a burst runs to completion: it has no window
+        "burst cells": [gxe.ExpectColumnValuesToBeNull(column="window_s")],
+        "valid burst cells": valid_burst,
     }
 
 

@@ -230,6 +230,11 @@ class Matrix(_Strict):
     # window_s), window_s being the cap. Off: every window runs window_s.
     adaptive: bool = False
     adaptive_min_s: float = Field(default=5.0, gt=0)
+    # Burst cells (loadgen/burst.py, the published tool's request-count mode): for each decode
+    # context and each N here, N requests sent at once and measured to their completion
+    # (completed-request latency, per-user end-to-end tok/s); their own cells, never compared
+    # with the decode cells. Empty: none.
+    burst: tuple[int, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -247,7 +252,7 @@ class Matrix(_Strict):
             return tuple(parse_context(x) for x in v)
         return v
 
-    @field_validator("concurrencies", mode="before")
+    @field_validator("concurrencies", "burst", mode="before")
     @classmethod
     def _concurrencies(cls, v: Any) -> Any:
         if isinstance(v, list | tuple):
@@ -404,6 +409,7 @@ class Recipe(_Strict):
             concurrencies=m.concurrencies,
             max_output_tokens=m.max_output_tokens,
             window_s=m.window_s,
+            burst=m.burst,
         )
 
     def _repeat_problems(self) -> Iterator[tuple[str, str]]:
@@ -428,7 +434,14 @@ class Recipe(_Strict):
         for i, c in enumerate(m.concurrencies):
             if c < 1:
                 yield f"matrix.concurrencies[{i}]", f"{c} is not a positive number of requests"
-        for name in ("contexts", "concurrencies", "prefill_contexts"):
+        if m.burst and not m.contexts:
+            yield "matrix.burst", "burst sizes given but no decode contexts to run them at"
+        if m.burst and m.profile == "published":
+            yield "matrix.burst", "burst cells are measured by our definitions (profile default)"
+        for i, n in enumerate(m.burst):
+            if n < 1:
+                yield f"matrix.burst[{i}]", f"{n} is not a positive number of requests"
+        for name in ("contexts", "concurrencies", "prefill_contexts", "burst"):
             values = getattr(m, name)
             if len(set(values)) != len(values):
                 yield f"matrix.{name}", "repeated values"

@@ -28,7 +28,10 @@ INGEST_METRIC_VERSION = 0
 own definitions, never mixed into our trends (and held to the published tool's accounting by
 the cells suite)."""
 
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode", "burst")
+# burst: N requests sent at once and measured to completion (loadgen/burst.py; the published
+# tool's request-count "Burst / E2E" mode): completed-request latency and per-user end-to-end
+# tok/s, never compared with a sustained-decode cell (its `phase` is part of every cell key).
 STATUSES = ("valid", "over_capacity", "failed", "invalid")
 PROMPT_MODES = ("distinct", "shared")
 # article: the published tool's chat conversation (a reference document, then a request for a
@@ -65,7 +68,7 @@ class Field:
 
 # The contract fields, in the order docs/design.md lists them; then what analysts need beyond them.
 CELL_FIELDS: tuple[Field, ...] = (
-    Field("phase", "str", False, "prefill or decode"),
+    Field("phase", "str", False, "prefill, decode or burst"),
     Field("context_tokens", "int", False, "exact prompt tokens sent (server usage.prompt_tokens)"),
     Field(
         "context_label", "str", False, "8K, 251K… (tokens / 1024, as published reports label them)"
@@ -230,11 +233,27 @@ CELL_FIELDS: tuple[Field, ...] = (
         "decode, adaptive: the half-width (%) that was tight enough for this cell's verdict",
     ),
     Field("window_note", "str", True, "decode, adaptive: what the window saw when it ended"),
+    Field(
+        "latency_ms",
+        "float",
+        True,
+        "burst: median over its completed requests of (last token's arrival - request sent), "
+        "the completed-request latency; null for prefill and decode cells",
+    ),
+    Field("latency_p90_ms", "float", True, "burst: p90 of the completed-request latency"),
+    Field("latency_p99_ms", "float", True, "burst: p99 of the completed-request latency"),
+    Field(
+        "e2e_per_request_tok_s",
+        "float",
+        True,
+        "burst: median over its completed requests of output tokens / latency, the per-user "
+        "end-to-end tok/s (the wait for the first token included)",
+    ),
 )
 
 # One row per request of a measured cell (distributions); keyed by run_id + cell keys.
 REQUEST_FIELDS: tuple[Field, ...] = (
-    Field("phase", "str", False, "prefill or decode"),
+    Field("phase", "str", False, "prefill, decode or burst"),
     Field("context_tokens", "int", False, "the cell's context"),
     Field("concurrency", "int", False, "the cell's concurrency"),
     Field("request_index", "int", False, "order in which the request was started within the cell"),
@@ -376,10 +395,10 @@ _CONTEXT_RE = re.compile(r"([0-9]+)\s*([kK]?)", re.ASCII)
 _COUNT_RE = re.compile(r"[0-9]+", re.ASCII)
 _CELL_RE = re.compile(
     r"^\s*(?:(?P<prefill>prefill)[\s@:]*(?P<pctx>\d+\s*K?)"
-    r"|(?P<ctx>\d+\s*K?)\s*[xX\u00d7]\s*(?P<conc>\d+))\s*$",
+    r"|(?:(?P<burst>burst)\s+)?(?P<ctx>\d+\s*K?)\s*[xX\u00d7]\s*(?P<conc>\d+))\s*$",
     re.IGNORECASE | re.ASCII,
 )
-_PHASE_RANK = {"prefill": 0, "decode": 1}
+_PHASE_RANK = {"prefill": 0, "decode": 1, "burst": 2}
 
 CellKey = tuple[str, str, int]
 """(phase, context label, concurrency): what names the same cell in two runs."""
@@ -478,7 +497,8 @@ def split_list_text(text: str) -> list[str]:
 
 
 def cell_name(phase: str | None, context: int | str, concurrency: object) -> str:
-    """`64Kx16` for a decode cell, `prefill 64K` for a prefill cell, `run` for run-level rows.
+    """`64Kx16` for a decode cell, `prefill 64K` for a prefill cell, `burst 64Kx16` for a burst
+    cell, `run` for run-level rows.
 
     The one way a cell is written for people (`trend --cell`, `repeat_cells`, bisection,
     notifications); `parse_cell` reads it back. `context` is tokens or a label (canonicalised).
@@ -486,22 +506,29 @@ def cell_name(phase: str | None, context: int | str, concurrency: object) -> str
     if phase == "run":
         return "run"
     label = context_label(parse_context(context))
-    return f"prefill {label}" if phase == "prefill" else f"{label}x{int(concurrency)}"  # type: ignore[call-overload]
+    if phase == "prefill":
+        return f"prefill {label}"
+    name = f"{label}x{int(concurrency)}"  # type: ignore[call-overload]
+    return f"burst {name}" if phase == "burst" else name
 
 
 def parse_cell(spec: str) -> CellKey:
-    """`64Kx16` -> (decode, 64K, 16); `prefill 64K` / `prefill@65536` -> (prefill, 64K, 1).
+    """`64Kx16` -> (decode, 64K, 16); `prefill 64K` / `prefill@65536` -> (prefill, 64K, 1);
+    `burst 64Kx16` -> (burst, 64K, 16).
 
     The label comes back canonical (`65536x16` names `64K`), so a name matches a stored
     cell's `context_label` whichever way it was written. ValueError when it names no cell.
     """
     m = _CELL_RE.match(spec) if isinstance(spec, str) else None
     if not m:
-        raise InputError(f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill)")
+        raise InputError(
+            f"not a cell: {spec!r} (use 64Kx16 for decode, 'prefill 64K' for prefill, "
+            "'burst 64Kx16' for a burst)"
+        )
     if m.group("prefill"):
         return "prefill", context_label(parse_context(m.group("pctx"))), 1
     return (
-        "decode",
+        "burst" if m.group("burst") else "decode",
         context_label(parse_context(m.group("ctx"))),
         parse_concurrency(m.group("conc")),
     )
@@ -519,7 +546,7 @@ def cell_key(cell: Mapping[str, object]) -> CellKey:
 
 
 def cell_sort_key(cell: Mapping[str, object] | Sequence[object]) -> tuple[int, int, int]:
-    """The report's order: prefill before decode, then by context, then by concurrency.
+    """The report's order: prefill, decode, burst, then by context, then by concurrency.
 
     Takes a cell record or a key tuple (phase, context tokens or label, concurrency).
     """
@@ -600,6 +627,7 @@ def path_field_problems(values: Mapping[str, Any]) -> list[str]:
 
 
 COMPARABILITY_FIELDS: tuple[str, ...] = (
+    "phase",
     "metric_version",
     "workload",
     "measurement_profile",
@@ -608,7 +636,9 @@ COMPARABILITY_FIELDS: tuple[str, ...] = (
     "window_s",
 )
 """What two cells must share for their figures to be compared, trended or pooled at all: the
-metric's definition, the decode workload (an article and a continuation measure different
+phase (a burst's figures run to its requests' completion, a decode cell's over a sustained
+window: a burst 8Kx4 is never a baseline of the decode 8Kx4, nor its noise), the metric's
+definition, the decode workload (an article and a continuation measure different
 things on a speculative decoder, docs/measurement.md rule 11), the measurement profile (our
 definitions or the published tool's), the prompt mode (shared prompts hit the prefix cache),
 the output tokens asked per request and the window's length (a shorter window counts a
@@ -731,6 +761,10 @@ class CellRecord(TypedDict):
     window_halfwidth_pct: float | None
     adaptive_target_pct: float | None
     window_note: str | None
+    latency_ms: float | None
+    latency_p90_ms: float | None
+    latency_p99_ms: float | None
+    e2e_per_request_tok_s: float | None
 
 
 # ------------------------------------------------------------------- the one validity rule set

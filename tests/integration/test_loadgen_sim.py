@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from replay import problems, reference_replay, short_prompt_replay, spec_replay
+from replay import (
+    calibrated_page,
+    problems,
+    reference_replay,
+    short_prompt_replay,
+    spec_replay,
+)
 
 from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_prefill
 from speedmatrix.loadgen.runner import run_loop
@@ -408,3 +414,40 @@ def test_a_calibrated_speculative_page_holds_at_its_labels_and_its_implied_promp
     rows = short_prompt_replay([("64K", 2, 65536)], tmp_path)
     assert len(rows) == 2 * 3  # two lengths: total tok/s, time between tokens, acceptance
     assert problems(rows) == [], "\n".join(problems(rows))
+
+
+def test_a_dspark_like_pages_507k_x1_holds_over_http_by_the_published_tools_definitions(
+    tmp_path: Path,
+) -> None:
+    """Issue #43 item 2: the DSpark-like page's 512K row (sent as 507K, C=1 only, a first token
+    seconds long, 30 s windows: its request finishes inside the window and the restart waits
+    its first token there), calibrated, served by the real simulator in real time and measured
+    by the real load generator with the published tool's definitions (the page's): total,
+    per-request (total / C), time between tokens and TTFT within 5% of the page. Before, the
+    twin's prediction opened a published-tool window at the stream's first token where the
+    tool opens it 3-4 s later at its readiness judgement: the page read 149.7 tok/s with the
+    restart's wait cut off and the same twin measured 126.9 over HTTP (-15%: the restart's
+    first token came inside the window); and the simulator's own tokenizing of 2 MB of chat
+    text added to the modelled first-token delay, which already holds the real server's
+    (TTFT 4,683 ms against 3,079: +52%).
+
+    Real time: the published prompt is chat text the simulator tokenizes, and a faster clock
+    would multiply that wall time into the model. The server's active-request check is ours,
+    not the tool's: a restart's 3 s wait idles one stream a tenth of the window, so that bound
+    is widened here; the figures are what is held."""
+    profile, path, cells = calibrated_page("dspark-like", tmp_path)
+    want = next(c for c in cells if c["context_label"] == "512K" and c["concurrency"] == 1)
+    assert want["status"] == "valid" and want["context_tokens"] < 524288 - 4096
+    with sim(path, time_scale=1.0) as url:
+        got, _ = run_loop(
+            run_decode(DecodeConfig(
+                base_url=url, model=profile.served_model_name, context=want["context_tokens"],
+                concurrency=1, window_s=30.0, max_output_tokens=4096, run_tag="dspark",
+                measurement_profile="published", first_token_timeout_s=300.0,
+                max_loop_lag_ms=200.0, max_client_cpu_pct=100.0, max_active_deviation=0.2,
+            ))
+        )  # fmt: skip
+    assert got["status"] == "valid", (got["status"], got["error"])
+    keys = ("total_tok_s", "per_request_tok_s", "tbt_ms", "ttft_ms")
+    off = {k: f"{got[k]:.1f} vs {want[k]:.1f}" for k in keys if abs(got[k] / want[k] - 1) > 0.05}
+    assert off == {}, off

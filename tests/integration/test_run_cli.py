@@ -321,3 +321,45 @@ def test_a_manual_kv_budget_decides_over_capacity_and_is_recorded(sim_url, tmp_p
     got = {(c["phase"], c["context_label"], c["concurrency"]): c["status"] for c in cells}
     assert got[("decode", "8K", 2)] == "over_capacity"
     assert got[("decode", "8K", 1)] in ("valid", "invalid")
+
+
+def test_burst_cells_are_measured_landed_and_shown_beside_the_matrix(sim_url, tmp_path, capsys):
+    """Issue #43 item 12: `--burst N…` adds burst cells (recipe `matrix.burst`, conf `burst`):
+    at each decode context, N requests sent at once and measured to their completion. Their
+    own cells (phase burst), over capacity by the same rule, landed with their latency and
+    per-user end-to-end tok/s (the cells suite passed: they are in `cells`, not quarantined),
+    their requests in `requests`, and a section of their own on the page."""
+    wh = tmp_path / "wh"
+    rc = main(["run", "--base-url", sim_url, "--model", MODEL, *TINY, "--concurrencies", "1",
+               "--burst", "2", "64", "--warehouse", str(wh)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    run, cells, page = _landed(wh, out)
+    got = {(c["phase"], c["context_label"], c["concurrency"]): c for c in cells}
+    assert set(got) == {
+        ("prefill", "8K", 1),
+        ("decode", "8K", 1),
+        ("burst", "8K", 2),
+        ("burst", "8K", 64),
+    }
+    burst = got[("burst", "8K", 2)]
+    assert burst["status"] == "valid", burst["error"]
+    assert burst["completed_requests"] == 2 and burst["output_tokens"] == 2 * 256
+    assert burst["window_s"] is None and burst["max_output_tokens"] == 256
+    assert burst["latency_ms"] > burst["ttft_ms"] > 0
+    assert burst["latency_ms"] <= burst["latency_p90_ms"] <= burst["latency_p99_ms"]
+    assert burst["e2e_per_request_tok_s"] == pytest.approx(
+        256 / (burst["latency_ms"] / 1000), rel=0.02
+    )
+    assert burst["total_tok_s"] == pytest.approx(512 / burst["measured_s"], rel=1e-6)
+    assert got[("burst", "8K", 64)]["status"] == "over_capacity"
+    # the decode cell's figures are its own: it has no latency of a completed burst
+    assert got[("decode", "8K", 1)]["latency_ms"] is None
+    _, _, requests = Warehouse(str(wh)).read_run(run["run_id"])
+    assert len([r for r in requests if r["phase"] == "burst"]) == 2
+    # the progress names it, and the page has its section with its latency
+    assert "burst 8K x 2: " in err
+    html = page.read_text()
+    assert "<h2>Burst / E2E decode</h2>" in html
+    section = html[html.index("<h2>Burst / E2E decode</h2>") :]
+    assert f"{burst['latency_ms']:,.0f} ms" in section

@@ -38,7 +38,7 @@ from speedmatrix.store.warehouse import Warehouse
 
 pytestmark = pytest.mark.integration
 
-# 8K and 16K at C = 1, 2 fit the calibrated KV cache (16,640 blocks of 16); C = 32 does not.
+# 8K and 16K at C = 1, 2 fit the calibrated KV cache (16,498 blocks of 16); C = 32 does not.
 CONF = {
     "recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8",
     "prefill_contexts": ["8K"],
@@ -99,8 +99,16 @@ def home(tmp_path: Path) -> Path:
     return h
 
 
+# A manual KV budget of 32K tokens (2,048 blocks of 16, 2,047 usable) in place of the
+# server's 16,498 blocks: 16K x 2 needs 2 x ceil((16,384 + 512) / 16) = 2,112 blocks, so the
+# budget, not the server, puts it over capacity; 8K x 2 (1,088) and 16K x 1 (1,056) still run.
+KV_BUDGET = "32K"
+
+
 def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, alerts):
-    conf = {**CONF, "port": free_port()}
+    # and a burst of 2 requests at once at each context (issue #43 item 12): 8K's runs, 16K's
+    # is over the budget as 16K x 2 is
+    conf = {**CONF, "port": free_port(), "kv_budget": KV_BUDGET, "burst": [2]}
     proc, log, result = start_run(tmp_path, home, migrated, conf, "run")
     finish(proc)
     out = outcome(result)
@@ -111,7 +119,7 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
         "decode[8K x 1]",
         "decode[8K x 2]",
         "decode[16K x 1]",
-        "decode[16K x 2]",
+        "decode[burst 8K x 2]",
     }
     assert "prefill[8K]" in tasks
     assert tasks["stop_server"]["state"] == "success"
@@ -143,21 +151,37 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
     xcom = out["xcom"]
     assert SERVER.from_wire(xcom["setup_server"])["base_url"].startswith("http://127.0.0.1:")
     assert INFO.from_wire(xcom["inspect"])["kv_block_size"] == 16
-    assert len(PLAN.from_wire(xcom["plan"])["over_capacity"]) == 2
+    assert len(PLAN.from_wire(xcom["plan"])["over_capacity"]) == 4
     assert LANDING.from_wire(xcom["land"])["run_id"] == run_id
     wh = Warehouse(os.environ["SPEEDMATRIX_WAREHOUSE"])
     run, cells, requests = wh.read_run(run_id)
     assert run["status"] == "success"
     assert "<redacted>" in run["launch_command"] and KEY not in run["launch_command"]
+    # the manual budget is recorded with the run beside the server's own capacity...
+    assert run["kv_budget_tokens"] == 32768
+    assert (run["kv_num_blocks"], run["kv_block_size"]) == (16498, 16)
     by_cell = {(c["phase"], c["context_label"], c["concurrency"]): c for c in cells}
     assert by_cell[("prefill", "8K", 1)]["status"] == "valid"
+    # ...and the over-capacity rule used it: 16K x 2 fits the server, not the budget
+    over = by_cell[("decode", "16K", 2)]
+    assert over["status"] == "over_capacity" and over["output_tokens"] is None
+    assert "2112 KV blocks > 2047 available" in over["error"], over["error"]
+    for ctx, c in (("8K", 1), ("8K", 2), ("16K", 1)):
+        assert by_cell[("decode", ctx, c)]["status"] == "valid", by_cell[("decode", ctx, c)]
+    # the burst: its own cell, measured to completion, landed through the cells suite
+    burst = by_cell[("burst", "8K", 2)]
+    assert burst["status"] == "valid", burst["error"]
+    assert (burst["completed_requests"], burst["output_tokens"]) == (2, 2 * 512)
+    assert burst["window_s"] is None
+    assert burst["latency_ms"] > burst["ttft_ms"] > 0 and burst["e2e_per_request_tok_s"] > 0
+    assert by_cell[("burst", "16K", 2)]["status"] == "over_capacity"
+    assert sum(1 for r in requests if r["phase"] == "burst") == 2
     for ctx in ("8K", "16K"):
-        for c in (1, 2):
-            assert by_cell[("decode", ctx, c)]["status"] == "valid", by_cell[("decode", ctx, c)]
         assert by_cell[("decode", ctx, 32)]["status"] == "over_capacity"
         assert by_cell[("decode", ctx, 32)]["output_tokens"] is None
-    assert len(cells) == 7
+    assert len(cells) == 9
     assert requests and not any(r["concurrency"] == 32 for r in requests)
+    assert not any((r["context_tokens"], r["concurrency"]) == (16384, 2) for r in requests)
     # the conf's window (window_s, its one name) reached both tables through Airflow's Params
     assert run["window_s"] == by_cell[("decode", "8K", 1)]["window_s"] == CONF["window_s"]
 
@@ -165,6 +189,7 @@ def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, 
     assert gx["cells"]["gx"]["success"] is True and gx["runs"]["gx"]["success"] is True
     report_md = Path(out["xcom"]["report"]["md"]).read_text()
     assert "Over capacity" in report_md and "## Sustained decode" in report_md
+    assert "## Burst / E2E decode" in report_md
     assert Path(out["xcom"]["report"]["html"]).stat().st_size > 1000
     assert f"report: {out['xcom']['report']['md']}" in log.read_text()  # the log says where
     assert KEY not in log.read_text()

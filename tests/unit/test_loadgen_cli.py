@@ -337,3 +337,23 @@ def test_the_summary_says_why_a_cell_is_not_valid() -> None:
                               concurrency=1, status="failed", error="HTTP 500"))  # fmt: skip
     assert text.splitlines()[:2] == ["prefill 8K: failed", "  why:             HTTP 500"]
     assert "prompt:          -" in text  # nothing measured: no number made up
+
+
+def test_burst_writes_its_cell_and_rows_with_the_latency_the_server_gives() -> None:
+    """`loadgen burst` (issue #43 item 12) against a server of known timing (first token
+    after 10 ms, then one every 10 ms): 3 requests at once of 50 tokens each complete in
+    10 + 49 x 10 = 500 ms, so 50 / 0.5 = 100 tok/s per user end to end."""
+    with ideal_server(ttft_s=0.01, interval_s=0.01) as url:
+        proc = speedmatrix(
+            "loadgen", "burst", "--base-url", url, "--model", "ideal", "--context", "2K",
+            "--concurrency", "3", "--max-output", "50", "--json", "-",
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    cell = json.loads(proc.stdout)
+    assert sorted(cell) == CELL_KEYS
+    assert cell["status"] == "valid", cell["error"]
+    assert (cell["phase"], cell["concurrency"], cell["completed_requests"]) == ("burst", 3, 3)
+    assert cell["output_tokens"] == 150
+    assert cell["latency_ms"] == pytest.approx(500, rel=0.15)
+    assert cell["e2e_per_request_tok_s"] == pytest.approx(100, rel=0.15)
+    assert cell["tbt_ms"] == pytest.approx(10, rel=0.15)

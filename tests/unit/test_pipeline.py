@@ -80,6 +80,7 @@ def test_resolve_applies_overrides_and_trigger_from_run_id():
         "measurement_profile": "default",
         # the recipe's (none set): the server's own KV capacity, fixed windows
         "kv_budget": None,
+        "burst": [],
         "adaptive": False,
         "adaptive_min_s": load_recipe_id(CPU).matrix.adaptive_min_s,
         "adaptive_target_pct": 1.0,
@@ -303,3 +304,21 @@ def test_a_server_we_did_not_start_has_unknown_gpus_never_zero():
     assert matrix.run_row(r, {"gpu_count": 2}, {}, "success")["hardware_gpu_count"] == 2
     cpu = matrix.run_row(resolve({"recipe": "cpu/tiny/llama-tiny"}), {}, {}, "success")
     assert (cpu["hardware_gpu_count"], cpu["hardware_vram_gb"]) == (0, 0)
+
+
+def test_burst_sizes_come_from_the_conf_as_a_list_or_a_text_and_are_checked():
+    """Issue #43 item 12: conf `burst` (the trigger form's text `2, 4` or a list) overrides the
+    recipe's `matrix.burst`; a bad value fails in resolve, before a host is touched."""
+    assert resolve({"recipe": CPU, "burst": "2, 4"}, run_id="manual__b")["matrix"]["burst"] == [
+        2,
+        4,
+    ]
+    assert resolve({"recipe": CPU, "burst": [3]}, run_id="manual__b")["matrix"]["burst"] == [3]
+    with pytest.raises(ResolveError, match="burst"):
+        resolve({"recipe": CPU, "burst": ["many"]}, run_id="manual__b")
+    with pytest.raises(ResolveError, match="burst must be positive"):
+        resolve({"recipe": CPU, "burst": [0]}, run_id="manual__b")
+    with pytest.raises(ResolveError, match="burst cells are measured by our definitions"):
+        resolve(
+            {"recipe": CPU, "burst": [2], "measurement_profile": "published"}, run_id="manual__b"
+        )

@@ -12,8 +12,10 @@ from speedmatrix.plan import (
     cell_label,
     check_matrix,
     fits,
+    matrix_problems,
     ordered_cells,
     plan_matrix,
+    repeat_keys,
     task_cells,
 )
 from speedmatrix.records import CELL_FIELDS
@@ -285,3 +287,65 @@ def test_a_manual_kv_budget_is_the_capacity_the_rule_uses():
     assert Matrix(kv_budget="960K").kv_budget == 960 * K
     assert conf_problems({"kv_budget": "960K"}) == []
     assert any("kv_budget" in p for p in conf_problems({"kv_budget": [1]}))
+
+
+def _burst_spec(**kw):
+    values = dict(
+        prefill_contexts=[8192],
+        contexts=[8192, 16384],
+        concurrencies=[1, 2],
+        max_output_tokens=512,
+        window_s=2,
+        burst=[2, 4],
+    )
+    return MatrixSpec.build(**{**values, **kw})
+
+
+def test_burst_cells_follow_each_contexts_decode_cells_and_the_capacity_rule():
+    """Issue #43 item 12: a burst of N requests at once is a cell of its own (phase burst) per
+    decode context and N, run after that context's decode cells (its prompts are theirs,
+    already cached), by the decode task; over capacity by the same KV-block rule."""
+    # 2,199 usable blocks: 8K x 4 needs 4 x 544 = 2,176, 16K x 2 2 x 1,056 = 2,112 (both
+    # fit); 16K x 4 needs 4,224 (over)
+    plan = plan_matrix(_burst_spec(), KvCapacity(2200, 16))
+    order = [(c["phase"], c["context_tokens"], c["concurrency"]) for c in plan.order]
+    assert order == [
+        ("prefill", 8192, 1),
+        ("decode", 8192, 1),
+        ("decode", 8192, 2),
+        ("burst", 8192, 2),
+        ("burst", 8192, 4),
+        ("decode", 16384, 1),
+        ("decode", 16384, 2),
+        ("burst", 16384, 2),
+    ]
+    burst = [c for c in plan.order if c["phase"] == "burst"]
+    assert [c["label"] for c in burst] == ["burst 8K x 2", "burst 8K x 4", "burst 16K x 2"]
+    assert all(c["window_s"] is None and c["max_output_tokens"] == 512 for c in burst)
+    assert all(c["prompt_mode"] == "distinct" for c in burst)
+    # the decode task runs them (the DAG's two mapped tasks stay)
+    assert [c["phase"] for c in task_cells(plan.as_dict(), "decode")].count("burst") == 3
+    over = [(c["phase"], c["context_tokens"], c["concurrency"]) for c in plan.over_capacity]
+    assert over == [("burst", 16384, 4)]
+    assert plan.over_capacity[0]["window_s"] is None
+    assert "4 x ceil((16384 + 512) / 16) = 4224 KV blocks > 2199" in plan.over_capacity[0]["error"]
+    # without burst sizes, no burst cells
+    none = plan_matrix(_burst_spec(burst=[]), KvCapacity(2200, 16))
+    assert not any(c["phase"] == "burst" for c in [*none.order, *none.over_capacity])
+
+
+def test_burst_sizes_are_checked_with_the_matrix():
+    problems = matrix_problems(_burst_spec(burst=[0, 2, 2]))
+    assert "burst must be positive, got [0]" in problems
+    assert "burst has duplicates: [2]" in problems
+    assert "burst sizes need decode contexts" in "; ".join(
+        matrix_problems(_burst_spec(contexts=[], concurrencies=[]))
+    )
+    assert matrix_problems(_burst_spec()) == []
+
+
+def test_a_burst_cell_can_be_repeated_by_name():
+    spec = _burst_spec()
+    assert repeat_keys(spec, ["burst 8Kx4", "8Kx2"]) == [("decode", 8192, 2), ("burst", 8192, 4)]
+    with pytest.raises(PlanError, match="'burst 8Kx8' names no cell"):
+        repeat_keys(spec, ["burst 8Kx8"])

@@ -226,6 +226,8 @@ def test_each_expectation_sees_the_rows_of_its_scope_and_says_which():
         '{"status": ["over_capacity"]}': {1},
         '{"phase": ["decode"], "status": ["valid"]}': {2},
         '{"phase": ["prefill"], "status": ["valid"]}': {1},
+        '{"phase": ["burst"]}': {0},
+        '{"phase": ["burst"], "status": ["valid"]}': {0},
     }
 
 
@@ -255,3 +257,63 @@ def test_runs_suite_requires_fields_and_known_trigger():
     failed = v.runs.failed_rows[0]
     assert "expect_column_values_to_not_be_null(recipe_id)" in failed
     assert "expect_column_values_to_be_in_set(trigger)" in failed
+
+
+def burst(n=4, **over):
+    """A valid burst of n requests of 128 tokens, as the reference twin measured 8K x 4."""
+    values = dict(
+        phase="burst", context_tokens=8192, context_label="8K", concurrency=n, status="valid",
+        total_tok_s=n * 128 / 3.29, per_request_tok_s=41.3, ttft_ms=214.9, tbt_ms=24.2,
+        latency_ms=3290.2, latency_p90_ms=3291.0, latency_p99_ms=3291.5,
+        e2e_per_request_tok_s=128 / 3.2902, completed_requests=n, output_tokens=n * 128,
+        measured_s=3.29, avg_active_requests=float(n), max_output_tokens=128,
+        prompt_mode="distinct", warmup_s=5.2, requests_started=n, requests_failed=0,
+    )  # fmt: skip
+    values.update(over)
+    return empty_cell(**values)
+
+
+BROKEN_BURST = {
+    "not_all_completed": (
+        dict(completed_requests=3, output_tokens=384, total_tok_s=384 / 3.29),
+        "expect_column_values_to_be_between(completed_ratio)",
+    ),
+    "a_window": (dict(window_s=30.0), "expect_column_values_to_be_null(window_s)"),
+    "null_latency": (dict(latency_ms=None), "expect_column_values_to_not_be_null(latency_ms)"),
+    "tail_below_median": (
+        dict(latency_p90_ms=3000.0),
+        "expect_column_values_to_be_between(latency_tail_ratio)",
+    ),
+    "e2e_vs_latency": (
+        dict(e2e_per_request_tok_s=20.0),
+        "expect_column_values_to_be_between(e2e_latency_product)",
+    ),
+    "tokens": (dict(output_tokens=600), "expect_column_values_to_be_between(tokens_ratio)"),
+}
+
+
+def test_a_valid_burst_cell_lands_with_its_own_checks():
+    """Issue #43 item 12: a burst cell has its own expectations (its scope, `valid burst
+    cells`): every request completed, no window, latencies and per-user e2e tok/s present and
+    consistent; a decode cell's (a window of C streams) are not applied to it."""
+    v = validate_run(run_row(), [*good_cells(), burst()])
+    assert v.bad_cells == [], [c["quarantine_reasons"] for c in v.bad_cells]
+    counts = {
+        json.dumps(res["expectation_config"]["meta"]["rows"], sort_keys=True): res["result"][
+            "element_count"
+        ]
+        for res in v.results_json["cells"]["gx"]["results"]
+    }
+    assert counts['{"phase": ["burst"], "status": ["valid"]}'] == 1
+    assert counts['{"phase": ["burst"]}'] == 1
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_BURST))
+def test_a_broken_burst_cell_is_quarantined_alone(name):
+    change, reason = BROKEN_BURST[name]
+    v = validate_run(run_row(), [*good_cells(), burst(**change)])
+    assert [(c["phase"], c["concurrency"]) for c in v.bad_cells] == [("burst", 4)]
+    assert any(reason in r for r in v.bad_cells[0]["quarantine_reasons"]), v.bad_cells[0][
+        "quarantine_reasons"
+    ]
+    assert len(v.good_cells) == 5

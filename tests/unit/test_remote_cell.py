@@ -18,7 +18,7 @@ import pytest
 from speedmatrix.engine import remote_cell
 from speedmatrix.engine.hosts.base import CommandResult
 from speedmatrix.flows import matrix, resolution
-from speedmatrix.loadgen import CellConfig, DecodeConfig, PrefillConfig, cli
+from speedmatrix.loadgen import BurstConfig, CellConfig, DecodeConfig, PrefillConfig, cli
 from speedmatrix.plan import KvCapacity, MatrixSpec, plan_matrix
 from speedmatrix.records import REQUEST_FIELDS, to_wire
 
@@ -65,6 +65,7 @@ NON_DEFAULT: dict[str, Any] = {
     "adaptive_target_pct": 0.4,
     "adaptive_min_s": 2.5,
     "window_check_s": 0.125,
+    "max_burst_s": 90.5,
 }
 
 
@@ -89,7 +90,7 @@ def _no_key(monkeypatch):
     monkeypatch.delenv("SPEEDMATRIX_API_KEY", raising=False)
 
 
-@pytest.mark.parametrize("cls", [PrefillConfig, DecodeConfig])
+@pytest.mark.parametrize("cls", [PrefillConfig, DecodeConfig, BurstConfig])
 def test_every_flagged_field_round_trips_through_argv(cls):
     assert flagged(cls) <= set(NON_DEFAULT), "a new flag needs a value in NON_DEFAULT"
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
@@ -100,21 +101,21 @@ def test_every_flagged_field_round_trips_through_argv(cls):
         assert parse(cli.config_to_argv(cfg)) == cfg
 
 
-@pytest.mark.parametrize("cls", [PrefillConfig, DecodeConfig])
+@pytest.mark.parametrize("cls", [PrefillConfig, DecodeConfig, BurstConfig])
 def test_a_default_config_round_trips_with_only_the_required_flags(cls):
     cfg = cls(base_url="http://h", model="m", context=512)
     argv = cli.config_to_argv(cfg)
     flags = [a for a in argv if a.startswith("-")]
     want = ["--base-url", "--model", "--context", "--run-tag"]
-    assert flags == want + (["--concurrency"] if cls is DecodeConfig else [])
+    assert flags == want + ([] if cls is PrefillConfig else ["--concurrency"])
     assert parse(argv) == cfg
 
 
-@pytest.mark.parametrize("cls", [PrefillConfig, DecodeConfig])
+@pytest.mark.parametrize("cls", [PrefillConfig, DecodeConfig, BurstConfig])
 def test_the_command_line_defaults_are_the_config_defaults(cls):
     argv = [cli.config_to_argv(cls(base_url="h", model="m", context=8))[0]]
     argv += ["--base-url", "h", "--model", "m", "--context", "8", "--run-tag", "t"]
-    argv += ["-c", "1"] if cls is DecodeConfig else []
+    argv += [] if cls is PrefillConfig else ["-c", "1"]
     assert parse(argv) == cls(base_url="h", model="m", context=8, run_tag="t")
 
 
@@ -123,7 +124,7 @@ def test_only_the_in_process_fields_have_no_flag():
     (the zipapp would measure with its default)."""
     in_process = {"api_key", "on_window", "keep_requests"}
     assert set(cli.IN_PROCESS_ONLY) == in_process
-    for cls in (PrefillConfig, DecodeConfig):
+    for cls in (PrefillConfig, DecodeConfig, BurstConfig):
         names = {f.name for f in dataclasses.fields(cls)}
         assert names - flagged(cls) == in_process & names, cls.__name__
         assert flagged(cls) <= names

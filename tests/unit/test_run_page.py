@@ -269,7 +269,6 @@ def test_run_page_in_headless_chromium(wh, tmp_path, browser):
     """The real page in a real browser: no console errors, the summary (with the regression)
     in the first screen of a 1280 px wide window, before the matrix. A probe script is
     added to a copy of the page (the page itself has no script) to read the layout."""
-    import json
 
     page = render_run_page(wh, "r2")
     path = tmp_path / "r2.html"
@@ -280,17 +279,12 @@ def test_run_page_in_headless_chromium(wh, tmp_path, browser):
     # for the author to look at (the issue asks for it): SPEEDMATRIX_SCREENSHOTS=dir/prefix-
     if os.environ.get("SPEEDMATRIX_SCREENSHOTS"):
         shutil.copyfile(shot.screenshot, f"{os.environ['SPEEDMATRIX_SCREENSHOTS']}run-page.png")
-    probe = (
-        "<script>addEventListener('load',()=>{const t=s=>document.querySelector(s)"
-        ".getBoundingClientRect();document.body.dataset.layout=JSON.stringify({"
+    layout = browser.layout(
+        page,
+        tmp_path,
         "summary:t('#summary').top,regression:t('#summary tr.regression').bottom,"
-        "matrix:t('table.matrix').top,width:document.documentElement.scrollWidth})})</script>"
+        "matrix:t('table.matrix').top,width",
     )
-    probed = tmp_path / "probe.html"
-    probed.write_text(page.replace("</body>", probe + "</body>"), encoding="utf-8")
-    dom = browser.open_page(probed, height=800).dom
-    raw = re.search(r'data-layout="([^"]*)"', dom).group(1).replace("&quot;", '"')
-    layout = json.loads(raw)
     assert layout["summary"] < 300 and layout["regression"] < 800  # the first screen
     assert layout["summary"] < layout["matrix"]
     assert layout["width"] <= 1280  # nothing wider than the window
@@ -304,3 +298,98 @@ def test_analysis_does_not_draw():
         text = path.read_text(encoding="utf-8")
         assert "matplotlib" not in text, path.name
         assert not re.search(r"^\s*(from|import) speedmatrix\.report", text, re.M), path.name
+
+
+def test_time_to_second_token_beside_ttft_on_our_page_not_in_the_published_markdown():
+    """Issue #43 item 10: a decode cell's time to the second token (ttst_ms, the first decode
+    step apart from the prefill) shows beside its TTFT on the HTML page, in the matrix cell
+    and as a column of the measurements table next to the TTFT tails; the Markdown keeps the
+    published format, which has no such column."""
+    run, cells, base_run, base, rows = _regressed()
+    for c in cells:
+        if c["phase"] == "decode" and c["status"] == "valid":
+            c["ttst_ms"] = 18.3
+    page = render_html(run, cells, (base_run, base), comparison=rows)
+    matrix_at = page.index('<table class="matrix">')
+    matrix = page[matrix_at : page.index("</table>", matrix_at)]
+    assert "87 ms TTFT (p99 231 ms) · 2nd token 18.3 ms" in matrix
+    table = page[page.index('<table class="all">') :]
+    assert "<th>Time to 2nd token</th><th>TTFT p90</th>" in table
+    assert "<td>18.3 ms</td><td>140 ms</td><td>231 ms</td>" in table
+    md = render_markdown(run, cells)
+    assert "2nd token" not in md and "18.3" not in md
+
+
+def _with_bursts():
+    from speedmatrix.records import empty_cell
+
+    run = make_run(run_id="bursts", day=14)
+    cells = make_cells()
+    burst = empty_cell(
+        phase="burst", context_tokens=8192, context_label="8K", concurrency=4, status="valid",
+        total_tok_s=155.6, per_request_tok_s=41.3, ttft_ms=214.9, ttst_ms=23.6, tbt_ms=24.2,
+        latency_ms=3290.2, latency_p90_ms=3301.0, latency_p99_ms=3310.5,
+        e2e_per_request_tok_s=38.9, completed_requests=4, output_tokens=512, measured_s=3.29,
+        max_output_tokens=128, prompt_mode="distinct", workload="article",
+    )  # fmt: skip
+    over = empty_cell(
+        phase="burst", context_tokens=8192, context_label="8K", concurrency=64,
+        status="over_capacity", max_output_tokens=128,
+    )  # fmt: skip
+    return run, [*cells, burst, over]
+
+
+def test_burst_cells_have_their_own_section_never_the_decode_matrix():
+    """Issue #43 item 12: a burst cell shows in a section of its own (Markdown and HTML),
+    with its latency and per-user end-to-end tok/s; the sustained decode matrix holds the
+    decode cells only (a burst 8K x 4 beside a decode 8K x 4 is not its figure)."""
+    run, cells = _with_bursts()
+    md = render_markdown(run, cells)
+    section = md[md.index("## Burst / E2E decode") : md.index("## All measurements")]
+    assert md.index("## Sustained decode") < md.index("## Burst / E2E decode")
+    assert (
+        "| 8K | 4 | Valid | 4/4 | 155.6 | 3,290 ms | 3,301 ms | 3,310 ms | 38.9 | 215 ms | "
+        "23.6 ms | 24.2 ms | 3.3 s |"
+    ) in section, section
+    assert "| 8K | 64 | Over capacity | — |" in section
+    matrix = md[md.index("## Sustained decode") : md.index("## Burst / E2E decode")]
+    assert "155.6" not in matrix and "64" not in matrix.splitlines()[4]
+    page = render_html(run, cells)
+    at = page.index("<h2>Burst / E2E decode</h2>")
+    html_section = page[at : page.index("</table>", at)]
+    assert "<td>3,290 ms</td><td>3,301 ms</td><td>3,310 ms</td><td>38.9</td>" in html_section
+    decode_matrix = page[page.index('<table class="matrix">') :]
+    decode_matrix = decode_matrix[: decode_matrix.index("</table>")]
+    assert "155.6" not in decode_matrix
+    # a run without bursts keeps the published page exactly: no such section
+    plain = render_markdown(run, make_cells())
+    assert "Burst" not in plain and "Burst" not in render_html(run, make_cells())
+
+
+def test_the_burst_section_and_the_second_token_in_headless_chromium(tmp_path, browser):
+    """The page with bursts and times to the second token in a real browser: no console
+    errors, the burst table and the measurements table (one column wider) within a 1280 px
+    window, the burst section before the measurements."""
+    import json
+
+    run, cells = _with_bursts()
+    for c in cells:
+        if c["phase"] == "decode" and c["status"] == "valid":
+            c["ttst_ms"] = 18.3
+    page = render_html(run, cells)
+    probe = (
+        "<script>addEventListener('load',()=>{const t=s=>document.querySelector(s)"
+        ".getBoundingClientRect();document.body.dataset.layout=JSON.stringify({"
+        "burst:t('table.burst').top,burstRight:t('table.burst').right,"
+        "all:t('table.all:not(.burst)').top,width:document.documentElement.scrollWidth})})"
+        "</script>"
+    )
+    path = tmp_path / "bursts.html"
+    path.write_text(page.replace("</body>", probe + "</body>"), encoding="utf-8")
+    shot = browser.open_page(path, height=1200)
+    assert shot.console == [], shot.console
+    layout = json.loads(
+        re.search(r'data-layout="([^"]*)"', shot.dom).group(1).replace("&quot;", '"')
+    )
+    assert 0 < layout["burst"] < layout["all"]
+    assert layout["burstRight"] <= 1280 and layout["width"] <= 1280

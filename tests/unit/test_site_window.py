@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from test_warehouse import make_cells, make_run
 
-from speedmatrix.report.site_fleet import load_fleet, read_recipe
+from speedmatrix.report.site_fleet import read_recipe, recipe_runs
 from speedmatrix.store.warehouse import Warehouse
 
 RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
@@ -24,7 +24,7 @@ def test_read_recipe_reads_each_hosts_window_only(tmp_path):
             when = dt.datetime(2026, month, 3, 2, tzinfo=dt.UTC)
             run = make_run(f"{host}-{month}", host=host, started_at=when, finished_at=when)
             wh.land_run(run, make_cells(1 + month / 100), [])
-    runs, _summary, _hits = load_fleet(wh)
+    runs = recipe_runs(wh, RECIPE)
     history = read_recipe(wh, RECIPE, runs, window=2)
     assert set(history.cells["run_id"]) == {"a-5", "a-6", "b-5", "b-6"}
     whole = read_recipe(wh, RECIPE, runs)

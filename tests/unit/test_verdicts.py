@@ -428,3 +428,57 @@ def test_a_prefill_whose_samples_disagree_is_judged_with_that_spread(wh):
     prefill = _row(comparison_for_run(wh, "r5").rows, 8192, 1, "prefill_tok_s", phase="prefill")
     assert prefill["verdict"] == "noise" and "spread" in prefill["noise_source"], prefill
     assert prefill["noise_pct"] >= 10.0
+
+
+def test_a_burst_is_judged_against_the_earlier_burst_never_a_decode_cell():
+    """Issue #43 item 12: a burst cell has its own figures and is compared with the same burst
+    of the baseline (its latency and per-user e2e tok/s, lower and higher better), never with
+    the decode cell of the same context and N: their phases differ, and so do their keys."""
+    import copy
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_warehouse import make_cells, make_run
+
+    def burst(latency_ms, total):
+        return empty_cell(
+            phase="burst", context_tokens=8192, context_label="8K", concurrency=4,
+            status="valid", total_tok_s=total, per_request_tok_s=41.3, ttft_ms=215.0,
+            tbt_ms=24.2, latency_ms=latency_ms, e2e_per_request_tok_s=128_000 / latency_ms,
+            completed_requests=4, output_tokens=512, measured_s=512 / total,
+            max_output_tokens=128, prompt_mode="distinct", workload="article",
+        )  # fmt: skip
+
+    base_run, run = make_run(run_id="b", day=13), make_run(run_id="n", day=14)
+    decode = [c for c in make_cells() if c["phase"] == "decode" and c["concurrency"] == 4]
+    base = [*copy.deepcopy(decode), burst(3290.0, 155.6)]
+    new = [*copy.deepcopy(decode), burst(4277.0, 119.7)]  # the burst 30% slower
+
+    figures = ("total_tok_s", "per_request_tok_s", "ttft_ms", "tbt_ms", "latency_ms")
+    quiet = {"rel_sd": 0.002, "dof": 9, "runs": 10, "engines": 10}
+    where = {"recipe_id": run.get("recipe_id") or "", "host": run.get("host") or ""}
+    where |= {"context_tokens": 8192, "concurrency": 4}
+    noise = NoiseModel(
+        pd.DataFrame(
+            [
+                {**where, "phase": c["phase"], "metric": m, **quiet}
+                for c in new
+                for m in (*figures, "e2e_per_request_tok_s")
+            ]
+        )
+    )
+    rows = compare_runs(run, new, base_run, base, noise=noise, threshold=0.03)
+    burst_rows = {r["metric"]: r for r in rows if r["phase"] == "burst"}
+    assert burst_rows["latency_ms"]["verdict"] == "regression"
+    assert burst_rows["latency_ms"]["baseline_value"] == 3290.0
+    assert burst_rows["e2e_per_request_tok_s"]["verdict"] == "regression"
+    assert burst_rows["total_tok_s"]["verdict"] == "regression"
+    # the decode 8K x 4 is unchanged and judged against the decode 8K x 4 only
+    decode_rows = [r for r in rows if r["phase"] == "decode"]
+    assert decode_rows and {r["verdict"] for r in decode_rows} == {"noise"}
+    assert not any(r["metric"] == "latency_ms" for r in decode_rows)
+    # the one comparability rule refuses a burst against a decode cell outright
+    assert not_comparable_reason(new[-1], decode[0]) == "phase decode -> burst"

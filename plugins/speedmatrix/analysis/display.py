@@ -133,16 +133,24 @@ def verdict_counts(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return counts
 
 
+def interval_text(row: Mapping[str, Any]) -> str:
+    """The interval a comparison row's verdict was judged with, as every page and the CLI
+    show it: `[change - band, change + band]` (the band is `noise_pct`); "unknown" when the
+    figure changed but no noise was known for it (never a band of zero); "—" without a change.
+    """
+    change, noise = number(row.get("change_pct")), number(row.get("noise_pct"))
+    if change is not None and noise is not None:
+        return f"[{change - noise:+.1f}%, {change + noise:+.1f}%]"
+    return "unknown" if change is not None else "—"
+
+
 def display_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
     """Rows as short strings, the columns `compare` prints and the report's section shows."""
     out = []
     for r in rows:
         change, noise = number(r.get("change_pct")), number(r.get("noise_pct"))
         thr = number(r.get("threshold_pct"))
-        if change is not None and noise is not None:
-            interval = f"[{change - noise:+.1f}%, {change + noise:+.1f}%]"
-        else:
-            interval = "unknown" if change is not None else "—"
+        interval = interval_text(r)
         out.append(
             {
                 "Cell": cell_name(
@@ -185,8 +193,9 @@ def comparison_markdown(
         "",
         ", ".join(f"{n} {v.replace('_', ' ')}" for v, n in counts.items()) + " (figures).",
         "A change counts only when it exceeds both the threshold and the noise band (three"
-        " run-to-run standard deviations of its recent history on this host); a figure"
-        " without such history is unverified.",
+        " standard deviations of a run-to-run difference in its recent history on this host,"
+        " or the two cells' own intervals when wider); the interval is the change ± that band."
+        " A figure without such history, or measured from one sample, is unverified.",
         "",
     ]
     shown = display_rows(rows if show_all else notable(rows))

@@ -44,6 +44,8 @@ NOISE_COLUMNS: tuple[str, ...] = (
     "ttft_ms",
     "tbt_ms",
     "spec_acceptance_length",
+    "latency_ms",  # a burst's (loadgen/burst.py)
+    "e2e_per_request_tok_s",
 )
 """Cell columns whose between-run spread is estimated."""
 
@@ -155,7 +157,7 @@ def within_window(
     if req.empty:
         return out
     kw = {"n_resamples": n_resamples, "seed": seed}
-    if measured_s and "window_tokens" in req:
+    if measured_s and "window_tokens" in req and req["window_tokens"].notna().any():
         tokens = pd.to_numeric(req["window_tokens"], errors="coerce").fillna(0)
         if "stream" in req and req["stream"].notna().all():
             per_unit = tokens.groupby(req["stream"]).sum()

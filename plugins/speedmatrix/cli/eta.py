@@ -50,6 +50,7 @@ class CellCosts:
         self.overhead: list[float] = []  # decode: took - window - warm-up
         self.warm_share: list[float] = []  # decode: warm-up / (new prompts x t(context))
         self.new: dict[tuple, int] = {}  # cell key -> prompts its warm-up prefills
+        self.burst: list[float] = []  # burst: took - warm-up (no window: to completion)
 
     def plan(self, cells: Sequence[Mapping[str, Any]]) -> None:
         """The prompts each decode cell's warm-up prefills, in run order (plan.run_order)."""
@@ -58,7 +59,8 @@ class CellCosts:
             ctx = int(cell.get("context_tokens") or 0)
             c = int(cell.get("concurrency") or 1)
             before = widest.get(ctx, 0)
-            self.new[_key(cell)] = max(0, c - before) if cell.get("phase") == "decode" else 1
+            # a burst's request i sends the prompt of the decode streams' i (plan.run_order)
+            self.new[_key(cell)] = max(0, c - before) if cell.get("phase") != "prefill" else 1
             widest[ctx] = max(before, c)
 
     def t(self, ctx: int) -> float | None:
@@ -102,6 +104,8 @@ class CellCosts:
         over = _mean(self.overhead, DECODE_OVERHEAD_S)
         new = self.new.get(_key(cell), int(cell.get("concurrency") or 1))
         warm = new * (t or 0.0) * _mean(self.warm_share, 1.0)
+        if cell.get("phase") == "burst":  # to completion: as long as the bursts done took
+            return _mean(self.burst, over + self.window_s) + warm
         return over + self.window_s + warm
 
     def observe(self, cell: Mapping[str, Any], record: Mapping[str, Any], took: float) -> None:
@@ -116,6 +120,9 @@ class CellCosts:
         if record.get("status") != "valid":
             return
         warm = _num(record.get("warmup_s")) or 0.0
+        if cell.get("phase") == "burst":
+            self.burst.append(max(0.0, took - warm))
+            return
         self.overhead.append(max(0.0, took - self.window_s - warm))
         new, t = self.new.get(_key(cell), 0), self.t(ctx)
         if new and t and warm > 0:

@@ -209,7 +209,7 @@ def _views_page(args: argparse.Namespace, wh) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from speedmatrix.cli.opening import open_existing_warehouse
-    from speedmatrix.report.page import render_run_page
+    from speedmatrix.report.page import load_run_page, render_run_page
     from speedmatrix.report.render import render_markdown
 
     if args.by_commit and args.pareto is None:
@@ -229,12 +229,16 @@ def cmd_report(args: argparse.Namespace) -> int:
             # the pipeline's page: verdict first, against --baseline or the automatic one
             page = render_run_page(wh, args.run_id, baseline_ref=args.baseline)
         else:
-            run, cells, _requests = wh.read_run(args.run_id)
-            baseline = None
-            if args.baseline:
-                base_run, base_cells, _ = wh.read_run(args.baseline)
-                baseline = (base_run, base_cells)
-            page = render_markdown(run, cells, baseline=baseline)
+            # the published page; with --baseline, the change table judged against noise as
+            # the pipeline's report.md shows it (each judged change with its interval)
+            data = load_run_page(
+                wh,
+                args.run_id,
+                baseline_ref=args.baseline,
+                figures=False,
+                compare=bool(args.baseline),
+            )
+            page = render_markdown(data.run, data.cells, data.baseline, comparison=data.rows)
     except (KeyError, ValueError) as exc:
         raise _cli_error(str(exc.args[0]) if exc.args else str(exc)) from None
     if args.save:

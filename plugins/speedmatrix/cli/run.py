@@ -98,6 +98,15 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignor
     g = p.add_argument_group("matrix (the speed_matrix conf keys; default: the recipe's)")
     g.add_argument("--contexts", nargs="+", metavar="N", help="decode contexts, e.g. 8K 16K")
     g.add_argument("--concurrencies", nargs="+", type=_concurrency, metavar="C", help="e.g. 1 2 4")
+    g.add_argument(
+        "--burst",
+        nargs="+",
+        type=_concurrency,
+        metavar="N",
+        help="burst cells: at each decode context, N requests sent at once and measured to "
+        "their completion (latency, per-user end-to-end tok/s), e.g. 4 16; never compared "
+        "with the decode cells",
+    )
     g.add_argument("--prefill-contexts", nargs="+", metavar="N", help="prefill contexts")
     add_window_option(g, "--duration-s", help="decode window, seconds")
     g.add_argument(
@@ -459,7 +468,7 @@ def shown_label(cell: Mapping[str, Any]) -> str:
 def rate_text(phase: str, rate: float | None) -> str:
     """The live tok/s of the current cell: a decode cell's warm-up (its prompts prefilled,
     no token generated yet) says warm-up, not 0 tok/s."""
-    if phase == "decode" and not rate:
+    if phase in ("decode", "burst") and not rate:
         return "warm-up"
     return f"{rate:,.0f} tok/s" if rate is not None else ""
 
@@ -491,7 +500,7 @@ class Display:
         self.prog = prog
         self.cells: list[Mapping[str, Any]] = []
         self.done = 0
-        self.took: dict[str, list[float]] = {"prefill": [], "decode": []}
+        self.took: dict[str, list[float]] = {"prefill": [], "decode": [], "burst": []}
         self.costs = CellCosts(self.window_s)
         self.started = 0.0
         self.meter: RateMeter | None = None
@@ -621,6 +630,7 @@ class RateMeter:
 
     COUNTERS: ClassVar[dict[str, str]] = {
         "decode": "vllm:generation_tokens_total",
+        "burst": "vllm:generation_tokens_total",
         "prefill": "vllm:prompt_tokens_total",
     }
 

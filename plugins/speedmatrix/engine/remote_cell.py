@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from speedmatrix.engine.hosts import Host
-from speedmatrix.loadgen import CellConfig, DecodeConfig
+from speedmatrix.loadgen import BurstConfig, CellConfig, DecodeConfig
 from speedmatrix.loadgen.cli import config_to_argv
 from speedmatrix.records import REQUEST_FIELDS, CellRecord, from_wire
 
@@ -76,10 +76,12 @@ def read_cell_output(stdout: str, rc: int, tail: str) -> tuple[CellRecord, list[
 
 
 def time_budget_s(cfg: CellConfig) -> float:
-    """How long the command may take: the first-token timeout for every stream, the window,
-    and SLACK_S."""
-    concurrency = cfg.concurrency if isinstance(cfg, DecodeConfig) else 1
+    """How long the command may take: the first-token timeout for every stream, the window
+    (a burst's: its time limit), and SLACK_S."""
+    concurrency = cfg.concurrency if isinstance(cfg, DecodeConfig | BurstConfig) else 1
     window = cfg.window_s if isinstance(cfg, DecodeConfig) else 0.0
+    if isinstance(cfg, BurstConfig):  # no window: the burst's own limit
+        window = cfg.max_burst_s / cfg.time_scale
     return cfg.first_token_timeout(concurrency) + SLACK_S + float(window)
 
 

@@ -244,7 +244,7 @@ def _loadgen_config(
 ) -> CellConfig:
     """The load generator's config for a planned cell: the same for a local cell (run
     in-process) and a remote one (engine.remote_cell writes it as the zipapp's flags)."""
-    from speedmatrix.loadgen import DecodeConfig, PrefillConfig
+    from speedmatrix.loadgen import BurstConfig, DecodeConfig, PrefillConfig
 
     common = {
         "base_url": server["base_url"],
@@ -266,6 +266,13 @@ def _loadgen_config(
         common["largest_context"] = max([*m["contexts"], *m["prefill_contexts"]])
     if cell["phase"] == "prefill":
         return PrefillConfig(**common)
+    if cell["phase"] == "burst":
+        return BurstConfig(
+            **common,
+            concurrency=int(cell["concurrency"]),
+            max_output_tokens=int(cell["max_output_tokens"]),
+            prompt_mode=str(cell["prompt_mode"]),
+        )
     return DecodeConfig(
         **common,
         concurrency=int(cell["concurrency"]),
@@ -515,7 +522,7 @@ def report(resolved: Resolved, landed: Landing) -> dict[str, str]:
     data = load_run_page(
         wh, resolved["run_id"], result=handed_on_comparison(wh, resolved["run_id"])
     )
-    md = render_markdown(data.run, data.cells, data.baseline) + (
+    md = render_markdown(data.run, data.cells, data.baseline, comparison=data.rows) + (
         "\n" + data.markdown if data.markdown else ""
     )
     keep_charts(wh, data)  # the site's page of the run shows the same charts, not drawn again

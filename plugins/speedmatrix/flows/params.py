@@ -163,6 +163,18 @@ def speed_matrix_params() -> dict[str, Any]:
             f"JSON list. {FROM_RECIPE}",
             section=MATRIX,
         ),
+        "burst": Param(
+            None,
+            type=["null", "array", "string"],
+            items={"type": "integer", "minimum": 1},
+            uniqueItems=True,
+            pattern=INTEGER_LIST_PATTERN,
+            title="Burst sizes",
+            description="Burst cells: at each decode context, N requests sent at once and "
+            "measured to their completion (latency, per-user end-to-end tok/s), as 4, 16 or a "
+            f"JSON list; their own cells, never compared with decode cells. {FROM_RECIPE}",
+            section=MATRIX,
+        ),
         "prefill_contexts": Param(None, **_contexts("Prefill contexts", "One prefill per length.")),
         "window_s": Param(
             None,

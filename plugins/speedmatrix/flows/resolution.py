@@ -110,6 +110,7 @@ def resolve(
             adaptive_min_s=_override(conf, "adaptive_min_s", m.adaptive_min_s),
             adaptive_target_pct=adaptive_target_pct(recipe.schedule.regression_threshold_pct),
             kv_budget=_override(conf, "kv_budget", m.kv_budget),
+            burst=_override(conf, "burst", m.burst),
         )
         check_matrix(spec, recipe.model.max_model_len)
     except ValueError as exc:
@@ -161,6 +162,7 @@ def resolve(
                 "adaptive_min_s": spec.adaptive_min_s,
                 "adaptive_target_pct": spec.adaptive_target_pct,
                 "kv_budget": spec.kv_budget,
+                "burst": list(spec.burst),
             },
             "repeats": repeats,
             "repeat_cells": repeat_cells,

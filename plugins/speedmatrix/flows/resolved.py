@@ -33,6 +33,8 @@ class MatrixConf(TypedDict):
     measurement_profile: Literal["default", "published"]  # records.MEASUREMENT_PROFILES
     # a manual KV cache size in tokens (plan.kv_capacity); None or absent: the server's own
     kv_budget: NotRequired[Positive | None]
+    # burst sizes: N requests at once per decode context (loadgen/burst.py); absent: none
+    burst: NotRequired[list[Positive]]
     # adaptive decode windows, window_s their cap (loadgen/adaptive.py); absent: fixed windows
     adaptive: NotRequired[bool]
     adaptive_min_s: NotRequired[Annotated[float, Field(gt=0)]]  # an adaptive window's least

@@ -40,6 +40,7 @@ CONF_KEYS = (
     "workload",
     "measurement_profile",
     "kv_budget",
+    "burst",
     "warehouse",
     "host_home",
     "port",
@@ -102,6 +103,7 @@ LIST_TEXT_KEYS = {
     "contexts": parse_context,
     "prefill_contexts": parse_context,
     "concurrencies": parse_concurrency,
+    "burst": parse_concurrency,
 }
 
 
@@ -178,13 +180,11 @@ def conf_problems(conf: Mapping[str, Any]) -> list[str]:
                 _is_token_count,
                 "token counts (256, 64K), or a text like `8K, 16K`",
             )
-    if given("concurrencies"):
-        problems += _list_problems(
-            "concurrencies",
-            conf["concurrencies"],
-            _is_int,
-            "integers, or a text like `1, 2, 4`",
-        )
+    for key in ("concurrencies", "burst"):
+        if given(key):
+            problems += _list_problems(
+                key, conf[key], _is_int, "integers, or a text like `1, 2, 4`"
+            )
     if given("window_s") and not (
         _is_number(conf["window_s"]) and conf["window_s"] <= MAX_WINDOW_S
     ):

@@ -11,18 +11,21 @@ This package imports nothing from speedmatrix but `speedmatrix.records`, so it s
 host as one zipapp (`speedmatrix.loadgen.zipapp.build`).
 """
 
-from .config import CellConfig, DecodeConfig, PrefillConfig, new_run_tag
+from .burst import run_burst
+from .config import BurstConfig, CellConfig, DecodeConfig, PrefillConfig, new_run_tag
 from .control import CellNotAttempted
 from .decode import run_decode
 from .prefill import run_prefill
 from .runner import run_cell
 
 __all__ = [
+    "BurstConfig",
     "CellConfig",
     "CellNotAttempted",
     "DecodeConfig",
     "PrefillConfig",
     "new_run_tag",
+    "run_burst",
     "run_cell",
     "run_decode",
     "run_prefill",

@@ -1,4 +1,4 @@
-"""`speedmatrix loadgen prefill|decode …` and `python -m speedmatrix.loadgen …`.
+"""`speedmatrix loadgen prefill|decode|burst …` and `python -m speedmatrix.loadgen …`.
 
 Exit codes: 0 when the cell was attempted, whatever its status (the status is in the record);
 2 for bad arguments; 3 when the cell could not be attempted (server unreachable, model not
@@ -21,7 +21,7 @@ from typing import Any
 from speedmatrix.records import MEASUREMENT_PROFILES, PROMPT_MODES, WORKLOADS, parse_context
 from speedmatrix.renames import StoreRenamed
 
-from .config import CellConfig, DecodeConfig, PrefillConfig
+from .config import BurstConfig, CellConfig, DecodeConfig, PrefillConfig
 from .control import CellNotAttempted
 from .runner import run_cell
 
@@ -219,6 +219,25 @@ DECODE_FLAGS: tuple[Flag, ...] = (
          "is invalid", type=_positive_int, metavar="N"),
 )  # fmt: skip
 
+
+def _decode_flag(name: str) -> Flag:
+    return next(f for f in DECODE_FLAGS if f.field == name)
+
+
+BURST_FLAGS: tuple[Flag, ...] = (
+    Flag("concurrency", "--concurrency", "load", "requests sent at once, each measured to its "
+         "completion", type=int, metavar="N", required=True, short="-c"),
+    _decode_flag("max_output_tokens"),
+    _decode_flag("prompt_mode"),
+    _decode_flag("warm_cache"),
+    Flag("max_burst_s", "--max-burst", "load", "the longest the burst may run, first request "
+         "sent to last token (seconds); past it the cell fails", type=_positive_float,
+         metavar="S"),
+    _decode_flag("token_tolerance"),
+    _decode_flag("max_loop_lag_ms"),
+    _decode_flag("max_client_cpu_pct"),
+)  # fmt: skip
+
 IN_PROCESS_ONLY: dict[str, str] = {
     "api_key": "a secret: read from the environment variable --api-key-env names, never a flag "
     "(`ps` shows flags)",
@@ -230,9 +249,11 @@ IN_PROCESS_ONLY: dict[str, str] = {
 
 
 def flags_of(cls: type[CellConfig]) -> tuple[Flag, ...]:
-    """The flags that make a config of `cls` (decode's add its load and limits)."""
+    """The flags that make a config of `cls` (decode's and burst's add their load and limits)."""
     if issubclass(cls, DecodeConfig):
         return COMMON_FLAGS + DECODE_FLAGS
+    if issubclass(cls, BurstConfig):
+        return COMMON_FLAGS + BURST_FLAGS
     return COMMON_FLAGS + PREFILL_FLAGS if issubclass(cls, PrefillConfig) else COMMON_FLAGS
 
 
@@ -324,23 +345,45 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     _add_flags(d, DecodeConfig)
     d.set_defaults(func=_run, phase="decode")
 
+    b = sub.add_parser(
+        "burst",
+        help="N requests at once, each to completion: latency, per-user end-to-end tok/s",
+        description="Measure one burst cell (the published tool's request-count mode): "
+        "--concurrency requests of exactly --context tokens (the prefix cache warmed first) "
+        "sent at once and measured to their completion: completed-request latency (median, "
+        "p90, p99), per-user end-to-end tok/s (output tokens / latency) and total tok/s (every "
+        "token / the burst's time). Never compared with a decode cell. Exit 0 whenever it was "
+        "attempted.",
+        formatter_class=fmt,
+    )
+    _add_flags(b, BurstConfig)
+    b.set_defaults(func=_run, phase="burst")
+
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignore[type-arg]
     """Hook for the `speedmatrix` command (cli.COMMANDS)."""
     p = sub.add_parser(
         name,
-        help="measure one prefill or decode cell",
-        description="The load generator: measure one prefill or sustained-decode cell.",
+        help="measure one prefill, decode or burst cell",
+        description="The load generator: measure one prefill, sustained-decode or burst cell.",
     )
-    inner = p.add_subparsers(dest="loadgen_command", metavar="{prefill,decode}")
+    inner = p.add_subparsers(dest="loadgen_command", metavar="{prefill,decode,burst}")
     inner.required = True
     add_parsers(inner)
+
+
+CONFIGS: dict[str, type[CellConfig]] = {
+    "prefill": PrefillConfig,
+    "decode": DecodeConfig,
+    "burst": BurstConfig,
+}
+"""The subcommand (a cell's phase) -> the config it builds."""
 
 
 def build_config(args: argparse.Namespace) -> CellConfig:
     """The config the parsed flags describe; the API key from the variable --api-key-env
     names."""
-    cls = DecodeConfig if args.phase == "decode" else PrefillConfig
+    cls = CONFIGS[args.phase]
     values = {flag.field: getattr(args, flag.field) for flag in flags_of(cls)}
     if not values["run_tag"]:
         del values["run_tag"]  # the config's own: a fresh random tag
@@ -354,7 +397,7 @@ def config_to_argv(cfg: CellConfig) -> list[str]:
     Written from the parser's own table. A value equal to its field's default is left out, as
     the parser's default is that same field's; a required flag and the run tag (the config
     draws a fresh one when none is given) are always written."""
-    phase = "decode" if isinstance(cfg, DecodeConfig) else "prefill"
+    phase = next(name for name, cls in CONFIGS.items() if type(cfg) is cls)
     defaults = _field_defaults(type(cfg))
     argv = [phase]
     for flag in flags_of(type(cfg)):
@@ -424,7 +467,7 @@ def summary(cell: dict[str, Any]) -> str:
     cell by hand reads this, the pipeline reads the `--json F` file."""
     phase, status = cell.get("phase"), cell.get("status")
     head = f"{phase} {cell.get('context_label') or cell.get('context_tokens')}"
-    if phase == "decode":
+    if phase in ("decode", "burst"):
         head += f" x {cell.get('concurrency')}"
     lines = [f"{head}: {status}"]
     if cell.get("error"):
@@ -444,6 +487,18 @@ def summary(cell: dict[str, Any]) -> str:
             f"p99 {_num(cell.get(name + '_p99_ms'), 'ms')}"
         )
 
+    if phase == "burst":
+        lines += [
+            f"  latency:         {pct('latency')}",
+            f"  per user e2e:    {_num(cell.get('e2e_per_request_tok_s'), 'tok/s')}",
+            f"  total:           {_num(cell.get('total_tok_s'), 'tok/s')} over "
+            f"{_num(cell.get('measured_s'), 's', 2)}",
+            f"  TTFT:            {pct('ttft')}",
+            f"  between tokens:  {pct('tbt')}",
+            f"  requests:        {_num(cell.get('completed_requests'), 'completed', 0)} of "
+            f"{cell.get('concurrency')}, {_num(cell.get('requests_failed'), 'failed', 0)}",
+        ]
+        return "\n".join(lines)
     lines += [
         f"  total:           {_num(cell.get('total_tok_s'), 'tok/s')}",
         f"  per request:     {_num(cell.get('per_request_tok_s'), 'tok/s')}",
@@ -483,9 +538,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point (python -m speedmatrix.loadgen, the zipapp)."""
     parser = argparse.ArgumentParser(
         prog="speedmatrix-loadgen",
-        description="The speedmatrix load generator: one prefill or sustained-decode cell.",
+        description="The speedmatrix load generator: one prefill, sustained-decode or burst cell.",
     )
-    sub = parser.add_subparsers(dest="loadgen_command", metavar="{prefill,decode}")
+    sub = parser.add_subparsers(dest="loadgen_command", metavar="{prefill,decode,burst}")
     sub.required = True
     add_parsers(sub)
     args = parser.parse_args(argv)

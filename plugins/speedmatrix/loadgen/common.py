@@ -7,10 +7,15 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterable
 from time import perf_counter
+from typing import Any
+
+from speedmatrix.records import CellRecord
 
 from .control import CellNotAttempted, ControlClient
+from .prometheus import Snapshot, rise
+from .prompts import BodyBuilder, build_prompts
 from .stats import ms
-from .stream import Request, StreamConnection
+from .stream import Endpoint, Request, StreamConnection
 
 
 async def check_model(ctl: ControlClient, model: str) -> None:
@@ -58,6 +63,27 @@ class Watchdog:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+async def measure_with_prompts(
+    cfg: Any, cell: Callable[..., Any]
+) -> tuple[CellRecord, list[dict[str, object]]]:
+    """What a decode and a burst cell do before any clock starts: the model checked, the
+    prompts of the cell's streams (one when shared) as exact token ids, their bodies' builder;
+    then `cell(cfg, endpoint, control client, builder).run()`. Raises CellNotAttempted when
+    the server is unreachable or does not serve the model."""
+    endpoint = Endpoint(cfg.base_url, cfg.api_key)
+    async with ControlClient(cfg.base_url, cfg.api_key) as ctl:
+        await check_model(ctl, cfg.model)
+        shared = cfg.prompt_mode == "shared"
+        prompts = await build_prompts(
+            ctl, cfg.model, cfg.context, cfg.run_tag, cfg.concurrency, shared, cfg.workload
+        )
+        builder = BodyBuilder(cfg.model, prompts, cfg.salt, cfg.extra_body)
+        result: tuple[CellRecord, list[dict[str, object]]] = await cell(
+            cfg, endpoint, ctl, builder
+        ).run()
+        return result
 
 
 def progress_enabled(flag: bool | None) -> bool:
@@ -135,3 +161,27 @@ def _offset(t: float | None, origin: float | None) -> float | None:
     if t is None or origin is None:
         return None
     return t - origin
+
+
+def server_figures(
+    cell: dict, points: Iterable[Snapshot], start: Snapshot | None, end: Snapshot | None
+) -> None:
+    """The cell's figures from the server's /metrics (decode and burst cells alike): the
+    gauges' maxima over `points` (queued requests, KV usage) and the counters' rises from
+    `start` to `end` (generated tokens, preemptions, prefix-cache hit rate, spec-decode
+    acceptance length, 1 + accepted / drafts)."""
+    points = list(points)
+    waiting = [v for v in (s.get("waiting") for s in points) if v is not None]
+    kv = [v for v in (s.get("kv_usage") for s in points) if v is not None]
+    cell["server_max_waiting"] = max(waiting) if waiting else None
+    cell["kv_cache_usage_max"] = max(kv) if kv else None
+    gen = rise(start, end, "generation_tokens")
+    cell["server_generation_tokens"] = None if gen is None else round(gen)
+    pre = rise(start, end, "preemptions")
+    cell["server_preemptions"] = None if pre is None else round(pre)
+    queries, hits = rise(start, end, "prefix_queries"), rise(start, end, "prefix_hits")
+    if queries and hits is not None:
+        cell["prefix_cache_hit_rate"] = hits / queries
+    drafts, accepted = rise(start, end, "spec_drafts"), rise(start, end, "spec_accepted")
+    if drafts and accepted is not None:
+        cell["spec_acceptance_length"] = 1.0 + accepted / drafts

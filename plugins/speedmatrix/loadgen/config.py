@@ -119,6 +119,16 @@ class PrefillConfig(CellConfig):
             raise InputError(f"samples must be 1..20, got {self.samples}")
 
 
+def _check_load(cfg: DecodeConfig | BurstConfig) -> None:
+    """The load a decode or burst cell asks for: requests, output length, prompt mode."""
+    if cfg.concurrency < 1:
+        raise InputError(f"concurrency must be at least 1, got {cfg.concurrency}")
+    if cfg.max_output_tokens < 2:
+        raise InputError("max_output_tokens must be at least 2 (one interval)")
+    if cfg.prompt_mode not in PROMPT_MODES:
+        raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {cfg.prompt_mode!r}")
+
+
 @dataclass
 class DecodeConfig(CellConfig):
     concurrency: int = 1
@@ -189,17 +199,40 @@ class DecodeConfig(CellConfig):
                 )
         if not self.window_check_s > 0:
             raise ValueError("window_check_s must be positive")
-        if self.concurrency < 1:
-            raise InputError(f"concurrency must be at least 1, got {self.concurrency}")
+        _check_load(self)
         if self.window_s <= 0:
             raise InputError(f"window_s must be positive, got {self.window_s}")
         if not 0 < self.max_copy_share <= 1:
             raise InputError("max_copy_share must be in (0, 1]")
         if self.min_window_readings < 1:
             raise InputError("min_window_readings must be at least 1")
-        if self.max_output_tokens < 2:
-            raise InputError("max_output_tokens must be at least 2 (one interval)")
         if not 0 <= self.ttft_probes <= 20:
             raise InputError(f"ttft_probes must be 0..20, got {self.ttft_probes}")
-        if self.prompt_mode not in PROMPT_MODES:
-            raise InputError(f"prompt_mode must be one of {PROMPT_MODES}, got {self.prompt_mode!r}")
+
+
+@dataclass
+class BurstConfig(CellConfig):
+    """`concurrency` requests sent at once and measured to their completion (loadgen/burst.py):
+    the published tool's request-count ("Burst / E2E") mode with as many requests as it keeps
+    in flight. No window: the burst's time runs from its first request sent to its last token."""
+
+    concurrency: int = 1
+    max_output_tokens: int = 4096
+    prompt_mode: str = "distinct"
+    warm_cache: bool = True
+    # the longest the burst may run, first request sent to last token (seconds, simulated on a
+    # simulator); past it every request still running is cut and the cell fails
+    max_burst_s: float = 3600.0
+    # validity limits (docs/measurement.md rules 6-8), as a decode cell's
+    token_tolerance: float = 0.01
+    max_loop_lag_ms: float = 10.0
+    max_client_cpu_pct: float = 90.0
+    keep_requests: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        _check_load(self)
+        if self.max_burst_s <= 0:
+            raise InputError(f"max_burst_s must be positive, got {self.max_burst_s}")
+        if self.measurement_profile != DEFAULT_MEASUREMENT_PROFILE:
+            raise InputError("a burst is measured by our definitions only (profile 'default')")

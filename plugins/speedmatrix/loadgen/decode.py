@@ -22,12 +22,19 @@ from time import perf_counter
 from speedmatrix.records import CellRecord, context_label, empty_cell
 
 from .adaptive import STOP_CAP, AdaptiveWindow
-from .common import Progress, Watchdog, check_model, progress_enabled, request_row
+from .common import (
+    Progress,
+    Watchdog,
+    measure_with_prompts,
+    progress_enabled,
+    request_row,
+    server_figures,
+)
 from .config import DecodeConfig
 from .control import ControlClient, MetricsUnavailable, reading_times
 from .monitor import ClientMonitor
 from .prometheus import Snapshot, rise
-from .prompts import BodyBuilder, build_prompts
+from .prompts import BodyBuilder
 from .stats import (
     COPY_NGRAM,
     CopyCheck,
@@ -52,15 +59,7 @@ async def run_decode(cfg: DecodeConfig) -> tuple[CellRecord, list[dict[str, obje
         from .published import run_published_decode
 
         return await run_published_decode(cfg)
-    endpoint = Endpoint(cfg.base_url, cfg.api_key)
-    async with ControlClient(cfg.base_url, cfg.api_key) as ctl:
-        await check_model(ctl, cfg.model)
-        shared = cfg.prompt_mode == "shared"
-        prompts = await build_prompts(
-            ctl, cfg.model, cfg.context, cfg.run_tag, cfg.concurrency, shared, cfg.workload
-        )
-        builder = BodyBuilder(cfg.model, prompts, cfg.salt, cfg.extra_body)
-        return await _DecodeCell(cfg, endpoint, ctl, builder).run()
+    return await measure_with_prompts(cfg, _DecodeCell)
 
 
 class _DecodeCell:
@@ -516,22 +515,8 @@ class _DecodeCell:
             cell["avg_active_requests"] = self._client_active(ws, we)
             cell["active_source"] = "client"
             self.active_basis = "client in-flight time"
-        points = [*inside, *(s for s in (self.snap_start, self.snap_end) if s is not None)]
-        waiting = [v for v in (s.get("waiting") for s in points) if v is not None]
-        kv = [v for v in (s.get("kv_usage") for s in points) if v is not None]
-        cell["server_max_waiting"] = max(waiting) if waiting else None
-        cell["kv_cache_usage_max"] = max(kv) if kv else None
         a, b = self.snap_start, self.snap_end
-        gen = rise(a, b, "generation_tokens")
-        cell["server_generation_tokens"] = None if gen is None else round(gen)
-        pre = rise(a, b, "preemptions")
-        cell["server_preemptions"] = None if pre is None else round(pre)
-        queries, hits = rise(a, b, "prefix_queries"), rise(a, b, "prefix_hits")
-        if queries and hits is not None:
-            cell["prefix_cache_hit_rate"] = hits / queries
-        drafts, accepted = rise(a, b, "spec_drafts"), rise(a, b, "spec_accepted")
-        if drafts and accepted is not None:
-            cell["spec_acceptance_length"] = 1.0 + accepted / drafts
+        server_figures(cell, [*inside, *(s for s in (a, b) if s is not None)], a, b)
 
     def _client_active(self, ws: float, we: float) -> float:
         """Time-average of requests in flight from the client's side (no /metrics)."""

@@ -48,15 +48,12 @@ from .config import DecodeConfig, PrefillConfig
 from .control import ControlClient, MetricsUnavailable
 from .monitor import ClientMonitor
 from .prometheus import Snapshot, rise
+from .published_window import MIN_WARMUP_S, POLL_S, STABLE_S
 from .stats import median, ms, percentile, scale_times
 from .stream import INF, Endpoint, Request, StreamConnection, Window, connect
 
 PROFILE = "published"
 CHAT_PATH = "/v1/chat/completions"
-MIN_WARMUP_S = 2.0
-STABLE_S = 3.0
-POLL_S = 1.0
-"""The tool's decode window: at least 2 s in, ready for 3 s, /metrics read about every 1 s."""
 SHORT_OUTPUT_TOKENS = 512
 """At most this many output tokens, requests end between two /metrics readings and ``running
 >= C`` seldom holds for 3 s: the tool (8649-8668) then reads readiness off completed request

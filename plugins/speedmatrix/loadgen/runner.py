@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from speedmatrix.records import CellRecord
 
-from .config import DecodeConfig, PrefillConfig
+from .config import BurstConfig, DecodeConfig, PrefillConfig
 
 T = TypeVar("T")
 
@@ -23,12 +23,15 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def run_cell(
-    cfg: DecodeConfig | PrefillConfig,
+    cfg: DecodeConfig | PrefillConfig | BurstConfig,
 ) -> tuple[CellRecord, list[dict[str, object]]]:
     """Synchronous entry point for callers without an event loop (Airflow tasks)."""
+    from .burst import run_burst
     from .decode import run_decode
     from .prefill import run_prefill
 
+    if isinstance(cfg, BurstConfig):
+        return run_loop(run_burst(cfg))
     if isinstance(cfg, DecodeConfig):
         return run_loop(run_decode(cfg))
     return run_loop(run_prefill(cfg))

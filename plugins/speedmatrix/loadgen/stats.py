@@ -107,8 +107,12 @@ _TIMES = (
     "chunk_gap_ms",
     "measured_s",
     "warmup_s",
+    "ttst_ms",
+    "latency_ms",
+    "latency_p90_ms",
+    "latency_p99_ms",
 )
-_RATES = ("total_tok_s", "per_request_tok_s")
+_RATES = ("total_tok_s", "per_request_tok_s", "e2e_per_request_tok_s")
 
 
 def scale_times(record: dict[str, object], time_scale: float, rows: bool = False) -> None:

@@ -16,7 +16,7 @@ from speedmatrix.records import check_quantity
 
 DASH = "—"  # an absent value, as the pages write it
 
-PHASE_LABELS = {"prefill": "Prefill", "decode": "Sustained decode"}
+PHASE_LABELS = {"prefill": "Prefill", "decode": "Sustained decode", "burst": "Burst"}
 PHASE_FROM_LABEL = {v.lower(): k for k, v in PHASE_LABELS.items()}
 
 STATUS_LABELS = {

@@ -109,7 +109,8 @@ def _with_change(entry: dict, change: Any) -> dict:
 def _matrix_cell(cell: dict | None, lo: float, hi: float) -> dict:
     """One decode matrix cell of the HTML page: text, sub-line, colours, class, tooltip.
 
-    Valid cells carry their throughput colour and the p99 TTFT; over-capacity cells stay
+    Valid cells carry their throughput colour, the p99 TTFT and the time to the second
+    token (our page only: the published format has none); over-capacity cells stay
     quiet (small grey text, no colour: a known limit, not a result); invalid and failed cells
     say why."""
     if cell is None:
@@ -147,6 +148,8 @@ def _matrix_cell(cell: dict | None, lo: float, hi: float) -> dict:
     sub = f"{F.fmt_ms(cell.get('ttft_ms'), 0)} TTFT"
     if not _absent(cell.get("ttft_p99_ms")):
         sub += f" (p99 {F.fmt_ms(cell.get('ttft_p99_ms'), 0)})"
+    if not _absent(cell.get("ttst_ms")):  # the first decode step, apart from the prefill
+        sub += f" · 2nd token {F.fmt_ms(cell.get('ttst_ms'), 1)}"
     sub += f" · {F.fmt_rate(cell.get('per_request_tok_s'))} per request"
     return {
         "text": F.fmt_rate_summary(t, 1),

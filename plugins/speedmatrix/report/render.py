@@ -26,7 +26,7 @@ from typing import Any
 from speedmatrix.commits import engine_text
 from speedmatrix.published import formats as F
 from speedmatrix.records import DEFAULT_WORKLOAD, cell_key, cell_sort_key
-from speedmatrix.report import palette
+from speedmatrix.report import burst, palette
 from speedmatrix.report.cellchange import cell_changes
 from speedmatrix.report.matrices import (
     ACCEPTANCE_NOTE,
@@ -250,15 +250,92 @@ def _pct(new: Any, old: Any) -> str:
     return f"{change:+.1f}%"
 
 
-def comparison_rows(cells: Sequence[dict], baseline_cells: Sequence[dict]) -> list[dict]:
+FIGURE_MARKS = {"regression": "▼", "improvement": "▲", "unverified": "?"}
+"""A judged figure's mark in the change table: beyond noise either way, or moved beyond the
+threshold with no noise to judge it by."""
+# The change table's figures: (key, the comparison's metric by phase, the cell column).
+TABLE_FIGURES: tuple[tuple[str, Mapping[str, str], str], ...] = (
+    ("total", {"decode": "total_tok_s", "prefill": "prefill_tok_s"}, "total_tok_s"),
+    ("per_request", {"decode": "per_request_tok_s"}, "per_request_tok_s"),
+    ("ttft", {"decode": "ttft_ms"}, "ttft_ms"),
+    ("tbt", {"decode": "tbt_ms"}, "tbt_ms"),
+)
+JUDGED_NOTE = (
+    "Beside each change, the interval its verdict was judged with: the change ± its noise "
+    "band (▼ a regression, ▲ an improvement beyond noise, ? unverified: beyond the threshold "
+    "with no noise estimate to judge it by; unknown: no noise known for the figure; — not "
+    "judged)."
+)
+NOT_JUDGED_NOTE = (
+    "These changes are plain ratios, not judged against noise (no noise-aware comparison was "
+    "made for this page)."
+)
+
+
+def _judged_index(
+    judged: Sequence[Mapping[str, Any]],
+) -> dict[tuple[Any, ...], Mapping[str, Any]]:
+    """(cell key, metric) -> the comparison's row, cells paired by label as it pairs them."""
+    out: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+    for r in judged:
+        if r.get("phase") not in ("decode", "prefill"):  # the run-level KV capacity row
+            continue
+        key = cell_key(
+            {k: r.get(k) for k in ("phase", "context_label", "context_tokens", "concurrency")}
+        )
+        out[(*key, r.get("metric"))] = r
+    return out
+
+
+def _figure(
+    c: dict, b: dict, column: str, row: Mapping[str, Any] | None, judged: bool
+) -> tuple[str, str]:
+    """(change text, interval text) of one figure: the comparison's numbers and mark when it
+    judged the figure, else the cells' plain ratio ("—" for its interval when a comparison was
+    made but did not judge this figure, "" when none was made)."""
+    from speedmatrix.analysis.display import interval_text
+    from speedmatrix.analysis.verdict import number
+
+    change = number(row.get("change_pct")) if row is not None else None
+    if row is None or change is None:
+        plain = _pct(c.get(column), b.get(column))
+        return plain, (F.DASH if judged and plain != F.DASH else "")
+    mark = FIGURE_MARKS.get(str(row.get("verdict")), "")
+    return f"{mark} {change:+.1f}%".strip(), interval_text(row)
+
+
+def comparison_rows(
+    cells: Sequence[dict],
+    baseline_cells: Sequence[dict],
+    judged: Sequence[Mapping[str, Any]] | None = None,
+) -> list[dict]:
     """Cells of both runs matched by `records.cell_key` (phase, context label, concurrency),
-    as analysis.compare pairs them, with changes."""
+    as analysis.compare pairs them, with changes. `judged`: the noise-aware comparison's rows
+    (analysis.verdict.compare_runs): each figure then shows the comparison's change, its mark
+    and the interval it was judged with (the summary's numbers, against each cell's own
+    baseline); None: plain ratios against `baseline_cells`."""
     base = {cell_key(c): c for c in baseline_cells}
+    index = _judged_index(judged) if judged is not None else {}
     rows = []
     for c in sort_cells(cells):
         b = base.get(cell_key(c))
         if b is None:
             continue
+        key = cell_key(c)
+        phase = str(c.get("phase"))
+        figures: dict[str, str] = {}
+        for name, metrics, column in TABLE_FIGURES:
+            row = index.get((*key, metrics.get(phase)))
+            text, interval = _figure(c, b, column, row, judged is not None)
+            figures[f"{name}_change"], figures[f"{name}_interval"] = text, interval
+        total_row = index.get((*key, TABLE_FIGURES[0][1].get(phase)))
+        base_total = (total_row or {}).get("baseline_value", b.get("total_tok_s"))
+        skipped = index.get((*key, "status"))
+        status = F.fmt_status(c.get("status")) + (
+            f" (was {F.fmt_status(b.get('status'))})" if b.get("status") != c.get("status") else ""
+        )
+        if skipped is not None and skipped.get("verdict") == "not_comparable":
+            status += f" ({skipped.get('reason')})"
         rows.append(
             {
                 "cell": c,
@@ -266,28 +343,22 @@ def comparison_rows(cells: Sequence[dict], baseline_cells: Sequence[dict]) -> li
                 "phase": F.PHASE_LABELS.get(c.get("phase"), str(c.get("phase"))),
                 "context": _label(c),
                 "concurrency": c.get("concurrency"),
-                "status": F.fmt_status(c.get("status"))
-                + (
-                    f" (was {F.fmt_status(b.get('status'))})"
-                    if b.get("status") != c.get("status")
-                    else ""
-                ),
+                "status": status,
                 "total": F.fmt_rate(c.get("total_tok_s")),
-                "total_base": F.fmt_rate(b.get("total_tok_s")),
-                "total_change": _pct(c.get("total_tok_s"), b.get("total_tok_s")),
-                "per_request_change": _pct(c.get("per_request_tok_s"), b.get("per_request_tok_s")),
-                "ttft_change": _pct(c.get("ttft_ms"), b.get("ttft_ms")),
-                "tbt_change": _pct(c.get("tbt_ms"), b.get("tbt_ms")),
+                "total_base": F.fmt_rate(base_total),
+                **figures,
                 "total_change_value": (
                     None
-                    if _absent(c.get("total_tok_s"))
-                    or _absent(b.get("total_tok_s"))
-                    or not b.get("total_tok_s")
-                    else (c["total_tok_s"] - b["total_tok_s"]) / b["total_tok_s"]
+                    if _absent(c.get("total_tok_s")) or _absent(base_total) or not base_total
+                    else (c["total_tok_s"] - base_total) / base_total
                 ),
             }
         )
     return rows
+
+
+def _with_interval(change: str, interval: str) -> str:
+    return f"{change} {interval}" if interval else change
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -296,8 +367,16 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]
     return out
 
 
-def render_markdown(run: dict, cells: list[dict], baseline: Baseline | None = None) -> str:
-    """The published page as Markdown (see the module docstring)."""
+def render_markdown(
+    run: dict,
+    cells: list[dict],
+    baseline: Baseline | None = None,
+    *,
+    comparison: Sequence[Mapping[str, Any]] | None = None,
+) -> str:
+    """The published page as Markdown (see the module docstring). `comparison`: the
+    noise-aware comparison's rows with the baseline (analysis.verdict.compare_runs): the
+    change table then shows each judged figure's mark and interval."""
     cells = sort_cells(cells)
     hw, shape = title_lines(run, cells)
     out: list[str] = ["# Speed test matrix", "", f"**{hw}**", "", shape, ""]
@@ -321,6 +400,7 @@ def render_markdown(run: dict, cells: list[dict], baseline: Baseline | None = No
             [[r["label"], *(matrix_text(grid.get((r["tokens"], c))) for c in cols)] for r in rows],
         )
         out += ["", OVER_CAPACITY_NOTE, "", TTFT_NOTE, ""]
+    out += burst.markdown_section(cells)
     out += ["## All measurements", "", TABLE_NOTE, "", F.table_header(), F.table_rule()]
     out += [F.table_row(c) for c in cells]
     out += ["", OVER_CAPACITY_NOTE, ""]
@@ -335,7 +415,9 @@ def render_markdown(run: dict, cells: list[dict], baseline: Baseline | None = No
             "lower is better."
         )
         out.append("")
-        comp = comparison_rows(cells, base_cells)
+        comp = comparison_rows(cells, base_cells, comparison)
+        judged = comparison is not None
+        out += [JUDGED_NOTE if judged else NOT_JUDGED_NOTE, ""]
         out += _md_table(
             [
                 "Phase",
@@ -345,6 +427,7 @@ def render_markdown(run: dict, cells: list[dict], baseline: Baseline | None = No
                 "Total tok/s",
                 "Baseline tok/s",
                 "Change",
+                *(["Interval"] if judged else []),
                 "Per request",
                 "TTFT",
                 "Time between tokens",
@@ -358,9 +441,11 @@ def render_markdown(run: dict, cells: list[dict], baseline: Baseline | None = No
                     r["total"],
                     r["total_base"],
                     r["total_change"],
-                    r["per_request_change"],
-                    r["ttft_change"],
-                    r["tbt_change"],
+                    *([r["total_interval"]] if judged else []),
+                    *(
+                        _with_interval(r[f"{f}_change"], r[f"{f}_interval"])
+                        for f in ("per_request", "ttft", "tbt")
+                    ),
                 ]
                 for r in comp
             ],
@@ -380,11 +465,15 @@ def _change_colour(change: float | None) -> str:
 
 TAIL_NOTE = (
     "Tail latencies: TTFT and time between tokens at the 90th and 99th percentile over the "
-    "cell's requests (the matrix shows the p99 TTFT under the median)."
+    "cell's requests (the matrix shows the p99 TTFT under the median). Time to 2nd token: "
+    "the median over requests of their second token's arrival minus their first, the first "
+    "decode step apart from the prefill (as the published tool reports it)."
 )
 # The HTML "All measurements" table adds these after the published columns (the Markdown
-# keeps the published format): the tails and why a cell is not valid.
+# keeps the published format, which has none of them): the time to the second token beside
+# the TTFT tails, the tails, and why a cell is not valid.
 EXTRA_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("Time to 2nd token", "ttst_ms", 1),
     ("TTFT p90", "ttft_p90_ms", 0),
     ("TTFT p99", "ttft_p99_ms", 0),
     ("Time between tokens p90", "tbt_p90_ms", 1),
@@ -495,8 +584,10 @@ def render_html(
                     colour=(col := _change_colour(r["total_change_value"])),
                     fg=palette.text_colour(col),
                 )
-                for r in comparison_rows(cells, baseline[1])
+                for r in comparison_rows(cells, baseline[1], comparison)
             ],
+            "judged": comparison is not None,
+            "note": JUDGED_NOTE if comparison is not None else NOT_JUDGED_NOTE,
         }
     summary = build_summary(
         run,
@@ -535,6 +626,10 @@ def render_html(
         over_note=OVER_CAPACITY_NOTE,
         ttft_note=TTFT_NOTE,
         tail_note=TAIL_NOTE,
+        burst_title=burst.TITLE,
+        burst_note=burst.NOTE,
+        burst_header=burst.HEADER,
+        burst_rows=burst.burst_rows(cells),
         table_note=TABLE_NOTE,
         table_header=[h for h, _ in F.TABLE_COLUMNS]
         + [h for h, _, _ in EXTRA_COLUMNS]

@@ -28,7 +28,9 @@ Why incremental: a three-year warehouse holds tens of thousands of runs; after o
 that run's page, its recipe's page and the index change. A page is rewritten when what it was
 made from changed: for a run page the run's landing time, its verdicts and the renderer's own
 code; for a recipe page the same of every run of the recipe. ``_site.json`` keeps those
-fingerprints; a page whose file is missing is rendered again whatever it says.
+fingerprints; a page whose file is missing is rendered again whatever it says. The runs'
+fingerprints are one aggregate query (report.site_fleet): the part of a refresh that grows
+with the fleet is that query and a dict lookup per run, not pandas rows or verdicts.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,11 @@ from speedmatrix.errors import InputError
 from speedmatrix.ownership import claim_dir, marker_name
 from speedmatrix.report import site_pages
 from speedmatrix.report.site_fleet import (
-    Verdict,
-    fleet_verdicts,
-    load_fleet,
+    Fleet,
+    fleet_fingerprints,
     read_recipe,
     run_comparisons,
+    verdicts_of,
 )
 from speedmatrix.report.site_pages import (
     index_rows,
@@ -64,7 +65,6 @@ from speedmatrix.report.site_pages import (
     run_page,
     site_run_page,
 )
-from speedmatrix.report.site_text import clean, text
 from speedmatrix.settings import settings
 from speedmatrix.store.dictionary import dictionary
 from speedmatrix.store.protocol import WarehouseReader
@@ -168,10 +168,6 @@ def _fingerprint(*parts: Any) -> str:
     return hashlib.sha1(json.dumps(parts, default=str, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _fingerprint(*parts: Any) -> str:
-    return hashlib.sha1(json.dumps(parts, default=str, sort_keys=True).encode()).hexdigest()[:16]
-
-
 @dataclass
 class _Build:
     """One build: where it writes, what the last build left (its manifest, emptied when the
@@ -227,23 +223,23 @@ def _build(
     warehouse: WarehouseReader, root: Path, *, force: bool, max_run_pages: int | None, t0: float
 ) -> SiteResult:
     b = _start(warehouse, root, force=force)
-    runs, summary, hits = load_fleet(warehouse)
-    b.result.runs = len(runs)
-    records = runs.to_dict("records")  # once: every pass below walks all the fleet's runs
-    verdicts, compared = fleet_verdicts(records, summary, hits)
-    run_fp = {
-        str(r["run_id"]): _fingerprint(text(r.get("landed_at")), compared[str(r["run_id"])])
-        for r in records
-    }
-    _write_run_pages(b, records, run_fp, max_run_pages)
-    rows = _write_recipe_pages(b, runs, verdicts)
-    views = _write_views(b, records)
+    # one aggregate query: per run its page's fingerprint (compared with the manifest) and
+    # the columns the few runs a page shows need; no Python runs over every run's row
+    fleet = Fleet(fleet_fingerprints(warehouse))
+    b.result.runs = len(fleet)
+    _write_run_pages(b, fleet, max_run_pages)
+    _write_recipe_pages(b, fleet)
+    views = _write_views(b, fleet)
+    latest = fleet.latest(site_pages.LATEST_RUNS)
+    hosts = fleet.latest_per_host()
+    verdicts = verdicts_of(warehouse, [*hosts, *(r for r in latest if str(r["run_id"]) in b.runs)])
     _write(
         root / "index.html",
         render_index(
             b.env,
-            rows,
-            records,
+            index_rows(hosts, verdicts),
+            latest,
+            len(fleet),
             verdicts,
             b.runs,
             models=views.entries,
@@ -285,85 +281,88 @@ def _start(warehouse: WarehouseReader, root: Path, *, force: bool) -> _Build:
     return _Build(warehouse, root, code, prices, old, SiteResult(out=str(root)), env=_env())
 
 
-def _write_run_pages(
-    b: _Build,
-    records: Sequence[Mapping[str, Any]],
-    run_fp: Mapping[str, str],
-    max_run_pages: int | None,
-) -> None:
+def _write_run_pages(b: _Build, fleet: Fleet, max_run_pages: int | None) -> None:
     """Every run's page whose fingerprint changed (or whose file is gone), newest first,
     at most `max_run_pages` of them; `b.runs` ends as the runs that have a page."""
     old_runs: dict[str, str] = b.old.get("runs", {})
     result = b.result
     budget = math.inf if max_run_pages is None else max_run_pages
-    for r in reversed(records):  # newest first: they matter most
-        rid, recipe = str(r["run_id"]), clean(r.get("recipe_id"))
-        path = b.root / run_page(rid)
-        if old_runs.get(rid) == run_fp[rid] and path.exists():
+    folder = b.root / "runs"
+    on_disk = set(os.listdir(folder)) if folder.is_dir() else set()  # one listing, not a stat a run
+    run_fp = fleet.fingerprints
+    newest_first = zip(reversed(fleet.run_ids), reversed(fleet.recipes), strict=True)
+    for rid, recipe_key in newest_first:
+        # only a page the last build listed can be kept (and only then is its file looked for)
+        old_fp = old_runs.get(rid)
+        there = old_fp is not None and run_page(rid).removeprefix("runs/") in on_disk
+        if old_fp == run_fp[rid] and there:
             b.runs[rid] = run_fp[rid]
             result.run_pages_kept += 1
             continue
         if result.run_pages_written >= budget:
             # left for a later build; an older page of the run stays (and is linked) meanwhile
             result.run_pages_deferred += 1
-            if path.exists() and rid in old_runs:
-                b.runs[rid] = old_runs[rid]
+            if there:
+                b.runs[rid] = old_fp
             continue
         started = time.monotonic()
+        recipe = recipe_key or None
         try:
-            page = render_landed_run_page(b.wh, rid, recipe, run_comparisons(b.wh, rid))
+            html_page = render_landed_run_page(b.wh, rid, recipe, run_comparisons(b.wh, rid))
         except Exception as exc:  # one run's page must not cost the site
             log.warning("site: no page for run %s: %s", rid, exc)
             result.failed.append(f"{rid}: {exc}")
             continue
-        _write(path, site_run_page(page, recipe))
+        _write(b.root / run_page(rid), site_run_page(html_page, recipe))
         b.runs[rid] = run_fp[rid]
         result.run_pages_written += 1
         result.run_pages_seconds += time.monotonic() - started
 
 
-def _write_recipe_pages(
-    b: _Build, runs: Any, verdicts: Mapping[str, Verdict]
-) -> list[dict[str, Any]]:
-    """Every recipe's page whose runs' pages changed; returns the index's rows (a row per
-    recipe x host, every recipe, written or kept)."""
+def _write_recipe_pages(b: _Build, fleet: Fleet) -> None:
+    """Every recipe's page whose runs' pages changed: only such a recipe's runs are read whole,
+    and verdicts made for those of them its page lists."""
     old_recipes: dict[str, str] = b.old.get("recipes", {})
-    groups = runs.groupby(runs["recipe_id"].fillna(""), sort=True)
-    b.result.recipes = groups.ngroups
-    rows: list[dict[str, Any]] = []
-    for recipe_key, rruns in groups:
+    of_recipe: dict[str, list[str]] = {}
+    for rid, recipe_key in zip(fleet.run_ids, fleet.recipes, strict=True):
+        of_recipe.setdefault(recipe_key, []).append(rid)
+    b.result.recipes = len(of_recipe)
+    for recipe_key in sorted(of_recipe):
         recipe = recipe_key or None
         page = recipe_page(recipe)
-        rows += index_rows(recipe, rruns, verdicts)
-        fp = _fingerprint(b.code, sorted(b.runs.get(str(i), "-") + str(i) for i in rruns["run_id"]))
+        fp = _fingerprint(b.code, sorted(b.runs.get(i, "-") + i for i in of_recipe[recipe_key]))
         if old_recipes.get(recipe_key) == fp and (b.root / page).exists():
             b.recipes[recipe_key] = fp
             b.result.recipe_pages_kept += 1
             continue
+        rruns = fleet.recipe_runs(recipe_key)
+        shown = rruns[[str(rid) in b.runs for rid in rruns["run_id"]]].to_dict("records")
         # the trends' window (site_pages.MAX_POINTS, read now: a test narrows it)
         history = read_recipe(b.wh, recipe, rruns, window=site_pages.MAX_POINTS + 1)
-        html_text = render_recipe_page(b.env, recipe, rruns, history, verdicts, b.runs)
+        html_text = render_recipe_page(
+            b.env, recipe, rruns, history, verdicts_of(b.wh, shown), b.runs
+        )
         _write(b.root / page, html_text)
         b.recipes[recipe_key] = fp
         b.result.recipe_pages_written += 1
-    return rows
 
 
-def _write_views(b: _Build, records: Sequence[Mapping[str, Any]]) -> Any:
+def _write_views(b: _Build, fleet: Fleet) -> Any:
     """Per model: the Pareto view and the comparison pages of its configurations."""
     from speedmatrix.report.site_views import write_views
 
-    run_rows = [{k: clean(v) for k, v in r.items()} for r in records]
+    candidates = fleet.series_candidates()
     views = write_views(
         b.wh,
         b.root,
-        run_rows,
+        candidates,
         prices=b.prices,
         fingerprint=lambda *parts: _fingerprint(b.code, *parts),  # page -> what it is made from
         run_fp=b.runs,
         old=b.old.get("models", {}),
         write=_write,
-        run_pages={rid: run_page(rid) for rid in b.runs},
+        # a view links the runs of its series only: those with a page, not every page's run
+        run_pages={rid: run_page(rid) for r in candidates if (rid := str(r["run_id"])) in b.runs},
     )
     b.result.model_pages_written, b.result.model_pages_kept = views.written, views.kept
     b.models, b.view_pages = views.fingerprints, views.pages

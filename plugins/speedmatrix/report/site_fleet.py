@@ -1,9 +1,12 @@
 """What the site reads from the warehouse, and each run's verdict as the site shows it.
 
-Why by aggregates: the site refreshes after every run of a fleet, so a build reads the whole
-warehouse only through aggregate queries (the runs; per run the count, the newest time and
-the baseline of its comparison rows; only the rows with a regression or an improvement). A
-run's own comparison rows and a recipe's rows are read when its page is written.
+Why by aggregates: the site refreshes after every run of a fleet of years, so a build reads
+the whole warehouse once, as one aggregate query (per run its fingerprint: what its page is
+made from, its verdict's inputs among them), and takes everything else it needs of the fleet
+from that Arrow table (:class:`Fleet`), never as a Python row per run. A verdict is made
+(from the comparison rows the `regressions` task landed, not judged again) only for the runs
+a page being written shows; a run's own comparison rows and a recipe's rows are read when
+its page is written.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from speedmatrix.records import COMPARABILITY_FIELDS, cell_name, cell_sort_key
 from speedmatrix.report.site_text import clean, text
@@ -37,15 +41,19 @@ RUN_COLUMNS = (
     "landed_at",
     "sim_profile",
 )
-CELL_COLUMNS = (
-    "run_id",
-    "phase",
-    "context_tokens",
-    "context_label",
-    "concurrency",
-    "status",
-    "total_tok_s",
-    *COMPARABILITY_FIELDS,  # the trends apply the verdicts' rule of what may be compared
+CELL_COLUMNS = tuple(
+    dict.fromkeys(  # each column once: the rule names `phase` too
+        (
+            "run_id",
+            "phase",
+            "context_tokens",
+            "context_label",
+            "concurrency",
+            "status",
+            "total_tok_s",
+            *COMPARABILITY_FIELDS,  # the trends apply the verdicts' rule of what may be compared
+        )
+    )
 )
 COMPARISON_COLUMNS = (
     "run_id",
@@ -65,21 +73,134 @@ COMPARISON_COLUMNS = (
 # reading the warehouse
 
 
-def load_fleet(wh: WarehouseReader) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(runs oldest first, per run the count, newest time and baseline of its comparison
-    rows, the comparison rows with a regression or an improvement): what every build needs."""
+FLEET_ORDER = "started_at NULLS LAST, run_id"
+"""The fleet's order, oldest first: the pages of a full build and of an incremental one list
+runs in the same order (ties of started_at by run id)."""
+_HITS = ("regression", "improvement")
+
+
+def fleet_fingerprints(wh: WarehouseReader) -> pa.Table:
+    """Every run, oldest first: its RUN_COLUMNS and the ``fingerprint`` of what its page is
+    made from (its landing time and status, and of its comparison rows the count, the newest
+    time, the baseline and every regression or improvement: all its verdict is made of).
+
+    One aggregate in the query engine, and the build's only scan of the runs: a scan of the
+    runs' files costs the same for 25 rows as for all of them, so everything else a build
+    needs of the fleet (the index's rows, the latest runs, a recipe's runs, the views'
+    candidates: :class:`Fleet`) is taken from this Arrow table, never as a row per run in
+    Python."""
+    hit = (
+        "concat_ws('/', phase, coalesce(CAST(context_tokens AS VARCHAR), '-'), "
+        "coalesce(context_label, '-'), coalesce(CAST(concurrency AS VARCHAR), '-'), metric, "
+        "verdict)"
+    )
+    hits = ", ".join(f"'{v}'" for v in _HITS)
+    cols = ", ".join(f"r.{c}" for c in RUN_COLUMNS)
+    return wh.query_arrow(
+        f"""
+        WITH c AS (
+            SELECT run_id, count(*) AS n, max(compared_at) AS compared_at,
+                min(baseline_run_id) AS baseline_run_id,
+                string_agg(CASE WHEN verdict IN ({hits}) THEN {hit} END, ';' ORDER BY {hit})
+                    AS hits
+            FROM comparisons GROUP BY run_id
+        )
+        SELECT {cols}, md5(CAST([
+            CAST(r.landed_at AS VARCHAR), r.status, CAST(c.n AS VARCHAR),
+            CAST(c.compared_at AS VARCHAR), c.baseline_run_id, c.hits
+        ] AS VARCHAR)) AS fingerprint
+        FROM runs AS r LEFT JOIN c ON c.run_id = r.run_id
+        ORDER BY r.{FLEET_ORDER.replace(", ", ", r.")}
+        """
+    )
+
+
+def _rows(table: pa.Table) -> list[dict[str, Any]]:
+    """A few runs as the pages take them (pandas' values, as a query's DataFrame gives)."""
+    return table.drop_columns(["fingerprint"]).to_pandas().to_dict("records")
+
+
+class Fleet:
+    """The fleet as a build reads it (:func:`fleet_fingerprints`): per run its id, recipe and
+    fingerprint as plain lists, and the few runs a page shows picked by Arrow's compute, not
+    by a pass in Python over every run."""
+
+    def __init__(self, table: pa.Table):
+        import pyarrow.compute as pc
+
+        self.table = table.append_column("_i", pa.array(range(table.num_rows), pa.int64()))
+        self.run_ids: list[str] = table.column("run_id").to_pylist()
+        self.recipes: list[str] = pc.fill_null(table.column("recipe_id"), "").to_pylist()
+        self.fingerprints = dict(
+            zip(self.run_ids, table.column("fingerprint").to_pylist(), strict=True)
+        )
+
+    def __len__(self) -> int:
+        return len(self.run_ids)
+
+    def _take(self, indices: Any) -> pa.Table:
+        return self.table.take(indices).drop_columns(["_i"])
+
+    def latest(self, n: int) -> list[dict[str, Any]]:
+        """The `n` newest runs, newest first (the index's latest runs)."""
+        first = max(0, self.table.num_rows - n)
+        return _rows(self._take(list(range(self.table.num_rows - 1, first - 1, -1))))
+
+    def latest_per_host(self) -> list[dict[str, Any]]:
+        """Per recipe x host (missing ones as ''), its latest run, with ``runs_of_host``: how
+        many runs it has; by recipe then host (the index's rows)."""
+        import pyarrow.compute as pc
+
+        keys = pa.table(
+            {
+                "recipe": pc.fill_null(self.table.column("recipe_id"), ""),
+                "host": pc.fill_null(self.table.column("host"), ""),
+                "_i": self.table.column("_i"),
+            }
+        )
+        groups = keys.group_by(["recipe", "host"], use_threads=False).aggregate(
+            [("_i", "max"), ("_i", "count")]
+        )
+        groups = groups.sort_by([("recipe", "ascending"), ("host", "ascending")])
+        rows = _rows(self._take(groups.column("_i_max")))
+        for row, n in zip(rows, groups.column("_i_count").to_pylist(), strict=True):
+            row["runs_of_host"] = n
+        return rows
+
+    def series_candidates(self) -> list[dict[str, Any]]:
+        """The runs the model views choose from, oldest first: per model id, served name,
+        recipe and host its latest successful run (analysis.pareto.choose_series picks among
+        these what it would pick among all runs: its groups are unions of these)."""
+        import pyarrow.compute as pc
+
+        ok = self.table.filter(pc.equal(self.table.column("status"), "success"))
+        keys = pa.table(
+            {
+                "model": ok.column("model"),
+                "served": ok.column("served_model"),
+                "recipe": pc.fill_null(ok.column("recipe_id"), ""),
+                "host": pc.fill_null(ok.column("host"), ""),
+                "_i": ok.column("_i"),
+            }
+        )
+        newest = keys.group_by(["model", "served", "recipe", "host"], use_threads=False)
+        chosen = sorted(newest.aggregate([("_i", "max")]).column("_i_max").to_pylist())
+        return [{k: clean(v) for k, v in r.items()} for r in _rows(self._take(chosen))]
+
+    def recipe_runs(self, recipe_key: str) -> pd.DataFrame:
+        """One recipe's runs, oldest first (`recipe_key`: its id, '' for none), for its
+        page."""
+        import pyarrow.compute as pc
+
+        mine = pc.equal(pc.fill_null(self.table.column("recipe_id"), ""), recipe_key)
+        return self.table.filter(mine).drop_columns(["_i", "fingerprint"]).to_pandas()
+
+
+def recipe_runs(wh: WarehouseReader, recipe_key: str) -> pd.DataFrame:
+    """One recipe's runs, oldest first, read on their own (outside a build)."""
     cols = ", ".join(RUN_COLUMNS)
-    runs = wh.query(f"SELECT {cols} FROM runs")
-    summary = wh.query(
-        "SELECT run_id, count(*) AS n, max(compared_at) AS compared_at, "
-        "min(baseline_run_id) AS baseline_run_id FROM comparisons GROUP BY run_id"
-    )
-    cols = ", ".join(COMPARISON_COLUMNS)
-    hits = wh.query(
-        f"SELECT {cols} FROM comparisons WHERE verdict IN ('regression', 'improvement')"
-    )
-    runs = runs.sort_values("started_at", kind="stable").reset_index(drop=True)
-    return runs, summary, hits
+    sql = f"SELECT {cols} FROM runs WHERE coalesce(recipe_id, '') = ? ORDER BY {FLEET_ORDER}"
+    return wh.query(sql, [recipe_key])
 
 
 def run_comparisons(wh: WarehouseReader, run_id: str) -> pd.DataFrame | None:
@@ -210,18 +331,31 @@ def run_verdict(
     return Verdict(word, text_, baseline)
 
 
-def fleet_verdicts(
-    records: Sequence[Mapping[str, Any]], summary: pd.DataFrame, hits: pd.DataFrame
-) -> tuple[dict[str, Verdict], dict[str, tuple[int, str, str] | None]]:
-    """Each run's verdict from the fleet's aggregate read (:func:`load_fleet`), and what of
-    its comparisons a page shows (row count, newest time, verdict text; None: not compared),
-    the part of a run page's fingerprint the `regressions` task changes."""
+def verdicts_of(wh: WarehouseReader, runs: Sequence[Mapping[str, Any]]) -> dict[str, Verdict]:
+    """The verdicts of `runs` (the runs a page being written shows), from what the
+    `regressions` task landed: per run the count and baseline of its comparison rows and its
+    rows with a regression or an improvement, read for these runs only."""
+    ids = sorted({str(r["run_id"]) for r in runs})
+    if not ids:
+        return {}
+    summary = wh.query(
+        "SELECT run_id, count(*) AS n, min(baseline_run_id) AS baseline_run_id "
+        "FROM comparisons WHERE list_contains(?, run_id) GROUP BY run_id",
+        [ids],
+    )
+    cols = ", ".join(COMPARISON_COLUMNS)
+    hits = wh.query(
+        f"SELECT {cols} FROM comparisons WHERE list_contains(?, run_id) "
+        f"AND verdict IN ({', '.join(repr(v) for v in _HITS)})",
+        [ids],
+    )
     hits_of = {k: g for k, g in hits.groupby("run_id", sort=False)}
     summary_of = {str(r["run_id"]): r for r in summary.to_dict("records")}
     verdicts: dict[str, Verdict] = {}
-    compared: dict[str, tuple[int, str, str] | None] = {}
-    for r in records:
+    for r in runs:
         rid = str(r["run_id"])
+        if rid in verdicts:
+            continue
         agg = summary_of.get(rid)
         verdicts[rid] = run_verdict(
             r,
@@ -229,10 +363,7 @@ def fleet_verdicts(
             compared=agg is not None,
             baseline=clean(agg["baseline_run_id"]) if agg is not None else None,
         )
-        compared[rid] = (
-            None if agg is None else (int(agg["n"]), text(agg["compared_at"]), verdicts[rid].text)
-        )
-    return verdicts, compared
+    return verdicts
 
 
 def _cells_with(rows: pd.DataFrame, verdict: str) -> list[str]:

@@ -250,7 +250,9 @@ def _chart(
 def _run_table(
     hruns: pd.DataFrame, verdicts: Mapping[str, Verdict], paged: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
-    """A host's runs, newest first, those with a page."""
+    """A host's runs, newest first, those with a page (chosen before the rows are made: a
+    refresh fills in pages over several builds while years of runs have none yet)."""
+    hruns = hruns[[str(rid) in paged for rid in hruns["run_id"]]]
     return [
         {
             "run_id": str(r["run_id"]),
@@ -262,7 +264,6 @@ def _run_table(
             "verdict": verdicts[str(r["run_id"])],
         }
         for r in hruns.iloc[::-1].to_dict("records")
-        if str(r["run_id"]) in paged
     ]
 
 
@@ -271,24 +272,26 @@ def _run_table(
 
 
 def index_rows(
-    recipe: str | None, rruns: pd.DataFrame, verdicts: Mapping[str, Verdict]
+    latest: Sequence[Mapping[str, Any]], verdicts: Mapping[str, Verdict]
 ) -> list[dict[str, Any]]:
-    """The index's rows of one recipe: one per host, with its latest run."""
+    """The index's rows: one per recipe x host (`latest`: its latest run, with
+    ``runs_of_host``, site_fleet.latest_per_host), by recipe then host."""
     rows = []
-    for host_key, hruns in rruns.groupby(rruns["host"].fillna(""), sort=True):
-        latest = hruns.iloc[-1].to_dict()
+    for row in latest:
+        run = {k: v for k, v in row.items() if k not in ("runs_of_host", "newest")}
+        recipe = clean(run.get("recipe_id")) or None
         rows.append(
             {
                 "recipe": recipe or "(none)",
                 "recipe_href": recipe_page(recipe),
-                "host": host_key or "—",
-                "gpu": gpu(latest),
-                "runs": len(hruns),
-                "latest": latest,
-                "latest_href": run_page(str(latest["run_id"])),
-                "when": when(latest.get("started_at")),
-                "engine": engine(latest),
-                "verdict": verdicts[str(latest["run_id"])],
+                "host": text(run.get("host")) or "—",
+                "gpu": gpu(run),
+                "runs": int(row["runs_of_host"]),
+                "latest": run,
+                "latest_href": run_page(str(run["run_id"])),
+                "when": when(run.get("started_at")),
+                "engine": engine(run),
+                "verdict": verdicts[str(run["run_id"])],
             }
         )
     return rows
@@ -297,15 +300,17 @@ def index_rows(
 def render_index(
     env: Any,
     rows: list[dict[str, Any]],
-    records: Sequence[Mapping[str, Any]],
+    latest: Sequence[Mapping[str, Any]],
+    total: int,
     verdicts: Mapping[str, Verdict],
     paged: Mapping[str, Any],
     *,
     models: Any,
     built: str,
 ) -> str:
-    """The index: `rows` (index_rows of every recipe), the models' views, the latest runs
-    (`records`: every run, oldest first). A run without a page yet is not linked."""
+    """The index: `rows` (index_rows), the models' views, the latest runs (`latest`: the
+    fleet's LATEST_RUNS newest, newest first; `total`: how many runs the fleet has). A run
+    without a page yet is not linked."""
     latest_runs = [
         {
             "run_id": str(r["run_id"]),
@@ -318,12 +323,12 @@ def render_index(
             "status": text(r.get("status")),
             "verdict": verdicts[str(r["run_id"])],
         }
-        for r in records[::-1][:LATEST_RUNS]
+        for r in latest
         if str(r["run_id"]) in paged
     ]
     for row in rows:
         if str(row["latest"]["run_id"]) not in paged:
             row["latest_href"] = None
     return env.get_template("site_index.html.j2").render(
-        rows=rows, latest=latest_runs, models=models, runs=len(records), built=built
+        rows=rows, latest=latest_runs, models=models, runs=total, built=built
     )

@@ -2,8 +2,9 @@
 
 A reader asks "did this run get slower than the last one?". The summary answers in the first
 screen: the baseline the run was compared with (or why there is none), every regression and
-improvement beyond noise (cell, figure, change and its 95% interval), then the cells that did
-not measure (invalid, failed) with their reasons. The numbers are the noise-aware comparison's
+improvement beyond noise (cell, figure, change and its interval: the change ± its noise band,
+analysis.display.interval_text), then the cells that did not measure (invalid, failed) with
+their reasons. The numbers are the noise-aware comparison's
 (speedmatrix.analysis.compare rows); this module only chooses and words them.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedmatrix.analysis.display import all_not_compared, headline
+from speedmatrix.analysis.display import all_not_compared, headline, interval_text
 from speedmatrix.analysis.verdict import KV_METRIC, METRIC_BY_NAME, STATUS_METRIC, number
 from speedmatrix.published import formats as F
 from speedmatrix.records import cell_name
@@ -111,7 +112,7 @@ def _change(row: Mapping[str, Any]) -> Change:
         row.get("context_label") or row.get("context_tokens"),
         row.get("concurrency"),
     )
-    change, noise, thr = (number(row.get(k)) for k in ("change_pct", "noise_pct", "threshold_pct"))
+    change, thr = (number(row.get(k)) for k in ("change_pct", "threshold_pct"))
     higher = row.get("higher_is_better")
     better = None
     if change is not None:
@@ -119,12 +120,6 @@ def _change(row: Mapping[str, Any]) -> Change:
     elif row.get("verdict") in _ORDER:  # a status change: no number, full colour
         better = palette.CHANGE_FULL_PCT * (1 if row.get("verdict") == "improvement" else -1)
     colour = palette.change_colour(better)
-    if change is not None and noise is not None:
-        interval = f"[{change - noise:+.1f}%, {change + noise:+.1f}%]"
-    elif change is not None:
-        interval = "unknown"
-    else:
-        interval = F.DASH
     if metric == STATUS_METRIC:
         base, value = (
             F.fmt_status(row.get("baseline_status")),
@@ -139,7 +134,7 @@ def _change(row: Mapping[str, Any]) -> Change:
         baseline=base,
         value=value,
         change=f"{change:+.1f}%" if change is not None else F.DASH,
-        interval=interval,
+        interval=interval_text(row),
         threshold=f"{thr:.1f}%" if thr is not None else F.DASH,
         note=str(row.get("reason") or ""),
         colour=colour,

@@ -305,13 +305,20 @@ class Engine:
         self._out_gen = 0
 
     # --- the API the server and predictor use -----------------------------------------------
-    def add(self, req: Request, now: float | None = None) -> Request:
-        """A request arrives at `now` (default: the engine's clock): the front end's delay
-        counts from there. The server hands it over once it has parsed and tokenized it, so
-        none of the simulator's own work is modelled time."""
+    def add(self, req: Request, now: float | None = None, received: float | None = None) -> Request:
+        """A request handed over at `now` (default: the engine's clock), once the server has
+        parsed and tokenized it. Its front end's delay counts from `received` (when the server
+        got it; default `now`): the modelled front end (a real server's parsing, tokenizing and
+        API work, as a page's first tokens hold them) runs while the simulator does its own, so a
+        calibrated twin's first token is the page's while the simulator's own work fits in that
+        delay. Where it does not, the arrival moves to `now` less the delay: the excess is the
+        simulator's own work, never modelled time (the recorded TTFT stays the model's)."""
         self.advance(self.now if now is None else now)
-        req.arrival = self.now
         req.plen = len(req.prompt)
+        delay = self.profile.frontend_delay(req.plen, 1)
+        req.arrival = (
+            self.now if received is None else min(self.now, max(received, self.now - delay))
+        )
         req.index = self._seq
         self._seq += 1
         if req.target <= 0:
@@ -325,7 +332,6 @@ class Engine:
         self.finished.pop(req.rid, None)  # an id reused after the earlier one finished
         self.live[req.rid] = req
         self._n_frontend += 1
-        delay = self.profile.frontend_delay(req.plen, 1)
         req.state = FRONTEND
         self._push_frontend(max(self.now, req.arrival + delay), req)
         self.advance(self.now)  # zero delay: admitted now

@@ -20,11 +20,13 @@ Endpoints, as vLLM 0.32 answers them:
   against it (so min_tokens = max_tokens past max-model-len is a 400, as in vLLM). With a profile's ``natural_stop_tokens``, a request without
   ``ignore_eos`` ends "stop" there, or at token ``min_tokens + 1`` if later (vLLM masks EOS
   while fewer than min_tokens are out), unless max_tokens comes first. An ``X-Request-Id``
-  header becomes the request id (``cmpl-<id>``) and is echoed. A request "arrives" (its
-  modelled time starts) once its body is read, parsed and tokenized: that is the simulator's own
-  work, not the modelled server's, and it must not leak into the model (on a loaded host a long
-  chat prompt's tokenizing took hundreds of ms). A client's wall-clock TTFT still
-  includes it (docs/measurement.md).
+  header becomes the request id (``cmpl-<id>``) and is echoed. A request's modelled front end
+  starts when the server receives it and runs while the simulator reads, parses and tokenizes
+  it (a real server's parsing and tokenizing is what that modelled delay holds, as a page's
+  first tokens do); the engine gets it once that is done. The simulator's own work never
+  lengthens the modelled time (on a loaded host a long chat prompt's tokenizing took hundreds
+  of ms): where it outlasts the modelled delay, the arrival is moved so the recorded TTFT stays
+  the model's, and only a client's wall-clock TTFT sees the excess (docs/measurement.md).
 - A client that disconnects has its request aborted (blocks freed), as vLLM does.
 
 Simulated time. The engine runs on a simulated clock that starts at 0 when the server starts
@@ -469,27 +471,30 @@ class SimServer:
         return req
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        received = self.sim_now()
         data = await self._json(request)
         if "prompt" not in data:
             raise ApiError(400, "'prompt' is required", param="prompt")
         ids = prompt_ids(self.tokenizer, data["prompt"])
-        return await self._serve(request, data, ids, chat=False, default_max=16)
+        return await self._serve(request, data, ids, received, chat=False, default_max=16)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        received = self.sim_now()
         data = await self._json(request)
         ids = self.tokenizer.encode(chat_text(data.get("messages")))
-        return await self._serve(request, data, ids, chat=True, default_max=None)
+        return await self._serve(request, data, ids, received, chat=True, default_max=None)
 
-    async def _serve(self, request, data, ids, *, chat: bool, default_max):
+    async def _serve(self, request, data, ids, received: float, *, chat: bool, default_max):
         max_tokens, min_tokens, ignore_eos, stream, opts, salt = completion_params(
             self.profile, data, ids, default_max
         )
         prefix = "chatcmpl" if chat else "cmpl"
         req = self._new_request(request, ids, max_tokens, min_tokens, ignore_eos, salt, prefix)
         self.sync()
-        # arrives now, its body read, parsed and tokenized: the simulator's own work (hundreds
-        # of ms for a long chat prompt on a loaded host) stays out of the modelled time
-        self.engine.add(req, max(self.sim_now(), self.engine.now))
+        # handed over now, its body read, parsed and tokenized: the simulator's own work
+        # (hundreds of ms for a long chat prompt on a loaded host) runs inside the modelled
+        # front end's delay from `received` and never lengthens the modelled time (Engine.add)
+        self.engine.add(req, max(self.sim_now(), self.engine.now), received)
         self._arm()
         self._flush()
         headers = (

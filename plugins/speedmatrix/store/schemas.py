@@ -27,7 +27,7 @@ from speedmatrix.records import (
     Field,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Bumped when a table's columns change; stored in every row (``schema_version``).
 1: the first tables; 2: cells gained ``warmup_s`` (older files read it as null);
 3: runs and cells gained ``measurement_profile`` (records.MEASUREMENT_PROFILES:
@@ -41,7 +41,10 @@ null: the server's own capacity was used); cells gained the run's ``engine_commi
 own name); older rows read null.
 7: runs' ``measure_s`` is ``window_s``, the measurement window's one name (speedmatrix.renames;
 COLUMNS): the Delta table keeps the old column for the rows landed before, and every reader
-(the query views, read_table, a row given under the old name) reads it as ``window_s``."""
+(the query views, read_table, a row given under the old name) reads it as ``window_s``;
+8: cells gained a burst cell's figures (phase ``burst``, loadgen/burst.py): ``latency_ms``,
+``latency_p90_ms``, ``latency_p99_ms`` and ``e2e_per_request_tok_s`` (older files, and every
+prefill and decode row, read them as null)."""
 
 
 TABLES = ("runs", "cells", "requests")
