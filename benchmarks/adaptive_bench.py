@@ -27,16 +27,14 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from speedmatrix.cli import main
+from speedmatrix.sim.runner import run_in_process
 from speedmatrix.store.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,31 +65,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _sim() -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "speedmatrix", "sim", "serve", "--profile", str(SIM_PROFILE),
-         "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the simulator did not start") from None
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _run(
@@ -159,7 +132,7 @@ def bench(
     results: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         if engine == "sim":
-            url = stack.enter_context(_sim())
+            url = stack.enter_context(run_in_process(SIM_PROFILE))
             target = ["--base-url", url, "--model", "Kimi-K2.7-Code-NVFP4"]
         else:
             target = ["cpu/tiny/llama-tiny", "--port", str(_free_port())]

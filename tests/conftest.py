@@ -39,6 +39,27 @@ os.environ["SPEEDMATRIX_LEASE_DIR"] = str(_SESSION_DIR / "machine")
 # lookup fails at once and is logged, as it would on a host without GitHub; api.github.com is
 # never tried.
 os.environ["SPEEDMATRIX_GITHUB_API_URL"] = "http://127.0.0.1:9"
+# A test-only cluster policy (AIRFLOW_HOME/config/airflow_local_settings.py, applied to every
+# task the DagBag parses): a retried task retries after 1 s, not the DAGs' 30 s. A DAG run
+# whose resolve failed waited 30 s for its teardown tasks' retry under dag.test (39 s of the
+# 40 s test_unknown_recipe_fails_in_resolve test in a fresh clone's suite); the retries
+# themselves still happen, as many as each task has. A sensor pokes every 1 s, not 15 s: a
+# run waiting for the host lease starts within a second of its release.
+TEST_LOCAL_SETTINGS = '''"""Test-only cluster policy of the test session (tests/conftest.py)."""
+
+from datetime import timedelta
+
+
+def task_policy(task):
+    if task.retries:
+        task.retry_delay = timedelta(seconds=1)
+    if getattr(task, "poke_interval", 0) > 1:  # a sensor (the host lease) looks again in 1 s
+        task.poke_interval = 1.0
+'''
+(Path(os.environ["AIRFLOW_HOME"]) / "config").mkdir(exist_ok=True)
+(Path(os.environ["AIRFLOW_HOME"]) / "config" / "airflow_local_settings.py").write_text(
+    TEST_LOCAL_SETTINGS
+)
 _machines = itertools.count()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -70,22 +72,51 @@ def wait_gone(pid: int, within_s: float = 5.0) -> bool:
     return not alive(pid)
 
 
+START_TOGETHER = """
+def start_together():
+    # every script of this run_scripts call is past its imports: go (waits on that, not a clock)
+    import os, time
+    folder, n = os.environ["SPEEDMATRIX_TEST_BARRIER"], int(os.environ["SPEEDMATRIX_TEST_BARRIER_N"])
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 600
+    while len(os.listdir(folder)) < n:
+        if time.monotonic() > deadline:
+            raise SystemExit("not every script reached start_together() within 600 s")
+        time.sleep(0.005)
+"""
+
+
 def run_scripts(scripts: list[str], timeout_s: float) -> list[dict]:
     """Run each Python `script` in a process of its own, all at once (the tests' concurrent
     writers), and return what each printed last, a JSON object; a process that failed fails
-    the test with its stderr's tail."""
+    the test with its stderr's tail. A script may call ``start_together()``: it returns once
+    every script has called it (after their imports, which take seconds on a loaded box and
+    would spread the writers out)."""
+    import tempfile
+
+    barrier = tempfile.mkdtemp(prefix="sm-barrier-")
+    env = {**os.environ, "SPEEDMATRIX_TEST_BARRIER": barrier,
+           "SPEEDMATRIX_TEST_BARRIER_N": str(len(scripts))}  # fmt: skip
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", script],
+            [sys.executable, "-c", START_TOGETHER + script],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         for script in scripts
     ]
     reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout_s)
-        assert proc.returncode == 0, err[-3000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout_s)
+            assert proc.returncode == 0, err[-3000:]
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(barrier, ignore_errors=True)
     return reports

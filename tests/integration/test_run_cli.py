@@ -13,9 +13,7 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ from processes import group_running
 from speed_matrix_helpers import no_server_left
 
 from speedmatrix.cli import main
+from speedmatrix.sim.runner import run_in_process
 from speedmatrix.store.warehouse import Warehouse
 
 pytestmark = pytest.mark.integration
@@ -55,22 +54,8 @@ def _healthy(url: str) -> bool:
 @pytest.fixture(scope="module")
 def sim_url() -> Iterator[str]:
     """A simulated server already running on loopback (no API key), for the module."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "speedmatrix", "sim", "serve", "--profile", str(PROFILE),
-         "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while not _healthy(url):
-            assert proc.poll() is None and time.monotonic() < deadline, "sim did not start"
-            time.sleep(0.2)
+    with run_in_process(PROFILE) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _landed(wh: Path, out: str) -> tuple[dict, list[dict], Path]:

@@ -800,3 +800,34 @@ def test_the_simulators_own_parsing_stays_out_of_its_modelled_time_on_a_loaded_h
         for proc in (busy, server):
             proc.kill()
             proc.wait(10)
+
+
+def test_the_simulator_in_a_process_answers_then_leaves_no_process(tmp_path):
+    """`run_in_process` (the one way tests and benchmarks start `sim serve` in a process of
+    its own): the URL answers /health and serves the profile's model inside the block; after
+    it, the process and its whole group are gone. A profile it cannot load fails at once with
+    the server's own error, not after the start-up time-out."""
+    from processes import group_running
+
+    from speedmatrix.sim.runner import run_in_process
+
+    profile = tmp_path / "http-test.yaml"
+    profile.write_text(yaml.safe_dump(PROFILE))
+    with run_in_process(profile) as url:
+        pgid = os.getpgid(url.proc.pid)
+        assert pgid == url.proc.pid  # a session of its own: the stop reaches all it started
+        assert requests.get(url + "/health", timeout=10).status_code == 200
+        models = requests.get(url + "/v1/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == [MODEL]
+    assert url.proc.poll() is not None
+    assert group_running(pgid) == []
+
+    missing = tmp_path / "no-such-profile.yaml"
+    started = time.monotonic()
+    with (
+        pytest.raises(RuntimeError, match="did not start") as info,
+        run_in_process(missing, start_timeout_s=120),
+    ):
+        pass
+    assert "no-such-profile" in str(info.value)
+    assert time.monotonic() - started < 60

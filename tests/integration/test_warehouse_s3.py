@@ -58,8 +58,7 @@ WRITER = textwrap.dedent(
     from speedmatrix.store.warehouse import Warehouse
 
     wh = Warehouse({root!r})
-    while time.time() < {start}:
-        time.sleep(0.005)
+    start_together()
     report = {{"landed": [], "errors": [], "seconds": []}}
     for i in range({landings}):
         # the last landing lands the worker's first run again (scale 2): replaced, not added
@@ -103,10 +102,9 @@ def test_eight_processes_ten_landings_each_all_land(s3_warehouse):
     """8 processes x 10 landings into one s3:// warehouse at once: every landing lands (none
     refused), every run whole, none lost, none duplicated; the re-landed run is the newer."""
     workers, landings = 8, 10
-    start = time.time() + 20  # after every worker's imports, on a loaded 2-core box too
     reports = run_scripts(
         [
-            WRITER.format(unit=UNIT, root=s3_warehouse, worker=w, landings=landings, start=start)
+            WRITER.format(unit=UNIT, root=s3_warehouse, worker=w, landings=landings)
             for w in range(workers)
         ],
         timeout_s=1200,

@@ -5,7 +5,6 @@ see whole runs. The same on s3://: tests/integration/test_warehouse_s3.py."""
 from __future__ import annotations
 
 import textwrap
-import time
 from pathlib import Path
 
 from processes import run_scripts
@@ -35,9 +34,7 @@ WORKER = textwrap.dedent(
         if len(orphans):
             bad_views.append(orphans["run_id"].tolist())
 
-    # start together (the imports take seconds and would spread the workers out)
-    while time.time() < {start}:
-        time.sleep(0.005)
+    start_together()  # tests/processes.py: once every worker is past its imports
     for i in range({runs}):
         run_id = "w{worker}-r" + str(i)
         try:
@@ -62,7 +59,6 @@ def test_concurrent_landings_and_reads_from_several_processes(tmp_path):
     eighth time a query): no exception anywhere, every run landed exactly once, readers saw
     only whole runs."""
     workers, runs = 6, 40
-    start = time.time() + 15  # after every worker's imports, on a loaded 2-core box too
     reports = run_scripts(
         [
             WORKER.format(
@@ -70,7 +66,6 @@ def test_concurrent_landings_and_reads_from_several_processes(tmp_path):
                 root=str(tmp_path),
                 worker=w,
                 runs=runs,
-                start=start,
             )
             for w in range(workers)
         ],

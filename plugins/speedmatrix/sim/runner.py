@@ -8,15 +8,27 @@ In-process use: ``run_in_thread(profile, port=0, api_key=None, time_scale=1.0, f
 is a context manager yielding the base URL (a ``str`` with ``.server``, the ``SimServer``, and
 ``.call(fn)`` to run ``fn(server)`` on the server's loop thread).
 ``serve`` runs until SIGTERM / SIGINT and prints vLLM-like start-up lines to stderr.
+
+In its own process: ``run_in_process(profile, time_scale=1.0)`` is a context manager yielding
+the base URL (``.proc``: the ``Popen``) of ``python -m speedmatrix sim serve``, ready once
+``/health`` answers and stopped by its process group. Tests and benchmarks whose client must
+not share a GIL or an event loop with the server (the load generator's accuracy, the CLI
+beside a server) use it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import threading
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -123,6 +135,71 @@ def run_in_thread(
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(30)
+
+
+class SimProcess(str):
+    """The base URL of a simulator in its own process, with that process (``.proc``)."""
+
+    proc: subprocess.Popen[bytes]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def run_in_process(
+    profile: str | os.PathLike[str],
+    time_scale: float = 1.0,
+    host: str = "127.0.0.1",
+    start_timeout_s: float = 60.0,
+) -> Iterator[SimProcess]:
+    """`speedmatrix sim serve` in a process (and session) of its own; yields its base URL once
+    ``/health`` answers. Stopped by its process group (SIGTERM, then SIGKILL after 10 s), so
+    nothing it started outlives the block. A process that exits before it answers raises at
+    once with the end of its stderr, not after the time-out.
+    """
+    port = _free_port(host)
+    argv = [sys.executable, "-m", "speedmatrix", "sim", "serve", "--profile", str(profile),
+            "--host", host, "--port", str(port), "--time-scale", str(time_scale)]  # fmt: skip
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        url = SimProcess(f"http://{host}:{port}")
+        url.proc = proc
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while not _answers(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    err.seek(0)
+                    tail = err.read().decode(errors="replace")[-2000:]
+                    why = f"exited {proc.returncode}" if proc.poll() is not None else "timed out"
+                    raise RuntimeError(f"the simulator did not start ({why}):\n{tail}")
+                time.sleep(0.1)
+            yield url
+        finally:
+            _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the group (the server's own clean shutdown), SIGKILL if it lingers."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def serve(
