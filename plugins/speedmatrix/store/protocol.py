@@ -58,7 +58,11 @@ class WarehouseReader(Protocol):
     ) -> pd.DataFrame: ...
 
     def query_arrow(
-        self, sql: str, params: Iterable[Any] | None = None, timeout_s: float | None = None
+        self,
+        sql: str,
+        params: Iterable[Any] | None = None,
+        timeout_s: float | None = None,
+        max_bytes: int | None = None,
     ) -> pa.Table: ...
 
     def artifact_path(self, run_id: str, name: str) -> str: ...
