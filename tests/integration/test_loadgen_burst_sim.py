@@ -12,12 +12,14 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from test_loadgen_sim import REFERENCE_PROFILE, _get, sim
+from replay import REFERENCE_PROFILE
+from test_loadgen_sim import _get
 
 from speedmatrix.loadgen import BurstConfig, run_cell
 from speedmatrix.records import CELL_FIELDS, REQUEST_FIELDS, cell_name, parse_cell
 from speedmatrix.sim.predict import predict_burst
 from speedmatrix.sim.profile import load_profile
+from speedmatrix.sim.runner import run_in_process as sim
 
 pytestmark = [pytest.mark.integration]
 

@@ -10,10 +10,11 @@ with the default profile on the decode rates it shares the definition of.
 from __future__ import annotations
 
 import pytest
-from test_loadgen_sim import REFERENCE_PROFILE, sim
+from replay import REFERENCE_PROFILE
 
 from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_prefill
 from speedmatrix.loadgen.runner import run_loop
+from speedmatrix.sim.runner import run_in_process as sim
 
 pytestmark = [pytest.mark.integration]
 
