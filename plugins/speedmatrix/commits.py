@@ -110,6 +110,12 @@ def resolved(commit: Any, commits: Iterable[str] = ()) -> str | None:
     return matches.pop() if len(matches) == 1 else name
 
 
+def longest_commit(run: Mapping[str, Any]) -> str | None:
+    """The longest name of a run's engine commit it knows (engine_commit, or its engine ref
+    where the two agree and the ref is longer): what is shown for it."""
+    return _longest(run)
+
+
 def _longest(run: Mapping[str, Any]) -> str | None:
     """The longest of the run's engine_commit and its engine ref that agree (a prefix landed
     as 9fedd24fa of a run asked for 9fedd24fa864 is 9fedd24fa864), else engine_commit."""

@@ -22,7 +22,7 @@ T0 = datetime(2026, 11, 1, tzinfo=UTC)
 CELLS = [(8192, 1, 55.0), (8192, 4, 170.0), (65536, 2, 90.0)]
 
 
-def _land(wh, run_id, commit, day, *, slow=None, seed=0):
+def _land(wh, run_id, commit, day, *, slow=None, seed=0, **run_values):
     rng = np.random.default_rng(seed)
     run = run_row(
         run_id,
@@ -32,6 +32,7 @@ def _land(wh, run_id, commit, day, *, slow=None, seed=0):
         engine_repository="github.com/vllm-project/vllm",
         kv_cache_tokens=320000,
         started_at=T0 + timedelta(days=day),
+        **run_values,
     )
     cells, requests = [], []
     cells.append(

@@ -47,6 +47,22 @@ def test_a_regressed_run_is_summarized_verdict_first_with_the_page(wh):
     assert f"commit {'b' * 40}" in text and "host local" in text
 
 
+def test_the_baselines_commit_is_shown_as_long_as_its_run_knows_it(tmp_path):
+    """The demo's verdict line read "(engine commit 9fedd24fa…)" where the baseline run was
+    asked for 9fedd24fa864 and its run id and page show 12 hex: a dev version's 9-hex hash is
+    what engine_commit keeps (one value per commit), but the run's ref says more."""
+    from speedmatrix.cli.verdict import verdict_text
+
+    w = Warehouse(str(tmp_path / "wh"))
+    for i in range(2):
+        _land(w, f"p{i}", "9fedd24fa", i, seed=i, engine_ref="9fedd24fa864")
+    judge_regressions(w, "p1")
+    s = summarize_run(w, "p1")
+    assert s.baseline_run_id == "p0" and s.baseline_engine_commit == "9fedd24fa864"
+    assert "(engine commit 9fedd24fa864)" in verdict_text(s)
+    w.close()
+
+
 def test_a_clean_run_sends_nothing(wh):
     s = summarize_run(wh, "r1")
     assert not s.alarming

@@ -218,3 +218,15 @@ def test_the_band_a_chart_draws_is_the_band_the_verdicts_judge_with():
         runs, cells = _history([1000.0, 1000.0 * factor])
         pts = trend(runs, cells, recipe="sim/x", cell="64Kx16", threshold=0.03, noise=noise)
         assert pts["verdict"].tolist() == ["first", verdict]
+
+
+def test_a_points_commit_is_labelled_by_the_longest_name_its_run_knows():
+    """The recipe page's axis read `9fedd24fa…` where the run was asked for 9fedd24fa864 (its
+    run id and the index show 12 hex): the trend keeps the run's engine ref for the label."""
+    from speedmatrix.commits import commit_label
+
+    runs, cells = _history([400, 401])
+    for r in runs:
+        r.update(engine_commit="9fedd24fa", engine_ref="9fedd24fa864")
+    pts = trend(runs, cells, recipe="sim/x", cell="64Kx16")
+    assert [commit_label(p) for p in pts.to_dict("records")] == ["9fedd24fa864"] * 2

@@ -32,6 +32,7 @@ TREND_COLUMNS = (
     "started_at",
     "engine_commit",
     "engine_version",
+    "engine_ref",
     "host",
     "run_status",
     "status",
@@ -192,7 +193,16 @@ def noise_band(
     return band, ("threshold" if band == threshold else source)
 
 
-_RUN_KEEP = ("run_id", "started_at", "engine_commit", "engine_version", "host", "run_status")
+# the engine ref too: a run's commit is shown by the longest name it knows (commits.commit_label)
+_RUN_KEEP = (
+    "run_id",
+    "started_at",
+    "engine_commit",
+    "engine_version",
+    "engine_ref",
+    "host",
+    "run_status",
+)
 
 
 def _points(

@@ -126,6 +126,20 @@ def report_link(warehouse: WarehouseReader, run_id: str, base_url: str | None = 
     return warehouse.artifact_path(run_id, "report.html")
 
 
+def _baseline_commit(warehouse: WarehouseReader, row: Mapping[str, Any]) -> str | None:
+    """The baseline's engine commit by its longest known name: the comparison keeps its
+    engine_commit (a dev version's 9 hex, one value per commit), its run row may know more
+    (the ref it was asked for: 9fedd24fa864)."""
+    from speedmatrix.commits import longest_commit
+
+    commit, run_id = row.get("baseline_engine_commit"), row.get("baseline_run_id")
+    if not run_id:
+        return commit
+    found = warehouse.query("SELECT engine_ref FROM runs WHERE run_id = ?", [run_id])
+    ref = found["engine_ref"].iloc[0] if len(found) else None
+    return longest_commit({"engine_commit": commit, "engine_ref": ref}) or commit
+
+
 def summarize_run(
     warehouse: WarehouseReader,
     run_id: str,
@@ -152,7 +166,7 @@ def summarize_run(
         host=run.get("host"),
         status=run.get("status"),
         baseline_run_id=first.get("baseline_run_id"),
-        baseline_engine_commit=first.get("baseline_engine_commit"),
+        baseline_engine_commit=_baseline_commit(warehouse, first),
         regressions=[r for r in rows if r.get("verdict") == "regression"],
         improvements=[r for r in rows if r.get("verdict") == "improvement"],
         bad_cells=bad,

@@ -241,10 +241,10 @@ def _trend_chart(plt, points: pd.DataFrame, *, title: str, ylabel: str) -> str:
                            edgecolors="#2171b5", label="partial run", zorder=4)  # fmt: skip
         _mark_change_points(ax, pts)
         ticks = [  # whole enough to tell commits apart (speedmatrix.commits)
-            commit_label({"engine_commit": c, "engine_version": v, "run_id": r})
-            for c, v, r in zip(
-                pts["engine_commit"], pts["engine_version"], pts["run_id"], strict=True
-            )
+            commit_label(point)
+            for point in pts.reindex(
+                columns=["engine_commit", "engine_version", "engine_ref", "run_id"]
+            ).to_dict("records")
         ]
         # a commit is named where its runs start: the same label on every tick said nothing
         ticks = [t if i == 0 or t != ticks[i - 1] else "" for i, t in enumerate(ticks)]
