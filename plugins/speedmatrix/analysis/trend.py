@@ -193,16 +193,9 @@ def noise_band(
     return band, ("threshold" if band == threshold else source)
 
 
-# the engine ref too: a run's commit is shown by the longest name it knows (commits.commit_label)
-_RUN_KEEP = (
-    "run_id",
-    "started_at",
-    "engine_commit",
-    "engine_version",
-    "engine_ref",
-    "host",
-    "run_status",
-)
+# the run's own columns, a trend row's first ones (the engine ref among them: a run's commit is
+# shown by the longest name it knows, commits.commit_label)
+_RUN_KEEP = TREND_COLUMNS[: TREND_COLUMNS.index("run_status") + 1]
 
 
 def _points(
