@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+from collections.abc import Callable
 
 import pyarrow.fs as pafs
 
@@ -54,3 +55,18 @@ def delta_retries(wh, tables: tuple[str, ...] = ("runs", "cells", "requests")) -
                     metrics = action.get("commitInfo", {}).get("operationMetrics", {})
                     total += int(metrics.get("num_retries") or 0)
     return total
+
+
+def until_contended(land_round: Callable[[int], list[dict]], wh, rounds: int = 3):
+    """Call ``land_round(0)``, ``land_round(1)`` … (each starts writer processes that land into
+    ``wh`` together and returns their reports, each with its ``lost`` commits) until the
+    writers' commits have overlapped at least once, at most ``rounds`` times; returns every
+    report and how many commits were retried for it (0: never, and the caller fails)."""
+    reports: list[dict] = []
+    contended = 0
+    for n in range(rounds):
+        reports += land_round(n)
+        contended = delta_retries(wh) + sum(len(r["lost"]) for r in reports)
+        if contended:
+            break
+    return reports, contended

@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from contention import delta_retries
+from contention import until_contended
 from processes import run_scripts
 
 from speedmatrix.store.warehouse import Warehouse
@@ -66,26 +66,25 @@ def test_concurrent_landings_and_reads_from_several_processes(tmp_path):
     store/delta.py). Should a round pass without any overlap (likely, not certain), another
     round lands into the same warehouse, at most three."""
     workers, runs = 4, 3
-    reports, expected, contended = [], set(), 0
-    for round_ in range(3):
-        prefixes = [f"g{round_}w{w}" for w in range(workers)]
-        reports += run_scripts(
-            [
-                WORKER.format(
-                    tests=str(TESTS),
-                    unit=str(TESTS / "unit"),
-                    root=str(tmp_path),
-                    prefix=prefix,
-                    runs=runs,
-                )
-                for prefix in prefixes
-            ],
-            timeout_s=600,
-        )
-        expected |= {f"{p}-r{i}" for p in prefixes for i in range(runs)}
-        contended = delta_retries(Warehouse(tmp_path)) + sum(len(r["lost"]) for r in reports)
-        if contended:
-            break
+
+    def land_round(n: int) -> list[dict]:
+        scripts = [
+            WORKER.format(
+                tests=str(TESTS),
+                unit=str(TESTS / "unit"),
+                root=str(tmp_path),
+                prefix=f"g{n}w{w}",
+                runs=runs,
+            )
+            for w in range(workers)
+        ]
+        return run_scripts(scripts, timeout_s=600)
+
+    reports, contended = until_contended(land_round, Warehouse(tmp_path))
+    rounds = len(reports) // workers
+    expected = {
+        f"g{n}w{w}-r{i}" for n in range(rounds) for w in range(workers) for i in range(runs)
+    }
     errors = [e for r in reports for e in r["errors"]]
     assert errors == [], f"{len(errors)} errors, first:\n{errors[0]}"
     assert [v for r in reports for v in r["bad_views"]] == []
