@@ -170,6 +170,41 @@ KILLED_WRITER = textwrap.dedent(
 )
 
 
+def kill_mid_landing(root: str, round_: int, rng: random.Random) -> dict:
+    """Start KILLED_WRITER, SIGKILL it at a random moment of its third landing (a re-landing),
+    check the warehouse is whole, then land a new run and the interrupted one at once and
+    check again; what happened, for benchmarks/warehouse_contention_bench.py's ``kills``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER.format(unit=UNIT, root=root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for _ in range(2):  # both runs landed once: from now on every landing re-lands
+        landed = proc.stdout.readline().split()
+        assert landed[:1] == ["landed"], proc.stderr.read()
+    # the next landing is under way: a random moment of it, by the last one's length
+    moment = rng.uniform(0.1, 1.0) * float(landed[2])
+    deadline = time.monotonic() + moment
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)  # the random moment itself is what this waits for
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    later = [line.split() for line in proc.stdout.read().splitlines() if line]
+    interrupted = "k-r1" if ([landed, *later][-1][1] == "k-r0") else "k-r0"
+    wh = Warehouse(root)
+    assert_whole(wh)
+    # not stuck: another writer lands a new run whole right away, and the interrupted one
+    t0 = time.monotonic()
+    wh.land_run(make_run(run_id=f"after-{round_}", day=5), make_cells(), make_requests(2))
+    wh.land_run(make_run(run_id=interrupted, day=7), make_cells(), make_requests(2))
+    seconds = time.monotonic() - t0
+    assert seconds < 120
+    listed = assert_whole(wh)
+    assert {f"after-{round_}", "k-r0", "k-r1"} <= listed
+    return {"moment_s": moment, "landed_after_the_moment": len(later), "next_two_s": seconds}
+
+
 def test_a_writer_killed_at_random_moments_leaves_no_half_run_and_no_stuck_warehouse(
     s3_warehouse,
 ):
@@ -181,30 +216,4 @@ def test_a_writer_killed_at_random_moments_leaves_no_half_run_and_no_stuck_wareh
     for, nothing to clean first)."""
     rng = random.Random(32)
     for round_ in range(2):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", KILLED_WRITER.format(unit=UNIT, root=s3_warehouse)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2):  # both runs landed once: from now on every landing re-lands
-            landed = proc.stdout.readline().split()
-            assert landed[:1] == ["landed"], proc.stderr.read()
-        # the next landing is under way: a random moment of it, by the last one's length
-        deadline = time.monotonic() + rng.uniform(0.1, 1.0) * float(landed[2])
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.01)  # the random moment itself is what this waits for
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL
-        later = proc.stdout.read().split("\n")
-        last = ([landed] + [line.split() for line in later if line])[-1]
-        interrupted = "k-r1" if last[1] == "k-r0" else "k-r0"
-        wh = Warehouse(s3_warehouse)
-        assert_whole(wh)
-        # not stuck: another writer lands a new run whole right away, and the interrupted one
-        t0 = time.monotonic()
-        wh.land_run(make_run(run_id=f"after-{round_}", day=5), make_cells(), make_requests(2))
-        wh.land_run(make_run(run_id=interrupted, day=7), make_cells(), make_requests(2))
-        assert time.monotonic() - t0 < 120
-        listed = assert_whole(wh)
-        assert {f"after-{round_}", "k-r0", "k-r1"} <= listed
+        kill_mid_landing(s3_warehouse, round_, rng)
