@@ -11,8 +11,8 @@ with 4 writers x 3 landings and 2 kills, here with their own writer scripts at f
 after every landing and querying for runs not whole every eighth; ``s3``: processes started
 together land into one ``s3://`` warehouse on moto's server (loopback, as the tests start it),
 the last landing of each re-landing its first run; ``kills``: a writer re-landing two runs on
-``s3://`` SIGKILLed at a random moment of a landing, the warehouse checked and landed into
-after each. Each reports what landed, the checks (every run whole, none lost or twice), how
+``s3://`` SIGKILLed at a random moment after a step of a re-landing (the test's
+``KILL_AFTER``, in turn), the warehouse checked and landed into after each. Each reports what landed, the checks (every run whole, none lost or twice), how
 many commits were retried after overlapping another writer's (delta-rs's ``num_retries`` in
 the logs plus store/delta.py's logged retries), the wall time and the CPU-seconds of this
 process and its children (writers and moto's server). Not a test: exit 1 when a check fails;
@@ -26,6 +26,7 @@ import json
 import os
 import random
 import resource
+import signal
 import sys
 import tempfile
 import time
@@ -154,6 +155,7 @@ def bench_kills(rounds: int, seed: int) -> dict:
         kills = [kill_mid_landing(root, n, rng) for n in range(rounds)]
         out = {
             "rounds": rounds,
+            "killed_after": [k["after"] for k in kills],
             "kill_moments_s": [round(k["moment_s"], 2) for k in kills],
             "next_two_landings_s": [round(k["next_two_s"], 2) for k in kills],
             "moto_cpu_s": round(_moto_cpu_s(server.pid), 1),
@@ -171,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=32, help="kills: the random moments")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
+
+    def terminated(signum, _frame):  # SIGTERM/SIGHUP: unwind, so writers and moto are stopped
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+    signal.signal(signal.SIGHUP, terminated)
     results: dict = {"cpus": os.cpu_count(), "load_average_before": os.getloadavg()}
     if args.mode in ("local", "all"):
         results["local"] = _measured(lambda: bench_local(args.writers or 6, args.landings or 40))

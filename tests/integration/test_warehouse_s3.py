@@ -160,6 +160,7 @@ KILLED_WRITER = textwrap.dedent(
     from speedmatrix.store.warehouse import Warehouse
 
     wh = Warehouse({root!r})
+    wh._fault = lambda step: print("at", step, flush=True)  # the landing's steps, as they pass
     for i in range(1000):
         run_id = "k-r" + str(i % 2)  # lands the same two runs again and again
         t0 = time.monotonic()
@@ -170,28 +171,39 @@ KILLED_WRITER = textwrap.dedent(
 )
 
 
+KILL_AFTER = ("landed:cells", "landed:requests", "built", "unlisted")
+"""The step of a re-landing after which round N's kill comes (N modulo 4), at a random moment
+of the commit that follows it: the windows where a run would show half of two landings."""
+
+
 def kill_mid_landing(root: str, round_: int, rng: random.Random) -> dict:
-    """Start KILLED_WRITER, SIGKILL it at a random moment of its third landing (a re-landing),
-    check the warehouse is whole, then land a new run and the interrupted one at once and
-    check again; what happened, for benchmarks/warehouse_contention_bench.py's ``kills``."""
+    """Start KILLED_WRITER and SIGKILL it at a random moment (0-0.25 s) after its third
+    landing (a re-landing) passed the step KILL_AFTER names for ``round_``; check the
+    warehouse is whole, then land a new run and the interrupted one at once and check again.
+    Returns what happened, for benchmarks/warehouse_contention_bench.py's ``kills``."""
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_WRITER.format(unit=UNIT, root=root)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    for _ in range(2):  # both runs landed once: from now on every landing re-lands
-        landed = proc.stdout.readline().split()
-        assert landed[:1] == ["landed"], proc.stderr.read()
-    # the next landing is under way: a random moment of it, by the last one's length
-    moment = rng.uniform(0.1, 1.0) * float(landed[2])
+    step = KILL_AFTER[round_ % len(KILL_AFTER)]
+    landed: list[str] = []
+    while len(landed) < 2:  # both runs landed once: from now on every landing re-lands
+        line = proc.stdout.readline().split()
+        assert line, proc.stderr.read()
+        landed += line[1:2] if line[0] == "landed" else []
+    while (line := proc.stdout.readline().split()) != ["at", step]:
+        assert line and line[0] == "at", f"the re-landing never passed {step}: {line}"
+    moment = rng.uniform(0.0, 0.25)
     deadline = time.monotonic() + moment
     while time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.01)  # the random moment itself is what this waits for
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
     later = [line.split() for line in proc.stdout.read().splitlines() if line]
-    interrupted = "k-r1" if ([landed, *later][-1][1] == "k-r0") else "k-r0"
+    finished = [x[1] for x in later if x[0] == "landed"]
+    interrupted = "k-r1" if ([*landed, *finished][-1] == "k-r0") else "k-r0"
     wh = Warehouse(root)
     assert_whole(wh)
     # not stuck: another writer lands a new run whole right away, and the interrupted one
@@ -202,18 +214,19 @@ def kill_mid_landing(root: str, round_: int, rng: random.Random) -> dict:
     assert seconds < 120
     listed = assert_whole(wh)
     assert {f"after-{round_}", "k-r0", "k-r1"} <= listed
-    return {"moment_s": moment, "landed_after_the_moment": len(later), "next_two_s": seconds}
+    return {"after": step, "moment_s": moment, "landed_after": len(finished), "next_two_s": seconds}
 
 
 def test_a_writer_killed_at_random_moments_leaves_no_half_run_and_no_stuck_warehouse(
     s3_warehouse,
 ):
     """A writer landing (and re-landing) two runs is SIGKILLed at a random moment of a
-    landing, twice (past its first two landings, every landing is a re-landing: the run
-    leaves `runs`, its cells, requests and `runs` row are replaced): after each kill `runs`
-    lists only whole runs of the landing it names, nothing is duplicated, and the next
-    landings, of a new run and of the run the kill interrupted, land at once (nothing to wait
-    for, nothing to clean first)."""
+    re-landing (the run leaves `runs`, its cells, requests and `runs` row are replaced),
+    twice: once after its cells' commit, once after its requests' (KILL_AFTER; the
+    benchmark's four kills also before any commit and after the run left `runs`): after each
+    kill `runs` lists only whole runs of the landing it names, nothing is duplicated, and the
+    next landings, of a new run and of the run the kill interrupted, land at once (nothing to
+    wait for, nothing to clean first)."""
     rng = random.Random(32)
     for round_ in range(2):
         kill_mid_landing(s3_warehouse, round_, rng)
