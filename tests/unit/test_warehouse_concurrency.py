@@ -99,4 +99,4 @@ def test_concurrent_landings_and_reads_from_several_processes(tmp_path):
     assert set(counts["n"]) == {1}
     cells = wh.query("SELECT run_id, count(*) AS n FROM cells GROUP BY run_id")
     assert len(cells) == len(expected) and set(cells["n"]) == {5}
-    print(f"commits retried after overlapping another writer's: {contended}")
+    print(f"commits retried after overlapping another writer's: {contended} ({rounds} rounds)")
