@@ -111,9 +111,9 @@ def env(s3_server) -> Iterator[Env]:
             "SPEEDMATRIX_RECIPES": str(recipes),
             "SPEEDMATRIX_GITHUB_API_URL": github.base_url,
             "SPEEDMATRIX_API_KEY": "sk-deployment-test",
-            # Bisection steps: poll each speed_matrix run every 5 s, not 30 (a 33 s run was
-            # seen whole only at the second 30 s poll).
-            "SPEEDMATRIX_BISECT_POLL_S": "5",
+            # Bisection steps: poll each speed_matrix run every 2 s, not 30 (a 33 s run was
+            # seen whole only at the second 30 s poll; one read of the run's state per poll).
+            "SPEEDMATRIX_BISECT_POLL_S": "2",
             # The host lease keeps its default TTL (900 s): the lease is renewed while a task
             # works, not between tasks, so a TTL shorter than the longest gap between two
             # tasks of a run (a scheduler restart on a busy machine took > 60 s) lets a

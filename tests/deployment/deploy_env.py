@@ -85,9 +85,18 @@ github:
 """
 
 
+# How long setup waits for a test recipe's server to answer /health. The simulator is ready
+# within seconds on a quiet box, but its start (a Python process importing the simulator) is at
+# the machine's pace: beside other test workers on 2 cores the recipe's 30 s could fail a run
+# for no fault of ours. A limit that only catches a hang.
+READY_TIMEOUT_S = 300
+
+
 def tiny_recipe(nightly: bool, per_commit: bool, window_s: int = 2) -> str:
     """The calibrated simulator recipe with a one-cell matrix and short windows."""
     text = SIM_RECIPE.read_text()
+    assert "  ready_timeout_s: 30\n" in text
+    text = text.replace("  ready_timeout_s: 30\n", f"  ready_timeout_s: {READY_TIMEOUT_S}\n")
     out = []
     section = None
     for line in text.splitlines():
@@ -111,17 +120,21 @@ def tiny_recipe(nightly: bool, per_commit: bool, window_s: int = 2) -> str:
     return "\n".join(out) + "\n"
 
 
-def slow_start_recipe(delay_s: int = 60) -> str:
+def slow_start_recipe(delay_s: int = 900) -> str:
     """tiny_recipe on no schedule whose server waits ``delay_s`` before the simulator starts
     (bash sleeping in the server's process group, then exec): a setup that is still waiting
-    for it to be ready, long enough for a test to kill the worker running that setup."""
+    for it to be ready when a test kills the worker running that setup. Nothing waits out the
+    delay (the teardown stops the server), so it is long: on a loaded machine the kill must
+    still come before the server is ready."""
     text = tiny_recipe(nightly=False, per_commit=False)
     head = 'command: ["{python}",'
-    assert head in text and "  ready_timeout_s: 30\n" in text
+    assert head in text
     text = text.replace(
         head, f'command: [bash, -c, \'sleep {delay_s}; exec "$0" "$@"\', "{{python}}",'
     )
-    return text.replace("  ready_timeout_s: 30\n", "  ready_timeout_s: 600\n")
+    ready = f"  ready_timeout_s: {READY_TIMEOUT_S}\n"
+    assert ready in text
+    return text.replace(ready, f"  ready_timeout_s: {2 * delay_s}\n")
 
 
 def bisect_recipe(profiles: Path, port: int) -> str:
