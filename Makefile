@@ -51,7 +51,7 @@ test-deps:
 # ~/.cache/speedmatrix/test-envs/ and named by the hash of what it installs
 # (tests/engine_env_cache.py); SPEEDMATRIX_TEST_HOME=<dir> names another HOME for it.
 TEST_WORKERS ?= 2
-SERIAL_TESTS := timing or deployment
+SERIAL_TESTS := timing or deployment or vllm_server
 test: venv test-deps
 	@rc=0; \
 	echo "== phase 1: all but the timing and deployment tests, $(TEST_WORKERS) workers"; \

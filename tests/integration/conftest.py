@@ -231,11 +231,22 @@ VLLM_TEST_TIMEOUT_S = 3600
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that use the vLLM fixtures get a timeout that covers provisioning (pyproject's
-    default is 900 s)."""
+    default is 900 s). A test that uses the session server must be marked ``vllm_server``:
+    `make test` runs all of those in one pytest process, so the suite starts the server once;
+    one without the mark would start another in a phase-1 worker (~30 s, ~30 CPU-s)."""
+    unmarked = []
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & {"vllm_cpu_env", "vllm_cpu_server"} and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
+        if "vllm_cpu_server" in names and not item.get_closest_marker("vllm_server"):
+            unmarked.append(item.nodeid)
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests use the session's vLLM server (vllm_cpu_server) without the "
+            f"`vllm_server` mark, so `make test` would start it again for them: "
+            f"{sorted({nodeid.split('::')[0] for nodeid in unmarked})} ({len(unmarked)} tests)"
+        )
 
 
 @pytest.fixture(scope="session")

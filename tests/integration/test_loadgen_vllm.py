@@ -19,7 +19,12 @@ from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_pre
 from speedmatrix.loadgen.runner import run_loop
 from speedmatrix.records import CELL_FIELDS
 
-pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timing]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.vllm,
+    pytest.mark.vllm_server,
+    pytest.mark.timing,
+]
 
 CELL_KEYS = sorted(f.name for f in CELL_FIELDS)
 

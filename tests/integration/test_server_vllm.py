@@ -40,6 +40,7 @@ def _with(recipe, serve=None, model=None):
     return recipe.model_copy(update=update)
 
 
+@pytest.mark.vllm_server
 def test_session_server_kv_capacity_metrics_match_the_log(vllm_cpu_server, vllm_cpu_host):
     srv = vllm_cpu_server
     facts = inspect_server(srv.handle, host=vllm_cpu_host)
@@ -54,6 +55,7 @@ def test_session_server_kv_capacity_metrics_match_the_log(vllm_cpu_server, vllm_
     assert "gpus" not in facts["hardware"]
 
 
+@pytest.mark.vllm_server
 def test_session_server_runs_with_usage_stats_off(vllm_cpu_server, vllm_cpu_host, vllm_home):
     """The server's processes start with vLLM's opt-outs in their environment, and vLLM did
     not write the usage report it writes next to each one it sends (``usage_stats.json``)."""
@@ -82,6 +84,7 @@ def test_session_server_runs_with_usage_stats_off(vllm_cpu_server, vllm_cpu_host
     assert not report.exists() or report.stat().st_mtime < handle.started_at
 
 
+@pytest.mark.vllm_server
 def test_session_server_key_is_required_and_never_on_a_command_line(vllm_cpu_server):
     srv = vllm_cpu_server
     ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
