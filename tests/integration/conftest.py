@@ -22,7 +22,9 @@ All session-scoped, because each is slow to make and the tests only read from th
   ``api_key``, ``kv_cache_tokens`` and the ``handle`` that ``speedmatrix.engine.vllm_server`` uses.
 
 Tests that use the vLLM fixtures must be marked ``@pytest.mark.integration`` and
-``@pytest.mark.vllm``. No test changes the session's env: the rebuild tests work on a stub
+``@pytest.mark.vllm``; those that use ``vllm_cpu_server`` also ``@pytest.mark.vllm_server``
+(collection stops otherwise): `make test` runs them all in its second pytest process, so the
+suite starts the server once. No test changes the session's env: the rebuild tests work on a stub
 ``vllm-cpu`` in a HOME of their own (test_provision_ssh.py), so servers of other xdist workers
 never run from an env being rebuilt.
 
