@@ -22,7 +22,9 @@ All session-scoped, because each is slow to make and the tests only read from th
   ``api_key``, ``kv_cache_tokens`` and the ``handle`` that ``speedmatrix.engine.vllm_server`` uses.
 
 Tests that use the vLLM fixtures must be marked ``@pytest.mark.integration`` and
-``@pytest.mark.vllm``. No test changes the session's env: the rebuild tests work on a stub
+``@pytest.mark.vllm``; those that use ``vllm_cpu_server`` also ``@pytest.mark.vllm_server``
+(collection stops otherwise): `make test` runs them all in its second pytest process, so the
+suite starts the server once. No test changes the session's env: the rebuild tests work on a stub
 ``vllm-cpu`` in a HOME of their own (test_provision_ssh.py), so servers of other xdist workers
 never run from an env being rebuilt.
 
@@ -231,11 +233,22 @@ VLLM_TEST_TIMEOUT_S = 3600
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that use the vLLM fixtures get a timeout that covers provisioning (pyproject's
-    default is 900 s)."""
+    default is 900 s). A test that uses the session server must be marked ``vllm_server``:
+    `make test` runs all of those in one pytest process, so the suite starts the server once;
+    one without the mark would start another in a phase-1 worker (~30 s, ~30 CPU-s)."""
+    unmarked = []
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & {"vllm_cpu_env", "vllm_cpu_server"} and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
+        if "vllm_cpu_server" in names and not item.get_closest_marker("vllm_server"):
+            unmarked.append(item.nodeid)
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests use the session's vLLM server (vllm_cpu_server) without the "
+            f"`vllm_server` mark, so `make test` would start it again for them: "
+            f"{sorted({nodeid.split('::')[0] for nodeid in unmarked})} ({len(unmarked)} tests)"
+        )
 
 
 @pytest.fixture(scope="session")

