@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -149,3 +150,46 @@ def test_a_query_stops_at_its_memory_limit_with_a_clear_message(landed, capsys):
     rc = cli.main(["query", "SELECT 1 AS one", "--warehouse", str(root), "--memory-limit", "1GB"])
     assert rc == 0 and capsys.readouterr().out.strip().endswith("1")
     assert warehouse_cli.DEFAULT_MEMORY_LIMIT
+
+
+class _LateStart:
+    """A connection whose queries begin executing only after `delay` seconds (a loaded
+    machine), so the timeout's first interrupt comes before DuckDB has begun."""
+
+    def __init__(self, con, delay: float) -> None:
+        self._con, self._delay = con, delay
+
+    def execute(self, *args, **kwargs):
+        time.sleep(self._delay)
+        return self._con.execute(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+@pytest.mark.timeout(60)
+def test_a_query_that_begins_after_its_timeout_is_still_stopped(landed):
+    """DuckDB drops an interrupt that comes before a query begins executing: the query then
+    ran to its end (the endless one here, for ever). The timeout interrupts again until it
+    returns. Seen as a failure of the test above on a loaded machine."""
+    from speedmatrix.store.query import QueryLimitError
+
+    root, _ = landed
+    queries = Warehouse(str(root))
+    queries.query("SELECT 1")  # connected
+    queries._con = _LateStart(queries._con, delay=0.5)
+    endless = (
+        "SELECT count(*) FROM range(100000000) a, range(100000000) b WHERE a.range + b.range < 0"
+    )
+    real = queries._con._con
+    backstop = threading.Timer(15, real.interrupt)  # the old code's test fails, never hangs
+    backstop.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(QueryLimitError, match=r"timeout of 0\.2 s"):
+            queries.query(endless, timeout_s=0.2)
+    finally:
+        backstop.cancel()
+    assert time.monotonic() - t0 < 10, "stopped by the backstop, not by its timeout"
+    queries._con = real
+    queries.close()

@@ -179,9 +179,21 @@ class WarehouseQueries:
                 self._define_views(self._con, only)
             con = self._con
             timer = None
+            fired, done = threading.Event(), threading.Event()
             if timeout_s is not None:
-                timer = threading.Timer(timeout_s, con.interrupt)
-                timer.daemon = True
+
+                def interrupt(limit: float = timeout_s) -> None:
+                    # Again every 50 ms until the query returns: an interrupt that comes before
+                    # DuckDB has begun executing (a loaded machine) is lost, not kept.
+                    if done.wait(limit):
+                        return
+                    fired.set()
+                    while True:
+                        con.interrupt()
+                        if done.wait(0.05):
+                            return
+
+                timer = threading.Thread(target=interrupt, daemon=True)
                 timer.start()
             try:
                 try:
@@ -207,11 +219,6 @@ class WarehouseQueries:
                     # a copy of the rows, as .df() makes one: the result is what is printed
                     warnings.filterwarnings("ignore", "Arrow output on a DB-API result")
                     return result.to_arrow_table()
-            except duckdb.InterruptException:
-                raise QueryLimitError(
-                    f"the query was stopped after its timeout of {timeout_s:g} s "
-                    "(give it longer with --timeout SECONDS)"
-                ) from None
             except duckdb.OutOfMemoryException as exc:
                 first = str(exc).strip().splitlines()[0]
                 raise QueryLimitError(
@@ -219,11 +226,21 @@ class WarehouseQueries:
                     f"{self.memory_limit or 'DuckDB default'} (raise it with --memory-limit, "
                     f"e.g. --memory-limit 8GB): {first}"
                 ) from None
+            except duckdb.Error as exc:
+                # Interrupted inside a scan of an Arrow dataset, DuckDB reports it as another
+                # error ("Query interrupted" in an internal or invalid-input one, seen on a
+                # loaded machine): whatever it raised after our interrupt is the timeout.
+                if not (isinstance(exc, duckdb.InterruptException) or fired.is_set()):
+                    raise
+                raise QueryLimitError(
+                    f"the query was stopped after its timeout of {timeout_s:g} s "
+                    "(give it longer with --timeout SECONDS)"
+                ) from None
             finally:
                 if timer is not None:
-                    # joined: a Timer thread left to wind down holds the connection, and a
+                    # joined: a timer thread left to wind down holds the connection, and a
                     # connection freed on that thread at interpreter exit aborts the process
-                    timer.cancel()
+                    done.set()
                     timer.join()
 
     def close(self) -> None:
