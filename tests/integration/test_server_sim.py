@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,12 +149,24 @@ def test_bad_argument_is_diagnosed_with_the_log_tail(local, sim):
     assert "last lines of" in str(err)
 
 
+def _hang_up_on_each(s: socket.socket) -> None:
+    """Accept each connection to ``s`` and close it at once, until ``s`` is closed: a port
+    holder that is not an HTTP server, whose probes fail at once rather than time out."""
+    while True:
+        try:
+            conn, _ = s.accept()
+        except OSError:
+            return
+        conn.close()
+
+
 def test_port_taken_is_refused_or_diagnosed(local, sim):
     recipe, prov = sim
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
+        threading.Thread(target=_hang_up_on_each, args=(s,), daemon=True).start()
         with pytest.raises(PortInUse, match=rf"port {port} .*in use"):
             start_server(recipe, prov, local, port=port, api_key="k")
         # Skipping our check, the engine itself fails: diagnosed from its log.
