@@ -38,6 +38,10 @@ MODEL = "Kimi-K2.7-Code-NVFP4"
 TINY = ["--prefill-contexts", "8K", "--contexts", "8K", "--window-s", "1"]
 TINY += ["--max-output-tokens", "256"]
 SIM_SCALE = 4.0
+# For a recipe's simulator (the recipe starts it, at the wall clock's pace): a 1K prefill takes
+# a fraction of the 8K one's 1.25 s a request; the tests that use it are about the server's
+# lifecycle, not the cells.
+SHORT_PREFILL = ["--prefill-contexts", "1K"]
 
 
 def _free_port() -> int:
@@ -153,8 +157,8 @@ def test_run_a_recipe_on_this_host(tmp_path, capsys, monkeypatch) -> None:
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("SPEEDMATRIX_API_KEY", raising=False)  # a sim run makes its own
-    rc = main(["run", RECIPE, *TINY, "--concurrencies", "1", "--port", str(_free_port()),
-               "--warehouse", str(wh)])  # fmt: skip
+    rc = main(["run", RECIPE, *TINY, *SHORT_PREFILL, "--concurrencies", "1",
+               "--port", str(_free_port()), "--warehouse", str(wh)])  # fmt: skip
     out, err = capsys.readouterr()
     assert rc == 0, err
     run, cells, page = _landed(wh, out)
@@ -286,7 +290,7 @@ def test_a_killed_run_is_taken_over_and_ctrl_c_stops_what_it_started(tmp_path) -
     home.mkdir()
     env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     env.pop("SPEEDMATRIX_API_KEY", None)
-    argv = [sys.executable, "-m", "speedmatrix", "run", RECIPE, "--prefill-contexts", "8K",
+    argv = [sys.executable, "-m", "speedmatrix", "run", RECIPE, *SHORT_PREFILL,
             "--contexts", "8K", "--concurrencies", "1", "--window-s", "60",
             "--port", str(_free_port()), "--warehouse", str(wh)]  # fmt: skip
     first = Terminal(argv, env=env, cwd=str(ROOT))
