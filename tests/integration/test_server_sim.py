@@ -149,14 +149,15 @@ def test_bad_argument_is_diagnosed_with_the_log_tail(local, sim):
     assert "last lines of" in str(err)
 
 
-def _hang_up_on_each(s: socket.socket) -> None:
-    """Accept each connection to ``s`` and close it at once, until ``s`` is closed: a port
-    holder that is not an HTTP server, whose probes fail at once rather than time out."""
-    while True:
+def _hang_up_on_each(s: socket.socket, stop: threading.Event) -> None:
+    """Accept each connection to ``s`` and close it at once, until ``stop``: a port holder
+    that is not an HTTP server, whose probes fail at once rather than time out."""
+    s.settimeout(0.1)
+    while not stop.is_set():
         try:
             conn, _ = s.accept()
-        except OSError:
-            return
+        except TimeoutError:
+            continue
         conn.close()
 
 
@@ -166,12 +167,18 @@ def test_port_taken_is_refused_or_diagnosed(local, sim):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        threading.Thread(target=_hang_up_on_each, args=(s,), daemon=True).start()
-        with pytest.raises(PortInUse, match=rf"port {port} .*in use"):
-            start_server(recipe, prov, local, port=port, api_key="k")
-        # Skipping our check, the engine itself fails: diagnosed from its log.
-        with pytest.raises(ServerError) as exc:
-            start_server(recipe, prov, local, port=port, api_key="k", check_port=False)
+        stop = threading.Event()
+        holder = threading.Thread(target=_hang_up_on_each, args=(s, stop), daemon=True)
+        holder.start()
+        try:
+            with pytest.raises(PortInUse, match=rf"port {port} .*in use"):
+                start_server(recipe, prov, local, port=port, api_key="k")
+            # Skipping our check, the engine itself fails: diagnosed from its log.
+            with pytest.raises(ServerError) as exc:
+                start_server(recipe, prov, local, port=port, api_key="k", check_port=False)
+        finally:
+            stop.set()
+            holder.join()
     assert exc.value.diagnosis.code == "address_in_use"
     assert exc.value.log_tail
 
