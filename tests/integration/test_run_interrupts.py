@@ -110,7 +110,7 @@ run (3 runs were 4 minutes of phase 2). Three runs, not a frequency estimate: th
 never seen in 9 runs before the fix."""
 
 
-@pytest.mark.timing  # it loads a core itself: run alone, after the rest (phase 2)
+@pytest.mark.alone  # it loads a core itself: nothing else beside it (Makefile `test`, phase 2)
 @pytest.mark.timeout(1800)
 def test_a_run_exits_0_every_time_beside_a_busy_core(sim_url, tmp_path):
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])

@@ -102,6 +102,21 @@ def test_an_error_that_is_not_a_conflict_is_raised_at_once():
     assert flaky.calls == 1
 
 
+def test_each_lost_commit_is_logged_before_it_is_tried_again(caplog):
+    """What the concurrency tests count to know writers did contend (tests/contention.py):
+    one INFO record of speedmatrix.store.delta per lost commit, naming what and the attempt."""
+    caplog.set_level("INFO", logger="speedmatrix.store.delta")
+    with_retries("landing into t", Flaky(2, CommitFailedError("lost")), sleep=lambda s: None)
+    lost = [r for r in caplog.records if r.name == "speedmatrix.store.delta"]
+    assert [r.getMessage() for r in lost] == [
+        "landing into t: lost commit attempt 1 to another writer's; trying again",
+        "landing into t: lost commit attempt 2 to another writer's; trying again",
+    ]
+    caplog.clear()
+    with_retries("landing into t", Flaky(0, CommitFailedError("lost")), sleep=lambda s: None)
+    assert not [r for r in caplog.records if r.name == "speedmatrix.store.delta"]
+
+
 class _DropsTwice(LocalHost):
     """The local transport whose first two text copies lose their connection."""
 

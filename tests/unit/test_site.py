@@ -372,3 +372,15 @@ def test_a_run_pages_summary_is_the_pipelines(site):
     ours = summary((out / run_page("r2")).read_text())
     assert ours == summary(render_run_page(wh, "r2"))
     assert re.search(r"<td>90\.\d</td><td>81\.\d</td>", ours)  # baseline and this run's figure
+
+
+def test_a_warehouse_without_a_successful_run_still_gets_its_site(tmp_path):
+    """The model views choose among successful runs only: a warehouse with none (its first run
+    came out partial, as a loaded machine's run can) has no candidates, and the site is built
+    all the same (Arrow's take of an empty list of indexes, typed null, failed the site task)."""
+    wh = Warehouse(str(tmp_path / "wh"))
+    _land(wh, "r0", "a" * 40, 0, seed=0, status="partial")
+    built = build_site(wh, tmp_path / "site")
+    assert built.run_pages_written == 1
+    assert 'href="runs/r0.html"' in (tmp_path / "site" / "index.html").read_text()
+    wh.close()

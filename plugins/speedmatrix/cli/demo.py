@@ -377,16 +377,27 @@ def demo_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def demo_conf(
+    overrides: dict | None = None, *, full: bool = False, window_s: float | None = None
+) -> dict:
+    """The conf the demo runs speed_matrix with: the simulated recipe on the local host, a free
+    port, the short matrix unless `full`, then `window_s` and `overrides` (``--conf``). The
+    integration tests' long-lived Airflow process builds its runs' confs here too."""
+    conf: dict = {"recipe": RECIPE, "ssh_conn_id": "local", "port": free_port()}
+    if not full:
+        conf.update(SHORT)
+    if window_s:
+        conf["window_s"] = window_s
+    conf.update(overrides or {})
+    return conf
+
+
 def main(argv: list[str] | None = None) -> int:
     args = demo_parser().parse_args(argv)
     _airflow_env()
-    conf: dict = {"recipe": RECIPE, "ssh_conn_id": "local", "port": free_port()}
-    if not args.full:
-        conf.update(SHORT)
-    if args.window_s:
-        conf["window_s"] = args.window_s
-    if args.conf:
-        conf.update(json.loads(args.conf))
+    conf = demo_conf(
+        json.loads(args.conf) if args.conf else None, full=args.full, window_s=args.window_s
+    )
     migrate_once()
     log = args.airflow_log or str(
         Path(os.environ["AIRFLOW_HOME"]) / "logs" / f"demo-{time.strftime('%Y%m%dT%H%M%S')}.log"

@@ -139,6 +139,10 @@ class Fleet:
         return len(self.run_ids)
 
     def _take(self, indices: Any) -> pa.Table:
+        # typed: an empty Python list would be an array of type null, which Arrow cannot
+        # take with (no successful run: no model-view candidates)
+        if isinstance(indices, list):
+            indices = pa.array(indices, pa.int64())
         return self.table.take(indices).drop_columns(["_i"])
 
     def latest(self, n: int) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import posixpath
 import random
 import time
@@ -34,6 +35,10 @@ from speedmatrix.settings import settings
 from speedmatrix.store.schemas import PARTITION_KEYS, WarehouseError
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+"""One INFO record per lost commit (:func:`with_retries`): how often writers contend, which
+the concurrency tests assert did happen (tests/contention.py)."""
 
 MAX_ATTEMPTS = 40
 """Our own attempts at one commit (each of which delta-rs retries itself up to its default 15
@@ -222,6 +227,11 @@ def with_retries(
         stop=stop_after_attempt(attempts) | stop_after_delay(max_wait_s),
         wait=lambda state: random.uniform(0.05, 0.2) * min(2 ** (state.attempt_number // 4), 10),
         retry=retry_if_exception(is_conflict),
+        before_sleep=lambda state: log.info(
+            "%s: lost commit attempt %d to another writer's; trying again",
+            what,
+            state.attempt_number,
+        ),
         sleep=sleep,
     )
     try:
