@@ -277,14 +277,15 @@ def test_a_dropped_command_is_ended_on_the_host(sshd, tmp_path, log_messages):
 
 def test_a_dropped_idempotent_command_is_ended_before_its_retry(sshd, tmp_path):
     """The retry starts only once the dropped attempt is gone from the host: the second attempt
-    finds the first one's bash dead."""
+    finds the first one's bash dead (a zombie is dead: it waits only for its new parent, the
+    sshd session having been killed, to reap it)."""
     h = get_host(sshd.conn_id, env={"HOME": str(tmp_path)}, reconnect_pause_s=QUICK)
     h.run("true", check=True)
     ticks, pids = tmp_path / "ticks", tmp_path / "pids"
     cmd = (
         f"if [ -s {pids} ]; then p=$(cut -d' ' -f1 {pids}); "
-        f"kill -0 $p 2>/dev/null && echo FIRST-ALIVE || echo FIRST-GONE; exit 0; fi; "
-        + _TICKER.format(pids=pids, ticks=ticks)
+        f'case "$(ps -o stat= -p $p)" in ""|Z*) echo FIRST-GONE;; *) echo FIRST-ALIVE;; esac; '
+        f"exit 0; fi; " + _TICKER.format(pids=pids, ticks=ticks)
     )
     t = _drop_connections_when(sshd, lambda: _size(ticks) > 0)
     res = h.run(cmd, timeout_s=60, idempotent=True)
