@@ -4,7 +4,9 @@ In process (`speedmatrix.cli.main`), so Great Expectations and the report's impo
 for the module; against the simulator calibrated from the reference report (8K x 64 is over its
 KV capacity, so the plan's over-capacity path is on the page too), with 1 s windows. What is
 checked is the command (the DAG's steps in order, the server's lifecycle, landing, the page,
-the progress lines and the errors), not the figures.
+the progress lines and the errors), not the figures: the simulators these tests start
+themselves run at ``SIM_SCALE`` times the wall clock (what a cell measures is then that many
+times faster, as `run` does not know; a regression is still half the speed of its baseline).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ RECIPE = "sim/kimi-k2.7-nvfp4-rtxpro6k-x8"
 MODEL = "Kimi-K2.7-Code-NVFP4"
 TINY = ["--prefill-contexts", "8K", "--contexts", "8K", "--window-s", "1"]
 TINY += ["--max-output-tokens", "256"]
+SIM_SCALE = 4.0
+# For a recipe's simulator (the recipe starts it, at the wall clock's pace): a 1K prefill takes
+# a fraction of the 8K one's 1.25 s a request; the tests that use it are about the server's
+# lifecycle, not the cells.
+SHORT_PREFILL = ["--prefill-contexts", "1K"]
 
 
 def _free_port() -> int:
@@ -53,8 +60,9 @@ def _healthy(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def sim_url() -> Iterator[str]:
-    """A simulated server already running on loopback (no API key), for the module."""
-    with run_in_process(PROFILE) as url:
+    """A simulated server already running on loopback (no API key), for the module, at
+    ``SIM_SCALE`` times the wall clock: what these tests check is the command, not figures."""
+    with run_in_process(PROFILE, time_scale=SIM_SCALE) as url:
         yield url
 
 
@@ -149,8 +157,8 @@ def test_run_a_recipe_on_this_host(tmp_path, capsys, monkeypatch) -> None:
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("SPEEDMATRIX_API_KEY", raising=False)  # a sim run makes its own
-    rc = main(["run", RECIPE, *TINY, "--concurrencies", "1", "--port", str(_free_port()),
-               "--warehouse", str(wh)])  # fmt: skip
+    rc = main(["run", RECIPE, *TINY, *SHORT_PREFILL, "--concurrencies", "1",
+               "--port", str(_free_port()), "--warehouse", str(wh)])  # fmt: skip
     out, err = capsys.readouterr()
     assert rc == 0, err
     run, cells, page = _landed(wh, out)
@@ -230,8 +238,12 @@ def test_a_regression_is_landed_shown_on_the_terminal_and_fails_the_job(tmp_path
     env.pop("SPEEDMATRIX_API_KEY", None)
     run_ids = []
     profile = yaml.safe_load(PROFILE.read_text())
-    for speed, version in ((1.0, "0.1.dev1+g9fedd24fa"), (0.5, "0.1.dev2+g1234abcde")):
-        # the second run: a later commit of the engine, at half the speed
+    for speed, version in (
+        (SIM_SCALE, "0.1.dev1+g9fedd24fa"),
+        (SIM_SCALE / 2, "0.1.dev2+g1234abcde"),
+    ):
+        # the second run: a later commit of the engine, at half the speed (both faster than
+        # the wall clock: the figures of both runs in the same unit, half apart)
         with run_in_thread({**profile, "version": version}, port=port, time_scale=speed) as url:
             term = Terminal(
                 [sys.executable, "-m", "speedmatrix", "run", "--base-url", url,
@@ -245,7 +257,7 @@ def test_a_regression_is_landed_shown_on_the_terminal_and_fails_the_job(tmp_path
                 term.close()
         # (partial: a cell the loaded client marked invalid, which is not compared)
         run_ids.append(term.expect(r"run (\S+): (?:success|partial)").group(1))
-        if speed == 1.0:
+        if speed == SIM_SCALE:
             assert rc == 0, term.text
             assert "verdict: not compared (no earlier successful run of external/" in term.text
             _plant_history(Warehouse(str(wh)), run_ids[0])
@@ -278,7 +290,7 @@ def test_a_killed_run_is_taken_over_and_ctrl_c_stops_what_it_started(tmp_path) -
     home.mkdir()
     env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     env.pop("SPEEDMATRIX_API_KEY", None)
-    argv = [sys.executable, "-m", "speedmatrix", "run", RECIPE, "--prefill-contexts", "8K",
+    argv = [sys.executable, "-m", "speedmatrix", "run", RECIPE, *SHORT_PREFILL,
             "--contexts", "8K", "--concurrencies", "1", "--window-s", "60",
             "--port", str(_free_port()), "--warehouse", str(wh)]  # fmt: skip
     first = Terminal(argv, env=env, cwd=str(ROOT))

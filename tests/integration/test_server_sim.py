@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,17 +149,36 @@ def test_bad_argument_is_diagnosed_with_the_log_tail(local, sim):
     assert "last lines of" in str(err)
 
 
+def _hang_up_on_each(s: socket.socket, stop: threading.Event) -> None:
+    """Accept each connection to ``s`` and close it at once, until ``stop``: a port holder
+    that is not an HTTP server, whose probes fail at once rather than time out."""
+    s.settimeout(0.1)
+    while not stop.is_set():
+        try:
+            conn, _ = s.accept()
+        except TimeoutError:
+            continue
+        conn.close()
+
+
 def test_port_taken_is_refused_or_diagnosed(local, sim):
     recipe, prov = sim
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(PortInUse, match=rf"port {port} .*in use"):
-            start_server(recipe, prov, local, port=port, api_key="k")
-        # Skipping our check, the engine itself fails: diagnosed from its log.
-        with pytest.raises(ServerError) as exc:
-            start_server(recipe, prov, local, port=port, api_key="k", check_port=False)
+        stop = threading.Event()
+        holder = threading.Thread(target=_hang_up_on_each, args=(s, stop), daemon=True)
+        holder.start()
+        try:
+            with pytest.raises(PortInUse, match=rf"port {port} .*in use"):
+                start_server(recipe, prov, local, port=port, api_key="k")
+            # Skipping our check, the engine itself fails: diagnosed from its log.
+            with pytest.raises(ServerError) as exc:
+                start_server(recipe, prov, local, port=port, api_key="k", check_port=False)
+        finally:
+            stop.set()
+            holder.join()
     assert exc.value.diagnosis.code == "address_in_use"
     assert exc.value.log_tail
 

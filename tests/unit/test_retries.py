@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 from deltalake.exceptions import CommitFailedError
 
+from speedmatrix.engine.hosts import LocalHost, base, get_host
 from speedmatrix.engine.hosts.base import (
     RETRIES,
     CommandError,
     CommandResult,
     HostConnectionError,
+    backoff,
     reconnecting,
 )
 from speedmatrix.store.delta import MAX_ATTEMPTS, CommitConflictError, with_retries
@@ -113,3 +115,28 @@ def test_each_lost_commit_is_logged_before_it_is_tried_again(caplog):
     caplog.clear()
     with_retries("landing into t", Flaky(0, CommitFailedError("lost")), sleep=lambda s: None)
     assert not [r for r in caplog.records if r.name == "speedmatrix.store.delta"]
+
+
+class _DropsTwice(LocalHost):
+    """The local transport whose first two text copies lose their connection."""
+
+    drops = 2
+
+    def _put_text(self, text: str, remote: str, mode: int) -> None:
+        if self.drops:
+            self.drops -= 1
+            raise HostConnectionError("dropped")
+        super()._put_text(text, remote, mode)
+
+
+def test_a_host_waits_the_reconnect_pause_it_was_given(tmp_path, monkeypatch):
+    """`get_host(..., reconnect_pause_s=p)`: the n-th wait is n * p, at most 2.5 * p (the
+    default p of 2 s gives 2, 4, then 5 s); a test or an impatient caller sets it small."""
+    slept: list[float] = []
+    monkeypatch.setattr(base.time, "sleep", slept.append)
+    assert [backoff(0.1)(n) for n in (1, 2, 3, 4)] == pytest.approx([0.1, 0.2, 0.25, 0.25])
+    host = _DropsTwice("local", reconnect_pause_s=0.1)
+    host.put_text("x", str(tmp_path / "f"), mode=0o600)
+    assert (tmp_path / "f").read_text() == "x" and slept == pytest.approx([0.1, 0.2])
+    assert get_host("local").reconnect_pause_s == 2.0
+    assert get_host("local", reconnect_pause_s=0.5).reconnect_pause_s == 0.5

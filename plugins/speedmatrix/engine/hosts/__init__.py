@@ -21,7 +21,8 @@ SSH uses the SSH provider's ``SSHHook``. Host-key checking stays on: the connect
 a ``host_key`` extra or the host must be in ``~/.ssh/known_hosts``; this package never turns the
 check off. A host key that does not match or is unknown, refused credentials, or a connection
 id that is not configured raise :class:`HostRefused` at once: final, never retried (retrying
-cannot fix them). Other connection failures are retried (three connection attempts).
+cannot fix them). Other connection failures are retried (three connection attempts, 2 s then
+4 s apart: `get_host(..., reconnect_pause_s=...)` sets the first wait).
 
 A dropped connection does not stop a command on the host (without a pty, sshd leaves it
 running). So every SSH command runs in a session (and process group) of its own, ``setsid``,
@@ -62,6 +63,7 @@ One module per job:
 """
 
 from speedmatrix.engine.hosts.base import (
+    RECONNECT_PAUSE_S,
     CommandError,
     CommandResult,
     CommandTimeout,
@@ -90,11 +92,19 @@ __all__ = [
 ]
 
 
-def get_host(name: str = LOCAL, env: dict[str, str] | None = None, **hook_kwargs) -> Host:
+def get_host(
+    name: str = LOCAL,
+    env: dict[str, str] | None = None,
+    *,
+    reconnect_pause_s: float = RECONNECT_PAUSE_S,
+    **hook_kwargs,
+) -> Host:
     """``"local"`` -> this machine; anything else is an Airflow SSH connection id.
 
     ``env`` is exported before every command on that host (e.g. ``{"HOME": "/tmp/h"}``).
+    ``reconnect_pause_s`` is the first wait before a dropped connection is retried (then
+    twice it, at most 2.5 times it: :func:`.base.backoff`).
     """
     if name == LOCAL:
-        return LocalHost(LOCAL, env)
-    return SSHHost(name, env, **hook_kwargs)
+        return LocalHost(LOCAL, env, reconnect_pause_s=reconnect_pause_s)
+    return SSHHost(name, env, reconnect_pause_s=reconnect_pause_s, **hook_kwargs)

@@ -29,6 +29,16 @@ log = logging.getLogger("speedmatrix.hosts")
 RETRIES = 3
 """Tries in all for an idempotent step whose connection dropped (a refusal is never retried)."""
 
+RECONNECT_PAUSE_S = 2.0
+"""A host's first wait before it reconnects (``get_host(..., reconnect_pause_s=...)``): long
+enough for a restarting sshd or a flapping link to come back; see :func:`backoff`."""
+
+
+def backoff(first_s: float) -> Callable[[int], float]:
+    """The wait after the n-th failed try: ``n * first_s``, at most ``2.5 * first_s`` (for the
+    default 2 s: 2, 4, then 5 s)."""
+    return lambda attempt: min(first_s * attempt, 2.5 * first_s)
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -96,14 +106,16 @@ def reconnecting(
     host: str,
     attempts: int,
     *,
-    pause: Callable[[int], float] = lambda attempt: min(2 * attempt, 5),
+    pause: Callable[[int], float] | None = None,
     before: Callable[[], Any] | None = None,
-    sleep: Callable[[float], Any] = time.sleep,
+    sleep: Callable[[float], Any] | None = None,
 ) -> Retrying:
     """The hosts' one retry rule: a :class:`HostConnectionError` is tried again, up to
     ``attempts`` tries in all, ``pause(n)`` seconds after the n-th (2, 4, then 5 s); anything
-    else, and the last connection error itself, is raised as it is. ``before`` runs before each
-    wait (a reconnect). Call the result with the step: ``reconnecting(...)(step)``."""
+    else, and the last connection error itself, is raised as it is (``pause`` by default:
+    ``backoff(RECONNECT_PAUSE_S)``). ``before`` runs before each
+    wait (a reconnect); ``sleep`` waits (``time.sleep``, looked up when called). Call the result
+    with the step: ``reconnecting(...)(step)``."""
 
     def warn(state: Any) -> None:
         exc = state.outcome.exception()
@@ -113,10 +125,10 @@ def reconnecting(
 
     return Retrying(
         stop=stop_after_attempt(attempts),
-        wait=lambda state: pause(state.attempt_number),
+        wait=lambda state: (pause or backoff(RECONNECT_PAUSE_S))(state.attempt_number),
         retry=retry_if_exception_type(HostConnectionError),
         before_sleep=warn,
-        sleep=sleep,
+        sleep=sleep or time.sleep,
         reraise=True,
     )
 
@@ -126,9 +138,16 @@ class Host(ABC):
 
     name: str
 
-    def __init__(self, name: str, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        env: dict[str, str] | None = None,
+        *,
+        reconnect_pause_s: float = RECONNECT_PAUSE_S,
+    ):
         self.name = name
         self.env = dict(env or {})
+        self.reconnect_pause_s = reconnect_pause_s
         self._home: str | None = None
 
     # ---------------------------------------------------------------- commands
@@ -154,7 +173,7 @@ class Host(ABC):
         """
         attempts = RETRIES if idempotent else 1
         try:
-            result = reconnecting(self.name, attempts)(
+            result = reconnecting(self.name, attempts, pause=backoff(self.reconnect_pause_s))(
                 self._run_once, cmd, timeout_s, idle_timeout_s, env, stream
             )
         except HostConnectionError as exc:
@@ -269,7 +288,9 @@ class Host(ABC):
     def _retrying(self, fn: Callable[[], None]) -> None:
         """Run an idempotent file copy; a dropped connection (at connect time or in the middle
         of the transfer) reconnects and retries, up to ``RETRIES`` tries in all."""
-        reconnecting(self.name, RETRIES, before=self._reset)(fn)
+        reconnecting(self.name, RETRIES, pause=backoff(self.reconnect_pause_s), before=self._reset)(
+            fn
+        )
 
     # ---------------------------------------------------------------- transport
     @abstractmethod

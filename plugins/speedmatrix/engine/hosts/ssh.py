@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from speedmatrix.engine.hosts.base import (
+    RECONNECT_PAUSE_S,
     RETRIES,
     CommandResult,
     CommandTimeout,
@@ -29,6 +30,7 @@ from speedmatrix.engine.hosts.base import (
     HostConnectionError,
     HostError,
     HostRefused,
+    backoff,
     joined_text,
     reconnecting,
 )
@@ -45,8 +47,15 @@ _SSH_QUIET_LOG.setLevel(logging.WARNING)
 class SSHHost(Host):
     """Commands over SSH through an Airflow SSH connection (the provider's ``SSHHook``)."""
 
-    def __init__(self, ssh_conn_id: str, env: dict[str, str] | None = None, **hook_kwargs):
-        super().__init__(ssh_conn_id, env)
+    def __init__(
+        self,
+        ssh_conn_id: str,
+        env: dict[str, str] | None = None,
+        *,
+        reconnect_pause_s: float = RECONNECT_PAUSE_S,
+        **hook_kwargs,
+    ):
+        super().__init__(ssh_conn_id, env, reconnect_pause_s=reconnect_pause_s)
         self.ssh_conn_id = ssh_conn_id
         # The hook's own connection retries would retry a refused host key too: one attempt
         # per get_conn, the retries are _client's, which knows what not to retry.
@@ -80,7 +89,7 @@ class SSHHost(Host):
                     ) from exc
                 raise HostConnectionError(f"cannot connect to {self.name}: {why}") from exc
 
-        return reconnecting(self.name, RETRIES)(connect)
+        return reconnecting(self.name, RETRIES, pause=backoff(self.reconnect_pause_s))(connect)
 
     def _registration(self) -> str:
         """A file of this command's own, under the host-wide env's HOME when it sets one (the
@@ -161,8 +170,9 @@ class SSHHost(Host):
         cmd = f"bash -c {shlex.quote(ENDER)} ender {shlex.quote(reg)} {int(END_GRACE_S * 10)}"
         res: CommandResult | None = None
         why = ""
-        try:  # a connection error is tried again (1 s, then 2 s later), any other error not
-            res = reconnecting(self.name, RETRIES, pause=lambda attempt: min(attempt, 3))(
+        try:  # a connection error is tried again (by default 1 s, then 2 s later), no other
+            pause = backoff(self.reconnect_pause_s / 2)
+            res = reconnecting(self.name, RETRIES, pause=pause)(
                 self._run_once, cmd, 30 + END_GRACE_S, None, None, False, track=False
             )
         except HostError as exc:

@@ -12,6 +12,7 @@ import json
 import logging
 import shlex
 import time
+from collections.abc import Iterator
 
 from speedmatrix.engine.diagnose import diagnose
 from speedmatrix.engine.hosts import Host
@@ -19,6 +20,20 @@ from speedmatrix.engine.vllm_server.contract import ServerError, ServerHandle
 from speedmatrix.engine.vllm_server.registry import is_alive
 
 log = logging.getLogger("speedmatrix.server")
+
+FIRST_POLL_S = 0.25
+"""The first wait between readiness probes; each next one doubles, up to ``poll_s``. A server
+up in a second (the simulator, a tiny model) is seen within a fraction of a second of it,
+not up to ``poll_s`` later; a start of minutes is probed every ``poll_s`` after a few seconds."""
+
+
+def poll_waits(poll_s: float) -> Iterator[float]:
+    """The waits between readiness probes: ``FIRST_POLL_S``, doubling, at most ``poll_s``."""
+    wait = min(FIRST_POLL_S, poll_s)
+    while True:
+        yield wait
+        wait = min(2 * wait, poll_s)
+
 
 _PROBE_PY = r"""
 import json, os, sys, urllib.request, urllib.error
@@ -125,13 +140,15 @@ def wait_ready(
 ) -> ServerHandle:
     """Block until the server passes all four readiness checks; raise ServerError otherwise.
 
-    Ends early (with the diagnosis) as soon as the server's process group is gone, its log has
+    Probes soon after the start, then less often, every ``poll_s`` after a few seconds
+    (:func:`poll_waits`). Ends early (with the diagnosis) as soon as the server's process group is gone, its log has
     a line that is fatal by itself (``diagnose(..., fatal_only=True)``: a hang is diagnosed at
     the timeout, not on sight), or an answer says waiting cannot help (:func:`_not_ready`).
     """
     host = host or handle.get_host()
     deadline = time.monotonic() + timeout_s
     last: dict = {}
+    waits = poll_waits(poll_s)
     while True:
         if not is_alive(host, handle):
             raise _failure(host, handle, f"the server on {host.name} exited before it was ready")
@@ -170,7 +187,7 @@ def wait_ready(
                 f"the server on {host.name} was not ready within {timeout_s:g} s: {missing} "
                 f"(last probe: {json.dumps(last)[:300]})",
             )
-        time.sleep(poll_s)
+        time.sleep(next(waits))
 
 
 def _not_ready(probe: dict, served: str) -> tuple[str | None, bool]:
