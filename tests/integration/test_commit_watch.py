@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from airflow_runner import Runner
 from github_fake import FakeGitHub
 
 from speedmatrix import recipes as recipes_mod
@@ -111,6 +110,48 @@ def migrated_db(tmp_path_factory) -> Path:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return home / "airflow.db"
+
+
+class Runner:
+    """One tests/integration/airflow_runner.py process: dag.test() on request."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._log = open(log, "a")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("airflow_runner.py"))],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        self.ready = self._answer()
+
+    def _answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        assert line, f"airflow runner died:\n{self.log.read_text()[-4000:]}"
+        out = json.loads(line)
+        assert "error" not in out, f"{out['error']}\n{self.log.read_text()[-4000:]}"
+        return out
+
+    def send(self, **cmd) -> None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def call(self, **cmd) -> dict:
+        self.send(**cmd)
+        return self._answer()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
 
 
 @dataclass
@@ -280,7 +321,7 @@ def test_two_racing_polls_trigger_each_commit_once(sandbox):
     fake.barrier = threading.Barrier(2)
     for r in (first, second):
         r.send(op="run", dag_id="vllm_commit_watch")
-    answers = [r.answer() for r in (first, second)]
+    answers = [r._answer() for r in (first, second)]
     assert all("run_id" in a for a in answers), answers
     fake.barrier = None
     assert len(fake.commits_requests()) == 3  # both racers really polled

@@ -22,11 +22,9 @@ from speedmatrix.store.warehouse import Warehouse
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-# Small contexts: the simulator prefills 2K and 4K prompts in a fraction of 8K's and 16K's
-# time (three cold prompts each); the order across contexts is what is checked, not the size.
-CONF = {"prefill_contexts": ["2K", "4K"], "contexts": ["2K", "4K"], "concurrencies": [1],
+CONF = {"prefill_contexts": ["8K", "16K"], "contexts": ["8K", "16K"], "concurrencies": [1],
         "window_s": 1, "max_output_tokens": 256}  # fmt: skip
-ORDER = ["2K", "2K x 1", "prefill 4K", "4K x 1"]  # plan.run_order: per context
+ORDER = ["8K", "8K x 1", "prefill 16K", "16K x 1"]  # plan.run_order: per context
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +60,7 @@ def test_the_demo_shows_the_run_in_order_and_keeps_airflows_log_in_a_file(migrat
     assert re.search(r"cells .*ETA \d+:\d\d", out)  # the live bar, as `speedmatrix run` shows
     assert "verdict: not compared (no earlier successful run of sim/" in out  # and its verdict
     # each cell's line as it ends (the bar's redraws run into it on the captured screen)
-    done = re.findall(r"(prefill 4K|4K x 1|2K x 1|2K): [\d,.]+ tok/s", out)
+    done = re.findall(r"(prefill 16K|16K x 1|8K x 1|8K): [\d,.]+ tok/s", out)
     assert done == ORDER, done
     # and measured in that order: the cells' windows, as landed
     run_id = term.expect(r"run id:\s+(\S+)").group(1)
@@ -70,7 +68,7 @@ def test_the_demo_shows_the_run_in_order_and_keeps_airflows_log_in_a_file(migrat
     measured = sorted(cells, key=lambda c: c["started_at"])
     labels = [c["context_label"] if c["phase"] == "decode" else f"prefill {c['context_label']}"
               for c in measured]  # fmt: skip
-    assert labels == ["prefill 2K", "2K", "prefill 4K", "4K"], labels
+    assert labels == ["prefill 8K", "8K", "prefill 16K", "16K"], labels
     assert all(c["status"] == "valid" for c in cells if c["phase"] == "prefill"), [
         (c["context_label"], c["error"]) for c in cells
     ]
@@ -79,7 +77,7 @@ def test_the_demo_shows_the_run_in_order_and_keeps_airflows_log_in_a_file(migrat
 def test_ctrl_c_on_the_demo_stops_the_server_and_releases_the_lease(migrated, tmp_path):
     term = _demo(tmp_path, migrated, "interrupted")
     try:
-        term.expect(r"2K x 1", timeout=300)  # the first decode cell measures
+        term.expect(r"8K x 1", timeout=300)  # the first decode cell measures
         term.ctrl_c()
         rc = term.wait(timeout=300)
     finally:
@@ -101,11 +99,7 @@ def test_ctrl_c_on_a_bare_dags_test_stops_the_server_and_releases_the_lease(migr
     stops the server and releases the lease (the demo runs it once more; nothing does here)."""
     home = tmp_path / "home"
     home.mkdir()
-    # 8K and 16K here, as before: with 2K's short prefill cells, Ctrl-C at decode_cells'
-    # start was seen to end dag.test with SQLAlchemy's DetachedInstanceError before the
-    # teardown (left for its owners; the timing this test was written for is kept)
-    conf = {**CONF, "prefill_contexts": ["8K", "16K"], "contexts": ["8K", "16K"],
-            "recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8", "ssh_conn_id": "local",
+    conf = {**CONF, "recipe": "sim/kimi-k2.7-nvfp4-rtxpro6k-x8", "ssh_conn_id": "local",
             "port": free_port()}  # fmt: skip
     env = {**os.environ, "HOME": str(home), "AIRFLOW_HOME": str(migrated), "COLUMNS": "120",
            "SPEEDMATRIX_WAREHOUSE": str(tmp_path / "wh"), "PYTHONUNBUFFERED": "1",

@@ -1,13 +1,9 @@
 """speed_matrix end to end through Airflow (dag.test) on the `local` host, simulated engine.
 
-Each run goes through the demo's code path (`speedmatrix.cli.demo.run_dag`, what `make demo`
-runs) in one long-lived Airflow process of this module (tests/integration/airflow_runner.py),
-with the test's environment and a private HOME, so the host lease and the server state
-directory belong to the test: Airflow's start-up, the DAG's first task and the imports of
-validation and report are paid once per module, not once per run (the demo's own process, its
-terminal and Ctrl-C: test_demo_terminal.py). The matrix is small and the windows short: what is
-checked is the pipeline (plan, over capacity, mapped cells, validation, landing, report,
-teardown), not the numbers.
+Each run is `python -m speedmatrix.cli.demo --conf … --result-json …` in a subprocess (the code
+path `make demo` uses) with a private HOME, so the host lease and the server state directory
+belong to the test. The matrix is small and the windows short: what is checked is the pipeline
+(plan, over capacity, mapped cells, validation, landing, report, teardown), not the numbers.
 """
 
 from __future__ import annotations
@@ -24,15 +20,14 @@ import time
 from pathlib import Path
 
 import pytest
-from airflow_runner import Runner
 from alert_catchers import MAIL_TO, start_catchers
 from speed_matrix_helpers import (
     KEY,
+    finish,
     free_port,
     no_server_left,
-    result_of,
-    run_in,
-    start_in,
+    outcome,
+    start_run,
     wait_for_line,
 )
 
@@ -50,9 +45,7 @@ CONF = {
     "contexts": ["8K", "16K"],
     "concurrencies": [1, 2, 32],
     "window_s": 2,
-    # no stream finishes inside a 2 s window (8K decodes at ~55 tok/s a stream): C stays in
-    # flight; a burst measures its requests to completion, 2 x 256 tokens in ~5 s
-    "max_output_tokens": 256,
+    "max_output_tokens": 512,  # no stream finishes inside a 2 s window: C stays in flight
 }
 
 
@@ -66,31 +59,6 @@ def migrated(airflow_db: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def airflow_process(migrated: Path, tmp_path_factory):
-    """The module's long-lived Airflow process (tests/integration/airflow_runner.py) on the
-    session's metadata DB. `airflow_process()` is it; one that a failed test left with a run
-    unfinished is replaced."""
-    logs = tmp_path_factory.mktemp("airflow-runner")
-    kept: list[Runner] = []
-
-    def current() -> Runner:
-        if kept and (kept[0].pending or kept[0].proc.poll() is not None):
-            kept.pop().close()
-        if not kept:
-            kept.append(Runner(dict(os.environ), logs / f"runner-{len(list(logs.iterdir()))}.log"))
-        return kept[0]
-
-    yield current
-    for runner in kept:
-        runner.close()
-
-
-@pytest.fixture
-def dags(airflow_process) -> Runner:
-    return airflow_process()
-
-
-@pytest.fixture(scope="module")
 def catchers():
     """A real SMTP server and a chat-webhook catcher on loopback, for the whole module."""
     c, stop = start_catchers()
@@ -100,8 +68,8 @@ def catchers():
 
 @pytest.fixture
 def alerts(catchers, monkeypatch):
-    """The deployment's alert settings point at the catchers (the run gets this environment:
-    the settings are the deployment's, never the conf)."""
+    """The deployment's alert settings point at the catchers (the run's subprocess inherits
+    this environment: the settings are the deployment's, never the conf)."""
     for key, value in catchers.env().items():
         monkeypatch.setenv(key, value)
     catchers.clear()
@@ -132,16 +100,18 @@ def home(tmp_path: Path) -> Path:
 
 
 # A manual KV budget of 32K tokens (2,048 blocks of 16, 2,047 usable) in place of the
-# server's 16,498 blocks: 16K x 2 needs 2 x ceil((16,384 + 256) / 16) = 2,080 blocks, so the
-# budget, not the server, puts it over capacity; 8K x 2 (1,056) and 16K x 1 (1,040) still run.
+# server's 16,498 blocks: 16K x 2 needs 2 x ceil((16,384 + 512) / 16) = 2,112 blocks, so the
+# budget, not the server, puts it over capacity; 8K x 2 (1,088) and 16K x 1 (1,056) still run.
 KV_BUDGET = "32K"
 
 
-def test_speed_matrix_against_simulator_through_local(dags, tmp_path, home, alerts):
+def test_speed_matrix_against_simulator_through_local(migrated, tmp_path, home, alerts):
     # and a burst of 2 requests at once at each context (issue #43 item 12): 8K's runs, 16K's
     # is over the budget as 16K x 2 is
     conf = {**CONF, "port": free_port(), "kv_budget": KV_BUDGET, "burst": [2]}
-    out, log = run_in(dags, tmp_path, home, conf, "run")
+    proc, log, result = start_run(tmp_path, home, migrated, conf, "run")
+    finish(proc)
+    out = outcome(result)
     assert out["state"] == "success", log.read_text()[-4000:]
     tasks = out["tasks"]
     # readable map indexes, one mapped task per runnable cell; over-capacity cells not run
@@ -195,16 +165,13 @@ def test_speed_matrix_against_simulator_through_local(dags, tmp_path, home, aler
     # ...and the over-capacity rule used it: 16K x 2 fits the server, not the budget
     over = by_cell[("decode", "16K", 2)]
     assert over["status"] == "over_capacity" and over["output_tokens"] is None
-    assert "2080 KV blocks > 2047 available" in over["error"], over["error"]
+    assert "2112 KV blocks > 2047 available" in over["error"], over["error"]
     for ctx, c in (("8K", 1), ("8K", 2), ("16K", 1)):
         assert by_cell[("decode", ctx, c)]["status"] == "valid", by_cell[("decode", ctx, c)]
     # the burst: its own cell, measured to completion, landed through the cells suite
     burst = by_cell[("burst", "8K", 2)]
     assert burst["status"] == "valid", burst["error"]
-    assert (burst["completed_requests"], burst["output_tokens"]) == (
-        2,
-        2 * CONF["max_output_tokens"],
-    )
+    assert (burst["completed_requests"], burst["output_tokens"]) == (2, 2 * 512)
     assert burst["window_s"] is None
     assert burst["latency_ms"] > burst["ttft_ms"] > 0 and burst["e2e_per_request_tok_s"] > 0
     assert by_cell[("burst", "16K", 2)]["status"] == "over_capacity"
@@ -237,7 +204,7 @@ def test_speed_matrix_against_simulator_through_local(dags, tmp_path, home, aler
     no_server_left(home)
 
 
-def test_repeated_cell_lands_in_cell_repeats_and_gives_its_own_noise(dags, tmp_path, home):
+def test_repeated_cell_lands_in_cell_repeats_and_gives_its_own_noise(migrated, tmp_path, home):
     """repeats = 2 on one decode cell, in one DAG run: the primary in cells, the repeat (its
     own mapped decode task) in cell_repeats, and the noise table's between-run spread of that
     cell from this run alone. The first context has no prefill cell, so `prefill` (the prefill
@@ -259,7 +226,9 @@ def test_repeated_cell_lands_in_cell_repeats_and_gives_its_own_noise(dags, tmp_p
         "adaptive": True,
         "adaptive_min_s": 2,
     }
-    out, log = run_in(dags, tmp_path, home, conf, "repeats")
+    proc, log, result = start_run(tmp_path, home, migrated, conf, "repeats")
+    finish(proc)
+    out = outcome(result)
     assert out["state"] == "success", log.read_text()[-4000:]
     tasks = out["tasks"]
     assert {k for k in tasks if k.startswith("decode[")} == {
@@ -313,18 +282,25 @@ def test_repeated_cell_lands_in_cell_repeats_and_gives_its_own_noise(dags, tmp_p
     no_server_left(home)
 
 
-def test_server_killed_mid_run_lands_measured_cells_and_fails_fast(dags, tmp_path, home, alerts):
+def test_server_killed_mid_run_lands_measured_cells_and_fails_fast(
+    migrated, tmp_path, home, alerts
+):
     conf = {**CONF, "concurrencies": [1, 2], "port": free_port()}
-    log = start_in(dags, tmp_path, home, conf, "killed")
-    # kill after the first decode cell that came out valid (a failed test leaves the run to
-    # the fixture, which replaces the process)
-    wait_for_line(log, r"cell \d+K x \d+: valid", dags.ended)
-    pid_file = home / ".speedmatrix" / "servers" / str(conf["port"]) / "pid"
-    pgid = int(pid_file.read_text().split()[0])
-    os.killpg(pgid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    out = result_of(dags)
+    proc, log, result = start_run(tmp_path, home, migrated, conf, "killed")
+    try:
+        # dag.test() runs the mapped decode cells in no fixed order (seen: 8K x 1 last, so a
+        # kill after it hit no cell): kill after the first decode cell that came out valid
+        wait_for_line(log, r"cell \d+K x \d+: valid", proc)
+        pid_file = home / ".speedmatrix" / "servers" / str(conf["port"]) / "pid"
+        pgid = int(pid_file.read_text().split()[0])
+        os.killpg(pgid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        finish(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     after_kill_s = time.monotonic() - killed_at
+    out = outcome(result)
     assert out["state"] == "failed"
     tasks = out["tasks"]
     assert tasks["conclude"]["state"] == "failed"
@@ -366,29 +342,30 @@ def test_server_killed_mid_run_lands_measured_cells_and_fails_fast(dags, tmp_pat
     no_server_left(home)
 
 
-def test_two_runs_for_one_host_are_serialised_by_the_lease(
-    migrated, airflow_process, tmp_path, home
-):
-    # Two independent Airflow installations (own metadata DBs: as two workers would be): a
-    # second process on a copy of the DB and this module's. One host (same HOME, so the same
-    # lease file). The second process's run starts first; once it holds the lease, this
-    # module's starts: it must find the host taken and wait until the first one's teardown
-    # released it.
+def test_two_runs_for_one_host_are_serialised_by_the_lease(migrated, tmp_path, home):
+    # Two independent Airflow installations (own metadata DBs: as two workers would be), one
+    # host (same HOME, so the same lease file), started together: whichever takes the lease
+    # first, the other must wait until the first one's teardown released it.
     other = tmp_path / "airflow-b"
     shutil.copytree(migrated, other)
-    a = airflow_process()
-    b = Runner({**os.environ, "AIRFLOW_HOME": str(other)}, tmp_path / "runner-b.log")
-    small = {**CONF, "prefill_contexts": ["8K"], "contexts": ["8K"], "concurrencies": [1]}
+    small = {**CONF, "prefill_contexts": ["8K", "16K"], "contexts": ["8K"], "window_s": 5}
+    small["concurrencies"] = [1, 2]
+    a, log_a, res_a = start_run(tmp_path, home, migrated, {**small, "port": free_port()}, "a")
+    b, log_b, res_b = start_run(tmp_path, home, other, {**small, "port": free_port()}, "b")
     try:
-        log_b = start_in(b, tmp_path, home, {**small, "port": free_port()}, "b")
-        wait_for_line(log_b, r"lease on local taken by speed_matrix/", b.ended)
-        log_a = start_in(a, tmp_path, home, {**small, "port": free_port()}, "a")
-        runs = [(result_of(a), log_a), (result_of(b), log_b)]
+        finish(a, timeout=900)
+        finish(b, timeout=900)
     finally:
-        b.close()
+        for p in (a, b):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    runs = [(outcome(res_a), log_a), (outcome(res_b), log_b)]
     for out, log in runs:
         assert out["state"] == "success", log.read_text()[-3000:]
-    (second, second_log), (first, _) = runs
+    # order by who started its server first
+    (first, _), (second, second_log) = sorted(
+        runs, key=lambda r: r[0]["tasks"]["setup_server"]["start"]
+    )
     holder_first = "speed_matrix/" + first["dag_run_id"]
     assert f"held by {holder_first}" in second_log.read_text()  # it found the host taken
     assert second["tasks"]["wait_for_host"]["state"] == "success"
@@ -400,9 +377,11 @@ def test_two_runs_for_one_host_are_serialised_by_the_lease(
     no_server_left(home)
 
 
-def test_unknown_recipe_fails_in_resolve_before_touching_the_host(dags, tmp_path, home, alerts):
+def test_unknown_recipe_fails_in_resolve_before_touching_the_host(migrated, tmp_path, home, alerts):
     conf = {"recipe": "no/such/recipe", "port": free_port()}
-    out, log = run_in(dags, tmp_path, home, conf, "bad")
+    proc, log, result = start_run(tmp_path, home, migrated, conf, "bad")
+    finish(proc)
+    out = outcome(result)
     assert out["state"] == "failed"
     tasks = out["tasks"]
     assert tasks["resolve"]["state"] == "failed"
@@ -414,7 +393,7 @@ def test_unknown_recipe_fails_in_resolve_before_touching_the_host(dags, tmp_path
 
 
 def test_a_regression_alerts_by_mail_and_webhook_and_emits_the_verdict_assets(
-    dags, tmp_path, home, alerts
+    migrated, tmp_path, home, alerts
 ):
     """A planted regression (the baseline in the warehouse is far faster than the simulator):
     `regressions` fails the run, the alert names the regressed cell with its figures, the
@@ -477,7 +456,9 @@ def test_a_regression_alerts_by_mail_and_webhook_and_emits_the_verdict_assets(
         "warehouse": str(wh_root),
         "port": free_port(),
     }
-    out, log = run_in(dags, tmp_path, home, conf, "regressed")
+    proc, log, result = start_run(tmp_path, home, migrated, conf, "regressed")
+    finish(proc)
+    out = outcome(result)
     assert out["state"] == "failed", log.read_text()[-4000:]
     tasks = out["tasks"]
     assert tasks["regressions"]["state"] == "failed"
