@@ -87,12 +87,6 @@ def test_ctrl_c_on_the_demo_stops_the_server_and_releases_the_lease(migrated, tm
     no_server_left(tmp_path / "home")
 
 
-# Alone (Makefile `test`, phase 2): in the suite's first run with three workers (load ~4) the
-# Ctrl-C at decode_cells' start ended dag.test with SQLAlchemy's DetachedInstanceError before
-# the DAG's teardown ran, a race of the interrupt with dag.test's own session use that a busy
-# machine opens (seen before at load ~20 with 2K prefills). It is a real fault, open (issue #41's
-# note): this test keeps the moment it was written for on a quiet machine, and stays able to fail.
-@pytest.mark.alone
 def test_ctrl_c_on_a_bare_dags_test_stops_the_server_and_releases_the_lease(migrated, tmp_path):
     """`airflow dags test speed_matrix`, no demo around it: its wait_for_host task installs the
     interrupt rules (flows/dagtest.install_for_process), and the DAG's own teardown is all that
