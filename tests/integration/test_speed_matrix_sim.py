@@ -36,7 +36,8 @@ from speedmatrix.report.site import run_page
 from speedmatrix.store.extra import read_extra
 from speedmatrix.store.warehouse import Warehouse
 
-pytestmark = pytest.mark.integration
+# six DAG runs, an Airflow process each (~4 min of one worker): started first in its phase
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 # 8K and 16K at C = 1, 2 fit the calibrated KV cache (16,498 blocks of 16); C = 32 does not.
 CONF = {

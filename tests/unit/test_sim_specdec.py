@@ -140,6 +140,7 @@ NOT_HELD: dict[str, str] = {}
 passing fails the run, so the entry goes)."""
 
 
+@pytest.mark.long  # a calibration each (tens of CPU-s when the library changed)
 @pytest.mark.parametrize(
     "variant",
     [

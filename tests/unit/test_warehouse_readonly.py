@@ -193,3 +193,54 @@ def test_a_query_that_begins_after_its_timeout_is_still_stopped(landed):
     assert time.monotonic() - t0 < 10, "stopped by the backstop, not by its timeout"
     queries._con = real
     queries.close()
+
+
+class _InterruptedAsRuntimeError:
+    """A connection whose query, once interrupted, raises Python's RuntimeError("Query
+    interrupted"), as DuckDB did from `execute` on a loaded machine (the CLI then printed an
+    internal error's traceback, not the timeout)."""
+
+    def __init__(self, con) -> None:
+        self._con, self._stopped = con, threading.Event()
+
+    def execute(self, *args, **kwargs):
+        assert self._stopped.wait(10), "never interrupted"
+        raise RuntimeError("Query interrupted")
+
+    def interrupt(self) -> None:
+        self._stopped.set()
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+@pytest.mark.timeout(60)
+def test_a_query_interrupted_into_a_runtime_error_is_the_timeout(landed):
+    from speedmatrix.store.query import QueryLimitError
+
+    root, _ = landed
+    queries = Warehouse(str(root))
+    queries.query("SELECT 1")  # connected
+    real = queries._con
+    queries._con = _InterruptedAsRuntimeError(real)
+    try:
+        with pytest.raises(QueryLimitError, match=r"timeout of 0\.2 s"):
+            queries.query("SELECT 1", timeout_s=0.2)
+        # a RuntimeError that is not about the interrupt stays what it is
+        queries._con = _Raising(real, RuntimeError("something else"))
+        with pytest.raises(RuntimeError, match="something else"):
+            queries.query("SELECT 1", timeout_s=30)
+    finally:
+        queries._con = real
+        queries.close()
+
+
+class _Raising:
+    def __init__(self, con, exc: Exception) -> None:
+        self._con, self._exc = con, exc
+
+    def execute(self, *args, **kwargs):
+        raise self._exc
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)

@@ -226,11 +226,13 @@ class WarehouseQueries:
                     f"{self.memory_limit or 'DuckDB default'} (raise it with --memory-limit, "
                     f"e.g. --memory-limit 8GB): {first}"
                 ) from None
-            except duckdb.Error as exc:
+            except (duckdb.Error, RuntimeError) as exc:
                 # Interrupted inside a scan of an Arrow dataset, DuckDB reports it as another
-                # error ("Query interrupted" in an internal or invalid-input one, seen on a
-                # loaded machine): whatever it raised after our interrupt is the timeout.
-                if not (isinstance(exc, duckdb.InterruptException) or fired.is_set()):
+                # error ("Query interrupted" in an internal or invalid-input one, or as Python's
+                # own RuntimeError: each seen on a loaded machine): whatever DuckDB raised after
+                # our interrupt is the timeout, and a RuntimeError only when it says so.
+                ours = isinstance(exc, duckdb.Error) or "interrupted" in str(exc).lower()
+                if not (isinstance(exc, duckdb.InterruptException) or (fired.is_set() and ours)):
                     raise
                 raise QueryLimitError(
                     f"the query was stopped after its timeout of {timeout_s:g} s "
