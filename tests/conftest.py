@@ -114,6 +114,11 @@ def browser():
 _ENV_FIXTURES = {"vllm_cpu_env", "vllm_cpu_host"}
 
 
+# Modules whose tests one worker takes together under `--dist loadgroup` (make test's phase 3):
+# their module-scoped fixture measures for about a minute, paid once, not once per worker.
+ONE_WORKER_MODULES = frozenset({"tests/integration/test_regression_http.py"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest chains first, because xdist hands files out in this order: the Airflow
     deployment (~5 min of one worker), then the files that provision the vllm-cpu env (~8 min
@@ -143,14 +148,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         first.setdefault(item.nodeid.split("::")[0], rank(item))
 
     def key(item: pytest.Item) -> int:
-        return -1 if item.get_closest_marker("long") else first[item.nodeid.split("::")[0]]
+        module = item.nodeid.split("::")[0]
+        if item.get_closest_marker("long"):
+            return -2 if module in ONE_WORKER_MODULES else -1  # a whole module: the longest
+        return first[module]
 
     items.sort(key=key)
-
-
-# Modules whose tests one worker takes together under `--dist loadgroup` (make test's phase 3):
-# their module-scoped fixture measures for about a minute, paid once, not once per worker.
-ONE_WORKER_MODULES = frozenset({"tests/integration/test_regression_http.py"})
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
