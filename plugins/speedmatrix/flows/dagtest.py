@@ -14,8 +14,8 @@ through :func:`_run_in_order`:
   (never the teardown), and only within the task's own code: caught in Airflow's steps around
   it (state updates, database sessions) it is tried again every RETRY_S. Between tasks it is
   noted and dag.test's loop goes on, since raised there it would end dag.test with the server
-  running. The demo then runs the teardown once
-  more (idempotent), whatever the DAG's teardown did.
+  running. The demo then runs the teardown once more (idempotent), whatever the DAG's
+  teardown did.
 
 `make demo` drives dag.test() within :func:`driving`; a bare `airflow dags test speed_matrix`
 gets the same rules from its `wait_for_host` task on (:func:`install_for_process`), and were the
@@ -86,18 +86,15 @@ def in_task_code(frame: FrameType | None) -> bool:
     from airflow.sdk.execution_time import task_runner
 
     execute = task_runner._run_execute_callable.__code__
-    ours = None
+    ours = False  # a frame of ours seen, before any of Airflow's, from the innermost out
     while frame is not None:
         module = str(frame.f_globals.get("__name__", ""))
-        if ours is None:
-            if module.startswith(("speedmatrix", UNUSUAL_MODULE_PREFIX)):
-                ours = (
-                    True  # the innermost frame of ours: what runs is the task's (or what it calls)
-                )
-            elif module.startswith(("airflow", "sqlalchemy")):
+        if not ours:
+            if module.startswith(("airflow", "sqlalchemy")):
                 return False  # Airflow's own work, even when the task called it
+            ours = module.startswith(("speedmatrix", UNUSUAL_MODULE_PREFIX))
         if frame.f_code is execute:
-            return bool(ours)
+            return ours
         frame = frame.f_back
     return False
 
