@@ -157,6 +157,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=key)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest -p no:xdist still runs
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`--dist loadgroup`: each test apart, but a module of ONE_WORKER_MODULES whole, in
     collection order. xdist's own loadgroup marks its groups by rewriting node ids, which pytest

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import airflow.sdk.definitions.dag as dag_module
+import pytest
 from airflow.sdk.execution_time import task_runner
 
 from speedmatrix.flows import dagtest
@@ -42,6 +43,11 @@ def _here() -> Any:
     return sys._getframe(1)
 
 
+def _press_in_task_code(interrupt: dagtest.Interrupt) -> None:
+    """Ctrl-C while the library runs within a task's execute."""
+    _in_execute(lambda: interrupt.handler(2, _here()), via=("speedmatrix.loadgen.decode",))
+
+
 def test_the_rules_are_installed_once_and_never_over_the_demos(monkeypatch) -> None:
     original = dag_module._run_task
     said: list[str] = []
@@ -56,14 +62,9 @@ def test_the_rules_are_installed_once_and_never_over_the_demos(monkeypatch) -> N
     assert dagtest.install_for_process() is False
     interrupt = dagtest._installed[0]
     interrupt.in_task = True  # a task runs: the interrupt cuts its own code short
-    try:
-        _in_execute(lambda: interrupt.handler(2, _here()), via=("speedmatrix.flows.cells",))
-    except KeyboardInterrupt:
-        pass
-    else:
-        raise AssertionError("the first Ctrl-C interrupts the task it hits")
-    # the second is put off: the teardown must finish
-    _in_execute(lambda: interrupt.handler(2, _here()), via=("speedmatrix.flows.cells",))
+    with pytest.raises(KeyboardInterrupt):  # the first Ctrl-C interrupts the task it hits
+        _press_in_task_code(interrupt)
+    _press_in_task_code(interrupt)  # the second is put off: the teardown must finish
     assert interrupt.pressed and len(said) == 2
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -116,14 +117,10 @@ def test_an_interrupt_in_airflow_s_steps_is_tried_again_until_the_task_s_code_ru
         assert came == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, before)
-    try:
-        _in_execute(lambda: interrupt.handler(2, _here()), via=("speedmatrix.loadgen.decode",))
-    except KeyboardInterrupt:
-        pass
-    else:
-        raise AssertionError("the interrupt put off cuts the task once its own code runs")
+    with pytest.raises(KeyboardInterrupt):  # put off, it cuts the task once its code runs
+        _press_in_task_code(interrupt)
     assert not interrupt.cutting and len(said) == 1  # one press, said once
-    _in_execute(lambda: interrupt.handler(2, _here()), via=("speedmatrix.loadgen.decode",))
+    _press_in_task_code(interrupt)
     assert said[-1].startswith("interrupt noted")  # the second: put off, not raised
     interrupt.cutting, interrupt.in_task = True, False  # the task ended before the retry came
     interrupt.handler(2, None)
