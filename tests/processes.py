@@ -7,8 +7,9 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from waiting import poll_until
 
 
 def running(pids: list[int]) -> list[int]:
@@ -66,10 +67,7 @@ def group_running(pgid: int) -> list[int]:
 
 def wait_gone(pid: int, within_s: float = 5.0) -> bool:
     """Whether ``pid`` stops running (is gone or a zombie) within ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not alive(pid)
+    return poll_until(lambda: not alive(pid), within_s)
 
 
 START_TOGETHER = """

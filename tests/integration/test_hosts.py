@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 from processes import wait_gone
+from waiting import poll_until
 
 from speedmatrix.engine import hosts
 from speedmatrix.engine.hosts import (
@@ -64,9 +65,7 @@ def test_total_timeout_kills_the_command_on_the_host(host):
     with pytest.raises(CommandTimeout, match="total timeout"):
         host.run(f"echo start; {marker}", timeout_s=1)
     assert time.monotonic() - t0 < 20
-    deadline = time.monotonic() + 5
-    while _alive(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    poll_until(lambda: not _alive(marker), 5)
     assert _alive(marker) == []
 
 
@@ -246,12 +245,7 @@ def _stops_growing(path, within_s: float = 2.0, quiet_s: float = 0.6) -> bool:
 
 
 def _session_gone(sid: int, within_s: float = 2.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while hosts.local._session_pids(sid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return poll_until(lambda: not hosts.local._session_pids(sid), within_s)
 
 
 _TICKER = "echo $$ $(ps -o sid= -p $$) > {pids}; while :; do echo t >> {ticks}; sleep 0.2; done"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
-import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -14,6 +12,7 @@ from typing import Any
 import airflow.sdk.definitions.dag as dag_module
 import pytest
 from airflow.sdk.execution_time import task_runner
+from waiting import poll_until
 
 from speedmatrix.flows import dagtest
 
@@ -111,9 +110,7 @@ def test_an_interrupt_in_airflow_s_steps_is_tried_again_until_the_task_s_code_ru
     try:
         _call_as("sqlalchemy.orm.session", lambda: interrupt.handler(2, _here()))
         assert interrupt.pressed and interrupt.cutting and len(said) == 1
-        deadline = time.monotonic() + 10
-        while not came and time.monotonic() < deadline:
-            threading.Event().wait(dagtest.RETRY_S / 5)  # the re-sent signal runs its handler
+        poll_until(lambda: came, 10, every_s=dagtest.RETRY_S / 5)  # the re-sent signal
         assert came == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, before)

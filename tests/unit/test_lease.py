@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import stat
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from waiting import poll_until
 
 from speedmatrix.engine import lease as lease_mod
 from speedmatrix.engine.hosts import get_host
@@ -83,10 +83,7 @@ class HostClock:
 
 def wait_until(predicate, timeout_s: float = 30.0, what: str = "") -> None:
     """Poll until `predicate()` holds (the event waited for), failing after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.02)
+    assert poll_until(predicate, timeout_s, every_s=0.02), f"not within {timeout_s} s: {what}"
 
 
 class Ticks:
