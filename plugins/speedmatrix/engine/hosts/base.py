@@ -173,7 +173,7 @@ class Host(ABC):
         """
         attempts = RETRIES if idempotent else 1
         try:
-            result = reconnecting(self.name, attempts, pause=backoff(self.reconnect_pause_s))(
+            result = self._reconnecting(attempts)(
                 self._run_once, cmd, timeout_s, idle_timeout_s, env, stream
             )
         except HostConnectionError as exc:
@@ -288,8 +288,12 @@ class Host(ABC):
     def _retrying(self, fn: Callable[[], None]) -> None:
         """Run an idempotent file copy; a dropped connection (at connect time or in the middle
         of the transfer) reconnects and retries, up to ``RETRIES`` tries in all."""
-        reconnecting(self.name, RETRIES, pause=backoff(self.reconnect_pause_s), before=self._reset)(
-            fn
+        self._reconnecting(RETRIES, before=self._reset)(fn)
+
+    def _reconnecting(self, attempts: int, before: Callable[[], Any] | None = None) -> Retrying:
+        """:func:`reconnecting` at this host's reconnect pause (``reconnect_pause_s``)."""
+        return reconnecting(
+            self.name, attempts, pause=backoff(self.reconnect_pause_s), before=before
         )
 
     # ---------------------------------------------------------------- transport

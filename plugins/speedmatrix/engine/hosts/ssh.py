@@ -89,7 +89,7 @@ class SSHHost(Host):
                     ) from exc
                 raise HostConnectionError(f"cannot connect to {self.name}: {why}") from exc
 
-        return reconnecting(self.name, RETRIES, pause=backoff(self.reconnect_pause_s))(connect)
+        return self._reconnecting(RETRIES)(connect)
 
     def _registration(self) -> str:
         """A file of this command's own, under the host-wide env's HOME when it sets one (the

@@ -78,9 +78,9 @@ def wait_attempt(
             # TERM, up to 5 s for the group to go (checked every 0.1 s, not slept through),
             # then KILL to whatever is left
             host.run(
-                f"g=$(cat {shlex.quote(pid_path)}); kill -TERM -- -$g 2>/dev/null; "
-                "for _ in $(seq 50); do kill -0 -- -$g 2>/dev/null || break; sleep 0.1; done; "
-                "kill -KILL -- -$g 2>/dev/null; true",
+                f'g=$(cat {shlex.quote(pid_path)}); kill -TERM -- "-$g" 2>/dev/null; '
+                'for _ in $(seq 50); do kill -0 -- "-$g" 2>/dev/null || break; sleep 0.1; done; '
+                'kill -KILL -- "-$g" 2>/dev/null; true',
                 timeout_s=60,
                 idempotent=True,
             )
